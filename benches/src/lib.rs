@@ -1,0 +1,1 @@
+//! Benchmarks of tandem live in `benches/benches`; PyTorch peers in `benches/peers`.

@@ -1,0 +1,152 @@
+//! The CPU backend: always present; runs every op with the f32 implementations in `ops`.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use super::{Backend, DeviceId, DeviceInfo, DeviceStorage, Launch, LaunchInfo, Support};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ops::Op;
+use crate::sync::Completion;
+use crate::tensor::{Tensor, TensorMeta};
+
+/// The host CPU as a device.
+#[derive(Debug)]
+pub struct CpuBackend {
+    info: DeviceInfo,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CpuBackend {
+    /// Describes this machine's CPU.
+    pub fn new() -> Self {
+        let cores = num_cpus::get();
+        let model = cpu_model().unwrap_or_else(|| std::env::consts::ARCH.to_string());
+        let simd = simd_features();
+        // Peak: cores x 2 FMA units x SIMD f32 lanes x 2 flops; a lead, refined by calibration.
+        let lanes = if simd.contains("avx512f") {
+            16.0
+        } else if simd.contains("avx2") {
+            8.0
+        } else {
+            4.0
+        };
+        let peak_flops = cores as f64 * 2.0 * lanes * 2.0 * 2.5e9;
+        let info = DeviceInfo {
+            id: DeviceId::CPU,
+            name: model,
+            memory_bytes: total_memory().unwrap_or(0),
+            peak_flops,
+            peak_bandwidth: 20e9,
+            compute_dtype: DType::F32,
+            details: vec![
+                ("cores".into(), cores.to_string()),
+                ("simd".into(), simd),
+                ("threads".into(), rayon::current_num_threads().to_string()),
+            ],
+        };
+        Self { info }
+    }
+}
+
+fn cpu_model() -> Option<String> {
+    let s = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    s.lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map(|m| m.trim().to_string())
+}
+
+fn total_memory() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: u64 = s
+        .lines()
+        .find(|l| l.starts_with("MemTotal"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+fn simd_features() -> String {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut v = Vec::new();
+        if std::arch::is_x86_feature_detected!("sse4.2") {
+            v.push("sse4.2");
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            v.push("avx2");
+        }
+        if std::arch::is_x86_feature_detected!("fma") {
+            v.push("fma");
+        }
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            v.push("avx512f");
+        }
+        v.join(",")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        String::from("neon")
+    }
+}
+
+fn host_tensor(s: &DeviceStorage) -> Result<&Tensor> {
+    s.downcast::<Tensor>()
+        .ok_or_else(|| Error::Internal(format!("{s:?} is not CPU storage")))
+}
+
+impl Backend for CpuBackend {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn supports(&self, _op: &Op, _inputs: &[TensorMeta]) -> Support {
+        Support::Native
+    }
+
+    fn upload(&self, host: &Tensor) -> Result<DeviceStorage> {
+        Ok(DeviceStorage::new(self.id(), host.meta(), host.clone()))
+    }
+
+    fn download(&self, storage: &DeviceStorage) -> Result<Tensor> {
+        host_tensor(storage).cloned()
+    }
+
+    fn launch(&self, op: &Op, inputs: &[&DeviceStorage]) -> Result<Launch> {
+        let tensors = inputs
+            .iter()
+            .map(|s| host_tensor(s))
+            .collect::<Result<Vec<_>>>()?;
+        let t0 = Instant::now();
+        let outs = op.run_cpu(&tensors)?;
+        let elapsed = t0.elapsed();
+        Ok(Launch {
+            outputs: outs
+                .into_iter()
+                .map(|t| DeviceStorage::new(self.id(), t.meta(), t))
+                .collect(),
+            done: Completion::done(),
+            info: Arc::new(Mutex::new(LaunchInfo {
+                kernel: format!("{}_f32_cpu", op.name()),
+                device_time: Some(elapsed),
+                cycles: None,
+            })),
+        })
+    }
+
+    fn launch_overhead(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(2)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+}

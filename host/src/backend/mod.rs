@@ -1,0 +1,206 @@
+//! The `Backend` trait and one module per device kind.
+//!
+//! A backend answers: who am I (name, memory, peak rates); which ops and precisions I support;
+//! allocate, upload, download, peer-copy; launch an op asynchronously and hand back a
+//! completion; estimate an op's cost. The planner and executor see nothing else.
+
+pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod fpga;
+mod registry;
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+pub use registry::{DeviceRegistry, Missing};
+
+use crate::error::Result;
+use crate::ops::Op;
+use crate::sync::Completion;
+use crate::tensor::{Tensor, TensorMeta};
+
+/// The kind of a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeviceKind {
+    /// The host CPU.
+    Cpu,
+    /// An NVIDIA GPU through CUDA.
+    Cuda,
+    /// An FPGA kernel simulated with Verilator.
+    FpgaSim,
+    /// An Alveo board through XRT.
+    FpgaXrt,
+}
+
+impl DeviceKind {
+    /// The name used on the command line (`--backend`).
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Cuda => "cuda",
+            DeviceKind::FpgaSim => "fpga-sim",
+            DeviceKind::FpgaXrt => "fpga",
+        }
+    }
+}
+
+/// One device: its kind and its index among devices of that kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct DeviceId {
+    /// Kind.
+    pub kind: DeviceKind,
+    /// Index among devices of this kind.
+    pub index: usize,
+}
+
+impl DeviceId {
+    /// The host CPU.
+    pub const CPU: DeviceId = DeviceId {
+        kind: DeviceKind::Cpu,
+        index: 0,
+    };
+}
+
+impl fmt::Display for DeviceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.kind == DeviceKind::Cpu {
+            f.write_str("cpu")
+        } else {
+            write!(f, "{}:{}", self.kind.name(), self.index)
+        }
+    }
+}
+
+/// What a device is and what it can do at its peak.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceInfo {
+    /// Id.
+    pub id: DeviceId,
+    /// Human-readable name (CPU model, GPU name, card name).
+    pub name: String,
+    /// Memory the device can use, in bytes.
+    pub memory_bytes: u64,
+    /// Peak dense arithmetic rate at its main precision, FLOP/s (or int8 OP/s).
+    pub peak_flops: f64,
+    /// Peak memory bandwidth, bytes/s.
+    pub peak_bandwidth: f64,
+    /// Precision its matrix math runs in.
+    pub compute_dtype: crate::dtype::DType,
+    /// Further details as key/value pairs (cores, SIMD, compute capability, clock, kernels...).
+    pub details: Vec<(String, String)>,
+}
+
+/// Data that lives on a device. The backend that made it knows its concrete type.
+#[derive(Clone)]
+pub struct DeviceStorage {
+    /// Device holding the data.
+    pub device: DeviceId,
+    /// Logical shape and dtype.
+    pub meta: TensorMeta,
+    inner: Arc<dyn Any + Send + Sync>,
+}
+
+impl fmt::Debug for DeviceStorage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DeviceStorage({} on {})", self.meta, self.device)
+    }
+}
+
+impl DeviceStorage {
+    /// Wraps backend-specific storage.
+    pub fn new<T: Any + Send + Sync>(device: DeviceId, meta: TensorMeta, inner: T) -> Self {
+        Self {
+            device,
+            meta,
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// The backend-specific storage, if it is a `T`.
+    pub fn downcast<T: Any + Send + Sync>(&self) -> Option<&T> {
+        self.inner.downcast_ref::<T>()
+    }
+}
+
+/// How an op was run: which kernel, and what the device itself measured.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LaunchInfo {
+    /// Kernel (or kernels, joined by '+') that ran, e.g. `mha_bf16_fwd`.
+    pub kernel: String,
+    /// Time the device reports for the op itself (events, or simulated cycles / clock).
+    pub device_time: Option<Duration>,
+    /// Simulated or counted device cycles, where the device counts them.
+    pub cycles: Option<u64>,
+}
+
+/// An op handed to a device: its outputs (valid once `done` completes) and how it ran.
+#[derive(Debug)]
+pub struct Launch {
+    /// Output storage, in the op's output order.
+    pub outputs: Vec<DeviceStorage>,
+    /// Completes when the outputs are written.
+    pub done: Completion,
+    /// Kernel and device timing; device timing is filled in once `done` completes.
+    pub info: std::sync::Arc<std::sync::Mutex<LaunchInfo>>,
+}
+
+/// Whether a device runs an op, and how well.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Support {
+    /// Runs it natively.
+    Native,
+    /// Does not run it, with the reason.
+    No(String),
+}
+
+/// A device that can hold tensors and run ops.
+pub trait Backend: Send + Sync + fmt::Debug {
+    /// Identity, memory and peak rates.
+    fn info(&self) -> &DeviceInfo;
+
+    /// The device id (shorthand for `info().id`).
+    fn id(&self) -> DeviceId {
+        self.info().id
+    }
+
+    /// Whether this device runs `op` on inputs of these shapes.
+    fn supports(&self, op: &Op, inputs: &[TensorMeta]) -> Support;
+
+    /// Copies a host tensor to the device.
+    fn upload(&self, host: &Tensor) -> Result<DeviceStorage>;
+
+    /// Copies device data back to a host tensor of the logical dtype.
+    fn download(&self, storage: &DeviceStorage) -> Result<Tensor>;
+
+    /// Copies device data of another device of the same kind directly, if the link allows.
+    /// Returns `Ok(None)` when no direct path exists (the caller then stages through host).
+    fn copy_peer(&self, _src: &DeviceStorage) -> Result<Option<DeviceStorage>> {
+        Ok(None)
+    }
+
+    /// Starts `op` on validated inputs that live on this device.
+    fn launch(&self, op: &Op, inputs: &[&DeviceStorage]) -> Result<Launch>;
+
+    /// Estimated time of `op` on this device (from the op's cost and the device's rates,
+    /// refined by calibration where the backend has it).
+    fn estimate(&self, op: &Op, inputs: &[TensorMeta]) -> Duration {
+        let c = op.cost(inputs);
+        let info = self.info();
+        let t = (c.flops / info.peak_flops.max(1.0)).max(c.bytes / info.peak_bandwidth.max(1.0));
+        Duration::from_secs_f64(t + self.launch_overhead().as_secs_f64())
+    }
+
+    /// Fixed cost of one launch on this device.
+    fn launch_overhead(&self) -> Duration {
+        Duration::from_micros(5)
+    }
+
+    /// Blocks until all work submitted to the device has finished.
+    fn synchronize(&self) -> Result<()>;
+}

@@ -1,0 +1,3 @@
+//! The `tandem` command line.
+
+fn main() {}

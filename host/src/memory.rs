@@ -1,0 +1,194 @@
+//! `Buffer`: one logical tensor with a replica per device and the set of valid replicas.
+//!
+//! `acquire(device, access)` hands back the replica on a device, migrating the data there first
+//! when the device's replica is stale: a direct peer copy where the backend offers one, else
+//! staged through host memory. Writing makes the written replica the only valid one.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use crate::backend::{DeviceId, DeviceRegistry, DeviceStorage};
+use crate::error::{Error, Result};
+use crate::tensor::{Tensor, TensorMeta};
+
+/// How a replica is about to be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Read only: the replica must hold current data.
+    Read,
+    /// Overwritten whole: no need to migrate; afterwards the only valid replica.
+    Write,
+    /// Read then written: migrated, then the only valid replica.
+    ReadWrite,
+}
+
+#[derive(Debug, Default)]
+struct Replicas {
+    by_device: BTreeMap<DeviceId, DeviceStorage>,
+    valid: Vec<DeviceId>,
+}
+
+/// Statistics of the copies a buffer made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransferStats {
+    /// Bytes moved host -> device.
+    pub uploaded: u64,
+    /// Bytes moved device -> host.
+    pub downloaded: u64,
+    /// Bytes moved device -> device directly.
+    pub peer: u64,
+}
+
+/// One logical tensor, replicated across devices.
+#[derive(Debug)]
+pub struct Buffer {
+    name: String,
+    meta: TensorMeta,
+    state: Mutex<Replicas>,
+    stats: Mutex<TransferStats>,
+}
+
+impl Buffer {
+    /// A buffer holding `tensor` on the host.
+    pub fn from_host(name: impl Into<String>, tensor: Tensor) -> Self {
+        let meta = tensor.meta();
+        let b = Self::empty(name, meta.clone());
+        {
+            let mut s = b.lock();
+            s.by_device.insert(
+                DeviceId::CPU,
+                DeviceStorage::new(DeviceId::CPU, meta, tensor),
+            );
+            s.valid = vec![DeviceId::CPU];
+        }
+        b
+    }
+
+    /// A buffer with no data yet (an op's output before it runs).
+    pub fn empty(name: impl Into<String>, meta: TensorMeta) -> Self {
+        Self {
+            name: name.into(),
+            meta,
+            state: Mutex::new(Replicas::default()),
+            stats: Mutex::new(TransferStats::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Replicas> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Logical shape and dtype.
+    pub fn meta(&self) -> &TensorMeta {
+        &self.meta
+    }
+
+    /// Devices holding current data.
+    pub fn valid_on(&self) -> Vec<DeviceId> {
+        self.lock().valid.clone()
+    }
+
+    /// Copies made so far.
+    pub fn stats(&self) -> TransferStats {
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records `storage` as the replica on its device, now the only valid one.
+    pub fn set_written(&self, storage: DeviceStorage) -> Result<()> {
+        if storage.meta != self.meta {
+            return Err(Error::Internal(format!(
+                "buffer {}: written {} where {} was declared",
+                self.name, storage.meta, self.meta
+            )));
+        }
+        let mut s = self.lock();
+        let dev = storage.device;
+        s.by_device.insert(dev, storage);
+        s.valid = vec![dev];
+        Ok(())
+    }
+
+    /// The replica on `device`, migrated there if needed (for `Read`/`ReadWrite`).
+    /// After `ReadWrite`, the replica on `device` is the only valid one. `Write` access
+    /// returns `None` when no replica exists yet: the op's output then becomes the replica
+    /// through [`Buffer::set_written`].
+    pub fn acquire(
+        &self,
+        reg: &DeviceRegistry,
+        device: DeviceId,
+        access: Access,
+    ) -> Result<Option<DeviceStorage>> {
+        let mut s = self.lock();
+        if access == Access::Write {
+            s.valid = vec![device];
+            return Ok(s.by_device.get(&device).cloned());
+        }
+        if s.valid.is_empty() {
+            return Err(Error::Internal(format!(
+                "buffer {} is read before anything wrote it",
+                self.name
+            )));
+        }
+        if !s.valid.contains(&device) {
+            let storage = self.migrate(reg, &s, device)?;
+            s.by_device.insert(device, storage);
+            s.valid.push(device);
+        }
+        if access == Access::ReadWrite {
+            s.valid = vec![device];
+        }
+        Ok(s.by_device.get(&device).cloned())
+    }
+
+    /// The current data as a host tensor (downloading if no host replica is valid).
+    pub fn to_host(&self, reg: &DeviceRegistry) -> Result<Tensor> {
+        let st = self
+            .acquire(reg, DeviceId::CPU, Access::Read)?
+            .ok_or_else(|| Error::Internal(format!("buffer {} has no host replica", self.name)))?;
+        reg.cpu().download(&st)
+    }
+
+    fn migrate(&self, reg: &DeviceRegistry, s: &Replicas, to: DeviceId) -> Result<DeviceStorage> {
+        let backend = |id: DeviceId| {
+            reg.get(id)
+                .ok_or_else(|| Error::Internal(format!("device {id} is not in the registry")))
+        };
+        let dst = backend(to)?;
+        let bytes = self.meta.bytes() as u64;
+        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        // Direct peer copy between devices of one kind, where the backend offers it.
+        for v in &s.valid {
+            if v.kind == to.kind && *v != to {
+                if let Some(src) = s.by_device.get(v) {
+                    if let Some(out) = dst.copy_peer(src)? {
+                        stats.peer += bytes;
+                        return Ok(out);
+                    }
+                }
+            }
+        }
+        // Otherwise stage through the host: a valid host replica, or download one.
+        let host: Tensor = match s.by_device.get(&DeviceId::CPU) {
+            Some(h) if s.valid.contains(&DeviceId::CPU) => reg.cpu().download(h)?,
+            _ => {
+                let from = s.valid[0];
+                let src = s
+                    .by_device
+                    .get(&from)
+                    .ok_or_else(|| Error::Internal(format!("no replica on {from}")))?;
+                stats.downloaded += bytes;
+                backend(from)?.download(src)?
+            }
+        };
+        if to == DeviceId::CPU {
+            return reg.cpu().upload(&host);
+        }
+        stats.uploaded += bytes;
+        dst.upload(&host)
+    }
+}

@@ -1,0 +1,281 @@
+//! Host tensors: a shape, a dtype and data held in an ndarray.
+
+use half::{bf16, f16};
+use ndarray::{ArrayD, IxDyn};
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// Shape and dtype of a tensor, without its data.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TensorMeta {
+    /// Extent of each dimension, outermost first.
+    pub shape: Vec<usize>,
+    /// Element type.
+    pub dtype: DType,
+}
+
+impl TensorMeta {
+    /// A meta from a shape and dtype.
+    pub fn new(shape: impl Into<Vec<usize>>, dtype: DType) -> Self {
+        Self {
+            shape: shape.into(),
+            dtype,
+        }
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Bytes of data.
+    pub fn bytes(&self) -> usize {
+        self.numel() * self.dtype.size()
+    }
+}
+
+impl std::fmt::Display for TensorMeta {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}{:?}", self.dtype, self.shape)
+    }
+}
+
+/// Host data of a tensor, one variant per dtype.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HostData {
+    /// f32 data.
+    F32(ArrayD<f32>),
+    /// f16 data.
+    F16(ArrayD<f16>),
+    /// bf16 data.
+    BF16(ArrayD<bf16>),
+    /// i8 data.
+    I8(ArrayD<i8>),
+    /// i32 data.
+    I32(ArrayD<i32>),
+}
+
+/// A tensor in host memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor {
+    data: HostData,
+}
+
+macro_rules! each {
+    ($data:expr, $a:ident => $body:expr) => {
+        match $data {
+            HostData::F32($a) => $body,
+            HostData::F16($a) => $body,
+            HostData::BF16($a) => $body,
+            HostData::I8($a) => $body,
+            HostData::I32($a) => $body,
+        }
+    };
+}
+
+impl Tensor {
+    /// Wraps host data.
+    pub fn new(data: HostData) -> Self {
+        Self { data }
+    }
+
+    /// An f32 tensor from an array.
+    pub fn from_f32(a: ArrayD<f32>) -> Self {
+        Self::new(HostData::F32(a))
+    }
+
+    /// An i32 tensor from an array.
+    pub fn from_i32(a: ArrayD<i32>) -> Self {
+        Self::new(HostData::I32(a))
+    }
+
+    /// An f32 tensor of a shape from row-major values.
+    pub fn from_vec_f32(shape: &[usize], v: Vec<f32>) -> Result<Self> {
+        ArrayD::from_shape_vec(IxDyn(shape), v)
+            .map(Self::from_f32)
+            .map_err(|e| Error::invalid("tensor", format!("shape {shape:?}: {e}")))
+    }
+
+    /// An i32 tensor of a shape from row-major values.
+    pub fn from_vec_i32(shape: &[usize], v: Vec<i32>) -> Result<Self> {
+        ArrayD::from_shape_vec(IxDyn(shape), v)
+            .map(Self::from_i32)
+            .map_err(|e| Error::invalid("tensor", format!("shape {shape:?}: {e}")))
+    }
+
+    /// A tensor of zeros.
+    pub fn zeros(meta: &TensorMeta) -> Self {
+        let s = IxDyn(&meta.shape);
+        Self::new(match meta.dtype {
+            DType::F32 => HostData::F32(ArrayD::zeros(s)),
+            DType::F16 => HostData::F16(ArrayD::from_elem(s, f16::ZERO)),
+            DType::BF16 => HostData::BF16(ArrayD::from_elem(s, bf16::ZERO)),
+            DType::I8 => HostData::I8(ArrayD::zeros(s)),
+            DType::I32 => HostData::I32(ArrayD::zeros(s)),
+        })
+    }
+
+    /// The data.
+    pub fn data(&self) -> &HostData {
+        &self.data
+    }
+
+    /// Consumes the tensor, returning its data.
+    pub fn into_data(self) -> HostData {
+        self.data
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        match &self.data {
+            HostData::F32(_) => DType::F32,
+            HostData::F16(_) => DType::F16,
+            HostData::BF16(_) => DType::BF16,
+            HostData::I8(_) => DType::I8,
+            HostData::I32(_) => DType::I32,
+        }
+    }
+
+    /// Shape.
+    pub fn shape(&self) -> &[usize] {
+        each!(&self.data, a => a.shape())
+    }
+
+    /// Shape and dtype.
+    pub fn meta(&self) -> TensorMeta {
+        TensorMeta::new(self.shape().to_vec(), self.dtype())
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape().iter().product()
+    }
+
+    /// The f32 array, if this is an f32 tensor.
+    pub fn as_f32(&self) -> Result<&ArrayD<f32>> {
+        match &self.data {
+            HostData::F32(a) => Ok(a),
+            _ => Err(Error::invalid(
+                "tensor",
+                format!("expected f32 data, found {}", self.dtype()),
+            )),
+        }
+    }
+
+    /// The i32 array, if this is an i32 tensor.
+    pub fn as_i32(&self) -> Result<&ArrayD<i32>> {
+        match &self.data {
+            HostData::I32(a) => Ok(a),
+            _ => Err(Error::invalid(
+                "tensor",
+                format!("expected i32 data, found {}", self.dtype()),
+            )),
+        }
+    }
+
+    /// The i8 array, if this is an i8 tensor.
+    pub fn as_i8(&self) -> Result<&ArrayD<i8>> {
+        match &self.data {
+            HostData::I8(a) => Ok(a),
+            _ => Err(Error::invalid(
+                "tensor",
+                format!("expected i8 data, found {}", self.dtype()),
+            )),
+        }
+    }
+
+    /// The values as f32 (converting; integers are converted by value).
+    pub fn to_f32(&self) -> ArrayD<f32> {
+        match &self.data {
+            HostData::F32(a) => a.clone(),
+            HostData::F16(a) => a.mapv(f32::from),
+            HostData::BF16(a) => a.mapv(f32::from),
+            HostData::I8(a) => a.mapv(f32::from),
+            HostData::I32(a) => a.mapv(|x| x as f32),
+        }
+    }
+
+    /// The values as f64 (converting).
+    pub fn to_f64(&self) -> ArrayD<f64> {
+        match &self.data {
+            HostData::F32(a) => a.mapv(f64::from),
+            HostData::F16(a) => a.mapv(f64::from),
+            HostData::BF16(a) => a.mapv(f64::from),
+            HostData::I8(a) => a.mapv(f64::from),
+            HostData::I32(a) => a.mapv(f64::from),
+        }
+    }
+
+    /// This tensor converted to another dtype (round to nearest even for floats; saturating
+    /// round for integers).
+    pub fn cast(&self, dtype: DType) -> Tensor {
+        if dtype == self.dtype() {
+            return self.clone();
+        }
+        let f = self.to_f32();
+        Tensor::new(match dtype {
+            DType::F32 => HostData::F32(f),
+            DType::F16 => HostData::F16(f.mapv(f16::from_f32)),
+            DType::BF16 => HostData::BF16(f.mapv(bf16::from_f32)),
+            DType::I8 => HostData::I8(f.mapv(|x| x.round().clamp(-128.0, 127.0) as i8)),
+            DType::I32 => HostData::I32(f.mapv(|x| x.round() as i32)),
+        })
+    }
+
+    /// The raw little-endian bytes of the data in row-major order.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        fn b<T: bytemuck::Pod>(a: &ArrayD<T>) -> Vec<u8> {
+            let v: Vec<T> = a.iter().copied().collect();
+            bytemuck::cast_slice(&v).to_vec()
+        }
+        each!(&self.data, a => b(a))
+    }
+
+    /// A tensor from raw little-endian row-major bytes.
+    pub fn from_bytes(meta: &TensorMeta, bytes: &[u8]) -> Result<Tensor> {
+        if bytes.len() != meta.bytes() {
+            return Err(Error::invalid(
+                "tensor",
+                format!(
+                    "{} bytes given for {meta}, which needs {}",
+                    bytes.len(),
+                    meta.bytes()
+                ),
+            ));
+        }
+        fn a<T: bytemuck::Pod>(shape: &[usize], bytes: &[u8]) -> Result<ArrayD<T>> {
+            let v: Vec<T> = bytemuck::pod_collect_to_vec(bytes);
+            ArrayD::from_shape_vec(IxDyn(shape), v)
+                .map_err(|e| Error::Internal(format!("from_bytes: {e}")))
+        }
+        let s = &meta.shape;
+        Ok(Tensor::new(match meta.dtype {
+            DType::F32 => HostData::F32(a(s, bytes)?),
+            DType::F16 => HostData::F16(a(s, bytes)?),
+            DType::BF16 => HostData::BF16(a(s, bytes)?),
+            DType::I8 => HostData::I8(a(s, bytes)?),
+            DType::I32 => HostData::I32(a(s, bytes)?),
+        }))
+    }
+}
+
+/// ||out - ref|| / ||ref|| (Frobenius norms). When the reference is all zeros, the absolute
+/// norm of the difference. NaN anywhere gives NaN, so it never passes a threshold.
+pub fn rel_error(out: &ArrayD<f64>, reference: &ArrayD<f64>) -> f64 {
+    if out.shape() != reference.shape() {
+        return f64::NAN;
+    }
+    let mut num = 0.0f64;
+    let mut den = 0.0f64;
+    for (o, r) in out.iter().zip(reference.iter()) {
+        num += (o - r) * (o - r);
+        den += r * r;
+    }
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
+}

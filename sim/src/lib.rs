@@ -1,0 +1,1 @@
+//! Verilator simulation of tandem's FPGA kernels behind the `FpgaDevice` trait.

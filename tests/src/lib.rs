@@ -1,0 +1,1 @@
+//! Shared helpers for tandem's cross-backend integration tests.
