@@ -1,4 +1,182 @@
 //! CUDA C++ sources of tandem's GPU kernels, embedded at build time, and their catalog.
 //!
 //! The host's CUDA backend compiles these with NVRTC at first use. Kernel entry points are
-//! named `{op}_{precision}[_{dir}]` (for example `mha_bf16_fwd`, `rmsnorm_bf16`).
+//! named `{op}_{precision}[_{variant}]` (for example `mha_bf16_fwd_d128`, `rmsnorm_bf16`).
+//! Sources are laid out per architecture: `common/` (helpers and kernels any sm_80+ runs),
+//! `sm80/` (mma.sync main loops), `sm90a/` (Hopper-only main loops; none yet).
+//!
+//! Each [`Module`] is compiled as one NVRTC program: the shared header `common/common.cuh`
+//! followed by the module's own file, so no kernel needs a system header.
+
+use sha2::{Digest, Sha256};
+
+/// The shared helpers every module starts with.
+pub const COMMON_HEADER: &str = include_str!("cuda/common/common.cuh");
+
+/// A compilation unit: one `.cu` file and the entry points it defines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Module {
+    /// Add, head split/merge, SiLU, poison fill, MoE experts' gather/SwiGLU/combine.
+    Elementwise,
+    /// RMSNorm (+ residual).
+    Norm,
+    /// Rotary embedding.
+    Rope,
+    /// MoE routing: top-k softmax, align scan and scatter.
+    MoeRoute,
+    /// FlashAttention-2-style forward on mma.sync (sm_80 and later).
+    AttentionSm80,
+}
+
+impl Module {
+    /// Every module.
+    pub const ALL: [Module; 5] = [
+        Module::Elementwise,
+        Module::Norm,
+        Module::Rope,
+        Module::MoeRoute,
+        Module::AttentionSm80,
+    ];
+
+    /// Short name (used in cache file names and logs).
+    pub fn name(self) -> &'static str {
+        match self {
+            Module::Elementwise => "elementwise",
+            Module::Norm => "norm",
+            Module::Rope => "rope",
+            Module::MoeRoute => "moe_route",
+            Module::AttentionSm80 => "attention_sm80",
+        }
+    }
+
+    /// Path of the module's file under `gpu-kernels/src/cuda/`.
+    pub fn path(self) -> &'static str {
+        match self {
+            Module::Elementwise => "common/elementwise.cu",
+            Module::Norm => "common/norm.cu",
+            Module::Rope => "common/rope.cu",
+            Module::MoeRoute => "common/moe_route.cu",
+            Module::AttentionSm80 => "sm80/attention.cu",
+        }
+    }
+
+    /// The module's own source (without the common header).
+    pub fn body(self) -> &'static str {
+        match self {
+            Module::Elementwise => include_str!("cuda/common/elementwise.cu"),
+            Module::Norm => include_str!("cuda/common/norm.cu"),
+            Module::Rope => include_str!("cuda/common/rope.cu"),
+            Module::MoeRoute => include_str!("cuda/common/moe_route.cu"),
+            Module::AttentionSm80 => include_str!("cuda/sm80/attention.cu"),
+        }
+    }
+
+    /// The full source handed to NVRTC: the common header, then the module's file.
+    pub fn source(self) -> String {
+        format!(
+            "// common/common.cuh\n{COMMON_HEADER}\n// {}\n{}",
+            self.path(),
+            self.body()
+        )
+    }
+
+    /// The lowest compute capability (major * 10 + minor) the module runs on.
+    pub fn min_arch(self) -> u32 {
+        80
+    }
+
+    /// Entry points the module defines.
+    pub fn entry_points(self) -> &'static [&'static str] {
+        match self {
+            Module::Elementwise => &[
+                "add_bf16",
+                "split_heads_bf16",
+                "merge_heads_bf16",
+                "silu_bf16",
+                "fill_u16",
+                "moe_gather_bf16",
+                "moe_swiglu_bf16",
+                "moe_inverse_i32",
+                "moe_combine_bf16",
+            ],
+            Module::Norm => &["rmsnorm_bf16", "rmsnorm_bf16_scalar"],
+            Module::Rope => &["rope_bf16", "rope_bf16_scalar"],
+            Module::MoeRoute => &[
+                "moe_topk_softmax_f32",
+                "moe_align_scan",
+                "moe_align_scatter",
+            ],
+            Module::AttentionSm80 => &[
+                "mha_bf16_fwd_d64",
+                "mha_bf16_fwd_d128",
+                "mha_bf16_fwd_d64_w8",
+                "mha_bf16_fwd_d128_w8",
+            ],
+        }
+    }
+
+    /// The module that defines an entry point.
+    pub fn of_kernel(kernel: &str) -> Option<Module> {
+        Module::ALL
+            .into_iter()
+            .find(|m| m.entry_points().contains(&kernel))
+    }
+
+    /// sha256 of the full source, hex.
+    pub fn source_hash(self) -> String {
+        hex(&Sha256::digest(self.source().as_bytes()))
+    }
+}
+
+/// Lowercase hex of bytes.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Tokens per block of `moe_topk_softmax_f32` (ROUTE_TPB in moe_route.cu).
+pub const ROUTE_TOKENS_PER_BLOCK: usize = 64;
+/// Threads per block of `moe_topk_softmax_f32`.
+pub const ROUTE_THREADS: u32 = 256;
+/// Largest expert count the routing kernel takes (32 lanes x 8 logits).
+pub const ROUTE_MAX_EXPERTS: usize = 256;
+/// Key rows per attention tile (ATT_BN in attention.cu).
+pub const ATTENTION_BLOCK_N: usize = 64;
+/// 16-byte vectors per thread of `rmsnorm_bf16` (RMS_VPT in norm.cu).
+pub const RMSNORM_VECTORS_PER_THREAD: usize = 4;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_entry_point_is_defined_in_its_source() {
+        for m in Module::ALL {
+            let src = m.source();
+            for e in m.entry_points() {
+                let defined =
+                    src.contains(&format!(" {e}(")) || src.contains(&format!("ATT_ENTRY({e},"));
+                assert!(defined, "{e} not found in {}", m.path());
+                assert_eq!(Module::of_kernel(e), Some(m));
+            }
+        }
+    }
+
+    #[test]
+    fn constants_match_the_sources() {
+        let route = Module::MoeRoute.body();
+        assert!(route.contains("#define ROUTE_WARPS 8"));
+        assert!(route.contains("#define ROUTE_TOKENS_PER_WARP 8"));
+        assert!(route.contains("#define ROUTE_MAX_VPL 8"));
+        assert_eq!(ROUTE_TOKENS_PER_BLOCK, 8 * 8);
+        assert!(Module::AttentionSm80.body().contains("#define ATT_BN 64"));
+        assert!(Module::Norm.body().contains("#define RMS_VPT 4"));
+    }
+
+    #[test]
+    fn hashes_differ_between_modules() {
+        let a = Module::Norm.source_hash();
+        let b = Module::Rope.source_hash();
+        assert_eq!(a.len(), 64);
+        assert_ne!(a, b);
+    }
+}

@@ -1,0 +1,185 @@
+// MoE routing in three launches:
+//  1. moe_topk_softmax_f32: one warp per token: softmax over E experts in f32, top-k by logit
+//     (equal logits: lower expert index first), optional renormalisation; per block, the
+//     expert histogram, the routing-probability sums and the sum of lse^2 (for the losses).
+//     Block b covers tokens [b*TPB, (b+1)*TPB), so its slots t*k+j are one contiguous range.
+//  2. moe_align_scan: one block: expert counts, block-padded segment offsets, where each
+//     block's slots of each expert start, the padding sentinels, aux and z losses.
+//  3. moe_align_scatter: one warp per block of step 1 writes its slots into the segments in
+//     ascending slot order (stable), so the permutation is deterministic.
+
+#define ROUTE_WARPS 8
+#define ROUTE_TOKENS_PER_WARP 8
+#define ROUTE_TPB (ROUTE_WARPS * ROUTE_TOKENS_PER_WARP)
+#define ROUTE_MAX_VPL 8  // logits per lane: E <= 256
+
+extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32) moe_topk_softmax_f32(
+        const bf16_t* __restrict__ logits, int T, int E, int k, int renorm,
+        int* __restrict__ topk_ids, float* __restrict__ topk_w,
+        int* __restrict__ block_counts, float* __restrict__ block_psum, float* __restrict__ block_z) {
+    extern __shared__ float route_smem[];
+    float* psum = route_smem;              // [E]
+    int* hist = (int*)(route_smem + E);    // [E]
+    __shared__ float zacc;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) { psum[e] = 0.f; hist[e] = 0; }
+    if (threadIdx.x == 0) zacc = 0.f;
+    __syncthreads();
+    for (int i = 0; i < ROUTE_TOKENS_PER_WARP; ++i) {
+        const int t = blockIdx.x * ROUTE_TPB + warp * ROUTE_TOKENS_PER_WARP + i;
+        if (t >= T) break;
+        const bf16_t* row = logits + (u64_t)t * E;
+        float v[ROUTE_MAX_VPL];
+        float mx = TANDEM_NEG_INF;
+#pragma unroll
+        for (int j = 0; j < ROUTE_MAX_VPL; ++j) {
+            const int e = lane + 32 * j;
+            v[j] = e < E ? bf2f(row[e]) : TANDEM_NEG_INF;
+            mx = fmaxf(mx, v[j]);
+        }
+        mx = warp_max(mx);
+        float s = 0.f;
+        float p[ROUTE_MAX_VPL];
+#pragma unroll
+        for (int j = 0; j < ROUTE_MAX_VPL; ++j) {
+            p[j] = (lane + 32 * j) < E ? expf(v[j] - mx) : 0.f;
+            s += p[j];
+        }
+        s = warp_sum(s);
+        const float inv = 1.f / s;
+#pragma unroll
+        for (int j = 0; j < ROUTE_MAX_VPL; ++j) {
+            const int e = lane + 32 * j;
+            if (e < E) {
+                p[j] *= inv;
+                atomicAdd(&psum[e], p[j]);
+            }
+        }
+        if (lane == 0) {
+            const float lse = mx + logf(s);
+            atomicAdd(&zacc, lse * lse);
+        }
+        // top-k by logit; ties to the lower index
+        float wsum = 0.f, my_w = 0.f;
+        int my_id = 0;
+        for (int r = 0; r < k; ++r) {
+            float bv = TANDEM_NEG_INF;
+            int bi = 0x7fffffff;
+            float bp = 0.f;
+#pragma unroll
+            for (int j = 0; j < ROUTE_MAX_VPL; ++j) {
+                const int e = lane + 32 * j;
+                if (e < E && (v[j] > bv || (v[j] == bv && e < bi))) { bv = v[j]; bi = e; bp = p[j]; }
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+                const float op = __shfl_xor_sync(0xffffffffu, bp, o);
+                if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; bp = op; }
+            }
+            // the owner removes the winner from its candidates
+            if ((bi & 31) == lane) {
+#pragma unroll
+                for (int j = 0; j < ROUTE_MAX_VPL; ++j)
+                    if (lane + 32 * j == bi) v[j] = TANDEM_NEG_INF, p[j] = -1.f;
+            }
+            // ties among -inf leftovers cannot happen while k <= E: every real logit is finite
+            wsum += bp;
+            if (lane == r) { my_id = bi; my_w = bp; }
+            if (lane == 0) atomicAdd(&hist[bi], 1);
+        }
+        if (lane < k) {
+            topk_ids[(u64_t)t * k + lane] = my_id;
+            topk_w[(u64_t)t * k + lane] = renorm ? my_w / wsum : my_w;
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        block_counts[(u64_t)blockIdx.x * E + e] = hist[e];
+        block_psum[(u64_t)blockIdx.x * E + e] = psum[e];
+    }
+    if (threadIdx.x == 0) block_z[blockIdx.x] = zacc;
+}
+
+// One block of 1024 threads. block_base[b][e]: first position in sorted_token_ids of block
+// b's slots routed to expert e.
+extern "C" __global__ void __launch_bounds__(1024) moe_align_scan(
+        const int* __restrict__ block_counts, const float* __restrict__ block_psum,
+        const float* __restrict__ block_z, int nblocks, int T, int E, int k, int bs, int P,
+        int* __restrict__ block_base, int* __restrict__ expert_counts, int* __restrict__ expert_offsets,
+        int* __restrict__ sorted, float* __restrict__ aux_loss, float* __restrict__ z_loss) {
+    extern __shared__ int scan_smem[];
+    int* cnt = scan_smem;          // [E]
+    int* off = scan_smem + E;      // [E+1]
+    float* red = (float*)(scan_smem + 2 * E + 1);  // [32]
+    const int sentinel = T * k;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int c = 0;
+        for (int b = 0; b < nblocks; ++b) c += block_counts[(u64_t)b * E + e];
+        cnt[e] = c;
+        expert_counts[e] = c;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int acc = 0;
+        for (int e = 0; e < E; ++e) {
+            off[e] = acc;
+            acc += (cnt[e] + bs - 1) / bs * bs;
+        }
+        off[E] = acc;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e <= E; e += blockDim.x) expert_offsets[e] = off[e];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int acc = off[e];
+        for (int b = 0; b < nblocks; ++b) {
+            block_base[(u64_t)b * E + e] = acc;
+            acc += block_counts[(u64_t)b * E + e];
+        }
+    }
+    // padding inside each segment, then the tail after the last one
+    for (int i = threadIdx.x; i < E * bs; i += blockDim.x) {
+        const int e = i / bs, pos = off[e] + cnt[e] + i % bs;
+        if (pos < off[e + 1]) sorted[pos] = sentinel;
+    }
+    for (int pos = off[E] + threadIdx.x; pos < P; pos += blockDim.x) sorted[pos] = sentinel;
+    // losses: aux = E * sum_e (count_e / T) * mean_t p[t, e]; z = mean_t lse_t^2
+    float a = 0.f;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        float ps = 0.f;
+        for (int b = 0; b < nblocks; ++b) ps += block_psum[(u64_t)b * E + e];
+        a += ((float)cnt[e] / (float)T) * (ps / (float)T);
+    }
+    a = block_sum(a, red);
+    float z = 0.f;
+    for (int b = threadIdx.x; b < nblocks; b += blockDim.x) z += block_z[b];
+    z = block_sum(z, red);
+    if (threadIdx.x == 0) {
+        aux_loss[0] = T > 0 ? (float)E * a : 0.f;
+        z_loss[0] = T > 0 ? z / (float)T : 0.f;
+    }
+}
+
+// One warp per routing block: places the block's slots, in ascending order, into the segments.
+extern "C" __global__ void __launch_bounds__(32) moe_align_scatter(
+        const int* __restrict__ topk_ids, const int* __restrict__ block_base, int T, int E, int k,
+        int* __restrict__ sorted) {
+    extern __shared__ int next[];  // [E]
+    const int lane = threadIdx.x;
+    for (int e = lane; e < E; e += 32) next[e] = block_base[(u64_t)blockIdx.x * E + e];
+    __syncwarp();
+    const int first = blockIdx.x * ROUTE_TPB * k;
+    const int last = min(T, (int)(blockIdx.x + 1) * ROUTE_TPB) * k;
+    for (int s0 = first; s0 < last; s0 += 32) {
+        const int s = s0 + lane;
+        const bool ok = s < last;
+        const int e = ok ? topk_ids[s] : -1 - lane;  // unique keys for idle lanes
+        const unsigned peers = __match_any_sync(0xffffffffu, e);
+        const unsigned lower = peers & ((1u << lane) - 1u);
+        if (ok) sorted[next[e] + __popc(lower)] = s;
+        __syncwarp();
+        if (ok && lower == 0) next[e] += __popc(peers);
+        __syncwarp();
+    }
+}

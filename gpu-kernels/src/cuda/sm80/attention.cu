@@ -1,0 +1,213 @@
+// FlashAttention-2-style forward for sm_80 and later: bf16 operands on the tensor cores
+// (mma.sync m16n8k16, f32 accumulate), online softmax in registers, K/V tiles double-buffered
+// in shared memory with cp.async. Each warp owns 16 query rows; a block owns 16*NW rows.
+//
+// q [B, Hq, Nq, D], k/v [B, Hkv, Nkv, D] (bf16), o [B, Hq, Nq, D] (bf16), lse [B, Hq, Nq] (f32,
+// natural log). Query head h reads kv head h / (Hq / Hkv). Causal masks are bottom-right:
+// query i sees key j iff j <= i + Nkv - Nq; a row that sees nothing gets o = 0, lse = -inf.
+
+#define ATT_BN 64
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
+    const unsigned s = smem_addr(smem);
+    const int n = pred ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldsm_x4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Loads `rows` x D of a [N, D] matrix starting at row r0 into shared memory (row stride
+// D + 8), zero-filling rows past n.
+template <int D, int NT>
+__device__ __forceinline__ void load_tile(bf16_t* s, const bf16_t* g, int r0, int rows, int n) {
+    constexpr int CPR = D / 8;  // 16-byte chunks per row
+    for (int c = threadIdx.x; c < rows * CPR; c += NT) {
+        const int r = c / CPR, col = (c % CPR) * 8;
+        const bool ok = r0 + r < n;
+        const bf16_t* src = ok ? g + (u64_t)(r0 + r) * D + col : g;
+        cp_async16(s + r * (D + 8) + col, src, ok);
+    }
+}
+
+template <int D, int NW>
+__device__ __forceinline__ void attn_fwd(const bf16_t* __restrict__ Q, const bf16_t* __restrict__ K,
+                                         const bf16_t* __restrict__ V, bf16_t* __restrict__ O,
+                                         float* __restrict__ LSE, int Hq, int Hkv, int Nq, int Nkv,
+                                         float scale_log2, int causal) {
+    constexpr int BM = 16 * NW, BN = ATT_BN, NT = 32 * NW, S = D + 8;
+    constexpr int KD = D / 16;   // k-steps over the head dim
+    constexpr int NN = BN / 8;   // n-tiles of S
+    constexpr int ND = D / 8;    // n-tiles of O
+    extern __shared__ __align__(16) unsigned char att_smem[];
+    bf16_t* sQ = (bf16_t*)att_smem;
+    bf16_t* sK = sQ + BM * S;
+    bf16_t* sV = sK + 2 * BN * S;
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int m_block = gridDim.x - 1 - blockIdx.x;  // longest (causal) blocks first
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int hk = h / (Hq / Hkv);
+    const bf16_t* q = Q + ((u64_t)b * Hq + h) * Nq * D;
+    const bf16_t* k = K + ((u64_t)b * Hkv + hk) * Nkv * D;
+    const bf16_t* v = V + ((u64_t)b * Hkv + hk) * Nkv * D;
+    bf16_t* o = O + ((u64_t)b * Hq + h) * Nq * D;
+    float* lse = LSE + ((u64_t)b * Hq + h) * Nq;
+    const int m0 = m_block * BM;
+    const int diag = Nkv - Nq;
+    const int n_end = causal ? min(Nkv, m0 + BM + diag) : Nkv;
+    const int n_blocks = n_end > 0 ? (n_end + BN - 1) / BN : 0;
+
+    const int g = lane >> 2, tq = lane & 3;
+    const int row0 = m0 + warp * 16 + g;  // this lane's rows: row0 and row0 + 8
+
+    float acc_o[ND][4];
+#pragma unroll
+    for (int i = 0; i < ND; ++i) acc_o[i][0] = acc_o[i][1] = acc_o[i][2] = acc_o[i][3] = 0.f;
+    float m_r[2] = {TANDEM_NEG_INF, TANDEM_NEG_INF}, l_r[2] = {0.f, 0.f};
+
+    if (n_blocks > 0) {
+        load_tile<D, NT>(sQ, q, m0, BM, Nq);
+        load_tile<D, NT>(sK, k, 0, BN, Nkv);
+        load_tile<D, NT>(sV, v, 0, BN, Nkv);
+        cp_async_commit();
+    }
+    unsigned qf[KD][4];
+    for (int nb = 0; nb < n_blocks; ++nb) {
+        const int st = nb & 1;
+        if (nb + 1 < n_blocks) {
+            load_tile<D, NT>(sK + (st ^ 1) * BN * S, k, (nb + 1) * BN, BN, Nkv);
+            load_tile<D, NT>(sV + (st ^ 1) * BN * S, v, (nb + 1) * BN, BN, Nkv);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        if (nb == 0) {
+#pragma unroll
+            for (int kk = 0; kk < KD; ++kk) {
+                const bf16_t* p = sQ + (warp * 16 + (lane & 15)) * S + kk * 16 + (lane >> 4) * 8;
+                ldsm_x4(qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], p);
+            }
+        }
+        const bf16_t* cK = sK + st * BN * S;
+        const bf16_t* cV = sV + st * BN * S;
+        // S = Q K^T for this warp's 16 rows x BN keys
+        float acc_s[NN][4];
+#pragma unroll
+        for (int i = 0; i < NN; ++i) acc_s[i][0] = acc_s[i][1] = acc_s[i][2] = acc_s[i][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < KD; ++kk) {
+#pragma unroll
+            for (int nt = 0; nt < NN; nt += 2) {
+                unsigned b0, b1, b2, b3;
+                const bf16_t* p = cK + (nt * 8 + (lane >> 4) * 8 + (lane & 7)) * S + kk * 16 + ((lane >> 3) & 1) * 8;
+                ldsm_x4(b0, b1, b2, b3, p);
+                mma_bf16(acc_s[nt], qf[kk], b0, b1);
+                mma_bf16(acc_s[nt + 1], qf[kk], b2, b3);
+            }
+        }
+        // mask: keys past Nkv, and above the causal diagonal
+        const int n0 = nb * BN;
+        const bool need_mask = (n0 + BN > Nkv) || (causal && n0 + BN - 1 > m0 + diag);
+        if (need_mask) {
+#pragma unroll
+            for (int nt = 0; nt < NN; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int j = n0 + nt * 8 + tq * 2 + (e & 1);
+                    const int i = row0 + (e >> 1) * 8;
+                    if (j >= Nkv || (causal && j > i + diag)) acc_s[nt][e] = TANDEM_NEG_INF;
+                }
+            }
+        }
+        // online softmax, two rows per lane
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = m_r[r];
+#pragma unroll
+            for (int nt = 0; nt < NN; ++nt) mx = fmaxf(mx, fmaxf(acc_s[nt][2 * r], acc_s[nt][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_use = mx == TANDEM_NEG_INF ? 0.f : mx;
+            const float alpha = fast_exp2((m_r[r] - m_use) * scale_log2);
+            m_r[r] = mx;
+            const float mb = m_use * scale_log2;
+            float rs = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < NN; ++nt) {
+                acc_s[nt][2 * r] = fast_exp2(fmaf(acc_s[nt][2 * r], scale_log2, -mb));
+                acc_s[nt][2 * r + 1] = fast_exp2(fmaf(acc_s[nt][2 * r + 1], scale_log2, -mb));
+                rs += acc_s[nt][2 * r] + acc_s[nt][2 * r + 1];
+            }
+            l_r[r] = l_r[r] * alpha + rs;
+#pragma unroll
+            for (int dt = 0; dt < ND; ++dt) {
+                acc_o[dt][2 * r] *= alpha;
+                acc_o[dt][2 * r + 1] *= alpha;
+            }
+        }
+        // O += P V
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            unsigned pa[4];
+            pa[0] = pack_bf16x2(acc_s[2 * kk][0], acc_s[2 * kk][1]);
+            pa[1] = pack_bf16x2(acc_s[2 * kk][2], acc_s[2 * kk][3]);
+            pa[2] = pack_bf16x2(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]);
+            pa[3] = pack_bf16x2(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3]);
+#pragma unroll
+            for (int dt = 0; dt < ND; dt += 2) {
+                unsigned b0, b1, b2, b3;
+                const bf16_t* p = cV + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * S + (dt + (lane >> 4)) * 8;
+                ldsm_x4_t(b0, b1, b2, b3, p);
+                mma_bf16(acc_o[dt], pa, b0, b1);
+                mma_bf16(acc_o[dt + 1], pa, b2, b3);
+            }
+        }
+        __syncthreads();
+    }
+    cp_async_wait<0>();
+    // finish: full row sums, normalise, store
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float l = l_r[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int i = row0 + r * 8;
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        if (i < Nq) {
+            bf16_t* orow = o + (u64_t)i * D;
+#pragma unroll
+            for (int dt = 0; dt < ND; ++dt)
+                *(unsigned*)(orow + dt * 8 + tq * 2) = pack_bf16x2(acc_o[dt][2 * r] * inv, acc_o[dt][2 * r + 1] * inv);
+            if (tq == 0)
+                lse[i] = l > 0.f ? (m_r[r] * scale_log2 + __log2f(l)) * 0.69314718055994531f : TANDEM_NEG_INF;
+        }
+    }
+}
+
+#define ATT_ENTRY(NAME, D, NW)                                                                       \
+    extern "C" __global__ void __launch_bounds__(32 * NW) NAME(                                      \
+            const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v, \
+            bf16_t* __restrict__ o, float* __restrict__ lse, int Hq, int Hkv, int Nq, int Nkv,       \
+            float scale_log2, int causal) {                                                          \
+        attn_fwd<D, NW>(q, k, v, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal);                     \
+    }
+
+ATT_ENTRY(mha_bf16_fwd_d64, 64, 4)
+ATT_ENTRY(mha_bf16_fwd_d128, 128, 4)
+ATT_ENTRY(mha_bf16_fwd_d64_w8, 64, 8)
+ATT_ENTRY(mha_bf16_fwd_d128_w8, 128, 8)
