@@ -1,1 +1,22 @@
-//! FPGA kernels of tandem: rust-hdl pipelines, golden fixed-point models, the `FpgaDevice` trait.
+//! FPGA kernels of tandem: rust-hdl pipelines wrapped in a Vitis RTL kernel shell, their
+//! golden fixed-point models, the emitter and synthesis runner, and the [`FpgaDevice`] trait
+//! that the Verilator-simulated card (crate `tandem-sim`) and the XRT driver implement.
+//!
+//! - [`desc`]: a kernel's arguments, the register map and `kernel.xml`, from one description.
+//! - [`core`]: the interface a kernel datapath (core) implements to plug into the shell.
+//! - [`shell`]: the Vitis RTL kernel shell (AXI4-Lite control, AXI4 master bursts, interrupt).
+//! - [`kernels`]: the cores (MoE router, GEMM, attention) and the kernel catalog.
+//! - [`golden`]: bit-exact fixed-point models of the kernels in plain Rust.
+//! - [`emit`], [`synth`]: Verilog + kernel.xml + manifest to a folder; yosys `synth_xilinx`.
+//! - [`device`]: the [`FpgaDevice`] trait and its error type.
+
+pub mod core;
+pub mod desc;
+pub mod device;
+pub mod emit;
+pub mod golden;
+pub mod kernels;
+pub mod shell;
+pub mod synth;
+
+pub use device::{DeviceBuffer, FpgaDevice, FpgaError, KernelBuild, RunStats};
