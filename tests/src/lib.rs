@@ -1,1 +1,132 @@
-//! Shared helpers for tandem's cross-backend integration tests.
+//! Shared helpers for tandem's cross-backend integration tests: reading the PyTorch reference
+//! vectors, seeded random data, error measures and error-kind assertions.
+//! Benchmarks of tandem live in `benches/benches`; PyTorch peers in `benches/peers`.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use ndarray::{ArrayD, IxDyn};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use safetensors::{Dtype, SafeTensors};
+use tandem::{ErrorKind, Tensor};
+
+/// Boxed error for `?` in tests.
+pub type TestError = Box<dyn std::error::Error>;
+/// Result of a test or helper.
+pub type TestResult<T = ()> = Result<T, TestError>;
+
+/// Folder of the PyTorch reference vectors, relative to the crate folder (the working
+/// directory of `cargo test`, and of test binaries run from a copy of the tree).
+pub const REFERENCE_DIR: &str = "data/reference";
+
+/// Every tensor of `data/reference/{name}.safetensors`, as f64 (F64 kept, I64 converted).
+pub fn load_reference(name: &str) -> TestResult<HashMap<String, ArrayD<f64>>> {
+    let path = Path::new(REFERENCE_DIR).join(format!("{name}.safetensors"));
+    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let st = SafeTensors::deserialize(&bytes)?;
+    let mut out = HashMap::new();
+    for (key, view) in st.tensors() {
+        let data = view.data();
+        let values: Vec<f64> = match view.dtype() {
+            Dtype::F64 => data
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                .collect(),
+            Dtype::I64 => data
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f64)
+                .collect(),
+            other => return Err(format!("{name}/{key}: unexpected dtype {other:?}").into()),
+        };
+        out.insert(key, ArrayD::from_shape_vec(IxDyn(view.shape()), values)?);
+    }
+    Ok(out)
+}
+
+/// The tensor `key` of a loaded reference file.
+pub fn get<'a>(file: &'a HashMap<String, ArrayD<f64>>, key: &str) -> TestResult<&'a ArrayD<f64>> {
+    file.get(key)
+        .ok_or_else(|| format!("reference file lacks tensor '{key}'").into())
+}
+
+/// The case `name` of `data/reference/index.json`.
+pub fn reference_case(name: &str) -> TestResult<serde_json::Value> {
+    let path = Path::new(REFERENCE_DIR).join("index.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let index: serde_json::Value = serde_json::from_str(&text)?;
+    index["cases"]
+        .as_array()
+        .and_then(|cases| cases.iter().find(|c| c["name"] == name))
+        .cloned()
+        .ok_or_else(|| format!("index.json has no case '{name}'").into())
+}
+
+/// A seeded generator, so every failing case can be replayed.
+pub fn rng(seed: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+/// Values uniform in [-scale, scale), rounded to f32, of the given shape.
+pub fn uniform(rng: &mut ChaCha8Rng, shape: &[usize], scale: f32) -> ArrayD<f32> {
+    ArrayD::from_shape_simple_fn(IxDyn(shape), || rng.gen_range(-scale..scale))
+}
+
+/// Values drawn from a small set of integers (-2..=2), so ties are common.
+pub fn small_ints(rng: &mut ChaCha8Rng, shape: &[usize]) -> ArrayD<f32> {
+    ArrayD::from_shape_simple_fn(IxDyn(shape), || rng.gen_range(-2i32..=2) as f32)
+}
+
+/// An f64 array as an f32 tensor (rounding).
+pub fn f32_tensor(a: &ArrayD<f64>) -> Tensor {
+    Tensor::from_f32(a.mapv(|v| v as f32))
+}
+
+/// An f64 array of integral values as an i32 tensor.
+pub fn i32_tensor(a: &ArrayD<f64>) -> Tensor {
+    Tensor::from_i32(a.mapv(|v| v as i32))
+}
+
+/// ||out - ref|| / ||ref|| (absolute when ref is all zero; NaN on shape mismatch or NaN).
+pub fn rel_err(out: &ArrayD<f64>, reference: &ArrayD<f64>) -> f64 {
+    tandem::tensor::rel_error(out, reference)
+}
+
+/// Relative error over the finite entries, after checking that `out` and `reference` are
+/// -inf at exactly the same places (rows of attention that see no key).
+pub fn rel_err_neg_inf(out: &ArrayD<f64>, reference: &ArrayD<f64>) -> TestResult<f64> {
+    if out.shape() != reference.shape() {
+        return Err(format!("shapes {:?} vs {:?}", out.shape(), reference.shape()).into());
+    }
+    let mut o = Vec::new();
+    let mut r = Vec::new();
+    for (i, (&a, &b)) in out.iter().zip(reference.iter()).enumerate() {
+        match (a == f64::NEG_INFINITY, b == f64::NEG_INFINITY) {
+            (true, true) => {}
+            (false, false) => {
+                o.push(a);
+                r.push(b);
+            }
+            _ => return Err(format!("element {i}: {a} vs {b} (-inf must match)").into()),
+        }
+    }
+    let n = o.len();
+    Ok(rel_err(
+        &ArrayD::from_shape_vec(IxDyn(&[n]), o)?,
+        &ArrayD::from_shape_vec(IxDyn(&[n]), r)?,
+    ))
+}
+
+/// Asserts `result` is an InvalidArgument error whose message contains each of `needles`.
+pub fn assert_invalid<T: std::fmt::Debug>(result: tandem::Result<T>, needles: &[&str]) {
+    match result {
+        Ok(v) => panic!("expected InvalidArgument mentioning {needles:?}, got Ok({v:?})"),
+        Err(e) => {
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+            let msg = e.to_string();
+            for n in needles {
+                assert!(msg.contains(n), "message '{msg}' lacks '{n}'");
+            }
+        }
+    }
+}

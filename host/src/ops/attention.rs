@@ -5,9 +5,13 @@
 //! keys j <= i + Nkv - Nq. A query row that sees no key (possible when Nq > Nkv) gets O = 0
 //! and LSE = -inf.
 
-use ndarray::ArrayD;
+use ndarray::linalg::general_mat_mul;
+use ndarray::{Array2, Array3, Array4, ArrayD, ArrayView2, ArrayView4, Ix4, s};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use super::elementwise::{exp_shifted, max_of};
+use super::{expect_inputs, metas, reference_metas};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::{Tensor, TensorMeta};
@@ -56,6 +60,7 @@ impl AttentionParams {
     /// Reads the problem shape from input metas (validating them).
     pub fn shape(&self, inputs: &[TensorMeta]) -> Result<AttentionShape> {
         let op = "attention";
+        expect_inputs(op, inputs.len(), &["q", "k", "v"])?;
         let [q, k, v] = inputs else {
             return Err(Error::invalid(op, "takes q, k, v"));
         };
@@ -144,14 +149,183 @@ impl AttentionParams {
         4.0 * (s.b * s.hq) as f64 * pairs * s.d as f64
     }
 
-    /// CPU f32 implementation.
-    pub fn cpu(&self, _inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
-        Err(Error::Internal("attention cpu pending".into()))
+    /// CPU f32 implementation: parallel over (batch, head, block of queries); each block runs
+    /// an online softmax over blocks of keys (two GEMMs per key block), so no more than a
+    /// [BLOCK_Q, BLOCK_K] tile of scores exists at a time.
+    pub fn cpu(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        let sh = self.shape(&metas(inputs))?;
+        let (q, k, v) = (
+            view4(inputs[0].as_f32()?)?,
+            view4(inputs[1].as_f32()?)?,
+            view4(inputs[2].as_f32()?)?,
+        );
+        let geo = Geometry {
+            causal: self.causal,
+            nq: sh.nq,
+            nkv: sh.nkv,
+            scale: self.scale_for(sh.d),
+        };
+        let d = sh.d;
+        let group = sh.hq / sh.hkv;
+        let mut o = vec![0f32; sh.b * sh.hq * sh.nq * d];
+        let mut lse = vec![f32::NEG_INFINITY; sh.b * sh.hq * sh.nq];
+        if sh.nq > 0 {
+            o.par_chunks_mut(sh.nq * d)
+                .zip(lse.par_chunks_mut(sh.nq))
+                .enumerate()
+                .for_each(|(plane, (o_p, lse_p))| {
+                    let (b, h) = (plane / sh.hq, plane % sh.hq);
+                    let kh = k.slice(s![b, h / group, .., ..]);
+                    let vh = v.slice(s![b, h / group, .., ..]);
+                    let qh = q.slice(s![b, h, .., ..]);
+                    o_p.par_chunks_mut(BLOCK_Q * d)
+                        .zip(lse_p.par_chunks_mut(BLOCK_Q))
+                        .enumerate()
+                        .for_each(|(blk, (o_b, lse_b))| {
+                            let i0 = blk * BLOCK_Q;
+                            let qb = qh.slice(s![i0..i0 + lse_b.len(), ..]);
+                            query_block(&geo, i0, qb, kh, vh, o_b, lse_b);
+                        });
+                });
+        }
+        Ok(vec![
+            Tensor::from_vec_f32(&[sh.b, sh.hq, sh.nq, d], o)?,
+            Tensor::from_vec_f32(&[sh.b, sh.hq, sh.nq], lse)?,
+        ])
     }
 
-    /// f64 reference.
-    pub fn reference(&self, _inputs: &[ArrayD<f64>]) -> Result<Vec<ArrayD<f64>>> {
-        Err(Error::Internal("attention reference pending".into()))
+    /// f64 reference: each row's scores, softmax and weighted sum of V, computed directly.
+    pub fn reference(&self, inputs: &[ArrayD<f64>]) -> Result<Vec<ArrayD<f64>>> {
+        let sh = self.shape(&reference_metas(inputs, &[]))?;
+        let (q, k, v) = (view4(&inputs[0])?, view4(&inputs[1])?, view4(&inputs[2])?);
+        let scale = self.scale.map_or(1.0 / (sh.d as f64).sqrt(), f64::from);
+        let group = sh.hq / sh.hkv;
+        let mut o = Array4::<f64>::zeros((sh.b, sh.hq, sh.nq, sh.d));
+        let mut lse = Array3::<f64>::from_elem((sh.b, sh.hq, sh.nq), f64::NEG_INFINITY);
+        let mut p = vec![0.0; sh.nkv];
+        for b in 0..sh.b {
+            for h in 0..sh.hq {
+                let kh = k.slice(s![b, h / group, .., ..]);
+                let vh = v.slice(s![b, h / group, .., ..]);
+                for i in 0..sh.nq {
+                    let n = visible_keys(self.causal, i, sh.nq, sh.nkv);
+                    if n == 0 {
+                        continue;
+                    }
+                    let qi = q.slice(s![b, h, i, ..]);
+                    let scores: Vec<f64> = (0..n).map(|j| scale * qi.dot(&kh.row(j))).collect();
+                    let (m, sum) = exp_shifted(&scores, &mut p[..n]);
+                    let mut oi = o.slice_mut(s![b, h, i, ..]);
+                    for (j, &pj) in p[..n].iter().enumerate() {
+                        oi.scaled_add(pj / sum, &vh.row(j));
+                    }
+                    lse[[b, h, i]] = m + sum.ln();
+                }
+            }
+        }
+        Ok(vec![o.into_dyn(), lse.into_dyn()])
+    }
+}
+
+/// A validated 4-D input as a 4-D view.
+fn view4<T>(a: &ArrayD<T>) -> Result<ArrayView4<'_, T>> {
+    a.view()
+        .into_dimensionality::<Ix4>()
+        .map_err(|e| Error::Internal(format!("attention: {e}")))
+}
+
+/// Queries per CPU task.
+const BLOCK_Q: usize = 64;
+/// Keys per step of the online softmax.
+const BLOCK_K: usize = 128;
+
+/// What a query block needs to know about the whole problem.
+struct Geometry {
+    causal: bool,
+    nq: usize,
+    nkv: usize,
+    scale: f32,
+}
+
+/// One block of queries `q` [rows, D] starting at query `i0` against all keys it may see:
+/// online softmax over key blocks, writing O rows into `o` and their LSE into `lse`.
+fn query_block(
+    geo: &Geometry,
+    i0: usize,
+    q: ArrayView2<f32>,
+    k: ArrayView2<f32>,
+    v: ArrayView2<f32>,
+    o: &mut [f32],
+    lse: &mut [f32],
+) {
+    let (rows, d) = (q.nrows(), q.ncols());
+    let visible = |r: usize| visible_keys(geo.causal, i0 + r, geo.nq, geo.nkv);
+    let kv_end = visible(rows - 1);
+    let mut acc = Array2::<f32>::zeros((rows, d));
+    let mut scores = Array2::<f32>::zeros((rows, BLOCK_K.min(kv_end.max(1))));
+    let mut m = vec![f32::NEG_INFINITY; rows];
+    let mut l = vec![0f32; rows];
+    for j0 in (0..kv_end).step_by(BLOCK_K) {
+        let bk = BLOCK_K.min(kv_end - j0);
+        let kb = k.slice(s![j0..j0 + bk, ..]);
+        let vb = v.slice(s![j0..j0 + bk, ..]);
+        let mut sv = scores.slice_mut(s![.., ..bk]);
+        general_mat_mul(geo.scale, &q, &kb.t(), 0.0, &mut sv);
+        for (r, mut srow) in sv.rows_mut().into_iter().enumerate() {
+            let seen = visible(r).saturating_sub(j0).min(bk);
+            let corr = match srow.as_slice_mut() {
+                Some(sr) => online_step(sr, seen, &mut m[r], &mut l[r]),
+                None => f32::NAN,
+            };
+            if corr != 1.0 {
+                acc.row_mut(r).mapv_inplace(|x| x * corr);
+            }
+        }
+        general_mat_mul(1.0, &sv, &vb, 1.0, &mut acc);
+    }
+    for (r, (orow, lse_r)) in o.chunks_mut(d).zip(lse.iter_mut()).enumerate() {
+        if l[r] == 0.0 {
+            // No visible key (NaN sums fall through, so NaN inputs show in the output).
+            orow.fill(0.0);
+            *lse_r = f32::NEG_INFINITY;
+        } else {
+            let inv = 1.0 / l[r];
+            for (dst, &a) in orow.iter_mut().zip(acc.row(r)) {
+                *dst = a * inv;
+            }
+            *lse_r = m[r] + l[r].ln();
+        }
+    }
+}
+
+/// One online-softmax step on a row of scores whose first `seen` entries are visible: turns
+/// the row into probabilities relative to the running max `m` (masked entries 0), updates
+/// `m` and the running sum `l`, and returns the factor the row's accumulator must be scaled by.
+fn online_step(row: &mut [f32], seen: usize, m: &mut f32, l: &mut f32) -> f32 {
+    let mx = max_of(&row[..seen]);
+    let m_new = if mx > *m || mx.is_nan() { mx } else { *m };
+    if m_new == f32::NEG_INFINITY {
+        row.fill(0.0);
+        return 1.0;
+    }
+    let corr = (*m - m_new).exp();
+    let mut sum = 0.0;
+    for x in &mut row[..seen] {
+        *x = (*x - m_new).exp();
+        sum += *x;
+    }
+    row[seen..].fill(0.0);
+    *l = *l * corr + sum;
+    *m = m_new;
+    corr
+}
+
+/// Keys query `i` sees: all `nkv`, or with the bottom-right causal mask those j <= i + nkv - nq.
+pub fn visible_keys(causal: bool, i: usize, nq: usize, nkv: usize) -> usize {
+    if causal {
+        (i + nkv + 1).saturating_sub(nq).min(nkv)
+    } else {
+        nkv
     }
 }
 
@@ -160,7 +334,5 @@ pub fn visible_pairs(causal: bool, nq: usize, nkv: usize) -> usize {
     if !causal {
         return nq * nkv;
     }
-    (0..nq)
-        .map(|i| (i + nkv + 1).saturating_sub(nq).min(nkv))
-        .sum()
+    (0..nq).map(|i| visible_keys(true, i, nq, nkv)).sum()
 }

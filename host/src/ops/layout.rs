@@ -3,6 +3,7 @@
 use ndarray::{ArrayD, IxDyn};
 use serde::{Deserialize, Serialize};
 
+use super::{expect_inputs, metas, reference_metas};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::{Tensor, TensorMeta};
@@ -19,8 +20,9 @@ pub struct SplitHeadsParams {
 impl SplitHeadsParams {
     /// Output meta [B, H, T, D].
     pub fn validate(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>> {
-        let x = &inputs[0];
         let op = "split_heads";
+        expect_inputs(op, inputs.len(), &["x"])?;
+        let x = &inputs[0];
         if x.dtype != DType::F32 || x.shape.len() != 2 {
             return Err(Error::invalid(
                 op,
@@ -60,17 +62,20 @@ impl SplitHeadsParams {
 
     /// CPU implementation.
     pub fn cpu(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        self.validate(&metas(inputs))?;
         Ok(vec![Tensor::from_f32(self.split(inputs[0].as_f32()?)?)])
     }
 
     /// f64 reference.
     pub fn reference(&self, inputs: &[ArrayD<f64>]) -> Result<Vec<ArrayD<f64>>> {
+        self.validate(&reference_metas(inputs, &[]))?;
         Ok(vec![self.split(&inputs[0])?])
     }
 }
 
 /// Output meta of merge_heads: [B*T, H*D].
 pub fn validate_merge(inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>> {
+    expect_inputs("merge_heads", inputs.len(), &["x"])?;
     let x = &inputs[0];
     if x.dtype != DType::F32 || x.shape.len() != 4 {
         return Err(Error::invalid(
@@ -96,10 +101,12 @@ fn merge<T: Clone>(x: &ArrayD<T>) -> Result<ArrayD<T>> {
 
 /// CPU merge_heads.
 pub fn cpu_merge(inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+    validate_merge(&metas(inputs))?;
     Ok(vec![Tensor::from_f32(merge(inputs[0].as_f32()?)?)])
 }
 
 /// f64 merge_heads.
 pub fn reference_merge(inputs: &[ArrayD<f64>]) -> Result<Vec<ArrayD<f64>>> {
+    validate_merge(&reference_metas(inputs, &[]))?;
     Ok(vec![merge(&inputs[0])?])
 }

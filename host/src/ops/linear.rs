@@ -1,8 +1,12 @@
 //! Fused linear: y = act(x W^T + b). x [..., K], W [N, K] (PyTorch's [out, in]), b [N].
 
-use ndarray::ArrayD;
+use ndarray::linalg::general_mat_mul;
+use ndarray::{Array2, ArrayD, ArrayView2, ArrayViewMut2, Axis, Ix2, IxDyn, s};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use super::elementwise::{Real, gelu_tanh, relu, silu};
+use super::{expect_inputs, metas, reference_metas};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::{Tensor, TensorMeta};
@@ -37,6 +41,18 @@ impl std::str::FromStr for Activation {
     }
 }
 
+impl Activation {
+    /// The activation of one value.
+    pub fn apply<T: Real>(self, x: T) -> T {
+        match self {
+            Activation::None => x,
+            Activation::Relu => relu(x),
+            Activation::Gelu => gelu_tanh(x),
+            Activation::Silu => silu(x),
+        }
+    }
+}
+
 /// Parameters of the fused linear.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct LinearParams {
@@ -50,6 +66,12 @@ impl LinearParams {
     /// (M, N, K) of the product, M being all leading dims of x together.
     pub fn mnk(&self, inputs: &[TensorMeta]) -> Result<(usize, usize, usize)> {
         let op = "linear";
+        let names: &[&str] = if self.bias {
+            &["x", "w", "b"]
+        } else {
+            &["x", "w"]
+        };
+        expect_inputs(op, inputs.len(), names)?;
         for (i, m) in inputs.iter().enumerate() {
             if m.dtype != DType::F32 {
                 return Err(Error::invalid(
@@ -112,13 +134,96 @@ impl LinearParams {
             .unwrap_or(0.0)
     }
 
-    /// CPU f32 implementation.
-    pub fn cpu(&self, _inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
-        Err(Error::Internal("linear cpu pending".into()))
+    /// CPU f32 implementation: one GEMM (matrixmultiply, split over rayon threads) with the
+    /// bias and activation applied to each block of the result while it is in cache.
+    pub fn cpu(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        let out = self.validate(&metas(inputs))?;
+        let b = match self.bias {
+            true => Some(inputs[2].as_f32()?),
+            false => None,
+        };
+        let y = self.run(inputs[0].as_f32()?, inputs[1].as_f32()?, b, &out[0].shape)?;
+        Ok(vec![Tensor::from_f32(y)])
     }
 
     /// f64 reference.
-    pub fn reference(&self, _inputs: &[ArrayD<f64>]) -> Result<Vec<ArrayD<f64>>> {
-        Err(Error::Internal("linear reference pending".into()))
+    pub fn reference(&self, inputs: &[ArrayD<f64>]) -> Result<Vec<ArrayD<f64>>> {
+        let out = self.validate(&reference_metas(inputs, &[]))?;
+        let b = inputs.get(2).filter(|_| self.bias);
+        Ok(vec![self.run(&inputs[0], &inputs[1], b, &out[0].shape)?])
+    }
+
+    /// act(x W^T + b) for validated inputs, shaped `out_shape`.
+    fn run<T: Real>(
+        &self,
+        x: &ArrayD<T>,
+        w: &ArrayD<T>,
+        b: Option<&ArrayD<T>>,
+        out_shape: &[usize],
+    ) -> Result<ArrayD<T>> {
+        let (n, k) = (w.shape()[0], w.shape()[1]);
+        let m = x.len() / k;
+        let internal = |e: ndarray::ShapeError| Error::Internal(format!("linear: {e}"));
+        let x2 = x.to_shape((m, k)).map_err(internal)?;
+        let w2 = w.view().into_dimensionality::<Ix2>().map_err(internal)?;
+        let bias: Option<Vec<T>> = b.map(|b| b.iter().copied().collect());
+        let act = self.act;
+        let mut y = Array2::<T>::zeros((m, n));
+        matmul_bt(x2.view(), w2, y.view_mut(), |mut blk, col0| {
+            for mut row in blk.rows_mut() {
+                for (j, v) in row.iter_mut().enumerate() {
+                    let z = match &bias {
+                        Some(b) => *v + b[col0 + j],
+                        None => *v,
+                    };
+                    *v = act.apply(z);
+                }
+            }
+        });
+        y.into_shape_with_order(IxDyn(out_shape)).map_err(internal)
+    }
+}
+
+/// Work (multiply-adds) below which a product runs on one thread.
+const PAR_MIN_WORK: usize = 1 << 18;
+
+/// c = a b^T (a [M, K], b [N, K], c [M, N]), then `epilogue(block, first column)` on each
+/// block of c. Splits rows of c over rayon threads (columns when M is small); each block is
+/// one matrixmultiply GEMM, so results do not depend on the thread count.
+pub(crate) fn matmul_bt<T, F>(
+    a: ArrayView2<T>,
+    b: ArrayView2<T>,
+    mut c: ArrayViewMut2<T>,
+    epilogue: F,
+) where
+    T: Real,
+    F: Fn(ArrayViewMut2<T>, usize) + Sync,
+{
+    let (m, k, n) = (a.nrows(), a.ncols(), b.nrows());
+    let threads = rayon::current_num_threads();
+    let gemm = |a: ArrayView2<T>, b: ArrayView2<T>, mut c: ArrayViewMut2<T>, col0: usize| {
+        general_mat_mul(T::one(), &a, &b.t(), T::zero(), &mut c);
+        epilogue(c, col0);
+    };
+    if m * n * k < PAR_MIN_WORK || threads == 1 {
+        gemm(a, b, c, 0);
+    } else if m >= 64 * threads {
+        let rows = m.div_ceil(4 * threads).max(64);
+        c.axis_chunks_iter_mut(Axis(0), rows)
+            .into_par_iter()
+            .enumerate()
+            .for_each(|(i, cb)| {
+                let r0 = i * rows;
+                gemm(a.slice(s![r0..r0 + cb.nrows(), ..]), b, cb, 0);
+            });
+    } else {
+        let cols = n.div_ceil(4 * threads).max(16);
+        c.axis_chunks_iter_mut(Axis(1), cols)
+            .into_par_iter()
+            .enumerate()
+            .for_each(|(i, cb)| {
+                let c0 = i * cols;
+                gemm(a, b.slice(s![c0..c0 + cb.ncols(), ..]), cb, c0);
+            });
     }
 }

@@ -203,3 +203,46 @@ fn check_arity(op: &Op, n: usize) -> Result<()> {
     }
     Ok(())
 }
+
+/// Checks that `inputs` holds exactly `names.len()` inputs, naming them when it does not, so
+/// an op's own `validate`, `cpu` and `reference` never index past what they were given.
+pub(crate) fn expect_inputs(op: &str, given: usize, names: &[&str]) -> Result<()> {
+    if given != names.len() {
+        return Err(crate::error::Error::invalid(
+            op,
+            format!(
+                "takes {} inputs ({}), {given} given",
+                names.len(),
+                names.join(", ")
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Metas of host tensors.
+pub(crate) fn metas(inputs: &[&Tensor]) -> Vec<TensorMeta> {
+    inputs.iter().map(|t| t.meta()).collect()
+}
+
+/// Metas of f64 reference inputs: input `i` stands for a tensor of dtype `dtypes[i]` (f32 where
+/// `dtypes` is shorter), so a reference validates exactly as the CPU path does.
+pub(crate) fn reference_metas(
+    inputs: &[ArrayD<f64>],
+    dtypes: &[crate::dtype::DType],
+) -> Vec<TensorMeta> {
+    inputs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let dtype = dtypes.get(i).copied().unwrap_or(crate::dtype::DType::F32);
+            TensorMeta::new(a.shape().to_vec(), dtype)
+        })
+        .collect()
+}
+
+/// The elements of a standard-layout array as one row-major slice.
+pub(crate) fn flat<'a, T>(a: &'a ndarray::CowArray<'_, T, ndarray::IxDyn>) -> Result<&'a [T]> {
+    a.as_slice()
+        .ok_or_else(|| crate::error::Error::Internal("array not in standard layout".into()))
+}

@@ -1,9 +1,12 @@
 //! RMSNorm: y = t * rsqrt(mean(t^2) + eps) * w over the last dim, where t = x, or, with the
 //! fused residual add, t = x + residual (then also returned as `sum`).
 
-use ndarray::ArrayD;
+use ndarray::{ArrayD, IxDyn};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use super::elementwise::Real;
+use super::{expect_inputs, flat, metas, reference_metas};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::{Tensor, TensorMeta};
@@ -30,6 +33,12 @@ impl RmsNormParams {
     /// Output metas: y (and sum) of x's shape.
     pub fn validate(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>> {
         let op = "rmsnorm";
+        let names: &[&str] = if self.residual {
+            &["x", "w", "residual"]
+        } else {
+            &["x", "w"]
+        };
+        expect_inputs(op, inputs.len(), names)?;
         for (i, m) in inputs.iter().enumerate() {
             if m.dtype != DType::F32 {
                 return Err(Error::invalid(
@@ -77,13 +86,74 @@ impl RmsNormParams {
         })
     }
 
-    /// CPU f32 implementation.
-    pub fn cpu(&self, _inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
-        Err(Error::Internal("rmsnorm cpu pending".into()))
+    /// CPU f32 implementation, parallel over blocks of rows (mean square accumulated in f64).
+    pub fn cpu(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        self.validate(&metas(inputs))?;
+        let arrays = inputs
+            .iter()
+            .map(|t| t.as_f32())
+            .collect::<Result<Vec<_>>>()?;
+        let outs = self.run(&arrays, self.eps)?;
+        Ok(outs.into_iter().map(Tensor::from_f32).collect())
     }
 
     /// f64 reference.
-    pub fn reference(&self, _inputs: &[ArrayD<f64>]) -> Result<Vec<ArrayD<f64>>> {
-        Err(Error::Internal("rmsnorm reference pending".into()))
+    pub fn reference(&self, inputs: &[ArrayD<f64>]) -> Result<Vec<ArrayD<f64>>> {
+        self.validate(&reference_metas(inputs, &[]))?;
+        let arrays: Vec<&ArrayD<f64>> = inputs.iter().collect();
+        self.run(&arrays, f64::from(self.eps))
+    }
+
+    /// y (and the sum) for validated inputs x, w (, residual).
+    fn run<T: Real>(&self, inputs: &[&ArrayD<T>], eps: T) -> Result<Vec<ArrayD<T>>> {
+        let std: Vec<_> = inputs.iter().map(|a| a.as_standard_layout()).collect();
+        let x = flat(&std[0])?;
+        let w = flat(&std[1])?;
+        let h = w.len();
+        let chunk = h * (ROWS_PER_TASK_ELEMS / h).max(1);
+        let mut y = vec![T::zero(); x.len()];
+        let mut sum = Vec::new();
+        if self.residual {
+            let r = flat(&std[2])?;
+            sum = vec![T::zero(); x.len()];
+            y.par_chunks_mut(chunk)
+                .zip(sum.par_chunks_mut(chunk))
+                .zip(x.par_chunks(chunk).zip(r.par_chunks(chunk)))
+                .for_each(|((yc, sc), (xc, rc))| {
+                    for ((s, &a), &b) in sc.iter_mut().zip(xc).zip(rc) {
+                        *s = a + b;
+                    }
+                    norm_rows(sc, w, eps, yc);
+                });
+        } else {
+            y.par_chunks_mut(chunk)
+                .zip(x.par_chunks(chunk))
+                .for_each(|(yc, xc)| norm_rows(xc, w, eps, yc));
+        }
+        let shape = IxDyn(inputs[0].shape());
+        let shaped = |v: Vec<T>| {
+            ArrayD::from_shape_vec(shape.clone(), v)
+                .map_err(|e| Error::Internal(format!("rmsnorm: {e}")))
+        };
+        let mut outs = vec![shaped(y)?];
+        if self.residual {
+            outs.push(shaped(sum)?);
+        }
+        Ok(outs)
+    }
+}
+
+/// Elements each rayon task normalises (whole rows, at least one).
+const ROWS_PER_TASK_ELEMS: usize = 1 << 14;
+
+/// Normalises each row (of w's length) of `t` into `y`: t * 1/sqrt(mean(t^2) + eps) * w.
+fn norm_rows<T: Real>(t: &[T], w: &[T], eps: T, y: &mut [T]) {
+    let h = w.len();
+    for (tr, yr) in t.chunks(h).zip(y.chunks_mut(h)) {
+        let ms = tr.iter().map(|v| v.widen() * v.widen()).sum::<f64>() / h as f64;
+        let inv = T::of(1.0 / (ms + eps.widen()).sqrt());
+        for ((o, &v), &g) in yr.iter_mut().zip(tr).zip(w) {
+            *o = v * inv * g;
+        }
     }
 }

@@ -2,9 +2,12 @@
 //! `position_offset + t`; inv_freq_i = base^(-2i/D); y = x * cos + rotate_half(x) * sin with
 //! rotate_half(x) = [-x2, x1].
 
-use ndarray::ArrayD;
+use ndarray::{ArrayD, IxDyn};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use super::elementwise::Real;
+use super::{expect_inputs, flat, metas, reference_metas};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::{Tensor, TensorMeta};
@@ -31,6 +34,7 @@ impl RopeParams {
     /// Output meta: x's.
     pub fn validate(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>> {
         let op = "rope";
+        expect_inputs(op, inputs.len(), &["x"])?;
         let x = &inputs[0];
         if x.dtype != DType::F32 {
             return Err(Error::invalid(
@@ -60,13 +64,73 @@ impl RopeParams {
         Ok(vec![x.clone()])
     }
 
-    /// CPU f32 implementation.
-    pub fn cpu(&self, _inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
-        Err(Error::Internal("rope cpu pending".into()))
+    /// CPU f32 implementation: cos/sin tables computed in f64 and rounded to f32, then rows
+    /// rotated in parallel.
+    pub fn cpu(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        self.validate(&metas(inputs))?;
+        Ok(vec![Tensor::from_f32(self.run(inputs[0].as_f32()?)?)])
     }
 
     /// f64 reference.
-    pub fn reference(&self, _inputs: &[ArrayD<f64>]) -> Result<Vec<ArrayD<f64>>> {
-        Err(Error::Internal("rope reference pending".into()))
+    pub fn reference(&self, inputs: &[ArrayD<f64>]) -> Result<Vec<ArrayD<f64>>> {
+        self.validate(&reference_metas(inputs, &[]))?;
+        Ok(vec![self.run(&inputs[0])?])
+    }
+
+    /// cos and sin of the angles of rows 0..t, each [t, d/2] row-major, computed in f64.
+    pub fn tables<T: Real>(&self, t: usize, d: usize) -> (Vec<T>, Vec<T>) {
+        let half = d / 2;
+        let inv_freq: Vec<f64> = (0..half)
+            .map(|i| self.base.powf(-((2 * i) as f64) / d as f64))
+            .collect();
+        let mut cos = Vec::with_capacity(t * half);
+        let mut sin = Vec::with_capacity(t * half);
+        for row in 0..t {
+            let p = self.position_offset as f64 + row as f64;
+            for f in &inv_freq {
+                let (s, c) = (p * f).sin_cos();
+                cos.push(T::of(c));
+                sin.push(T::of(s));
+            }
+        }
+        (cos, sin)
+    }
+
+    /// RoPE of a validated x [B, H, T, D].
+    fn run<T: Real>(&self, x: &ArrayD<T>) -> Result<ArrayD<T>> {
+        let (t, d) = (x.shape()[2], x.shape()[3]);
+        let half = d / 2;
+        let (cos, sin) = self.tables::<T>(t, d);
+        let xs = x.as_standard_layout();
+        let xs = flat(&xs)?;
+        let mut y = vec![T::zero(); xs.len()];
+        let rows_per_task = (ROPE_TASK_ELEMS / d).max(1);
+        y.par_chunks_mut(rows_per_task * d)
+            .zip(xs.par_chunks(rows_per_task * d))
+            .enumerate()
+            .for_each(|(task, (yc, xc))| {
+                for (r, (yr, xr)) in yc.chunks_mut(d).zip(xc.chunks(d)).enumerate() {
+                    let pos = (task * rows_per_task + r) % t;
+                    let c = &cos[pos * half..(pos + 1) * half];
+                    let s = &sin[pos * half..(pos + 1) * half];
+                    rotate_row(xr, c, s, yr);
+                }
+            });
+        ArrayD::from_shape_vec(IxDyn(x.shape()), y)
+            .map_err(|e| Error::Internal(format!("rope: {e}")))
+    }
+}
+
+/// Elements each rayon task rotates (whole rows, at least one).
+const ROPE_TASK_ELEMS: usize = 1 << 14;
+
+/// y = x * [c, c] + rotate_half(x) * [s, s], rotate_half(x) = [-x2, x1].
+fn rotate_row<T: Real>(x: &[T], c: &[T], s: &[T], y: &mut [T]) {
+    let half = c.len();
+    let (x1, x2) = x.split_at(half);
+    let (y1, y2) = y.split_at_mut(half);
+    for i in 0..half {
+        y1[i] = x1[i] * c[i] - x2[i] * s[i];
+        y2[i] = x2[i] * c[i] + x1[i] * s[i];
     }
 }
