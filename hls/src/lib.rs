@@ -1,1 +1,199 @@
-//! Vitis HLS C++ sources of tandem's FPGA kernels and their C-simulation tests.
+//! Vitis HLS C++ sources of tandem's FPGA kernels and their C-simulation harness.
+//!
+//! The C++ in `src/*.cpp` is real Vitis HLS (m_axi / s_axilite interfaces, PIPELINE,
+//! ARRAY_PARTITION, DATAFLOW; `tcl/*.tcl` run csim, csynth and export an `.xo` for the U55C).
+//! It uses plain integer types only, so `build.rs` compiles it with the host g++ and this crate
+//! calls its `extern "C"` top functions, the way `csim_design` runs a testbench. The tests check
+//! the results bit for bit against [`tandem_fpga::golden`].
+
+use tandem_fpga::golden::attention::{AttentionConfig, AttentionOut};
+use tandem_fpga::golden::gemm::{GemmDims, Requant};
+use thiserror::Error;
+
+mod ffi {
+    unsafe extern "C" {
+        pub fn gemm_kernel(
+            x: *const i8,
+            w: *const i8,
+            bias: *const i32,
+            mult: *const u16,
+            shift: *const u8,
+            y: *mut i8,
+            m: i32,
+            n: i32,
+            k: i32,
+            relu: i32,
+        ) -> i32;
+        pub fn attention_kernel(
+            q: *const i8,
+            k: *const i8,
+            v: *const i8,
+            o: *mut i16,
+            e_out: *mut i32,
+            l_out: *mut u32,
+            nq: i32,
+            nkv: i32,
+            d: i32,
+            causal: i32,
+            score_mult: i32,
+            score_shift: i32,
+        ) -> i32;
+        pub fn attention_kv_tile() -> i32;
+        pub fn gemm_max_k() -> i32;
+    }
+}
+
+/// Errors of the HLS C entry points.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum HlsError {
+    /// A buffer does not match the dimensions.
+    #[error("hls {kernel}: {what} has {got} elements, expected {expected}")]
+    Length {
+        /// Kernel name.
+        kernel: &'static str,
+        /// Argument.
+        what: &'static str,
+        /// Its length.
+        got: usize,
+        /// Expected length.
+        expected: usize,
+    },
+    /// The C kernel refused the dimensions.
+    #[error("hls {kernel}: dimensions out of the kernel's range ({dims})")]
+    Range {
+        /// Kernel name.
+        kernel: &'static str,
+        /// The dimensions given.
+        dims: String,
+    },
+}
+
+fn check(
+    kernel: &'static str,
+    what: &'static str,
+    got: usize,
+    expected: usize,
+) -> Result<(), HlsError> {
+    if got == expected {
+        Ok(())
+    } else {
+        Err(HlsError::Length {
+            kernel,
+            what,
+            got,
+            expected,
+        })
+    }
+}
+
+fn dim(kernel: &'static str, v: usize, dims: &str) -> Result<i32, HlsError> {
+    i32::try_from(v).map_err(|_| HlsError::Range {
+        kernel,
+        dims: dims.to_string(),
+    })
+}
+
+/// The KV tile the HLS attention is compiled with (`ATT_KV_TILE`).
+pub fn attention_kv_tile() -> usize {
+    // SAFETY: a pure function of the C library without arguments.
+    usize::try_from(unsafe { ffi::attention_kv_tile() }).unwrap_or(0)
+}
+
+/// The largest K the HLS GEMM holds on chip (`GEMM_MAX_K`).
+pub fn gemm_max_k() -> usize {
+    // SAFETY: a pure function of the C library without arguments.
+    usize::try_from(unsafe { ffi::gemm_max_k() }).unwrap_or(0)
+}
+
+/// Runs the HLS GEMM (`gemm_kernel`) on the host: same arguments as
+/// [`tandem_fpga::golden::gemm::gemm`].
+pub fn gemm(
+    x: &[i8],
+    w: &[i8],
+    bias: &[i32],
+    rq: &[Requant],
+    relu: bool,
+    d: GemmDims,
+) -> Result<Vec<i8>, HlsError> {
+    let k = "gemm";
+    check(k, "x", x.len(), d.m * d.k)?;
+    check(k, "w", w.len(), d.n * d.k)?;
+    check(k, "bias", bias.len(), d.n)?;
+    check(k, "requant", rq.len(), d.n)?;
+    let dims = format!("{d:?}");
+    let (m, n, kk) = (
+        dim(k, d.m, &dims)?,
+        dim(k, d.n, &dims)?,
+        dim(k, d.k, &dims)?,
+    );
+    let mult: Vec<u16> = rq.iter().map(|r| r.mult).collect();
+    let shift: Vec<u8> = rq.iter().map(|r| r.shift).collect();
+    let mut y = vec![0i8; d.m * d.n];
+    // SAFETY: every pointer covers the length the dimensions imply (checked above) and the C
+    // function reads and writes only within those bounds.
+    let rc = unsafe {
+        ffi::gemm_kernel(
+            x.as_ptr(),
+            w.as_ptr(),
+            bias.as_ptr(),
+            mult.as_ptr(),
+            shift.as_ptr(),
+            y.as_mut_ptr(),
+            m,
+            n,
+            kk,
+            i32::from(relu),
+        )
+    };
+    if rc != 0 {
+        return Err(HlsError::Range { kernel: k, dims });
+    }
+    Ok(y)
+}
+
+/// Runs the HLS attention (`attention_kernel`) on the host. `cfg.kv_tile` is ignored: the C++
+/// is compiled with [`attention_kv_tile`].
+pub fn attention(
+    q: &[i8],
+    k: &[i8],
+    v: &[i8],
+    cfg: &AttentionConfig,
+) -> Result<AttentionOut, HlsError> {
+    let kn = "attention";
+    check(kn, "q", q.len(), cfg.nq * cfg.d)?;
+    check(kn, "k", k.len(), cfg.nkv * cfg.d)?;
+    check(kn, "v", v.len(), cfg.nkv * cfg.d)?;
+    let dims = format!("{cfg:?}");
+    let (nq, nkv, d) = (
+        dim(kn, cfg.nq, &dims)?,
+        dim(kn, cfg.nkv, &dims)?,
+        dim(kn, cfg.d, &dims)?,
+    );
+    let mut out = AttentionOut {
+        o: vec![0; cfg.nq * cfg.d],
+        e: vec![0; cfg.nq],
+        l: vec![0; cfg.nq],
+    };
+    // SAFETY: q, k, v and the outputs cover the lengths the dimensions imply (checked above and
+    // allocated here); the C function stays within them.
+    let rc = unsafe {
+        ffi::attention_kernel(
+            q.as_ptr(),
+            k.as_ptr(),
+            v.as_ptr(),
+            out.o.as_mut_ptr(),
+            out.e.as_mut_ptr(),
+            out.l.as_mut_ptr(),
+            nq,
+            nkv,
+            d,
+            i32::from(cfg.causal),
+            i32::from(cfg.score_mult),
+            i32::from(cfg.score_shift),
+        )
+    };
+    if rc != 0 {
+        return Err(HlsError::Range { kernel: kn, dims });
+    }
+    Ok(out)
+}

@@ -1,0 +1,112 @@
+// Fused GEMM + bias + activation (int8 x int8 -> int32, per-column requantisation to int8).
+//
+// Output-stationary: an GEMM_TM x GEMM_TN tile of int32 accumulators stays in registers while
+// the inner dimension streams through, one k per cycle (II=1, TM*TN MACs a cycle). Each tile
+// is a DATAFLOW region: load the x and w panels, multiply-accumulate, requantise and store.
+#include "tandem_hls.h"
+
+static int8_t gemm_postprocess(uint32_t acc, int32_t bias, int relu, uint16_t mult,
+                               uint8_t shift) {
+#pragma HLS INLINE
+    // Wrapping int32 bias add, computed unsigned to stay defined in C++.
+    int32_t v = (int32_t)(acc + (uint32_t)bias);
+    if (relu && v < 0) v = 0;
+    int64_t p = (int64_t)v * (int64_t)mult;
+    int64_t r = shift == 0 ? p : ((p + ((int64_t)1 << (shift - 1))) >> shift);
+    if (r > 127) r = 127;
+    if (r < -128) r = -128;
+    return (int8_t)r;
+}
+
+static void gemm_load(const int8_t *src, int8_t buf[][GEMM_MAX_K], int rows, int r0, int rmax,
+                      int k) {
+load_rows:
+    for (int r = 0; r < rows; r++) {
+    load_k:
+        for (int kk = 0; kk < k; kk++) {
+#pragma HLS PIPELINE II = 1
+#pragma HLS LOOP_TRIPCOUNT min = 1 max = GEMM_MAX_K
+            buf[r][kk] = (r0 + r < rmax) ? src[(int64_t)(r0 + r) * k + kk] : (int8_t)0;
+        }
+    }
+}
+
+static void gemm_mac(int8_t xb[GEMM_TM][GEMM_MAX_K], int8_t wb[GEMM_TN][GEMM_MAX_K],
+                     uint32_t acc[GEMM_TM][GEMM_TN], int k) {
+    for (int i = 0; i < GEMM_TM; i++)
+#pragma HLS UNROLL
+        for (int j = 0; j < GEMM_TN; j++)
+#pragma HLS UNROLL
+            acc[i][j] = 0;
+mac_k:
+    for (int kk = 0; kk < k; kk++) {
+#pragma HLS PIPELINE II = 1
+#pragma HLS LOOP_TRIPCOUNT min = 1 max = GEMM_MAX_K
+        for (int i = 0; i < GEMM_TM; i++) {
+#pragma HLS UNROLL
+            for (int j = 0; j < GEMM_TN; j++) {
+#pragma HLS UNROLL
+                acc[i][j] += (uint32_t)((int32_t)xb[i][kk] * (int32_t)wb[j][kk]);
+            }
+        }
+    }
+}
+
+static void gemm_store(uint32_t acc[GEMM_TM][GEMM_TN], const int32_t *bias,
+                       const uint16_t *mult, const uint8_t *shift, int8_t *y, int m0, int n0,
+                       int m, int n, int relu) {
+store_i:
+    for (int i = 0; i < GEMM_TM; i++) {
+    store_j:
+        for (int j = 0; j < GEMM_TN; j++) {
+#pragma HLS PIPELINE II = 1
+            int r = m0 + i, c = n0 + j;
+            if (r < m && c < n) {
+                y[(int64_t)r * n + c] = gemm_postprocess(acc[i][j], bias[c], relu, mult[c], shift[c]);
+            }
+        }
+    }
+}
+
+static void gemm_tile(const int8_t *x, const int8_t *w, const int32_t *bias,
+                      const uint16_t *mult, const uint8_t *shift, int8_t *y, int m0, int n0,
+                      int m, int n, int k, int relu) {
+#pragma HLS DATAFLOW
+    int8_t xb[GEMM_TM][GEMM_MAX_K];
+#pragma HLS ARRAY_PARTITION variable = xb dim = 1 complete
+    int8_t wb[GEMM_TN][GEMM_MAX_K];
+#pragma HLS ARRAY_PARTITION variable = wb dim = 1 complete
+    uint32_t acc[GEMM_TM][GEMM_TN];
+#pragma HLS ARRAY_PARTITION variable = acc complete dim = 0
+    gemm_load(x, xb, GEMM_TM, m0, m, k);
+    gemm_load(w, wb, GEMM_TN, n0, n, k);
+    gemm_mac(xb, wb, acc, k);
+    gemm_store(acc, bias, mult, shift, y, m0, n0, m, n, relu);
+}
+
+extern "C" int gemm_kernel(const int8_t *x, const int8_t *w, const int32_t *bias,
+                           const uint16_t *mult, const uint8_t *shift, int8_t *y, int m, int n,
+                           int k, int relu) {
+#pragma HLS INTERFACE m_axi port = x offset = slave bundle = gmem0 max_read_burst_length = 64
+#pragma HLS INTERFACE m_axi port = w offset = slave bundle = gmem1 max_read_burst_length = 64
+#pragma HLS INTERFACE m_axi port = bias offset = slave bundle = gmem2
+#pragma HLS INTERFACE m_axi port = mult offset = slave bundle = gmem2
+#pragma HLS INTERFACE m_axi port = shift offset = slave bundle = gmem2
+#pragma HLS INTERFACE m_axi port = y offset = slave bundle = gmem3 max_write_burst_length = 64
+#pragma HLS INTERFACE s_axilite port = m
+#pragma HLS INTERFACE s_axilite port = n
+#pragma HLS INTERFACE s_axilite port = k
+#pragma HLS INTERFACE s_axilite port = relu
+#pragma HLS INTERFACE s_axilite port = return
+    if (m < 1 || n < 1 || k < 1 || k > GEMM_MAX_K) return -1;
+tiles_m:
+    for (int m0 = 0; m0 < m; m0 += GEMM_TM) {
+    tiles_n:
+        for (int n0 = 0; n0 < n; n0 += GEMM_TN) {
+            gemm_tile(x, w, bias, mult, shift, y, m0, n0, m, n, k, relu);
+        }
+    }
+    return 0;
+}
+
+extern "C" int gemm_max_k(void) { return GEMM_MAX_K; }

@@ -1,0 +1,60 @@
+// tandem HLS kernels: shared declarations.
+//
+// Vitis HLS C++ of tandem's FPGA kernels (router, gemm, attention). The fixed-point semantics
+// are those of the Rust golden models in fpga::golden (docs/FPGA.md); the Rust crate
+// tandem-hls builds these files with a plain g++ and checks them bit for bit.
+//
+// Only plain integer types are used, so no Xilinx header is needed: the HLS pragmas are
+// ignored by g++ (-Wno-unknown-pragmas) and honoured by Vitis HLS.
+#ifndef TANDEM_HLS_H
+#define TANDEM_HLS_H
+
+#include <stdint.h>
+
+// ---- GEMM -------------------------------------------------------------------------------
+// Output tile (rows of x by rows of w) computed by the MAC array at once.
+#define GEMM_TM 8
+#define GEMM_TN 8
+// Largest inner dimension held on chip.
+#define GEMM_MAX_K 4096
+
+// ---- attention ----------------------------------------------------------------------------
+// Keys per online-softmax tile (the golden model's kv_tile).
+#define ATT_KV_TILE 16
+// Largest head dimension.
+#define ATT_MAX_D 256
+// Fractional bits of the log2-domain logits, entries of the exp2 LUT.
+#define ATT_FRAC 8
+#define ATT_LUT_SIZE 256
+// Rescale shifts at or beyond this give zero.
+#define ATT_SHIFT_ZERO 40
+
+// ---- router -------------------------------------------------------------------------------
+// Largest number of experts and of selected experts.
+#define ROUTER_MAX_E 256
+#define ROUTER_MAX_K 8
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// y[m][n] = sat8(requant_n(act(sum_k x[m][k] w[n][k] + bias[n]))); returns 0, or -1 when the
+// dimensions are out of range (k > GEMM_MAX_K, any of m, n, k < 1).
+int gemm_kernel(const int8_t *x, const int8_t *w, const int32_t *bias, const uint16_t *mult,
+                const uint8_t *shift, int8_t *y, int m, int n, int k, int relu);
+
+// One attention head, see fpga::golden::attention. e_out and l_out get the final exponent and
+// running sum of each row. Returns 0, or -1 when out of range.
+int attention_kernel(const int8_t *q, const int8_t *k, const int8_t *v, int16_t *o,
+                     int32_t *e_out, uint32_t *l_out, int nq, int nkv, int d, int causal,
+                     int score_mult, int score_shift);
+
+// Compile-time parameters, so tests run the golden model with the same ones.
+int attention_kv_tile(void);
+int gemm_max_k(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

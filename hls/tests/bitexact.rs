@@ -1,0 +1,194 @@
+//! HLS C++ (compiled with g++) against the golden models, bit for bit.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tandem_fpga::golden::attention::{self as gatt, AttentionConfig};
+use tandem_fpga::golden::gemm::{self as ggemm, GemmDims, Requant};
+
+fn rand_i8(rng: &mut ChaCha8Rng, n: usize, full: bool) -> Vec<i8> {
+    (0..n)
+        .map(|_| {
+            if full {
+                rng.r#gen::<i8>()
+            } else {
+                rng.gen_range(-40..=40)
+            }
+        })
+        .collect()
+}
+
+fn gemm_case(rng: &mut ChaCha8Rng, d: GemmDims, relu: bool, extreme: bool) {
+    let x = rand_i8(rng, d.m * d.k, true);
+    let w = rand_i8(rng, d.n * d.k, true);
+    let bias: Vec<i32> = (0..d.n)
+        .map(|_| {
+            if extreme {
+                rng.r#gen::<i32>()
+            } else {
+                rng.gen_range(-5_000..5_000)
+            }
+        })
+        .collect();
+    let rq: Vec<Requant> = (0..d.n)
+        .map(|_| Requant {
+            mult: rng.r#gen(),
+            shift: if extreme {
+                rng.gen_range(0..=47)
+            } else {
+                // Centre the outputs in int8 range: |acc| ~ 5500 sqrt(K), mult ~ 2^15.
+                let c = 20 + (usize::BITS - d.k.leading_zeros()) as u8 / 2;
+                rng.gen_range(c - 2..=c + 2)
+            },
+        })
+        .collect();
+    let want = ggemm::gemm(&x, &w, &bias, &rq, relu, d).expect("golden");
+    let got = tandem_hls::gemm(&x, &w, &bias, &rq, relu, d).expect("hls");
+    assert_eq!(got, want, "{d:?} relu={relu} extreme={extreme}");
+    if !extreme && d.m * d.n >= 8 {
+        // The case must exercise saturation and the interior alike, or it proves little.
+        assert!(
+            want.iter().any(|&v| v != 127 && v != -128 && v != 0),
+            "{d:?}"
+        );
+    }
+}
+
+#[test]
+fn gemm_matches_golden_on_random_and_edge_shapes() {
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let shapes = [
+        (1, 1, 1),
+        (8, 8, 8),
+        (3, 5, 7),
+        (9, 17, 33),
+        (16, 8, 100),
+        (13, 29, 257),
+        (2, 3, 4096),
+    ];
+    for &(m, n, k) in &shapes {
+        for relu in [false, true] {
+            gemm_case(&mut rng, GemmDims { m, n, k }, relu, false);
+            gemm_case(&mut rng, GemmDims { m, n, k }, relu, true);
+        }
+    }
+}
+
+#[test]
+fn gemm_saturates_and_wraps_like_golden() {
+    let d = GemmDims { m: 4, n: 9, k: 64 };
+    let x = vec![-128i8; d.m * d.k];
+    let w = vec![-128i8; d.n * d.k];
+    let bias: Vec<i32> = (0..d.n as i32).map(|i| i32::MAX - i * 1000).collect();
+    let rq = vec![
+        Requant {
+            mult: 65535,
+            shift: 20
+        };
+        d.n
+    ];
+    let want = ggemm::gemm(&x, &w, &bias, &rq, false, d).expect("golden");
+    assert!(want.contains(&-128), "bias add must wrap to negative");
+    assert_eq!(
+        tandem_hls::gemm(&x, &w, &bias, &rq, false, d).expect("hls"),
+        want
+    );
+}
+
+#[test]
+fn gemm_rejects_k_beyond_buffer() {
+    let k = tandem_hls::gemm_max_k() + 1;
+    let d = GemmDims { m: 1, n: 1, k };
+    let r = tandem_hls::gemm(
+        &vec![0; k],
+        &vec![0; k],
+        &[0],
+        &[Requant::default()],
+        false,
+        d,
+    );
+    assert!(r.is_err());
+}
+
+fn attention_case(rng: &mut ChaCha8Rng, nq: usize, nkv: usize, d: usize, causal: bool, full: bool) {
+    let q = rand_i8(rng, nq * d, full);
+    let k = rand_i8(rng, nkv * d, full);
+    let v = rand_i8(rng, nkv * d, true);
+    let (score_mult, score_shift) = if full {
+        (rng.r#gen::<u16>(), rng.gen_range(10..=30))
+    } else {
+        AttentionConfig::score_multiplier(1.0 / (d as f64).sqrt(), 0.02, 0.02).expect("scale")
+    };
+    let cfg = AttentionConfig {
+        nq,
+        nkv,
+        d,
+        kv_tile: tandem_hls::attention_kv_tile(),
+        causal,
+        score_mult,
+        score_shift,
+    };
+    let want = gatt::attention(&q, &k, &v, &cfg).expect("golden");
+    let got = tandem_hls::attention(&q, &k, &v, &cfg).expect("hls");
+    assert_eq!(got, want, "{cfg:?}");
+}
+
+#[test]
+fn attention_matches_golden_on_random_and_edge_shapes() {
+    let mut rng = ChaCha8Rng::seed_from_u64(2);
+    assert_eq!(tandem_hls::attention_kv_tile(), 16);
+    let shapes = [
+        (1, 1, 1),
+        (4, 16, 8),
+        (7, 7, 16),
+        (5, 37, 32),
+        (37, 5, 8),
+        (16, 33, 64),
+        (3, 100, 24),
+        (2, 17, 256),
+    ];
+    for &(nq, nkv, d) in &shapes {
+        for causal in [false, true] {
+            attention_case(&mut rng, nq, nkv, d, causal, false);
+            attention_case(&mut rng, nq, nkv, d, causal, true);
+        }
+    }
+}
+
+#[test]
+fn attention_rows_without_keys_and_growing_max() {
+    // Nq > Nkv causal: the first Nq - Nkv rows see no key.
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let (nq, nkv, d) = (20, 6, 8);
+    let q = rand_i8(&mut rng, nq * d, true);
+    let k = rand_i8(&mut rng, nkv * d, true);
+    let v = rand_i8(&mut rng, nkv * d, true);
+    let cfg = AttentionConfig {
+        nq,
+        nkv,
+        d,
+        kv_tile: tandem_hls::attention_kv_tile(),
+        causal: true,
+        score_mult: 40000,
+        score_shift: 16,
+    };
+    let want = gatt::attention(&q, &k, &v, &cfg).expect("golden");
+    assert_eq!(want.l.iter().filter(|&&l| l == 0).count(), nq - nkv);
+    assert_eq!(tandem_hls::attention(&q, &k, &v, &cfg).expect("hls"), want);
+    // Keys whose scores grow along the sequence force a rescale in every tile.
+    let nkv = 80;
+    let q = vec![1i8; d];
+    let k: Vec<i8> = (0..nkv * d)
+        .map(|i| ((i / d) as i32 - 40).clamp(-127, 127) as i8)
+        .collect();
+    let v: Vec<i8> = (0..nkv * d).map(|i| (i % 251) as i8).collect();
+    let cfg = AttentionConfig {
+        nq: 1,
+        nkv,
+        causal: false,
+        score_mult: 65535,
+        score_shift: 12,
+        ..cfg
+    };
+    let want = gatt::attention(&q, &k, &v, &cfg).expect("golden");
+    assert_eq!(tandem_hls::attention(&q, &k, &v, &cfg).expect("hls"), want);
+}
