@@ -1,1 +1,117 @@
-//! TODO
+//! The emitter: writes a kernel's Verilog, `kernel.xml` and a manifest of its parameters to
+//! a folder, the input of both the simulator and `package_xo`.
+//!
+//! Files: `<name>.v` (top module `<name>` with Vitis port names, shell submodules, the core),
+//! `kernel.xml`, `manifest.json` (kernel, parameters, shell options, register map, and a
+//! SHA-256 of the Verilog that the simulator uses as its cache key).
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::core::KernelCore;
+use crate::desc::{ArgSlot, KernelDesc};
+use crate::shell::{ShellConfig, ShellError, kernel_verilog};
+
+/// Errors of the emitter.
+#[derive(Debug, thiserror::Error)]
+pub enum EmitError {
+    /// Generating the Verilog failed.
+    #[error(transparent)]
+    Shell(#[from] ShellError),
+    /// The description is unusable.
+    #[error(transparent)]
+    Desc(#[from] crate::desc::DescError),
+    /// Writing a file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What the manifest records.
+#[derive(Debug, Clone, Serialize)]
+pub struct Manifest {
+    /// Kernel name (top module).
+    pub kernel: String,
+    /// Build parameters of the core.
+    pub params: Vec<(String, i64)>,
+    /// Shell options.
+    pub shell: ShellConfig,
+    /// Register map of the arguments.
+    pub args: Vec<ArgSlot>,
+    /// SHA-256 of the Verilog, hex.
+    pub verilog_sha256: String,
+    /// The Verilog file name.
+    pub verilog: String,
+}
+
+/// An emitted kernel: where its files are.
+#[derive(Debug, Clone)]
+pub struct Emitted {
+    /// The folder.
+    pub dir: PathBuf,
+    /// `<name>.v`.
+    pub verilog: PathBuf,
+    /// `kernel.xml`.
+    pub kernel_xml: PathBuf,
+    /// `manifest.json`.
+    pub manifest_path: PathBuf,
+    /// The manifest.
+    pub manifest: Manifest,
+    /// The interface.
+    pub desc: KernelDesc,
+}
+
+/// The Verilog and manifest of a kernel, without writing anything.
+pub fn generate(core: &dyn KernelCore, cfg: ShellConfig) -> Result<(String, Manifest), EmitError> {
+    let v = kernel_verilog(core, cfg)?;
+    let desc = core.desc();
+    let hash = hex(&Sha256::digest(v.as_bytes()));
+    let m = Manifest {
+        kernel: core.name().to_string(),
+        params: core.params(),
+        shell: cfg,
+        args: desc.slots()?,
+        verilog_sha256: hash,
+        verilog: format!("{}.v", core.name()),
+    };
+    Ok((v, m))
+}
+
+/// Writes `<name>.v`, `kernel.xml` and `manifest.json` of `core` into `dir` (created).
+pub fn emit(core: &dyn KernelCore, cfg: ShellConfig, dir: &Path) -> Result<Emitted, EmitError> {
+    let (v, manifest) = generate(core, cfg)?;
+    let desc = core.desc();
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| EmitError::Io { path, source }
+    };
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let verilog = dir.join(&manifest.verilog);
+    std::fs::write(&verilog, &v).map_err(io(&verilog))?;
+    let kernel_xml = dir.join("kernel.xml");
+    std::fs::write(&kernel_xml, desc.kernel_xml()?).map_err(io(&kernel_xml))?;
+    let manifest_path = dir.join("manifest.json");
+    let json = serde_json::to_string_pretty(&manifest).unwrap_or_default();
+    std::fs::write(&manifest_path, json).map_err(io(&manifest_path))?;
+    tracing::debug!(kernel = core.name(), dir = %dir.display(), "emitted kernel");
+    Ok(Emitted {
+        dir: dir.to_path_buf(),
+        verilog,
+        kernel_xml,
+        manifest_path,
+        manifest,
+        desc,
+    })
+}
+
+/// Lower-case hex of bytes.
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}

@@ -1,3 +1,100 @@
 //! The kernel cores (datapaths that plug into [`crate::shell`]) and the kernel catalog.
+//!
+//! To add a kernel: implement [`crate::core::KernelCore`] in its own module here, add the
+//! `pub mod` line and an arm to [`core_for`].
 
 pub mod router;
+
+use crate::core::{CoreError, KernelCore};
+
+/// Kernel names the catalog knows.
+pub const KERNELS: &[&str] = &["router", "gemm", "attention"];
+
+/// Parses `k=v,k=v` build parameters (integers).
+pub fn parse_params(s: &str) -> Result<Vec<(String, i64)>, CoreError> {
+    let mut v = Vec::new();
+    for kv in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
+        let (k, val) = kv.split_once('=').ok_or_else(|| CoreError::Param {
+            kernel: "?".into(),
+            msg: format!("`{kv}` is not key=value"),
+        })?;
+        let val: i64 = val.trim().parse().map_err(|_| CoreError::Param {
+            kernel: "?".into(),
+            msg: format!("`{kv}`: value is not an integer"),
+        })?;
+        v.push((k.trim().to_string(), val));
+    }
+    Ok(v)
+}
+
+fn take(
+    kernel: &str,
+    params: &[(String, i64)],
+    known: &[&str],
+) -> Result<std::collections::BTreeMap<String, i64>, CoreError> {
+    let mut m = std::collections::BTreeMap::new();
+    for (k, v) in params {
+        if !known.contains(&k.as_str()) {
+            return Err(CoreError::Param {
+                kernel: kernel.into(),
+                msg: format!("unknown parameter `{k}` (known: {})", known.join(", ")),
+            });
+        }
+        m.insert(k.clone(), *v);
+    }
+    Ok(m)
+}
+
+fn get_u32(
+    kernel: &str,
+    m: &std::collections::BTreeMap<String, i64>,
+    k: &str,
+    default: u32,
+) -> Result<u32, CoreError> {
+    match m.get(k) {
+        None => Ok(default),
+        Some(&v) => u32::try_from(v).map_err(|_| CoreError::Param {
+            kernel: kernel.into(),
+            msg: format!("{k} = {v} is out of range"),
+        }),
+    }
+}
+
+/// The core of kernel `name` built with `params` (unknown keys are an error).
+pub fn core_for(name: &str, params: &[(String, i64)]) -> Result<Box<dyn KernelCore>, CoreError> {
+    match name {
+        "router" => {
+            let m = take(name, params, &["e_max", "k_max"])?;
+            let d = router::RouterCore::default();
+            let c = router::RouterCore {
+                e_max: get_u32(name, &m, "e_max", d.e_max)?,
+                k_max: get_u32(name, &m, "k_max", d.k_max)?,
+            };
+            c.validate()?;
+            Ok(Box::new(c))
+        }
+        "gemm" | "attention" => Err(CoreError::Param {
+            kernel: name.into(),
+            msg: "its RTL core is not plugged into the shell yet".into(),
+        }),
+        _ => Err(CoreError::Param {
+            kernel: name.into(),
+            msg: format!("unknown kernel (known: {})", KERNELS.join(", ")),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_parse_and_unknown_keys_fail() {
+        let p = parse_params("e_max=64, k_max=4").expect("parse");
+        assert_eq!(p, vec![("e_max".into(), 64), ("k_max".into(), 4)]);
+        assert!(core_for("router", &p).is_ok());
+        assert!(core_for("router", &parse_params("lanes=2").expect("parse")).is_err());
+        assert!(parse_params("e_max").is_err());
+        assert!(core_for("nope", &[]).is_err());
+    }
+}

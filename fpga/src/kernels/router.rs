@@ -1,1 +1,408 @@
-//! TODO
+//! The MoE router core: streams int16 logits, keeps the top-k of each token in a register
+//! insertion network, computes a fixed-point softmax over the k selected logits, and writes
+//! (id, weight) routes and the per-expert histogram. Semantics: [`crate::golden::router`].
+//!
+//! Pipeline (one logit per cycle in steady state):
+//! 1. *unpack*: one 64-bit word holds 4 logits; the word is consumed one logit per cycle and
+//!    the next word is accepted in the cycle the last logit of the current one is used;
+//! 2. *insert*: `k_max` (value, index) registers kept sorted; a newcomer goes after every
+//!    entry `>=` itself (ties: lower index first), shifting the rest down, in one cycle;
+//!    the last logit of a row hands the finished list to the softmax stage and empties the
+//!    network in the same cycle;
+//! 3. *softmax* (while the next row streams): k cycles of exp (shift + LUT), 16 cycles of a
+//!    restoring divider for `2^30 / S`, k cycles of normalise, pack and histogram update.
+//!    The stream stalls only if a row is shorter than this (E < 2k + 18).
+//! 4. *write-out*: routes (2 slots per word) as they are produced, then the histogram.
+//!
+//! Arguments: `logits` (ptr0), `routes` (ptr1), `hist` (ptr2), `tokens` (arg0),
+//! `experts` (arg1), `top_k` (arg2). Invalid sizes (E = 0 or > e_max, k = 0 or > k_max or
+//! > E) finish at once without touching memory; the host validates first.
+
+use std::fmt::Write as _;
+
+use crate::core::{CoreError, KernelCore};
+use crate::desc::{ArgDesc, KernelDesc};
+use crate::golden::router::{LOG2E_Q14, exp2_lut};
+
+/// Build parameters of the router.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouterCore {
+    /// Most experts per token (power of two, 2..=4096): histogram size.
+    pub e_max: u32,
+    /// Most experts selected per token (1..=32): size of the insertion network.
+    pub k_max: u32,
+}
+
+impl Default for RouterCore {
+    fn default() -> Self {
+        Self {
+            e_max: 256,
+            k_max: 8,
+        }
+    }
+}
+
+impl RouterCore {
+    /// Checks the parameters.
+    pub fn validate(&self) -> Result<(), CoreError> {
+        let bad = |msg: String| {
+            Err(CoreError::Param {
+                kernel: "router".into(),
+                msg,
+            })
+        };
+        if !(2..=4096).contains(&self.e_max) || !self.e_max.is_power_of_two() {
+            return bad(format!(
+                "e_max = {} must be a power of two in 2..=4096",
+                self.e_max
+            ));
+        }
+        if !(1..=32).contains(&self.k_max) || self.k_max > self.e_max {
+            return bad(format!(
+                "k_max = {} must be in 1..=min(32, e_max)",
+                self.k_max
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl KernelCore for RouterCore {
+    fn name(&self) -> &str {
+        "router"
+    }
+
+    fn desc(&self) -> KernelDesc {
+        KernelDesc {
+            name: "router".into(),
+            args: vec![
+                ArgDesc::pointer("logits", "short*"),
+                ArgDesc::pointer("routes", "uint*"),
+                ArgDesc::pointer("hist", "uint*"),
+                ArgDesc::scalar("tokens"),
+                ArgDesc::scalar("experts"),
+                ArgDesc::scalar("top_k"),
+            ],
+        }
+    }
+
+    fn params(&self) -> Vec<(String, i64)> {
+        vec![
+            ("e_max".into(), i64::from(self.e_max)),
+            ("k_max".into(), i64::from(self.k_max)),
+        ]
+    }
+
+    fn core_verilog(&self) -> Result<String, CoreError> {
+        self.validate()?;
+        Ok(router_verilog(self))
+    }
+}
+
+fn router_verilog(p: &RouterCore) -> String {
+    let km = p.k_max as usize;
+    let iw = p.e_max.trailing_zeros() as usize;
+    let mut decl = String::new();
+    let mut net = String::new();
+    let mut rst = String::new();
+    let mut ins = String::new();
+    let mut hand = String::new();
+    let mut clear_net = String::new();
+    let mut sel = String::new();
+    let mut ewr = String::new();
+    for j in 0..km {
+        let _ = writeln!(
+            decl,
+            "reg signed [15:0] tv_{j}; reg [IW-1:0] ti_{j}; reg tk_{j};\n\
+             reg signed [15:0] hv_{j}; reg [IW-1:0] hi_{j}; reg [15:0] ex_{j};\n\
+             wire signed [15:0] nv_{j}; wire [IW-1:0] ni_{j}; wire nk_{j}; wire ge_{j};"
+        );
+        let _ = writeln!(
+            net,
+            "assign ge_{j} = tk_{j} && (tv_{j} >= v_in);"
+        );
+        if j == 0 {
+            let _ = writeln!(
+                net,
+                "assign nv_0 = ge_0 ? tv_0 : v_in;\nassign ni_0 = ge_0 ? ti_0 : i_in;\nassign nk_0 = ge_0 ? tk_0 : 1'b1;"
+            );
+        } else {
+            let p = j - 1;
+            let _ = writeln!(
+                net,
+                "assign nv_{j} = ge_{j} ? tv_{j} : (ge_{p} ? v_in : tv_{p});\n\
+                 assign ni_{j} = ge_{j} ? ti_{j} : (ge_{p} ? i_in : ti_{p});\n\
+                 assign nk_{j} = ge_{j} ? tk_{j} : (ge_{p} ? 1'b1 : tk_{p});"
+            );
+        }
+        let _ = writeln!(
+            rst,
+            "        tk_{j} <= 1'b0; tv_{j} <= 16'sd0; ti_{j} <= {{IW{{1'b0}}}}; hv_{j} <= 16'sd0; hi_{j} <= {{IW{{1'b0}}}}; ex_{j} <= 16'd0;"
+        );
+        let _ = writeln!(
+            ins,
+            "                tv_{j} <= nv_{j}; ti_{j} <= ni_{j}; tk_{j} <= nk_{j};"
+        );
+        let _ = writeln!(hand, "                hv_{j} <= nv_{j}; hi_{j} <= ni_{j};");
+        let _ = writeln!(clear_net, "                tk_{j} <= 1'b0;");
+        let _ = writeln!(
+            sel,
+            "        6'd{j}: begin sel_v = hv_{j}; sel_i = hi_{j}; sel_e = ex_{j}; end"
+        );
+        let _ = writeln!(ewr, "                    6'd{j}: ex_{j} <= e_new;");
+    }
+    let lut = exp2_lut();
+    let mut lut_cases = String::new();
+    for (f, v) in lut.iter().enumerate() {
+        let _ = writeln!(lut_cases, "        8'd{f}: lut = 16'd{v};");
+    }
+    format!(
+        r#"
+// MoE router core (tandem-fpga): e_max = {e_max}, k_max = {km}. Semantics: fpga::golden::router.
+module router_core(
+    input wire clock, input wire reset, input wire start,
+    output reg done, output reg busy,
+    input wire [31:0] arg0, input wire [31:0] arg1, input wire [31:0] arg2, input wire [31:0] arg3,
+    input wire [31:0] arg4, input wire [31:0] arg5, input wire [31:0] arg6, input wire [31:0] arg7,
+    input wire [63:0] ptr0, input wire [63:0] ptr1, input wire [63:0] ptr2, input wire [63:0] ptr3,
+    input wire [63:0] ptr4, input wire [63:0] ptr5, input wire [63:0] ptr6, input wire [63:0] ptr7,
+    output reg rd_req_valid, input wire rd_req_ready, output reg [63:0] rd_req_addr, output reg [31:0] rd_req_len,
+    input wire rd_data_valid, output reg rd_data_ready, input wire [63:0] rd_data,
+    output reg wr_req_valid, input wire wr_req_ready, output reg [63:0] wr_req_addr, output reg [31:0] wr_req_len,
+    output reg wr_data_valid, input wire wr_data_ready, output reg [63:0] wr_data, output reg [7:0] wr_strb
+);
+localparam integer IW = {iw};
+localparam [31:0] E_MAX = 32'd{e_max};
+localparam [31:0] K_MAX = 32'd{km};
+localparam [1:0] P_IDLE = 2'd0, P_EXP = 2'd1, P_DIV = 2'd2, P_NORM = 2'd3;
+localparam [1:0] W_ROUTES = 2'd0, W_HREQ = 2'd1, W_HDATA = 2'd2, W_END = 2'd3;
+
+function [15:0] lut;
+    input [7:0] f;
+    case (f)
+{lut_cases}        default: lut = 16'd0;
+    endcase
+endfunction
+
+// ---- run control ----
+reg running;
+reg [31:0] t_q;
+reg [15:0] e_q;
+reg [5:0] k_q;
+reg [31:0] rd_len_q, rt_len_q, h_len_q;
+reg rd_pend, wr_pend;
+reg [1:0] wph;
+reg [31:0] tout;
+reg [15:0] clr_idx;
+reg clr_done;
+wire args_ok = (arg1 != 32'd0) && (arg1 <= E_MAX) && (arg2 != 32'd0) && (arg2 <= K_MAX) && (arg2 <= arg1);
+wire [31:0] wpr = (arg1 + 32'd3) >> 2;
+wire [31:0] opt = (arg2 + 32'd1) >> 1;
+wire [63:0] rd_len_w = arg0 * wpr;
+wire [63:0] rt_len_w = arg0 * opt;
+
+// ---- unpack ----
+reg w_valid;
+reg [63:0] w_q;
+reg [1:0] pos;
+reg [15:0] eidx;
+reg hand_full;
+reg signed [15:0] v_in;
+always @(*) begin
+    case (pos)
+        2'd0: v_in = w_q[15:0];
+        2'd1: v_in = w_q[31:16];
+        2'd2: v_in = w_q[47:32];
+        default: v_in = w_q[63:48];
+    endcase
+end
+wire [IW-1:0] i_in = eidx[IW-1:0];
+wire last_in_row = (eidx == e_q - 16'd1);
+wire last_in_word = (pos == 2'd3) || last_in_row;
+wire elem_fire = w_valid && !(last_in_row && hand_full);
+wire rd_fire = rd_data_valid && rd_data_ready;
+
+// ---- insertion network ----
+{decl}
+{net}
+// ---- softmax ----
+reg [1:0] ph;
+reg [5:0] sj;
+reg [20:0] sum;
+reg [35:0] rem;
+reg [3:0] bitn;
+reg [15:0] q_r;
+reg signed [15:0] sel_v;
+reg [IW-1:0] sel_i;
+reg [15:0] sel_e;
+always @(*) begin
+    sel_v = hv_0; sel_i = hi_0; sel_e = ex_0;
+    case (sj)
+{sel}        default: ;
+    endcase
+end
+wire [16:0] d = {{hv_0[15], hv_0}} - {{sel_v[15], sel_v}};
+wire [32:0] dl = {{16'd0, d}} * 33'd{log2e};
+wire [16:0] u = dl[30:14];
+wire [15:0] e_new = (u[16:8] >= 9'd16) ? 16'd0 : (lut(u[7:0]) >> u[11:8]);
+wire [35:0] div_sub = {{15'd0, sum}} << bitn;
+wire [31:0] wprod = {{16'd0, sel_e}} * {{16'd0, q_r}} + 32'd16384;
+wire [15:0] w_new = wprod[30:15];
+wire [31:0] rec = {{w_new, {{(16-IW){{1'b0}}}}, sel_i}};
+wire last_j = (sj == k_q - 6'd1);
+wire push_now = sj[0] || last_j;
+reg [63:0] ow;
+reg ow_valid;
+reg [31:0] ow_lo;
+wire wr_fire = ow_valid && wr_data_ready;
+wire ow_free = !ow_valid || wr_fire;
+wire norm_go = !push_now || ow_free;
+
+// ---- histogram ----
+reg [31:0] hist [0:{e_last}];
+reg [16:0] hidx;
+wire [IW-1:0] h_lo_i = hidx[IW-1:0];
+wire [IW-1:0] h_hi_i = hidx[IW-1:0] | {{{{(IW-1){{1'b0}}}}, 1'b1}};
+wire [31:0] h_hi = ({{15'd0, hidx}} + 32'd1 < {{16'd0, e_q}}) ? hist[h_hi_i] : 32'd0;
+
+always @(*) begin
+    rd_req_valid = rd_pend;
+    rd_req_addr = ptr0;
+    rd_req_len = rd_len_q;
+    rd_data_ready = !w_valid || (elem_fire && last_in_word);
+    wr_req_valid = wr_pend;
+    wr_req_addr = (wph == W_ROUTES) ? ptr1 : ptr2;
+    wr_req_len = (wph == W_ROUTES) ? rt_len_q : h_len_q;
+    wr_data_valid = ow_valid;
+    wr_data = ow;
+    wr_strb = 8'hff;
+    busy = running;
+end
+
+always @(posedge clock) begin
+    if (reset) begin
+        running <= 1'b0; done <= 1'b0;
+        t_q <= 32'd0; e_q <= 16'd0; k_q <= 6'd0;
+        rd_len_q <= 32'd0; rt_len_q <= 32'd0; h_len_q <= 32'd0;
+        rd_pend <= 1'b0; wr_pend <= 1'b0; wph <= W_ROUTES; tout <= 32'd0;
+        clr_idx <= 16'd0; clr_done <= 1'b0;
+        w_valid <= 1'b0; w_q <= 64'd0; pos <= 2'd0; eidx <= 16'd0; hand_full <= 1'b0;
+        ph <= P_IDLE; sj <= 6'd0; sum <= 21'd0; rem <= 36'd0; bitn <= 4'd0; q_r <= 16'd0;
+        ow <= 64'd0; ow_valid <= 1'b0; ow_lo <= 32'd0; hidx <= 17'd0;
+{rst}    end else begin
+        done <= 1'b0;
+        if (start && !running) begin
+            if (args_ok) begin
+                running <= 1'b1;
+                t_q <= arg0; e_q <= arg1[15:0]; k_q <= arg2[5:0];
+                rd_len_q <= rd_len_w[31:0]; rt_len_q <= rt_len_w[31:0]; h_len_q <= (arg1 + 32'd1) >> 1;
+                rd_pend <= (arg0 != 32'd0); wr_pend <= (arg0 != 32'd0);
+                wph <= W_ROUTES; tout <= 32'd0; clr_idx <= 16'd0; clr_done <= 1'b0;
+                w_valid <= 1'b0; pos <= 2'd0; eidx <= 16'd0; hand_full <= 1'b0;
+                ph <= P_IDLE; ow_valid <= 1'b0; hidx <= 17'd0;
+{clear_net}            end else begin
+                done <= 1'b1;
+            end
+        end
+        if (running) begin
+            // requests
+            if (rd_pend && rd_req_ready) rd_pend <= 1'b0;
+            // clear the histogram
+            if (!clr_done) begin
+                hist[clr_idx[IW-1:0]] <= 32'd0;
+                clr_idx <= clr_idx + 16'd1;
+                if (clr_idx == e_q - 16'd1) clr_done <= 1'b1;
+            end
+            // unpack + insert
+            if (elem_fire) begin
+                pos <= pos + 2'd1;
+                eidx <= last_in_row ? 16'd0 : eidx + 16'd1;
+                if (last_in_row) begin
+                    hand_full <= 1'b1;
+{hand}{clear_net}                end else begin
+{ins}                end
+            end
+            if (rd_fire) begin
+                w_q <= rd_data; w_valid <= 1'b1; pos <= 2'd0;
+            end else if (elem_fire && last_in_word) begin
+                w_valid <= 1'b0;
+            end
+            // output word
+            if (wr_fire) ow_valid <= 1'b0;
+            // softmax
+            case (ph)
+                P_IDLE: if (hand_full && clr_done) begin ph <= P_EXP; sj <= 6'd0; sum <= 21'd0; end
+                P_EXP: begin
+                    case (sj)
+{ewr}                        default: ;
+                    endcase
+                    sum <= sum + {{5'd0, e_new}};
+                    if (last_j) begin
+                        ph <= P_DIV; bitn <= 4'd15; rem <= 36'd1 << 30; q_r <= 16'd0;
+                    end else sj <= sj + 6'd1;
+                end
+                P_DIV: begin
+                    if (rem >= div_sub) begin rem <= rem - div_sub; q_r[bitn] <= 1'b1; end
+                    if (bitn == 4'd0) begin ph <= P_NORM; sj <= 6'd0; end
+                    else bitn <= bitn - 4'd1;
+                end
+                default: if (norm_go) begin
+                    if (push_now) begin
+                        ow <= sj[0] ? {{rec, ow_lo}} : {{32'd0, rec}};
+                        ow_valid <= 1'b1;
+                    end else ow_lo <= rec;
+                    hist[sel_i] <= hist[sel_i] + 32'd1;
+                    if (last_j) begin
+                        ph <= P_IDLE; hand_full <= 1'b0; tout <= tout + 32'd1;
+                    end else sj <= sj + 6'd1;
+                end
+            endcase
+            // write-out sequencing
+            case (wph)
+                W_ROUTES: if (tout == t_q && !ow_valid && ph == P_IDLE) begin
+                    wph <= W_HREQ; wr_pend <= 1'b1;
+                end else if (wr_pend && wr_req_ready) wr_pend <= 1'b0;
+                W_HREQ: if (wr_req_ready) begin wr_pend <= 1'b0; wph <= W_HDATA; hidx <= 17'd0; end
+                W_HDATA: if (ow_free) begin
+                    ow <= {{h_hi, hist[h_lo_i]}};
+                    ow_valid <= 1'b1;
+                    hidx <= hidx + 17'd2;
+                    if ({{15'd0, hidx}} + 32'd2 >= {{16'd0, e_q}}) wph <= W_END;
+                end
+                default: if (!ow_valid || wr_fire) begin
+                    done <= 1'b1; running <= 1'b0; wph <= W_ROUTES;
+                end
+            endcase
+        end
+    end
+end
+wire _unused_ok = &{{1'b0, arg3, arg4, arg5, arg6, arg7, ptr3, ptr4, ptr5, ptr6, ptr7,
+                    rd_len_w[63:32], rt_len_w[63:32], dl[32:31], dl[13:0], wprod[31], wprod[14:0], 1'b0}};
+endmodule // router_core
+"#,
+        e_max = p.e_max,
+        e_last = p.e_max - 1,
+        log2e = LOG2E_Q14,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verilog_has_the_contract_ports() {
+        let v = RouterCore { e_max: 16, k_max: 4 }
+            .core_verilog()
+            .expect("verilog");
+        crate::core::check_core_ports(&v, "router_core").expect("ports");
+        assert!(v.contains("assign nv_3"));
+    }
+
+    #[test]
+    fn bad_params_are_rejected() {
+        assert!(RouterCore { e_max: 12, k_max: 4 }.validate().is_err());
+        assert!(RouterCore { e_max: 16, k_max: 0 }.validate().is_err());
+        assert!(RouterCore { e_max: 4, k_max: 8 }.validate().is_err());
+    }
+}
