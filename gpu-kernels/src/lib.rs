@@ -98,6 +98,8 @@ impl Module {
                 "moe_swiglu_bf16",
                 "moe_inverse_i32",
                 "moe_combine_bf16",
+                "cast_f32_bf16",
+                "cast_bf16_f32",
             ],
             Module::Norm => &["rmsnorm_bf16", "rmsnorm_bf16_scalar"],
             Module::Rope => &["rope_bf16", "rope_bf16_scalar"],

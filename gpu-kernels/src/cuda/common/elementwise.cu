@@ -132,3 +132,13 @@ extern "C" __global__ void moe_combine_bf16(const bf16_t* __restrict__ out, cons
         y[(u64_t)t * H + i] = f2bf(acc);
     }
 }
+
+// Precision casts between the storages (f32 results such as LSE feeding a bf16 kernel).
+extern "C" __global__ void cast_f32_bf16(const float* __restrict__ x, bf16_t* __restrict__ y, u64_t n) {
+    const u64_t stride = (u64_t)gridDim.x * blockDim.x;
+    for (u64_t i = (u64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) y[i] = f2bf(x[i]);
+}
+extern "C" __global__ void cast_bf16_f32(const bf16_t* __restrict__ x, float* __restrict__ y, u64_t n) {
+    const u64_t stride = (u64_t)gridDim.x * blockDim.x;
+    for (u64_t i = (u64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) y[i] = bf2f(x[i]);
+}

@@ -1,16 +1,397 @@
-//! The CUDA backend (cudarc, dynamic loading).
+//! The CUDA backend: cudarc with dynamic loading, kernels compiled by NVRTC at first use,
+//! cuBLASLt for the matrix products.
+//!
+//! Logical f32 tensors are stored as bf16 on the device (upload converts, download converts
+//! back); i32 stays i32; a few small f32 results (attention LSE, routing weights, losses) stay
+//! f32. Every op runs on the device's one compute stream, bracketed by two events: the
+//! completion thread fills in the event-timed device time and advances the device's fence.
+//!
+//! Files: `probe` (are the libraries and a device there), `device` (context, streams, info),
+//! `memory` (pool, pinned staging), `compile` (NVRTC + disk cache), `kernels` (modules and
+//! launches), `blaslt` (cuBLASLt plans), `timing` (events and completions), `ops` (each op).
 
-use std::sync::Arc;
+mod blaslt;
+mod compile;
+mod device;
+mod error;
+mod kernels;
+mod memory;
+mod ops;
+mod probe;
+mod timing;
 
-use super::{Backend, DeviceKind, Missing};
+use std::sync::{Arc, Mutex};
 
-/// Looks for CUDA devices.
+use cudarc::driver::result as drv;
+use half::bf16;
+use rayon::prelude::*;
+
+use super::{Backend, DeviceInfo, DeviceKind, DeviceStorage, Launch, LaunchInfo, Missing, Support};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ops::Op;
+use crate::tensor::{HostData, Tensor, TensorMeta};
+use error::DrvResultExt;
+
+pub use memory::pool::{PoolStats, size_class};
+
+/// Options of a CUDA backend.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CudaOptions {
+    /// Fill every output with NaN (bf16/f32) or 0x7FC07FC0 (i32) before each launch, so
+    /// elements a kernel fails to write show up (tests). Also set by `TANDEM_CUDA_POISON=1`.
+    pub poison: bool,
+}
+
+impl CudaOptions {
+    /// Options from the environment.
+    pub fn from_env() -> Self {
+        Self {
+            poison: std::env::var("TANDEM_CUDA_POISON").is_ok_and(|v| v == "1"),
+        }
+    }
+}
+
+/// Looks for CUDA devices: checks the libraries and the driver first (cudarc panics on a
+/// missing library), then opens each device.
 pub fn discover() -> (Vec<Arc<dyn Backend>>, Vec<Missing>) {
-    (
-        Vec::new(),
-        vec![Missing {
-            kind: DeviceKind::Cuda,
-            reason: "the CUDA backend is not part of this build yet".into(),
-        }],
-    )
+    let missing = |reason: String| Missing {
+        kind: DeviceKind::Cuda,
+        reason,
+    };
+    let n = match probe::check() {
+        Ok(n) => n,
+        Err(reason) => return (Vec::new(), vec![missing(reason)]),
+    };
+    let mut found: Vec<Arc<dyn Backend>> = Vec::new();
+    let mut lost = Vec::new();
+    for i in 0..n {
+        match CudaBackend::open(i, CudaOptions::from_env()) {
+            Ok(b) => found.push(Arc::new(b)),
+            Err(e) => lost.push(missing(format!("cuda:{i}: {e}"))),
+        }
+    }
+    (found, lost)
+}
+
+/// Why no CUDA device can be used here, or `None` when at least one can.
+pub fn unavailable_reason() -> Option<String> {
+    probe::check().err()
+}
+
+/// Device data: a pool allocation and the precision it is stored in.
+#[derive(Debug)]
+pub struct CudaStorage {
+    buf: memory::DevBuf,
+    /// Precision on the device (bf16, f32 or i32).
+    pub phys: DType,
+}
+
+impl CudaStorage {
+    /// Device address.
+    pub fn ptr(&self) -> u64 {
+        self.buf.ptr()
+    }
+}
+
+/// One NVIDIA GPU.
+#[derive(Debug)]
+pub struct CudaBackend {
+    info: DeviceInfo,
+    dev: Arc<device::Device>,
+    pool: Arc<memory::Pool>,
+    up: memory::Staging,
+    down: memory::Staging,
+    kernels: kernels::Kernels,
+    blas: blaslt::BlasLt,
+    timeline: timing::Timeline,
+    launch_lock: Mutex<()>,
+    opts: CudaOptions,
+}
+
+impl CudaBackend {
+    /// Opens device `ordinal` (after [`unavailable_reason`] returned `None`).
+    pub fn open(ordinal: usize, opts: CudaOptions) -> Result<Self> {
+        if let Some(r) = probe::check().err() {
+            return Err(Error::Unavailable {
+                device: format!("cuda:{ordinal}"),
+                reason: r,
+            });
+        }
+        let (dev, mut info) = device::Device::open(ordinal)?;
+        let dev = Arc::new(dev);
+        let (a, b) = compile::nvrtc_version();
+        info.details.push(("nvrtc".into(), format!("{a}.{b}")));
+        info.details
+            .push(("kernel cache".into(), compile::cache_dir().display().to_string()));
+        let pool = memory::Pool::new(&dev.label);
+        let blas = blaslt::BlasLt::new(&dev.label, &pool)?;
+        Ok(Self {
+            info,
+            up: memory::Staging::new(&dev.label),
+            down: memory::Staging::new(&dev.label),
+            kernels: kernels::Kernels::new(&dev.label, dev.arch),
+            timeline: timing::Timeline::new(dev.clone()),
+            blas,
+            pool,
+            dev,
+            launch_lock: Mutex::new(()),
+            opts,
+        })
+    }
+
+    /// Pool statistics.
+    pub fn pool_stats(&self) -> PoolStats {
+        self.pool.stats()
+    }
+
+    /// Frees the pool's cached blocks (after waiting for queued work).
+    pub fn trim_pool(&self) -> Result<()> {
+        self.dev.bind()?;
+        self.pool.trim()
+    }
+
+    /// Device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.dev.ordinal
+    }
+
+    /// Largest dynamic shared memory one block may use, bytes.
+    pub fn max_shared_memory(&self) -> usize {
+        self.dev.max_smem_optin
+    }
+
+    /// Turns output poisoning on or off.
+    pub fn set_poison(&mut self, on: bool) {
+        self.opts.poison = on;
+    }
+
+    /// Compiles (or loads from the disk cache) every kernel module now.
+    pub fn warm_up(&self) -> Result<()> {
+        self.dev.bind()?;
+        for m in tandem_gpu_kernels::Module::ALL {
+            if let Some(k) = m.entry_points().first() {
+                self.kernels.preload(k)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn storage<'a>(&self, s: &'a DeviceStorage) -> Result<&'a CudaStorage> {
+        if s.device != self.info.id {
+            return Err(Error::Internal(format!(
+                "{s:?} is not on {}",
+                self.info.id
+            )));
+        }
+        s.downcast::<CudaStorage>()
+            .ok_or_else(|| Error::Internal(format!("{s:?} is not CUDA storage")))
+    }
+
+    fn wrap(&self, meta: TensorMeta, st: CudaStorage) -> DeviceStorage {
+        DeviceStorage::new(self.info.id, meta, st)
+    }
+
+    /// Copies `bytes` from pinned staging to the device on the copy stream, and makes the
+    /// compute stream wait for it.
+    fn copy_up(&self, dst: u64, src: &[u8]) -> Result<()> {
+        let l = &self.dev.label;
+        // SAFETY: src is pinned host memory the caller keeps alive until the sync below; dst holds
+        // at least src.len() bytes.
+        unsafe {
+            drv::memcpy_htod_async(dst, src, self.dev.copy_stream).ctx(l, "cuMemcpyHtoDAsync")?;
+            let ev = drv::event::create(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .ctx(l, "cuEventCreate")?;
+            drv::event::record(ev, self.dev.copy_stream).ctx(l, "cuEventRecord")?;
+            drv::stream::wait_event(
+                self.dev.stream,
+                ev,
+                cudarc::driver::sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+            .ctx(l, "cuStreamWaitEvent")?;
+            drv::event::synchronize(ev).ctx(l, "cuEventSynchronize")?;
+            drv::event::destroy(ev).ctx(l, "cuEventDestroy")
+        }
+    }
+}
+
+impl Backend for CudaBackend {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn supports(&self, op: &Op, inputs: &[TensorMeta]) -> Support {
+        ops::supports(self.dev.arch, op, inputs)
+    }
+
+    fn upload(&self, host: &Tensor) -> Result<DeviceStorage> {
+        self.dev.bind()?;
+        let meta = host.meta();
+        let (phys, bytes) = match host.data() {
+            HostData::F32(_) | HostData::BF16(_) => (DType::BF16, meta.numel() * 2),
+            HostData::I32(_) => (DType::I32, meta.numel() * 4),
+            other => {
+                return Err(Error::Unsupported {
+                    op: "upload".into(),
+                    device: self.dev.label.clone(),
+                    why: format!(
+                        "{} tensors are not stored on CUDA devices (f32, bf16 and i32 are)",
+                        Tensor::new(other.clone()).dtype()
+                    ),
+                });
+            }
+        };
+        let buf = self.pool.alloc(bytes)?;
+        if bytes > 0 {
+            self.up.with(bytes, |stage| {
+                match host.data() {
+                    HostData::F32(a) => {
+                        let dst: &mut [u16] = bytemuck::cast_slice_mut(stage);
+                        match a.as_slice() {
+                            Some(s) => dst
+                                .par_chunks_mut(1 << 16)
+                                .zip(s.par_chunks(1 << 16))
+                                .for_each(|(d, s)| {
+                                    for (d, s) in d.iter_mut().zip(s) {
+                                        *d = bf16::from_f32(*s).to_bits();
+                                    }
+                                }),
+                            None => {
+                                for (d, s) in dst.iter_mut().zip(a.iter()) {
+                                    *d = bf16::from_f32(*s).to_bits();
+                                }
+                            }
+                        }
+                    }
+                    HostData::BF16(a) => {
+                        let dst: &mut [u16] = bytemuck::cast_slice_mut(stage);
+                        for (d, s) in dst.iter_mut().zip(a.iter()) {
+                            *d = s.to_bits();
+                        }
+                    }
+                    HostData::I32(a) => {
+                        let dst: &mut [i32] = bytemuck::cast_slice_mut(stage);
+                        for (d, s) in dst.iter_mut().zip(a.iter()) {
+                            *d = *s;
+                        }
+                    }
+                    _ => {}
+                }
+                self.copy_up(buf.ptr(), stage)
+            })?;
+        }
+        Ok(self.wrap(meta, CudaStorage { buf, phys }))
+    }
+
+    fn download(&self, storage: &DeviceStorage) -> Result<Tensor> {
+        self.dev.bind()?;
+        let st = self.storage(storage)?;
+        let meta = storage.meta.clone();
+        let n = meta.numel();
+        let bytes = n * st.phys.size();
+        let l = &self.dev.label;
+        self.down.with(bytes, |stage| {
+            if bytes > 0 {
+                // SAFETY: the copy stream waits for all queued compute work, then copies into the
+                // pinned slice, which stays borrowed until the stream is synchronised.
+                unsafe {
+                    let ev = drv::event::create(
+                        cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
+                    )
+                    .ctx(l, "cuEventCreate")?;
+                    drv::event::record(ev, self.dev.stream).ctx(l, "cuEventRecord")?;
+                    drv::stream::wait_event(
+                        self.dev.copy_stream,
+                        ev,
+                        cudarc::driver::sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                    )
+                    .ctx(l, "cuStreamWaitEvent")?;
+                    drv::memcpy_dtoh_async(stage, st.ptr(), self.dev.copy_stream)
+                        .ctx(l, "cuMemcpyDtoHAsync")?;
+                    drv::stream::synchronize(self.dev.copy_stream)
+                        .ctx(l, "cuStreamSynchronize")?;
+                    drv::event::destroy(ev).ctx(l, "cuEventDestroy")?;
+                }
+            }
+            let shape = ndarray::IxDyn(&meta.shape);
+            let bad = |e: ndarray::ShapeError| Error::Internal(format!("download: {e}"));
+            Ok(match (st.phys, meta.dtype) {
+                (DType::BF16, DType::BF16) => {
+                    let src: &[u16] = bytemuck::cast_slice(stage);
+                    let v: Vec<bf16> = src.iter().map(|&b| bf16::from_bits(b)).collect();
+                    Tensor::new(HostData::BF16(
+                        ndarray::ArrayD::from_shape_vec(shape, v).map_err(bad)?,
+                    ))
+                }
+                (DType::BF16, _) => {
+                    let src: &[u16] = bytemuck::cast_slice(stage);
+                    let v: Vec<f32> = src
+                        .par_iter()
+                        .map(|&b| f32::from(bf16::from_bits(b)))
+                        .collect();
+                    Tensor::from_f32(ndarray::ArrayD::from_shape_vec(shape, v).map_err(bad)?)
+                }
+                (DType::F32, _) => {
+                    let v: Vec<f32> = bytemuck::pod_collect_to_vec(stage);
+                    Tensor::from_f32(ndarray::ArrayD::from_shape_vec(shape, v).map_err(bad)?)
+                }
+                (DType::I32, _) => {
+                    let v: Vec<i32> = bytemuck::pod_collect_to_vec(stage);
+                    Tensor::from_i32(ndarray::ArrayD::from_shape_vec(shape, v).map_err(bad)?)
+                }
+                (p, _) => return Err(Error::Internal(format!("unexpected device precision {p}"))),
+            })
+        })
+    }
+
+    fn launch(&self, op: &Op, inputs: &[&DeviceStorage]) -> Result<Launch> {
+        self.dev.bind()?;
+        let metas: Vec<TensorMeta> = inputs.iter().map(|s| s.meta.clone()).collect();
+        let out_metas = op.validate(&metas)?;
+        if let Support::No(why) = self.supports(op, &metas) {
+            return Err(Error::Unsupported {
+                op: op.name().into(),
+                device: self.dev.label.clone(),
+                why,
+            });
+        }
+        let ins = inputs
+            .iter()
+            .map(|s| self.storage(s))
+            .collect::<Result<Vec<_>>>()?;
+        let _g = self.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let cx = ops::Cx { be: self };
+        let outs = ops::alloc_outputs(&cx, op, &out_metas)?;
+        if self.opts.poison {
+            for o in &outs {
+                cx.poison(o)?;
+            }
+        }
+        let region = self.timeline.begin(&self.dev)?;
+        let kernel = ops::run(&cx, op, &ins, &metas, &outs)?;
+        let info = Arc::new(Mutex::new(LaunchInfo {
+            kernel,
+            device_time: None,
+            cycles: None,
+        }));
+        let done = self.timeline.end(&self.dev, region, info.clone())?;
+        let outputs = out_metas
+            .into_iter()
+            .zip(outs)
+            .map(|(m, s)| self.wrap(m, s))
+            .collect();
+        Ok(Launch {
+            outputs,
+            done,
+            info,
+        })
+    }
+
+    fn launch_overhead(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(8)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.dev.synchronize()
+    }
 }

@@ -1,0 +1,176 @@
+//! Loaded kernel modules of one device and a checked launch helper.
+
+use std::collections::HashMap;
+use std::ffi::{CString, c_void};
+use std::sync::Mutex;
+
+use cudarc::driver::result as drv;
+use cudarc::driver::sys;
+use tandem_gpu_kernels::Module;
+
+use super::compile;
+use super::error::DrvResultExt;
+use crate::error::{Error, Result};
+
+/// A kernel argument, passed by value.
+#[derive(Debug, Clone, Copy)]
+pub enum Arg {
+    /// A device pointer (0 for null).
+    Ptr(sys::CUdeviceptr),
+    /// int.
+    I32(i32),
+    /// unsigned long long.
+    U64(u64),
+    /// float.
+    F32(f32),
+    /// unsigned short.
+    U16(u16),
+}
+
+#[derive(Clone, Copy)]
+struct Func(sys::CUfunction);
+// SAFETY: function handles are plain driver handles, valid in every thread that binds the context.
+unsafe impl Send for Func {}
+
+#[derive(Default)]
+struct Loaded {
+    modules: HashMap<Module, usize>,
+    funcs: HashMap<&'static str, Func>,
+}
+
+/// The kernels of one device, loaded lazily (compiled by NVRTC or read from the disk cache).
+pub struct Kernels {
+    label: String,
+    arch: u32,
+    loaded: Mutex<Loaded>,
+}
+
+impl std::fmt::Debug for Kernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Kernels({}, sm_{})", self.label, self.arch)
+    }
+}
+
+/// A launch shape: grid, block, dynamic shared memory.
+#[derive(Debug, Clone, Copy)]
+pub struct Dims {
+    /// Grid.
+    pub grid: (u32, u32, u32),
+    /// Block.
+    pub block: (u32, u32, u32),
+    /// Dynamic shared memory, bytes.
+    pub smem: u32,
+}
+
+impl Dims {
+    /// 1-D grid and block.
+    pub fn linear(grid: u32, block: u32) -> Self {
+        Self {
+            grid: (grid.max(1), 1, 1),
+            block: (block, 1, 1),
+            smem: 0,
+        }
+    }
+
+    /// A grid-stride launch over `n` items: enough blocks to fill the device a few times.
+    pub fn stride(n: u64, block: u32, sms: u32) -> Self {
+        let want = n.div_ceil(block as u64).max(1);
+        let cap = (sms as u64 * 16).max(1);
+        Self::linear(want.min(cap) as u32, block)
+    }
+
+    /// With dynamic shared memory.
+    pub fn smem(mut self, bytes: usize) -> Self {
+        self.smem = bytes as u32;
+        self
+    }
+}
+
+impl Kernels {
+    /// No modules loaded yet.
+    pub fn new(label: &str, arch: u32) -> Self {
+        Self {
+            label: label.to_string(),
+            arch,
+            loaded: Mutex::new(Loaded::default()),
+        }
+    }
+
+    /// The function of an entry point, loading its module at first use.
+    fn function(&self, name: &'static str) -> Result<sys::CUfunction> {
+        let mut l = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = l.funcs.get(name) {
+            return Ok(f.0);
+        }
+        let module = Module::of_kernel(name)
+            .ok_or_else(|| Error::Internal(format!("no module defines kernel {name}")))?;
+        if self.arch < module.min_arch() {
+            return Err(Error::Unsupported {
+                op: name.into(),
+                device: self.label.clone(),
+                why: format!("needs sm_{} or later", module.min_arch()),
+            });
+        }
+        let md = match l.modules.get(&module) {
+            Some(&m) => m as sys::CUmodule,
+            None => {
+                let bin = compile::cubin(module, self.arch)?;
+                // SAFETY: `bin` is a complete CUBIN image, alive for the call.
+                let m = unsafe { drv::module::load_data(bin.as_ptr() as *const c_void) }
+                    .ctx(&self.label, &format!("cuModuleLoadData({})", module.name()))?;
+                l.modules.insert(module, m as usize);
+                m
+            }
+        };
+        let cname = CString::new(name).map_err(|e| Error::Internal(e.to_string()))?;
+        // SAFETY: md is a loaded module.
+        let f = unsafe { drv::module::get_function(md, cname) }
+            .ctx(&self.label, &format!("cuModuleGetFunction({name})"))?;
+        l.funcs.insert(name, Func(f));
+        Ok(f)
+    }
+
+    /// Loads the module of `name` now (so compile time stays out of timed launches).
+    pub fn preload(&self, name: &'static str) -> Result<()> {
+        self.function(name).map(|_| ())
+    }
+
+    /// Launches `name` on `stream`, raising its dynamic shared memory limit when needed.
+    pub fn launch(
+        &self,
+        name: &'static str,
+        dims: Dims,
+        stream: sys::CUstream,
+        args: &[Arg],
+    ) -> Result<()> {
+        let f = self.function(name)?;
+        if dims.smem > 48 * 1024 {
+            // SAFETY: f is a valid function.
+            unsafe {
+                drv::function::set_function_attribute(
+                    f,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    dims.smem as i32,
+                )
+            }
+            .ctx(&self.label, &format!("raising shared memory of {name}"))?;
+        }
+        let mut vals: Vec<Arg> = args.to_vec();
+        let mut ptrs: Vec<*mut c_void> = vals
+            .iter_mut()
+            .map(|a| match a {
+                Arg::Ptr(p) => p as *mut u64 as *mut c_void,
+                Arg::I32(v) => v as *mut i32 as *mut c_void,
+                Arg::U64(v) => v as *mut u64 as *mut c_void,
+                Arg::F32(v) => v as *mut f32 as *mut c_void,
+                Arg::U16(v) => v as *mut u16 as *mut c_void,
+            })
+            .collect();
+        // SAFETY: the argument list matches the kernel's signature (each call site mirrors its
+        // .cu declaration) and the values outlive the call, which copies them.
+        unsafe {
+            drv::launch_kernel(f, dims.grid, dims.block, dims.smem, stream, &mut ptrs)
+        }
+        .ctx(&self.label, &format!("launching {name}"))
+    }
+}

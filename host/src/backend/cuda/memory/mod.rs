@@ -1,0 +1,8 @@
+//! Device memory: a pool of size-classed allocations reused in stream order, and pinned host
+//! staging buffers for uploads and downloads.
+
+pub mod pool;
+pub mod staging;
+
+pub use pool::{DevBuf, Pool};
+pub use staging::Staging;

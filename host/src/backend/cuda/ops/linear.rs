@@ -1,0 +1,55 @@
+//! Fused linear on cuBLASLt: bias and GELU/ReLU in its epilogue; SiLU by a small kernel after.
+
+use super::{Arg, Cx, Dims};
+use crate::backend::cuda::CudaStorage;
+use crate::backend::cuda::blaslt::Epilogue;
+use crate::error::Result;
+use crate::ops::{Activation, LinearParams};
+use crate::tensor::TensorMeta;
+
+/// The cuBLASLt epilogue for an activation, and whether SiLU must follow.
+pub fn epilogue(act: Activation, bias: bool) -> (Epilogue, bool) {
+    match act {
+        Activation::None | Activation::Silu => {
+            (if bias { Epilogue::Bias } else { Epilogue::None }, act == Activation::Silu)
+        }
+        Activation::Relu => (Epilogue::Relu { bias }, false),
+        Activation::Gelu => (Epilogue::Gelu { bias }, false),
+    }
+}
+
+pub fn linear(
+    cx: &Cx<'_>,
+    p: &LinearParams,
+    ins: &[&CudaStorage],
+    metas: &[TensorMeta],
+    outs: &[CudaStorage],
+) -> Result<String> {
+    let (m, n, k) = p.mnk(metas)?;
+    let x = cx.bf16(ins[0], m * k)?;
+    let w = cx.bf16(ins[1], n * k)?;
+    let b = if p.bias { Some(cx.bf16(ins[2], n)?) } else { None };
+    let (epi, silu) = epilogue(p.act, p.bias);
+    cx.be.blas.matmul(
+        cx.stream(),
+        m,
+        n,
+        k,
+        epi,
+        x.ptr,
+        w.ptr,
+        b.as_ref().map(|b| b.ptr).unwrap_or(0),
+        outs[0].ptr(),
+    )?;
+    let mut name = format!("cublaslt_bf16_gemm{}", epi.name());
+    if silu && m * n > 0 {
+        let total = (m * n) as u64;
+        cx.k(
+            "silu_bf16",
+            Dims::stride(total, 256, cx.sms()),
+            &[Arg::Ptr(outs[0].ptr()), Arg::U64(total)],
+        )?;
+        name.push_str("+silu_bf16");
+    }
+    Ok(name)
+}

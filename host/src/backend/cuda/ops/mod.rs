@@ -1,0 +1,186 @@
+//! The ops on a CUDA device: which ones run, their output storage, and the launches of each.
+
+mod attention;
+mod basic;
+mod linear;
+mod moe;
+
+use super::kernels::{Arg, Dims};
+use super::memory::DevBuf;
+use super::{CudaBackend, CudaStorage};
+use crate::backend::Support;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ops::Op;
+use crate::tensor::TensorMeta;
+
+/// What an op implementation needs of its device.
+pub struct Cx<'a> {
+    /// The backend.
+    pub be: &'a CudaBackend,
+}
+
+/// A bf16 (or f32) view of an input, converted on the device when stored otherwise.
+pub struct View {
+    /// Device address.
+    pub ptr: u64,
+    _tmp: Option<CudaStorage>,
+}
+
+impl Cx<'_> {
+    /// Storage for `numel` elements of `phys`.
+    pub fn alloc(&self, numel: usize, phys: DType) -> Result<CudaStorage> {
+        Ok(CudaStorage {
+            buf: self.be.pool.alloc(numel * phys.size())?,
+            phys,
+        })
+    }
+
+    /// Scratch memory (returned to the pool, in stream order, when dropped).
+    pub fn scratch(&self, bytes: usize) -> Result<DevBuf> {
+        self.be.pool.alloc(bytes)
+    }
+
+    /// Launches a kernel on the compute stream.
+    pub fn k(&self, name: &'static str, dims: Dims, args: &[Arg]) -> Result<()> {
+        self.be.kernels.launch(name, dims, self.be.dev.stream, args)
+    }
+
+    /// Multiprocessors.
+    pub fn sms(&self) -> u32 {
+        self.be.dev.sms
+    }
+
+    /// The compute stream.
+    pub fn stream(&self) -> cudarc::driver::sys::CUstream {
+        self.be.dev.stream
+    }
+
+    /// Fills a storage with the poison pattern 0x7FC0 in every 16-bit word.
+    pub fn poison(&self, s: &CudaStorage) -> Result<()> {
+        let n = (s.buf.len() / 2) as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        self.k(
+            "fill_u16",
+            Dims::stride(n, 256, self.sms()),
+            &[Arg::Ptr(s.ptr()), Arg::U64(n), Arg::U16(0x7FC0)],
+        )
+    }
+
+    fn cast(&self, s: &CudaStorage, n: usize, to: DType) -> Result<View> {
+        if s.phys == to || n == 0 {
+            return Ok(View {
+                ptr: s.ptr(),
+                _tmp: None,
+            });
+        }
+        let t = self.alloc(n, to)?;
+        let name = match (s.phys, to) {
+            (DType::F32, DType::BF16) => "cast_f32_bf16",
+            (DType::BF16, DType::F32) => "cast_bf16_f32",
+            (a, b) => return Err(Error::Internal(format!("no cast from {a} to {b} on the device"))),
+        };
+        self.k(
+            name,
+            Dims::stride(n as u64, 256, self.sms()),
+            &[Arg::Ptr(s.ptr()), Arg::Ptr(t.ptr()), Arg::U64(n as u64)],
+        )?;
+        Ok(View {
+            ptr: t.ptr(),
+            _tmp: Some(t),
+        })
+    }
+
+    /// The input as bf16.
+    pub fn bf16(&self, s: &CudaStorage, n: usize) -> Result<View> {
+        self.cast(s, n, DType::BF16)
+    }
+
+    /// The input as f32.
+    pub fn f32(&self, s: &CudaStorage, n: usize) -> Result<View> {
+        self.cast(s, n, DType::F32)
+    }
+}
+
+/// Whether the device runs `op` on these inputs.
+pub fn supports(arch: u32, op: &Op, inputs: &[TensorMeta]) -> Support {
+    if arch < 80 {
+        return Support::No(format!(
+            "tandem's CUDA kernels need sm_80 or later (this device is sm_{arch})"
+        ));
+    }
+    if let Err(e) = op.validate(inputs) {
+        return Support::No(e.to_string());
+    }
+    match op {
+        Op::Attention(p) => match p.shape(inputs) {
+            Ok(s) if s.d == 64 || s.d == 128 => Support::Native,
+            Ok(s) => Support::No(format!("head dim {} (64 and 128 are supported)", s.d)),
+            Err(e) => Support::No(e.to_string()),
+        },
+        Op::MoeRoute(_) => {
+            let e = inputs[0].shape[1];
+            if e > tandem_gpu_kernels::ROUTE_MAX_EXPERTS {
+                Support::No(format!(
+                    "{e} experts (at most {} are supported)",
+                    tandem_gpu_kernels::ROUTE_MAX_EXPERTS
+                ))
+            } else {
+                Support::Native
+            }
+        }
+        _ => Support::Native,
+    }
+}
+
+/// Device precision of each output of `op`.
+fn output_precisions(op: &Op, metas: &[TensorMeta]) -> Vec<DType> {
+    match op {
+        Op::Attention(_) => vec![DType::BF16, DType::F32],
+        Op::MoeRoute(_) => vec![
+            DType::I32,
+            DType::F32,
+            DType::I32,
+            DType::I32,
+            DType::I32,
+            DType::F32,
+            DType::F32,
+        ],
+        _ => metas
+            .iter()
+            .map(|m| if m.dtype == DType::I32 { DType::I32 } else { DType::BF16 })
+            .collect(),
+    }
+}
+
+/// Allocates the outputs of `op`.
+pub fn alloc_outputs(cx: &Cx<'_>, op: &Op, metas: &[TensorMeta]) -> Result<Vec<CudaStorage>> {
+    metas
+        .iter()
+        .zip(output_precisions(op, metas))
+        .map(|(m, p)| cx.alloc(m.numel(), p))
+        .collect()
+}
+
+/// Queues `op`; returns the name(s) of the kernels that ran, joined by '+'.
+pub fn run(
+    cx: &Cx<'_>,
+    op: &Op,
+    ins: &[&CudaStorage],
+    metas: &[TensorMeta],
+    outs: &[CudaStorage],
+) -> Result<String> {
+    match op {
+        Op::Add => basic::add(cx, ins, metas, outs),
+        Op::SplitHeads(p) => basic::split_heads(cx, p, ins, metas, outs),
+        Op::MergeHeads => basic::merge_heads(cx, ins, metas, outs),
+        Op::RmsNorm(p) => basic::rmsnorm(cx, p, ins, metas, outs),
+        Op::Rope(p) => basic::rope(cx, p, ins, metas, outs),
+        Op::Linear(p) => linear::linear(cx, p, ins, metas, outs),
+        Op::Attention(p) => attention::attention(cx, p, ins, metas, outs),
+        Op::MoeRoute(p) => moe::route(cx, p, ins, metas, outs),
+        Op::MoeExperts(p) => moe::experts(cx, p, ins, metas, outs),
+    }
+}

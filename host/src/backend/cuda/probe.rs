@@ -1,0 +1,143 @@
+//! Finds the CUDA libraries without letting cudarc panic: checks that the driver, NVRTC and
+//! cuBLASLt can be opened (preloading them from the usual install folders where the loader's
+//! search path misses them), that `cuInit` succeeds and that a device exists.
+
+use std::path::{Path, PathBuf};
+
+/// Folders that may hold CUDA's libraries: CUDA_HOME / CUDA_PATH, /usr/local/cuda, and
+/// NVIDIA's pip wheels in the usual Python prefixes.
+pub fn library_dirs() -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(h) = std::env::var_os(var) {
+            let h = PathBuf::from(h);
+            v.push(h.join("lib64"));
+            v.push(h.join("lib"));
+        }
+    }
+    v.push(PathBuf::from("/usr/local/cuda/lib64"));
+    v.push(PathBuf::from("/usr/local/cuda/targets/x86_64-linux/lib"));
+    v.extend(wheel_dirs("lib"));
+    v.into_iter().filter(|d| d.is_dir()).collect()
+}
+
+/// Folders that may hold CUDA's headers, in the same places as [`library_dirs`].
+pub fn include_dirs() -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(h) = std::env::var_os(var) {
+            v.push(PathBuf::from(h).join("include"));
+        }
+    }
+    v.push(PathBuf::from("/usr/local/cuda/include"));
+    v.extend(wheel_dirs("include"));
+    v.into_iter()
+        .filter(|d| d.join("cuda_runtime.h").is_file() || d.join("cuda_bf16.h").is_file())
+        .collect()
+}
+
+/// `<site-packages>/nvidia/*/<sub>` in the virtual env, /opt/torch/.venv, /usr/local and /usr.
+fn wheel_dirs(sub: &str) -> Vec<PathBuf> {
+    let mut prefixes: Vec<PathBuf> = Vec::new();
+    if let Some(v) = std::env::var_os("VIRTUAL_ENV") {
+        prefixes.push(v.into());
+    }
+    for p in ["/opt/torch/.venv", "/usr/local", "/usr"] {
+        prefixes.push(p.into());
+    }
+    let mut out = Vec::new();
+    for p in prefixes {
+        for lib in ["lib", "lib64"] {
+            let Ok(rd) = std::fs::read_dir(p.join(lib)) else {
+                continue;
+            };
+            for py in rd.flatten() {
+                let name = py.file_name();
+                if !name.to_string_lossy().starts_with("python3") {
+                    continue;
+                }
+                for site in ["site-packages", "dist-packages"] {
+                    let nv = py.path().join(site).join("nvidia");
+                    let Ok(pk) = std::fs::read_dir(&nv) else {
+                        continue;
+                    };
+                    for pkg in pk.flatten() {
+                        let d = pkg.path().join(sub);
+                        if d.is_dir() {
+                            out.push(d);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// dlopens the first `<dir>/<file>` that exists and keeps it loaded, so that a later dlopen by
+/// soname (cudarc's) finds it. Returns whether one loaded.
+fn preload(file_names: &[&str]) -> bool {
+    for d in library_dirs() {
+        for f in file_names {
+            let p = d.join(f);
+            if p.is_file() && open_forever(&p) {
+                tracing::debug!(path = %p.display(), "preloaded CUDA library");
+                return true;
+            }
+        }
+    }
+    false
+}
+
+fn open_forever(p: &Path) -> bool {
+    // SAFETY: loading a CUDA library runs only its initialisers, which have no preconditions.
+    match unsafe { libloading::Library::new(p) } {
+        Ok(lib) => {
+            std::mem::forget(lib);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// Checks everything the backend needs; `Err` carries the reason shown by `tandem devices`.
+/// Returns the number of devices.
+pub fn check() -> Result<usize, String> {
+    // SAFETY: the presence checks only dlopen and close the libraries.
+    let driver = unsafe { cudarc::driver::sys::is_culib_present() };
+    if !driver {
+        return Err("no NVIDIA driver (libcuda.so.1 not found)".into());
+    }
+    let nvrtc = unsafe { cudarc::nvrtc::sys::is_culib_present() }
+        || (preload(&["libnvrtc.so.13", "libnvrtc.so"])
+            && unsafe { cudarc::nvrtc::sys::is_culib_present() });
+    if !nvrtc {
+        return Err(
+            "NVRTC not found (libnvrtc.so.13; install the CUDA toolkit or set CUDA_HOME)".into(),
+        );
+    }
+    let lt = unsafe { cudarc::cublaslt::sys::is_culib_present() }
+        || (preload(&["libcublasLt.so.13", "libcublasLt.so"])
+            && unsafe { cudarc::cublaslt::sys::is_culib_present() });
+    if !lt {
+        return Err(
+            "cuBLASLt not found (libcublasLt.so.13; install the CUDA toolkit or set CUDA_HOME)"
+                .into(),
+        );
+    }
+    if let Err(e) = cudarc::driver::result::init() {
+        use cudarc::driver::sys::CUresult;
+        return Err(match e.0 {
+            CUresult::CUDA_ERROR_NO_DEVICE => "no CUDA device".into(),
+            _ => format!("cuInit failed: {}", super::error::driver_msg(&e)),
+        });
+    }
+    match cudarc::driver::result::device::get_count() {
+        Ok(0) => Err("no CUDA device".into()),
+        Ok(n) => Ok(n as usize),
+        Err(e) => Err(format!(
+            "cannot count devices: {}",
+            super::error::driver_msg(&e)
+        )),
+    }
+}
