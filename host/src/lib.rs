@@ -6,15 +6,23 @@
 //! f64 reference of each op), [`backend`] (one module per device kind behind the
 //! [`backend::Backend`] trait), [`memory`] (buffers with per-device replicas), [`graph`] and
 //! [`workload`] (the DAG of ops), [`plan`] (where each op runs), [`exec`] (running the plan),
-//! and [`report`].
+//! [`verify`] (errors against the f64 reference) and [`report`].
 
 pub mod backend;
 pub mod dtype;
 pub mod error;
+pub mod exec;
+pub mod graph;
+pub mod io;
 pub mod memory;
 pub mod ops;
+pub mod plan;
+pub mod report;
+pub mod run;
 pub mod sync;
 pub mod tensor;
+pub mod verify;
+pub mod workload;
 
 pub use backend::{Backend, DeviceId, DeviceKind, DeviceRegistry};
 pub use dtype::DType;

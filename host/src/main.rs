@@ -1,3 +1,59 @@
 //! The `tandem` command line.
+//!
+//! Exit codes: 0 success, 1 a run failed or its input was rejected, 2 bad command-line usage.
 
-fn main() {}
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tandem::DeviceRegistry;
+use tracing_subscriber::EnvFilter;
+
+/// tandem runs transformer work (attention, MoE, fused linear and norm ops) across the CPU,
+/// NVIDIA GPUs and Alveo FPGAs (or their Verilator simulation), and compares the backends.
+#[derive(Debug, Parser)]
+#[command(name = "tandem", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// List every device kind: found (with details) or missing (with the reason).
+    Devices(cli::devices::DevicesArgs),
+    /// Run a workload (default: one Mixtral decoder layer) and report per-op time and error.
+    Run(cli::run::RunArgs),
+    /// Show where each op of a workload would run, and why.
+    Plan(cli::run::RunArgs),
+    /// Run one op on named tensors from a safetensors file.
+    Op(cli::op::OpArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("TANDEM_LOG").unwrap_or_else(|_| EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let reg = DeviceRegistry::discover();
+    let result = match &cli.command {
+        Command::Devices(a) => cli::devices::run(a, &reg),
+        Command::Run(a) => cli::run::run(a, &reg),
+        Command::Plan(a) => cli::run::plan_only(a, &reg),
+        Command::Op(a) => cli::op::run(a, &reg),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tandem: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            ExitCode::from(1)
+        }
+    }
+}

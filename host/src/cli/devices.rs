@@ -1,0 +1,41 @@
+//! `tandem devices`: every backend found or not, with details, and why a missing one is missing.
+
+use clap::Args;
+use serde_json::json;
+use tandem::DeviceRegistry;
+
+/// Options of `tandem devices`.
+#[derive(Debug, Args)]
+pub struct DevicesArgs {
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Lists devices.
+pub fn run(args: &DevicesArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
+    if args.json {
+        let found: Vec<_> = reg.backends().iter().map(|b| b.info().clone()).collect();
+        let v = json!({ "devices": found, "missing": reg.missing() });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    for b in reg.backends() {
+        let i = b.info();
+        println!("{:<10} {}", i.id.to_string(), i.name);
+        println!(
+            "           memory {:.1} GiB, peak {:.1} TFLOP/s ({}), {:.0} GB/s",
+            i.memory_bytes as f64 / (1u64 << 30) as f64,
+            i.peak_flops / 1e12,
+            i.compute_dtype,
+            i.peak_bandwidth / 1e9
+        );
+        for (k, v) in &i.details {
+            println!("           {k}: {v}");
+        }
+    }
+    for m in reg.missing() {
+        println!("{:<10} unavailable: {}", m.kind.name(), m.reason);
+    }
+    Ok(())
+}

@@ -1,0 +1,165 @@
+//! `tandem op`: runs one op on named tensors from a safetensors file and saves its outputs.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use tandem::exec::ExecOptions;
+use tandem::graph::Graph;
+use tandem::ops::{
+    Activation, AttentionParams, LinearParams, MoeExpertsParams, MoeRouteParams, Op, RmsNormParams,
+    RopeParams,
+};
+use tandem::plan::BackendChoice;
+use tandem::run::{RunOptions, run_graph};
+use tandem::{DType, DeviceRegistry, Tensor};
+
+/// The ops `tandem op` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OpName {
+    /// q, k, v -> o, lse.
+    Attention,
+    /// logits -> topk_ids, topk_weights, expert_counts, sorted_token_ids, expert_offsets,
+    /// aux_loss, z_loss.
+    MoeRoute,
+    /// x, topk_ids, topk_weights, sorted_token_ids, expert_offsets, gate_up, down -> y.
+    MoeExperts,
+    /// x, w (, b) -> y.
+    Linear,
+    /// x, w (, residual) -> y (, sum).
+    Rmsnorm,
+    /// x [B, H, T, D] -> y.
+    Rope,
+}
+
+/// Options of `tandem op`.
+#[derive(Debug, Args)]
+pub struct OpArgs {
+    /// The op.
+    pub op: OpName,
+    /// safetensors file with the op's inputs by name (see `tandem op --help`).
+    #[arg(long)]
+    pub inputs: PathBuf,
+    /// Where to write the outputs (safetensors).
+    #[arg(long)]
+    pub save: Option<PathBuf>,
+    /// Device: auto, cpu, cuda, fpga-sim, fpga.
+    #[arg(long, default_value = "auto")]
+    pub backend: String,
+    /// attention: apply the bottom-right causal mask.
+    #[arg(long)]
+    pub causal: bool,
+    /// attention: softmax scale (default 1/sqrt(D)).
+    #[arg(long)]
+    pub scale: Option<f32>,
+    /// moe-route: experts per token.
+    #[arg(long, default_value_t = 2)]
+    pub top_k: usize,
+    /// moe-route: renormalise the top-k weights to sum 1.
+    #[arg(long)]
+    pub renormalize: bool,
+    /// moe-route: block size of the padded expert segments.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// linear: activation (none, relu, gelu, silu).
+    #[arg(long, default_value = "none")]
+    pub act: Activation,
+    /// rmsnorm: epsilon.
+    #[arg(long, default_value_t = 1e-5)]
+    pub eps: f32,
+    /// rope: theta.
+    #[arg(long, default_value_t = 10000.0)]
+    pub base: f64,
+    /// rope: position of the first row.
+    #[arg(long, default_value_t = 0)]
+    pub position_offset: usize,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs one op.
+pub fn run(args: &OpArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
+    let backend: BackendChoice = args.backend.parse().map_err(anyhow::Error::msg)?;
+    let mut tensors = tandem::io::read_safetensors(&args.inputs)?;
+    let has = |n: &str| tensors.contains_key(n);
+    let op = match args.op {
+        OpName::Attention => Op::Attention(AttentionParams {
+            causal: args.causal,
+            scale: args.scale,
+        }),
+        OpName::MoeRoute => Op::MoeRoute(MoeRouteParams {
+            top_k: args.top_k,
+            renormalize: args.renormalize,
+            block_size: args.block_size,
+        }),
+        OpName::MoeExperts => Op::MoeExperts(MoeExpertsParams {}),
+        OpName::Linear => Op::Linear(LinearParams {
+            act: args.act,
+            bias: has("b"),
+        }),
+        OpName::Rmsnorm => Op::RmsNorm(RmsNormParams {
+            eps: args.eps,
+            residual: has("residual"),
+        }),
+        OpName::Rope => Op::Rope(RopeParams {
+            base: args.base,
+            position_offset: args.position_offset,
+        }),
+    };
+    let mut g = Graph::default();
+    let mut input_names = Vec::new();
+    for name in op.input_names() {
+        let t = tensors.remove(name).with_context(|| {
+            format!(
+                "{}: no tensor named '{name}' ({} takes {}; the file has {})",
+                args.inputs.display(),
+                op.name(),
+                op.input_names().join(", "),
+                tensors.keys().cloned().collect::<Vec<_>>().join(", ")
+            )
+        })?;
+        // Floating-point inputs are computed in f32; ids stay i32.
+        let t = if t.dtype().is_float() {
+            t.cast(DType::F32)
+        } else {
+            t
+        };
+        g.constant(name, t);
+        input_names.push(name);
+    }
+    let outs = g.add(op.name(), op.clone(), &input_names);
+    g.outputs = outs.clone();
+    if let Err(e) = g.validate() {
+        bail!("{}: {e}", args.inputs.display());
+    }
+    let opts = RunOptions {
+        backend,
+        backend_label: args.backend.clone(),
+        exec: ExecOptions {
+            timeout: Duration::from_secs(300),
+            fallback: true,
+        },
+        check: true,
+        workload: format!("{} on {}", op.name(), args.inputs.display()),
+    };
+    let out = run_graph(&g, reg, &opts)?;
+    if let Some(path) = &args.save {
+        let mut saved: BTreeMap<String, Tensor> = BTreeMap::new();
+        for (short, full) in op.output_names().iter().zip(&outs) {
+            saved.insert((*short).to_string(), out.exec.buffers[full].to_host(reg)?);
+        }
+        tandem::io::write_safetensors(path, &saved)?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&out.report)?);
+    } else {
+        print!("{}", tandem::report::table(&out.report));
+        if let Some(p) = &args.save {
+            println!("saved: {}", p.display());
+        }
+    }
+    Ok(())
+}

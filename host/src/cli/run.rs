@@ -1,0 +1,242 @@
+//! `tandem run`: the default Mixtral layer, or a TOML workload, on the devices found.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use tandem::exec::ExecOptions;
+use tandem::plan::{self, BackendChoice};
+use tandem::run::{RunOptions, run_graph};
+use tandem::workload::{self, MixtralConfig, WorkloadFile};
+use tandem::{DType, DeviceRegistry, Tensor};
+
+/// Options of `tandem run` (and `tandem plan`).
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// A TOML workload file; without one, the built-in Mixtral decoder layer.
+    pub workload: Option<PathBuf>,
+    /// Devices to use: auto (the planner chooses per op), cpu, cuda, fpga-sim, fpga.
+    #[arg(long, default_value = "auto")]
+    pub backend: String,
+    /// Print the report as JSON on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Print where each op goes and why, before running.
+    #[arg(long)]
+    pub explain: bool,
+    /// Skip the comparison with the f64 reference.
+    #[arg(long)]
+    pub no_check: bool,
+    /// Longest wait for one op, in seconds.
+    #[arg(long, default_value_t = 300)]
+    pub timeout: u64,
+    /// The layer's weights (and `input`, if present) from a safetensors file with transformers'
+    /// Mixtral names.
+    #[arg(long)]
+    pub weights: Option<PathBuf>,
+    /// Write the layer output (`output` [B, T, H]) and the router's results here.
+    #[arg(long)]
+    pub save: Option<PathBuf>,
+    #[command(flatten)]
+    pub sizes: SizeArgs,
+}
+
+/// Size overrides of the Mixtral layer.
+#[derive(Debug, Args, Default)]
+pub struct SizeArgs {
+    /// Sequences in the batch.
+    #[arg(long)]
+    pub batch: Option<usize>,
+    /// Tokens per sequence.
+    #[arg(long)]
+    pub seq_len: Option<usize>,
+    /// Hidden size.
+    #[arg(long)]
+    pub d_model: Option<usize>,
+    /// Query heads.
+    #[arg(long)]
+    pub heads: Option<usize>,
+    /// Key/value heads.
+    #[arg(long)]
+    pub kv_heads: Option<usize>,
+    /// Experts.
+    #[arg(long)]
+    pub experts: Option<usize>,
+    /// Experts per token.
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// FFN size of one expert.
+    #[arg(long)]
+    pub ffn: Option<usize>,
+    /// Seed of the generated weights and input.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Precision inputs and weights are rounded to: f32, bf16, f16.
+    #[arg(long)]
+    pub dtype: Option<DType>,
+}
+
+impl SizeArgs {
+    fn apply(&self, c: &mut MixtralConfig) {
+        let set = |dst: &mut usize, v: Option<usize>| {
+            if let Some(v) = v {
+                *dst = v;
+            }
+        };
+        set(&mut c.batch, self.batch);
+        set(&mut c.seq_len, self.seq_len);
+        set(&mut c.d_model, self.d_model);
+        set(&mut c.heads, self.heads);
+        set(&mut c.kv_heads, self.kv_heads);
+        set(&mut c.experts, self.experts);
+        set(&mut c.top_k, self.top_k);
+        set(&mut c.ffn, self.ffn);
+        if let Some(s) = self.seed {
+            c.seed = s;
+        }
+        if let Some(d) = self.dtype {
+            c.dtype = d;
+        }
+    }
+}
+
+/// Settings a Hugging Face `config.json` beside the weights gives.
+fn apply_hf_config(weights: &Path, c: &mut MixtralConfig) -> anyhow::Result<()> {
+    let Some(dir) = weights.parent() else {
+        return Ok(());
+    };
+    let p = dir.join("config.json");
+    let Ok(text) = std::fs::read_to_string(&p) else {
+        return Ok(());
+    };
+    let v: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: not valid JSON", p.display()))?;
+    let num = |k: &str| v.get(k).and_then(|x| x.as_f64());
+    if let Some(h) = num("num_attention_heads") {
+        c.heads = h as usize;
+    }
+    if let Some(k) = num("num_experts_per_tok") {
+        c.top_k = k as usize;
+    }
+    if let Some(t) = num("rope_theta") {
+        c.rope_theta = t;
+    }
+    if let Some(e) = num("rms_norm_eps") {
+        c.rms_eps = e as f32;
+    }
+    Ok(())
+}
+
+/// Builds the graph `args` describe, with its config.
+pub fn build(args: &RunArgs) -> anyhow::Result<(tandem::graph::Graph, MixtralConfig, String)> {
+    let (mut c, name) = match &args.workload {
+        Some(p) => {
+            let w = WorkloadFile::load(p)?;
+            let name = w.name.clone().unwrap_or_else(|| p.display().to_string());
+            (w.mixtral, name)
+        }
+        None => (
+            MixtralConfig::default(),
+            "built-in Mixtral decoder layer".into(),
+        ),
+    };
+    let (weights, input) = match &args.weights {
+        Some(p) => {
+            apply_hf_config(p, &mut c)?;
+            args.sizes.apply(&mut c);
+            let l = workload::load_layer(p, &c)?;
+            c = l.config;
+            let input = l.input.map(|(t, b, s)| {
+                c.batch = b;
+                c.seq_len = s;
+                t
+            });
+            (Some(l.weights), input)
+        }
+        None => {
+            args.sizes.apply(&mut c);
+            (None, None)
+        }
+    };
+    c.check()?;
+    let g = workload::mixtral_layer(&c, weights, input)?;
+    let label = format!(
+        "{name}: B={} T={} d_model={} heads={}/{} head_dim={} experts={} top-{} ffn={} seed={} {}",
+        c.batch,
+        c.seq_len,
+        c.d_model,
+        c.heads,
+        c.kv_heads,
+        c.head_dim(),
+        c.experts,
+        c.top_k,
+        c.ffn,
+        c.seed,
+        c.dtype
+    );
+    Ok((g, c, label))
+}
+
+/// Runs the workload.
+pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
+    let backend: BackendChoice = args.backend.parse().map_err(anyhow::Error::msg)?;
+    let (graph, config, label) = build(args)?;
+    if args.explain {
+        let p = plan::plan(&graph, reg, backend)?;
+        eprint!("{}", plan::explain(&graph, &p));
+    }
+    let opts = RunOptions {
+        backend,
+        backend_label: args.backend.clone(),
+        exec: ExecOptions {
+            timeout: Duration::from_secs(args.timeout),
+            fallback: true,
+        },
+        check: !args.no_check,
+        workload: label,
+    };
+    let out = run_graph(&graph, reg, &opts)?;
+    if let Some(path) = &args.save {
+        let mut t: BTreeMap<String, Tensor> = BTreeMap::new();
+        let fetch = |n: &str| -> anyhow::Result<Tensor> { Ok(out.exec.buffers[n].to_host(reg)?) };
+        t.insert(
+            "output".into(),
+            workload::output_as_btd(&fetch(workload::OUTPUT)?, &config)?,
+        );
+        for (file_name, graph_name) in [
+            ("topk_ids", "router.topk_ids"),
+            ("topk_weights", "router.topk_weights"),
+            ("expert_counts", "router.expert_counts"),
+            ("aux_loss", "router.aux_loss"),
+            ("z_loss", "router.z_loss"),
+        ] {
+            t.insert(file_name.into(), fetch(graph_name)?);
+        }
+        tandem::io::write_safetensors(path, &t)?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&out.report)?);
+    } else {
+        print!("{}", tandem::report::table(&out.report));
+        if let Some(p) = &args.save {
+            println!("saved: {}", p.display());
+        }
+    }
+    Ok(())
+}
+
+/// `tandem plan`: where each op of the workload would run, and why.
+pub fn plan_only(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
+    let backend: BackendChoice = args.backend.parse().map_err(anyhow::Error::msg)?;
+    let (graph, _, label) = build(args)?;
+    let p = plan::plan(&graph, reg, backend)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&p)?);
+    } else {
+        println!("workload: {label}");
+        print!("{}", plan::explain(&graph, &p));
+    }
+    Ok(())
+}

@@ -1,0 +1,318 @@
+//! The executor: a worker thread per device, nodes dispatched as their inputs become ready,
+//! transfers done by the worker of the device that needs the data (so they overlap with
+//! compute on the other devices), and failures re-planned onto the CPU.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, unbounded};
+use serde::Serialize;
+
+use crate::backend::{Backend, DeviceId, DeviceRegistry, LaunchInfo};
+use crate::error::{Error, ErrorKind, Result};
+use crate::graph::Graph;
+use crate::memory::{Access, Buffer};
+use crate::plan::Plan;
+use crate::tensor::Tensor;
+
+/// Options of a run.
+#[derive(Debug, Clone)]
+pub struct ExecOptions {
+    /// Longest wait for one op's completion.
+    pub timeout: Duration,
+    /// Re-run an op on the CPU when its device fails with an error the CPU can avoid.
+    pub fallback: bool,
+}
+
+impl Default for ExecOptions {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(300),
+            fallback: true,
+        }
+    }
+}
+
+/// What happened to one node.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeRun {
+    /// Node name.
+    pub node: String,
+    /// Op family.
+    pub op: String,
+    /// Device it finally ran on.
+    pub device: DeviceId,
+    /// Kernel and device timing.
+    pub launch: LaunchInfo,
+    /// Wall time of the launch and its wait (excludes input transfers).
+    pub wall: Duration,
+    /// Wall time of moving its inputs to the device.
+    pub transfer: Duration,
+    /// Bytes moved to the device for its inputs.
+    pub transfer_bytes: u64,
+    /// Why it ran elsewhere than planned, if it did.
+    pub fallback: Option<String>,
+}
+
+/// The result of executing a graph.
+#[derive(Debug)]
+pub struct Execution {
+    /// Every tensor of the run, by name.
+    pub buffers: BTreeMap<String, Arc<Buffer>>,
+    /// Node runs in graph order.
+    pub runs: Vec<NodeRun>,
+    /// Wall time of the whole run.
+    pub wall: Duration,
+}
+
+struct Job {
+    index: usize,
+    device: DeviceId,
+}
+
+struct Done {
+    index: usize,
+    result: Result<NodeRun>,
+}
+
+/// Runs `graph` as `plan` places it.
+pub fn execute(
+    graph: &Graph,
+    plan: &Plan,
+    reg: &DeviceRegistry,
+    opts: &ExecOptions,
+) -> Result<Execution> {
+    let metas = graph.validate()?;
+    let mut buffers: BTreeMap<String, Arc<Buffer>> = BTreeMap::new();
+    for (name, t) in &graph.constants {
+        buffers.insert(name.clone(), Arc::new(Buffer::from_host(name, t.clone())));
+    }
+    for node in &graph.nodes {
+        for o in &node.outputs {
+            buffers.insert(o.clone(), Arc::new(Buffer::empty(o, metas[o].clone())));
+        }
+    }
+    let deps = graph.dependencies();
+    let mut waiting: Vec<usize> = deps.iter().map(Vec::len).collect();
+    let mut dependents: Vec<Vec<usize>> = vec![Vec::new(); graph.nodes.len()];
+    for (i, d) in deps.iter().enumerate() {
+        for &j in d {
+            dependents[j].push(i);
+        }
+    }
+    let t0 = Instant::now();
+    let (done_tx, done_rx) = unbounded::<Done>();
+    let mut runs: Vec<Option<NodeRun>> = vec![None; graph.nodes.len()];
+    let mut device_of: Vec<DeviceId> = plan.placements.iter().map(|p| p.device).collect();
+    let mut failed_devices: BTreeMap<DeviceId, String> = BTreeMap::new();
+    let mut fallback_note: BTreeMap<usize, String> = BTreeMap::new();
+
+    std::thread::scope(|scope| -> Result<()> {
+        let mut senders: BTreeMap<DeviceId, Sender<Job>> = BTreeMap::new();
+        for b in reg.backends() {
+            let (tx, rx) = unbounded::<Job>();
+            senders.insert(b.id(), tx);
+            let done_tx = done_tx.clone();
+            let backend = b.clone();
+            let buffers = &buffers;
+            scope.spawn(move || worker(backend, rx, done_tx, graph, buffers, reg, opts));
+        }
+        let send = |senders: &BTreeMap<DeviceId, Sender<Job>>, index: usize, device: DeviceId| {
+            senders
+                .get(&device)
+                .ok_or_else(|| Error::Internal(format!("no worker for {device}")))?
+                .send(Job { index, device })
+                .map_err(|_| Error::Internal(format!("worker of {device} stopped")))
+        };
+        let mut outstanding = 0usize;
+        for i in 0..graph.nodes.len() {
+            if waiting[i] == 0 {
+                send(&senders, i, device_of[i])?;
+                outstanding += 1;
+            }
+        }
+        let mut finished = 0usize;
+        let result = loop {
+            if finished == graph.nodes.len() {
+                break Ok(());
+            }
+            if outstanding == 0 {
+                break Err(Error::Internal("the graph has a cycle".into()));
+            }
+            let Ok(d) = done_rx.recv() else {
+                break Err(Error::Internal("all workers stopped".into()));
+            };
+            outstanding -= 1;
+            match d.result {
+                Ok(mut run) => {
+                    run.fallback = fallback_note.remove(&d.index);
+                    runs[d.index] = Some(run);
+                    finished += 1;
+                    for &j in &dependents[d.index] {
+                        waiting[j] -= 1;
+                        if waiting[j] == 0 {
+                            let mut dev = device_of[j];
+                            if let Some(why) = failed_devices.get(&dev) {
+                                fallback_note.insert(j, format!("{dev} failed earlier: {why}"));
+                                dev = DeviceId::CPU;
+                                device_of[j] = dev;
+                            }
+                            send(&senders, j, dev)?;
+                            outstanding += 1;
+                        }
+                    }
+                }
+                Err(e) => {
+                    let dev = device_of[d.index];
+                    let recoverable = matches!(
+                        e.kind(),
+                        ErrorKind::Unavailable
+                            | ErrorKind::Unimplemented
+                            | ErrorKind::DeviceLost
+                            | ErrorKind::ResourceExhausted
+                            | ErrorKind::DeadlineExceeded
+                    );
+                    if opts.fallback && recoverable && dev != DeviceId::CPU {
+                        tracing::warn!(node = %graph.nodes[d.index].name, %dev, error = %e, "re-planning onto the CPU");
+                        if matches!(
+                            e.kind(),
+                            ErrorKind::DeviceLost | ErrorKind::DeadlineExceeded
+                        ) {
+                            failed_devices.insert(dev, e.to_string());
+                        }
+                        fallback_note.insert(d.index, format!("{dev} failed: {e}"));
+                        device_of[d.index] = DeviceId::CPU;
+                        send(&senders, d.index, DeviceId::CPU)?;
+                        outstanding += 1;
+                    } else {
+                        let name = &graph.nodes[d.index].name;
+                        break Err(match e.kind() {
+                            ErrorKind::InvalidArgument => {
+                                Error::invalid(format!("node '{name}' on {dev}"), e.to_string())
+                            }
+                            _ => e,
+                        });
+                    }
+                }
+            }
+        };
+        // Closing the job channels stops the workers.
+        drop(senders);
+        result
+    })?;
+    let wall = t0.elapsed();
+    let runs = runs
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            r.ok_or_else(|| Error::Internal(format!("node {} never ran", graph.nodes[i].name)))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Execution {
+        buffers,
+        runs,
+        wall,
+    })
+}
+
+fn worker(
+    backend: Arc<dyn Backend>,
+    jobs: Receiver<Job>,
+    done: Sender<Done>,
+    graph: &Graph,
+    buffers: &BTreeMap<String, Arc<Buffer>>,
+    reg: &DeviceRegistry,
+    opts: &ExecOptions,
+) {
+    for job in jobs.iter() {
+        let result = run_node(&*backend, job.device, job.index, graph, buffers, reg, opts);
+        if done
+            .send(Done {
+                index: job.index,
+                result,
+            })
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+fn run_node(
+    backend: &dyn Backend,
+    device: DeviceId,
+    index: usize,
+    graph: &Graph,
+    buffers: &BTreeMap<String, Arc<Buffer>>,
+    reg: &DeviceRegistry,
+    opts: &ExecOptions,
+) -> Result<NodeRun> {
+    let node = &graph.nodes[index];
+    let buf = |n: &str| {
+        buffers
+            .get(n)
+            .ok_or_else(|| Error::Internal(format!("no buffer '{n}'")))
+    };
+    let t_in = Instant::now();
+    let mut transfer_bytes = 0u64;
+    let mut inputs = Vec::with_capacity(node.inputs.len());
+    for name in &node.inputs {
+        let b = buf(name)?;
+        let before = b.stats();
+        let s = b
+            .acquire(reg, device, Access::Read)?
+            .ok_or_else(|| Error::Internal(format!("'{name}' has no data on {device}")))?;
+        let after = b.stats();
+        transfer_bytes += (after.uploaded - before.uploaded) + (after.peer - before.peer);
+        inputs.push(s);
+    }
+    let transfer = t_in.elapsed();
+    let refs: Vec<_> = inputs.iter().collect();
+    let t0 = Instant::now();
+    let launch = backend.launch(&node.op, &refs)?;
+    launch.done.wait(
+        opts.timeout,
+        &format!("{} ({}) on {device}", node.name, node.op.name()),
+    )?;
+    let wall = t0.elapsed();
+    if launch.outputs.len() != node.outputs.len() {
+        return Err(Error::Internal(format!(
+            "{device} returned {} outputs for {}, expected {}",
+            launch.outputs.len(),
+            node.op.name(),
+            node.outputs.len()
+        )));
+    }
+    for (name, s) in node.outputs.iter().zip(launch.outputs) {
+        buf(name)?.set_written(s)?;
+    }
+    let info = launch
+        .info
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    Ok(NodeRun {
+        node: node.name.clone(),
+        op: node.op.name().to_string(),
+        device,
+        launch: info,
+        wall,
+        transfer,
+        transfer_bytes,
+        fallback: None,
+    })
+}
+
+/// Host copies of the named tensors of an execution.
+pub fn fetch(exec: &Execution, reg: &DeviceRegistry, names: &[String]) -> Result<Vec<Tensor>> {
+    names
+        .iter()
+        .map(|n| {
+            exec.buffers
+                .get(n)
+                .ok_or_else(|| Error::invalid("run", format!("no tensor named '{n}'")))?
+                .to_host(reg)
+        })
+        .collect()
+}

@@ -1,0 +1,141 @@
+//! The workload DAG: ops over named tensors.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::error::{Error, Result};
+use crate::ops::Op;
+use crate::tensor::{Tensor, TensorMeta};
+
+/// One op in a graph, reading and writing named tensors.
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// Unique name (e.g. `q_proj`).
+    pub name: String,
+    /// The op.
+    pub op: Op,
+    /// Names of the tensors it reads, in the op's input order.
+    pub inputs: Vec<String>,
+    /// Names of the tensors it writes, in the op's output order.
+    pub outputs: Vec<String>,
+}
+
+/// A DAG of ops. Nodes are kept in a topological order (checked by [`Graph::validate`]).
+#[derive(Debug, Clone, Default)]
+pub struct Graph {
+    /// Nodes in execution order.
+    pub nodes: Vec<Node>,
+    /// Tensors given from outside (inputs and weights).
+    pub constants: BTreeMap<String, Tensor>,
+    /// Names of the tensors the workload produces.
+    pub outputs: Vec<String>,
+}
+
+impl Graph {
+    /// Appends a node; output names are `{node}.{output}` unless given.
+    pub fn add(&mut self, name: &str, op: Op, inputs: &[&str]) -> Vec<String> {
+        let outputs: Vec<String> = op
+            .output_names()
+            .iter()
+            .map(|o| format!("{name}.{o}"))
+            .collect();
+        self.nodes.push(Node {
+            name: name.to_string(),
+            op,
+            inputs: inputs.iter().map(|s| s.to_string()).collect(),
+            outputs: outputs.clone(),
+        });
+        outputs
+    }
+
+    /// Adds a constant tensor.
+    pub fn constant(&mut self, name: &str, t: Tensor) -> String {
+        self.constants.insert(name.to_string(), t);
+        name.to_string()
+    }
+
+    /// Checks that every node reads only tensors defined before it, that names are unique,
+    /// and that every op accepts its inputs; returns the meta of every tensor.
+    pub fn validate(&self) -> Result<BTreeMap<String, TensorMeta>> {
+        let mut metas: BTreeMap<String, TensorMeta> = self
+            .constants
+            .iter()
+            .map(|(n, t)| (n.clone(), t.meta()))
+            .collect();
+        let mut names = BTreeSet::new();
+        for node in &self.nodes {
+            if !names.insert(node.name.as_str()) {
+                return Err(Error::invalid(
+                    "workload",
+                    format!("two nodes are named '{}'", node.name),
+                ));
+            }
+            let ins = node
+                .inputs
+                .iter()
+                .map(|i| {
+                    metas.get(i).cloned().ok_or_else(|| {
+                        Error::invalid(
+                            "workload",
+                            format!(
+                                "node '{}' reads '{i}', which nothing defines before it",
+                                node.name
+                            ),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let outs = node
+                .op
+                .validate(&ins)
+                .map_err(|e| Error::invalid("workload", format!("node '{}': {e}", node.name)))?;
+            if outs.len() != node.outputs.len() {
+                return Err(Error::Internal(format!(
+                    "node '{}' names {} outputs, its op has {}",
+                    node.name,
+                    node.outputs.len(),
+                    outs.len()
+                )));
+            }
+            for (n, m) in node.outputs.iter().zip(outs) {
+                if metas.insert(n.clone(), m).is_some() {
+                    return Err(Error::invalid(
+                        "workload",
+                        format!("tensor '{n}' is defined twice"),
+                    ));
+                }
+            }
+        }
+        for o in &self.outputs {
+            if !metas.contains_key(o) {
+                return Err(Error::invalid(
+                    "workload",
+                    format!("output '{o}' is not produced by any node"),
+                ));
+            }
+        }
+        Ok(metas)
+    }
+
+    /// For each node, the indices of the nodes it depends on.
+    pub fn dependencies(&self) -> Vec<Vec<usize>> {
+        let mut producer: BTreeMap<&str, usize> = BTreeMap::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            for o in &n.outputs {
+                producer.insert(o.as_str(), i);
+            }
+        }
+        self.nodes
+            .iter()
+            .map(|n| {
+                let mut d: Vec<usize> = n
+                    .inputs
+                    .iter()
+                    .filter_map(|i| producer.get(i.as_str()).copied())
+                    .collect();
+                d.sort_unstable();
+                d.dedup();
+                d
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,167 @@
+//! Reading and writing tensors in safetensors files.
+//!
+//! Files may hold f64, f32, f16, bf16, i64, i32, i8 (and a few more) tensors; on reading, f64
+//! becomes f32 and i64 becomes i32 (checked for range), the logical dtypes tandem computes in.
+//! [`read_safetensors_f64`] keeps full precision for reference comparisons.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use half::{bf16, f16};
+use ndarray::{ArrayD, IxDyn};
+use safetensors::{Dtype as StDtype, SafeTensors};
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::tensor::{HostData, Tensor};
+
+fn read_file(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| Error::file(path, format!("cannot read: {e}")))
+}
+
+fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>> {
+    SafeTensors::deserialize(bytes)
+        .map_err(|e| Error::file(path, format!("not a valid safetensors file: {e}")))
+}
+
+fn values<T: bytemuck::Pod>(data: &[u8]) -> Vec<T> {
+    bytemuck::pod_collect_to_vec(data)
+}
+
+fn array<T>(path: &Path, name: &str, shape: &[usize], v: Vec<T>) -> Result<ArrayD<T>> {
+    ArrayD::from_shape_vec(IxDyn(shape), v)
+        .map_err(|e| Error::file(path, format!("tensor '{name}': {e}")))
+}
+
+/// Reads every tensor of a safetensors file as a logical tensor (f32 / i32 / i8 / f16 / bf16).
+pub fn read_safetensors(path: impl AsRef<Path>) -> Result<BTreeMap<String, Tensor>> {
+    let path = path.as_ref();
+    let bytes = read_file(path)?;
+    let st = parse(path, &bytes)?;
+    let mut out = BTreeMap::new();
+    for (name, view) in st.tensors() {
+        let shape = view.shape().to_vec();
+        let d = view.data();
+        let data = match view.dtype() {
+            StDtype::F64 => HostData::F32(array(
+                path,
+                &name,
+                &shape,
+                values::<f64>(d).into_iter().map(|x| x as f32).collect(),
+            )?),
+            StDtype::F32 => HostData::F32(array(path, &name, &shape, values::<f32>(d))?),
+            StDtype::F16 => HostData::F16(array(path, &name, &shape, values::<f16>(d))?),
+            StDtype::BF16 => HostData::BF16(array(path, &name, &shape, values::<bf16>(d))?),
+            StDtype::I8 => HostData::I8(array(path, &name, &shape, values::<i8>(d))?),
+            StDtype::I32 => HostData::I32(array(path, &name, &shape, values::<i32>(d))?),
+            StDtype::I64 => {
+                let v = values::<i64>(d)
+                    .into_iter()
+                    .map(|x| {
+                        i32::try_from(x).map_err(|_| {
+                            Error::file(
+                                path,
+                                format!("tensor '{name}': value {x} does not fit in i32"),
+                            )
+                        })
+                    })
+                    .collect::<Result<Vec<i32>>>()?;
+                HostData::I32(array(path, &name, &shape, v)?)
+            }
+            other => {
+                return Err(Error::file(
+                    path,
+                    format!(
+                        "tensor '{name}' has dtype {other:?} (accepted: F64, F32, F16, BF16, I64, I32, I8)"
+                    ),
+                ));
+            }
+        };
+        out.insert(name, Tensor::new(data));
+    }
+    Ok(out)
+}
+
+/// Reads every floating-point or integer tensor of a safetensors file as f64.
+pub fn read_safetensors_f64(path: impl AsRef<Path>) -> Result<BTreeMap<String, ArrayD<f64>>> {
+    let path = path.as_ref();
+    let bytes = read_file(path)?;
+    let st = parse(path, &bytes)?;
+    let mut out = BTreeMap::new();
+    for (name, view) in st.tensors() {
+        let shape = view.shape().to_vec();
+        let d = view.data();
+        let v: Vec<f64> = match view.dtype() {
+            StDtype::F64 => values::<f64>(d),
+            StDtype::I64 => values::<i64>(d).into_iter().map(|x| x as f64).collect(),
+            _ => {
+                let t = read_one(path, &st, &name)?;
+                out.insert(name, t.to_f64());
+                continue;
+            }
+        };
+        out.insert(name.clone(), array(path, &name, &shape, v)?);
+    }
+    Ok(out)
+}
+
+fn read_one(path: &Path, st: &SafeTensors<'_>, name: &str) -> Result<Tensor> {
+    let view = st
+        .tensor(name)
+        .map_err(|e| Error::file(path, format!("tensor '{name}': {e}")))?;
+    let shape = view.shape().to_vec();
+    let d = view.data();
+    Ok(Tensor::new(match view.dtype() {
+        StDtype::F32 => HostData::F32(array(path, name, &shape, values::<f32>(d))?),
+        StDtype::F16 => HostData::F16(array(path, name, &shape, values::<f16>(d))?),
+        StDtype::BF16 => HostData::BF16(array(path, name, &shape, values::<bf16>(d))?),
+        StDtype::I8 => HostData::I8(array(path, name, &shape, values::<i8>(d))?),
+        StDtype::I32 => HostData::I32(array(path, name, &shape, values::<i32>(d))?),
+        other => {
+            return Err(Error::file(
+                path,
+                format!("tensor '{name}' has unsupported dtype {other:?}"),
+            ));
+        }
+    }))
+}
+
+fn st_dtype(d: DType) -> StDtype {
+    match d {
+        DType::F32 => StDtype::F32,
+        DType::F16 => StDtype::F16,
+        DType::BF16 => StDtype::BF16,
+        DType::I8 => StDtype::I8,
+        DType::I32 => StDtype::I32,
+    }
+}
+
+/// Writes tensors to a safetensors file (written to a temporary file, then renamed, so a
+/// failure never leaves a half-written file).
+pub fn write_safetensors(path: impl AsRef<Path>, tensors: &BTreeMap<String, Tensor>) -> Result<()> {
+    let path = path.as_ref();
+    let owned: Vec<(String, Vec<u8>, Vec<usize>, StDtype)> = tensors
+        .iter()
+        .map(|(n, t)| {
+            (
+                n.clone(),
+                t.to_bytes(),
+                t.shape().to_vec(),
+                st_dtype(t.dtype()),
+            )
+        })
+        .collect();
+    let views = owned
+        .iter()
+        .map(|(n, b, s, d)| {
+            safetensors::tensor::TensorView::new(*d, s.clone(), b)
+                .map(|v| (n.clone(), v))
+                .map_err(|e| Error::Internal(format!("safetensors view '{n}': {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let bytes = safetensors::serialize(views, &None)
+        .map_err(|e| Error::file(path, format!("cannot serialise: {e}")))?;
+    let tmp = path.with_extension("safetensors.partial");
+    std::fs::write(&tmp, bytes).map_err(|e| Error::file(&tmp, format!("cannot write: {e}")))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::file(path, format!("cannot write: {e}")))
+}

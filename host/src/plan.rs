@@ -1,0 +1,218 @@
+//! Where each op runs: a HEFT-style list scheduler over the backends' cost estimates, with
+//! transfer costs, and `--explain` text for its choices.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::backend::{DeviceId, DeviceKind, DeviceRegistry, Support};
+use crate::error::Result;
+use crate::graph::Graph;
+use crate::tensor::TensorMeta;
+
+/// Which devices a run may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// Every device found; the planner picks per op.
+    Auto,
+    /// One kind of device; ops it lacks run on the CPU.
+    Only(DeviceKind),
+}
+
+impl FromStr for BackendChoice {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        Ok(match s {
+            "auto" => BackendChoice::Auto,
+            "cpu" => BackendChoice::Only(DeviceKind::Cpu),
+            "cuda" | "gpu" => BackendChoice::Only(DeviceKind::Cuda),
+            "fpga-sim" | "sim" => BackendChoice::Only(DeviceKind::FpgaSim),
+            "fpga" | "xrt" => BackendChoice::Only(DeviceKind::FpgaXrt),
+            _ => {
+                return Err(format!(
+                    "unknown backend '{s}' (accepted: auto, cpu, cuda, fpga-sim, fpga)"
+                ));
+            }
+        })
+    }
+}
+
+/// Where one node runs and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct Placement {
+    /// Device.
+    pub device: DeviceId,
+    /// Estimated op time there.
+    pub estimate: Duration,
+    /// Estimated finish time of the node in the schedule.
+    pub finish: Duration,
+    /// Why this device (the alternatives considered, or why it fell back).
+    pub reason: String,
+}
+
+/// A placement for every node, and warnings about devices that were asked for but missing.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    /// One per node, in the graph's order.
+    pub placements: Vec<Placement>,
+    /// Things the user should know (a requested device is missing, an op fell back).
+    pub warnings: Vec<String>,
+    /// Estimated time of the whole schedule.
+    pub makespan: Duration,
+}
+
+/// Bandwidth assumed between host and an accelerator (PCIe 4 x16 in practice).
+const HOST_LINK_BPS: f64 = 20e9;
+/// Fixed cost of one transfer.
+const TRANSFER_LATENCY: Duration = Duration::from_micros(10);
+
+/// Estimated time to move `bytes` from one device to another.
+pub fn transfer_cost(bytes: usize, from: DeviceId, to: DeviceId) -> Duration {
+    if from == to || bytes == 0 {
+        return Duration::ZERO;
+    }
+    let hops = if from.kind == DeviceKind::Cpu || to.kind == DeviceKind::Cpu {
+        1.0
+    } else {
+        2.0
+    };
+    TRANSFER_LATENCY + Duration::from_secs_f64(hops * bytes as f64 / HOST_LINK_BPS)
+}
+
+/// Places every node of `graph`. Never fails for a missing device: work falls back to the
+/// devices that exist, with a warning.
+pub fn plan(graph: &Graph, reg: &DeviceRegistry, choice: BackendChoice) -> Result<Plan> {
+    let metas = graph.validate()?;
+    let mut warnings = Vec::new();
+    let candidates: Vec<DeviceId> = match choice {
+        BackendChoice::Auto => reg.backends().iter().map(|b| b.id()).collect(),
+        BackendChoice::Only(kind) => {
+            let found: Vec<DeviceId> = reg.of_kind(kind).iter().map(|b| b.id()).collect();
+            if found.is_empty() {
+                let why = reg
+                    .missing()
+                    .iter()
+                    .find(|m| m.kind == kind)
+                    .map(|m| m.reason.clone())
+                    .unwrap_or_else(|| "not found".into());
+                warnings.push(format!(
+                    "{} is unavailable ({why}); running on the CPU",
+                    kind.name()
+                ));
+                vec![DeviceId::CPU]
+            } else if kind == DeviceKind::Cpu {
+                found
+            } else {
+                // Ops the device lacks fall back to the CPU.
+                found.into_iter().chain([DeviceId::CPU]).collect()
+            }
+        }
+    };
+    let mut device_free: BTreeMap<DeviceId, Duration> = BTreeMap::new();
+    // Where each tensor will be, and when.
+    let mut location: BTreeMap<&str, (DeviceId, Duration)> = graph
+        .constants
+        .keys()
+        .map(|k| (k.as_str(), (DeviceId::CPU, Duration::ZERO)))
+        .collect();
+    let mut placements = Vec::with_capacity(graph.nodes.len());
+    let mut makespan = Duration::ZERO;
+    for node in &graph.nodes {
+        let ins: Vec<TensorMeta> = node.inputs.iter().map(|i| metas[i].clone()).collect();
+        let mut best: Option<(Duration, Duration, DeviceId)> = None;
+        let mut considered = Vec::new();
+        let preferred = match choice {
+            BackendChoice::Only(k) => Some(k),
+            BackendChoice::Auto => None,
+        };
+        for &dev in &candidates {
+            let Some(b) = reg.get(dev) else { continue };
+            if let Support::No(why) = b.supports(&node.op, &ins) {
+                considered.push(format!("{dev}: no ({why})"));
+                continue;
+            }
+            let est = b.estimate(&node.op, &ins);
+            let ready = node
+                .inputs
+                .iter()
+                .zip(&ins)
+                .map(|(name, m)| {
+                    let (at, t) = location
+                        .get(name.as_str())
+                        .copied()
+                        .unwrap_or((DeviceId::CPU, Duration::ZERO));
+                    t + transfer_cost(m.bytes(), at, dev)
+                })
+                .max()
+                .unwrap_or_default();
+            let start = ready.max(device_free.get(&dev).copied().unwrap_or_default());
+            let finish = start + est;
+            considered.push(format!("{dev}: {:.3} ms", finish.as_secs_f64() * 1e3));
+            // With an explicit backend, its device wins whenever it supports the op.
+            let rank = |d: DeviceId| match preferred {
+                Some(k) if d.kind == k => 0,
+                Some(_) => 1,
+                None => 0,
+            };
+            let better = match best {
+                None => true,
+                Some((bf, _, bd)) => (rank(dev), finish) < (rank(bd), bf),
+            };
+            if better {
+                best = Some((finish, est, dev));
+            }
+        }
+        let (finish, est, dev) = best.unwrap_or((Duration::ZERO, Duration::ZERO, DeviceId::CPU));
+        if let Some(k) = preferred {
+            if dev.kind != k && k != DeviceKind::Cpu && !reg.of_kind(k).is_empty() {
+                warnings.push(format!(
+                    "node '{}' ({}) runs on the CPU: {}",
+                    node.name,
+                    node.op.name(),
+                    considered.first().cloned().unwrap_or_default()
+                ));
+            }
+        }
+        device_free.insert(dev, finish);
+        for o in &node.outputs {
+            location.insert(o.as_str(), (dev, finish));
+        }
+        makespan = makespan.max(finish);
+        placements.push(Placement {
+            device: dev,
+            estimate: est,
+            finish,
+            reason: considered.join("; "),
+        });
+    }
+    Ok(Plan {
+        placements,
+        warnings,
+        makespan,
+    })
+}
+
+/// The plan as text, one line per node: device, estimate, and the alternatives weighed.
+pub fn explain(graph: &Graph, plan: &Plan) -> String {
+    let mut s = String::new();
+    for (n, p) in graph.nodes.iter().zip(&plan.placements) {
+        s.push_str(&format!(
+            "{:<22} {:<12} -> {:<10} est {:>9.3} ms   [{}]\n",
+            n.name,
+            n.op.name(),
+            p.device.to_string(),
+            p.estimate.as_secs_f64() * 1e3,
+            p.reason
+        ));
+    }
+    s.push_str(&format!(
+        "estimated makespan {:.3} ms\n",
+        plan.makespan.as_secs_f64() * 1e3
+    ));
+    for w in &plan.warnings {
+        s.push_str(&format!("warning: {w}\n"));
+    }
+    s
+}

@@ -1,0 +1,120 @@
+//! Run reports: a terminal table and JSON.
+
+use serde::Serialize;
+
+use crate::exec::NodeRun;
+use crate::verify::NodeError;
+
+/// One row: a node, where and how it ran, and its error.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeReport {
+    /// How it ran.
+    #[serde(flatten)]
+    pub run: NodeRun,
+    /// Error against the f64 reference on its actual inputs.
+    #[serde(flatten)]
+    pub error: NodeError,
+    /// FLOPs of the op.
+    pub flops: f64,
+    /// Bytes the op must move at least.
+    pub bytes: f64,
+}
+
+/// A whole run.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    /// Workload name and sizes.
+    pub workload: String,
+    /// `--backend` as given.
+    pub backend: String,
+    /// Devices found, and those missing with the reason.
+    pub devices: Vec<String>,
+    /// Per node, in graph order.
+    pub nodes: Vec<NodeReport>,
+    /// Wall time of the whole run, seconds.
+    pub wall_s: f64,
+    /// The layer output against the f64 reference chain.
+    pub output_rel_error: Option<f64>,
+    /// Router load-balancing loss of the run.
+    pub aux_loss: Option<f64>,
+    /// Router z-loss of the run.
+    pub z_loss: Option<f64>,
+    /// Warnings (missing devices, fallbacks).
+    pub warnings: Vec<String>,
+}
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn sci(x: Option<f64>) -> String {
+    x.map(|v| format!("{v:.1e}")).unwrap_or_else(|| "-".into())
+}
+
+/// The report as a terminal table.
+pub fn table(r: &RunReport) -> String {
+    let mut s = format!("workload: {}\nbackend:  {}\n", r.workload, r.backend);
+    for d in &r.devices {
+        s.push_str(&format!("device:   {d}\n"));
+    }
+    s.push('\n');
+    s.push_str(&format!(
+        "{:<20} {:<12} {:<10} {:<28} {:>10} {:>10} {:>9} {:>9}\n",
+        "node", "op", "device", "kernel", "time ms", "device ms", "rel.err", "id diffs"
+    ));
+    s.push_str(&format!("{}\n", "-".repeat(114)));
+    for n in &r.nodes {
+        let mut kernel = n.run.launch.kernel.clone();
+        if kernel.len() > 28 {
+            kernel.truncate(27);
+            kernel.push('~');
+        }
+        s.push_str(&format!(
+            "{:<20} {:<12} {:<10} {:<28} {:>10.3} {:>10} {:>9} {:>9}\n",
+            n.run.node,
+            n.run.op,
+            n.run.device.to_string(),
+            kernel,
+            ms(n.run.wall),
+            n.run
+                .launch
+                .device_time
+                .map(|d| format!("{:.3}", ms(d)))
+                .unwrap_or_else(|| "-".into()),
+            sci(n.error.rel_error),
+            n.error
+                .id_mismatches
+                .map(|v| v.to_string())
+                .unwrap_or_else(|| "-".into()),
+        ));
+    }
+    s.push_str(&format!("{}\n", "-".repeat(114)));
+    let op_total: f64 = r.nodes.iter().map(|n| ms(n.run.wall)).sum();
+    let xfer: f64 = r.nodes.iter().map(|n| ms(n.run.transfer)).sum();
+    let xfer_b: u64 = r.nodes.iter().map(|n| n.run.transfer_bytes).sum();
+    s.push_str(&format!(
+        "total: {:.3} ms wall ({:.3} ms in ops, {:.3} ms moving {:.2} MB to devices)\n",
+        r.wall_s * 1e3,
+        op_total,
+        xfer,
+        xfer_b as f64 / 1e6
+    ));
+    if let Some(e) = r.output_rel_error {
+        s.push_str(&format!("layer output vs f64 reference: {e:.2e}\n"));
+    }
+    if let (Some(a), Some(z)) = (r.aux_loss, r.z_loss) {
+        s.push_str(&format!("router aux loss {a:.6}, z loss {z:.6}\n"));
+    }
+    for n in &r.nodes {
+        if let Some(f) = &n.run.fallback {
+            s.push_str(&format!(
+                "note: {} ran on {} because {f}\n",
+                n.run.node, n.run.device
+            ));
+        }
+    }
+    for w in &r.warnings {
+        s.push_str(&format!("warning: {w}\n"));
+    }
+    s
+}

@@ -1,0 +1,113 @@
+//! One call that plans, executes, checks and reports a graph: what `tandem run` and
+//! `tandem op` do, available to library users too.
+
+use crate::backend::DeviceRegistry;
+use crate::error::Result;
+use crate::exec::{ExecOptions, Execution, execute};
+use crate::graph::Graph;
+use crate::plan::{BackendChoice, Plan, plan};
+use crate::report::{NodeReport, RunReport};
+use crate::tensor::{TensorMeta, rel_error};
+use crate::verify::{NodeError, check_nodes, reference_chain};
+
+/// Options of [`run_graph`].
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Which devices to use.
+    pub backend: BackendChoice,
+    /// The `--backend` text, for the report.
+    pub backend_label: String,
+    /// Executor options.
+    pub exec: ExecOptions,
+    /// Compare every node and the outputs with the f64 reference.
+    pub check: bool,
+    /// Name of the workload, for the report.
+    pub workload: String,
+}
+
+/// Everything a run produced.
+#[derive(Debug)]
+pub struct RunOutcome {
+    /// The plan that was executed.
+    pub plan: Plan,
+    /// Buffers and per-node runs.
+    pub exec: Execution,
+    /// The report.
+    pub report: RunReport,
+}
+
+/// Plans `graph` over `reg`, executes it, checks it against the f64 reference and reports.
+pub fn run_graph(graph: &Graph, reg: &DeviceRegistry, opts: &RunOptions) -> Result<RunOutcome> {
+    let metas = graph.validate()?;
+    let plan = plan(graph, reg, opts.backend)?;
+    let exec = execute(graph, &plan, reg, &opts.exec)?;
+    let errors = if opts.check {
+        check_nodes(graph, &exec, reg)?
+    } else {
+        vec![NodeError::default(); graph.nodes.len()]
+    };
+    let output_rel_error = if opts.check {
+        let chain = reference_chain(graph)?;
+        let mut worst: Option<f64> = None;
+        for name in &graph.outputs {
+            if let (Some(r), Some(b)) = (chain.get(name), exec.buffers.get(name)) {
+                if b.meta().dtype.is_float() && b.meta().numel() > 1 {
+                    let e = rel_error(&b.to_host(reg)?.to_f64(), r);
+                    worst = Some(worst.map_or(e, |w: f64| w.max(e)));
+                }
+            }
+        }
+        worst
+    } else {
+        None
+    };
+    let scalar = |suffix: &str| -> Result<Option<f64>> {
+        match graph.outputs.iter().find(|o| o.ends_with(suffix)) {
+            Some(n) => Ok(exec.buffers[n]
+                .to_host(reg)?
+                .to_f64()
+                .iter()
+                .next()
+                .copied()),
+            None => Ok(None),
+        }
+    };
+    let nodes = graph
+        .nodes
+        .iter()
+        .zip(exec.runs.iter())
+        .zip(errors)
+        .map(|((node, run), error)| {
+            let ins: Vec<TensorMeta> = node.inputs.iter().map(|i| metas[i].clone()).collect();
+            let cost = node.op.cost(&ins);
+            NodeReport {
+                run: run.clone(),
+                error,
+                flops: cost.flops,
+                bytes: cost.bytes,
+            }
+        })
+        .collect();
+    let mut devices: Vec<String> = reg
+        .backends()
+        .iter()
+        .map(|b| format!("{} ({})", b.id(), b.info().name))
+        .collect();
+    devices.extend(
+        reg.missing()
+            .iter()
+            .map(|m| format!("{}: unavailable ({})", m.kind.name(), m.reason)),
+    );
+    let report = RunReport {
+        workload: opts.workload.clone(),
+        backend: opts.backend_label.clone(),
+        devices,
+        nodes,
+        wall_s: exec.wall.as_secs_f64(),
+        output_rel_error,
+        aux_loss: scalar(".aux_loss")?,
+        z_loss: scalar(".z_loss")?,
+        warnings: plan.warnings.clone(),
+    };
+    Ok(RunOutcome { plan, exec, report })
+}

@@ -1,0 +1,103 @@
+//! Checking a run against the f64 reference: per node (on the node's actual inputs) and for the
+//! whole graph (the f64 chain from the constants).
+
+use std::collections::BTreeMap;
+
+use ndarray::ArrayD;
+use serde::Serialize;
+
+use crate::backend::DeviceRegistry;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::exec::Execution;
+use crate::graph::Graph;
+use crate::tensor::{Tensor, rel_error};
+
+/// How far a node's outputs are from the f64 reference on the same inputs.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct NodeError {
+    /// Largest ||out - ref|| / ||ref|| over the floating-point outputs.
+    pub rel_error: Option<f64>,
+    /// Elements of integer outputs (ids, counts) that differ from the reference.
+    pub id_mismatches: Option<usize>,
+}
+
+/// Compares one op's outputs with its reference outputs.
+pub fn compare(outs: &[Tensor], refs: &[ArrayD<f64>]) -> NodeError {
+    let mut e = NodeError::default();
+    for (o, r) in outs.iter().zip(refs) {
+        if o.dtype() == DType::I32 {
+            let got = o.to_f64();
+            let n = if got.shape() == r.shape() {
+                got.iter().zip(r.iter()).filter(|(a, b)| a != b).count()
+            } else {
+                got.len().max(r.len())
+            };
+            e.id_mismatches = Some(e.id_mismatches.unwrap_or(0) + n);
+        } else {
+            let err = rel_error(&o.to_f64(), r);
+            e.rel_error = Some(match e.rel_error {
+                Some(p) if p >= err || err.is_nan() && p.is_nan() => p,
+                _ => err,
+            });
+        }
+    }
+    e
+}
+
+/// For each node, its outputs against the f64 reference computed on its actual inputs.
+pub fn check_nodes(
+    graph: &Graph,
+    exec: &Execution,
+    reg: &DeviceRegistry,
+) -> Result<Vec<NodeError>> {
+    let host = |name: &str| -> Result<Tensor> {
+        exec.buffers
+            .get(name)
+            .ok_or_else(|| Error::Internal(format!("no buffer '{name}'")))?
+            .to_host(reg)
+    };
+    graph
+        .nodes
+        .iter()
+        .map(|node| {
+            let ins = node
+                .inputs
+                .iter()
+                .map(|n| host(n).map(|t| t.to_f64()))
+                .collect::<Result<Vec<_>>>()?;
+            let outs = node
+                .outputs
+                .iter()
+                .map(|n| host(n))
+                .collect::<Result<Vec<_>>>()?;
+            let refs = node.op.reference(&ins)?;
+            Ok(compare(&outs, &refs))
+        })
+        .collect()
+}
+
+/// The whole graph in f64, from its constants: every tensor by name.
+pub fn reference_chain(graph: &Graph) -> Result<BTreeMap<String, ArrayD<f64>>> {
+    let mut vals: BTreeMap<String, ArrayD<f64>> = graph
+        .constants
+        .iter()
+        .map(|(n, t)| (n.clone(), t.to_f64()))
+        .collect();
+    for node in &graph.nodes {
+        let ins = node
+            .inputs
+            .iter()
+            .map(|n| {
+                vals.get(n)
+                    .cloned()
+                    .ok_or_else(|| Error::Internal(format!("reference: '{n}' undefined")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let outs = node.op.reference(&ins)?;
+        for (n, v) in node.outputs.iter().zip(outs) {
+            vals.insert(n.clone(), v);
+        }
+    }
+    Ok(vals)
+}
