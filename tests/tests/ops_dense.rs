@@ -12,9 +12,12 @@ const F32_TOL: f64 = 1e-5;
 /// f64 reference against the naive f64 loops.
 const F64_TOL: f64 = 1e-12;
 
+/// Outputs of the CPU path (widened to f64) and of the f64 reference.
+type Outs = (Vec<ArrayD<f64>>, Vec<ArrayD<f64>>);
+
 /// Runs `op` on f32 inputs through the CPU path and the reference, checks output metas
 /// against validate(), and returns (f32 outputs widened, reference outputs).
-fn run(op: &Op, inputs: &[ArrayD<f32>]) -> TestResult<(Vec<ArrayD<f64>>, Vec<ArrayD<f64>>)> {
+fn run(op: &Op, inputs: &[ArrayD<f32>]) -> TestResult<Outs> {
     let tensors: Vec<Tensor> = inputs.iter().cloned().map(Tensor::from_f32).collect();
     let refs: Vec<&Tensor> = tensors.iter().collect();
     let out = op.run_cpu(&refs)?;
@@ -226,7 +229,7 @@ proptest! {
         // split_heads: out[b, h, t, d] = x[b*T + t, h*D + d]; merge_heads undoes it.
         let want = ArrayD::from_shape_fn(IxDyn(&[b, h, t, d]), |i| f64::from(x[[i[0] * t + i[2], i[1] * d + i[3]]]));
         let split = Op::SplitHeads(SplitHeadsParams { batch: b, heads: h });
-        let got = run(&split, &[x.clone()]).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let got = run(&split, std::slice::from_ref(&x)).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(&got.0[0], &want);
         prop_assert_eq!(&got.1[0], &want);
         let back = run(&Op::MergeHeads, &[want.mapv(|v| v as f32)]).map_err(|e| TestCaseError::fail(e.to_string()))?;

@@ -183,7 +183,7 @@ fn route_ties_k_equal_e_and_single_token() -> TestResult {
     )?;
     assert_eq!(
         out[0].as_i32()?.iter().copied().collect::<Vec<_>>(),
-        vec![0, 1, 2, 3, 4].repeat(3)
+        [0, 1, 2, 3, 4].repeat(3)
     );
     // k = E with ties, T = 1, and an expert nobody uses (count 0, empty segment).
     route_and_check(

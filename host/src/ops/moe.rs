@@ -293,12 +293,12 @@ fn route_rows<T: Real>(
 
 /// The indices of the `top.len()` largest values of `row`, largest first; equal values keep
 /// the lower index first. Compares the logits themselves (softmax is monotone), so values that
-/// round to one probability in f32 still rank as they would exactly.
+/// round to one probability in f32 still rank as they would exactly. `row` holds no NaN.
 fn top_k<T: PartialOrd + Copy>(row: &[T], top: &mut [usize]) {
     let k = top.len();
     let mut filled = 0;
     for (i, &v) in row.iter().enumerate() {
-        if filled == k && !(v > row[top[k - 1]]) {
+        if filled == k && v <= row[top[k - 1]] {
             continue;
         }
         // First position holding a strictly smaller value: ties stay ahead of `i`.
@@ -574,8 +574,10 @@ fn slot_plan(
     let mut seen = vec![false; sh.t * k];
     let mut plan = vec![Vec::new(); sh.e];
     for (e, segment) in plan.iter_mut().enumerate() {
-        for pos in offsets[e] as usize..offsets[e + 1] as usize {
-            let s = sorted[pos];
+        let start = offsets[e] as usize;
+        let end = offsets[e + 1] as usize;
+        for (pos, &s) in sorted[start..end].iter().enumerate() {
+            let pos = start + pos;
             if s == slots {
                 continue;
             }
