@@ -19,18 +19,33 @@ fn attention_case(name: &str) -> TestResult {
     let causal = case["causal"].as_bool().ok_or("index.json: causal")?;
     let d = case["D"].as_u64().ok_or("index.json: D")? as f64;
     let scale = case["scale"].as_f64().ok_or("index.json: scale")?;
-    assert!((scale - 1.0 / d.sqrt()).abs() < 1e-15, "{name}: scale is not 1/sqrt(D)");
-    let op = Op::Attention(AttentionParams { causal, scale: None });
+    assert!(
+        (scale - 1.0 / d.sqrt()).abs() < 1e-15,
+        "{name}: scale is not 1/sqrt(D)"
+    );
+    let op = Op::Attention(AttentionParams {
+        causal,
+        scale: None,
+    });
     let (q, k, v) = (get(&file, "q")?, get(&file, "k")?, get(&file, "v")?);
     let (o_ref, lse_ref) = (get(&file, "o")?, get(&file, "lse")?);
 
     let out = op.run_cpu(&[&f32_tensor(q), &f32_tensor(k), &f32_tensor(v)])?;
-    let (eo, el) = (rel_err(&out[0].to_f64(), o_ref), rel_err_neg_inf(&out[1].to_f64(), lse_ref)?);
-    assert!(eo < F32_TOL && el < F32_TOL, "{name} f32: o {eo:.2e}, lse {el:.2e}");
+    let (eo, el) = (
+        rel_err(&out[0].to_f64(), o_ref),
+        rel_err_neg_inf(&out[1].to_f64(), lse_ref)?,
+    );
+    assert!(
+        eo < F32_TOL && el < F32_TOL,
+        "{name} f32: o {eo:.2e}, lse {el:.2e}"
+    );
 
     let r = op.reference(&[q.clone(), k.clone(), v.clone()])?;
     let (eo, el) = (rel_err(&r[0], o_ref), rel_err_neg_inf(&r[1], lse_ref)?);
-    assert!(eo < F64_TOL && el < F64_TOL, "{name} f64: o {eo:.2e}, lse {el:.2e}");
+    assert!(
+        eo < F64_TOL && el < F64_TOL,
+        "{name} f64: o {eo:.2e}, lse {el:.2e}"
+    );
     Ok(())
 }
 
@@ -58,7 +73,11 @@ fn check_route(
     tol: f64,
 ) -> TestResult {
     assert_eq!(&outs[0], get(file, "topk_ids")?, "{name}: topk_ids");
-    assert_eq!(&outs[2], get(file, "expert_counts")?, "{name}: expert_counts");
+    assert_eq!(
+        &outs[2],
+        get(file, "expert_counts")?,
+        "{name}: expert_counts"
+    );
     let checks = [
         (weights_key, &outs[1]),
         ("aux_loss", &outs[5]),
