@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Times PyTorch on the same shapes as `tandem bench`, and prints both side by side.
+
+    tandem bench attention --batch 4 --heads 32 --seq-len 4096 --causal --json > t.json
+    python3 benches/peers/torch_peers.py attention --batch 4 --heads 32 --seq-len 4096 --causal --tandem-json t.json
+
+Peers: attention = F.scaled_dot_product_attention (bf16, the backend PyTorch picks, bottom-right
+causal mask); linear = F.linear + GELU(tanh) (or relu/silu); moe-route = softmax, topk,
+renormalise, bincount, stable argsort, block-padded offsets, aux and z losses; rmsnorm =
+F.rms_norm; rope = x*cos + rotate_half(x)*sin with cos/sin precomputed. Timing: CUDA events
+around each call after warm-up, inputs rotated among several sets, median. The ratio printed is
+PyTorch time / tandem time (above 1: tandem is faster).
+"""
+import argparse
+import json
+import math
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+
+def parse():
+    p = argparse.ArgumentParser()
+    p.add_argument("op", choices=["attention", "moe-route", "linear", "rmsnorm", "rope"])
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int)
+    p.add_argument("--seq-len", type=int, default=4096)
+    p.add_argument("--kv-len", type=int)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--experts", type=int, default=64)
+    p.add_argument("--top-k", type=int, default=8)
+    p.add_argument("--m", type=int, default=8192)
+    p.add_argument("--n", type=int, default=8192)
+    p.add_argument("--k", type=int, default=8192)
+    p.add_argument("--act", default="gelu")
+    p.add_argument("--no-bias", action="store_true")
+    p.add_argument("--rows", type=int, default=16384)
+    p.add_argument("--cols", type=int, default=8192)
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--sets", type=int)
+    p.add_argument("--tandem-json", help="output of `tandem bench ... --json` to compare with")
+    return p.parse_args()
+
+
+def bench(fn, sets, iters, warmup):
+    for i in range(warmup):
+        fn(*sets[i % len(sets)])
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for i, (a, b) in enumerate(ev):
+        a.record()
+        fn(*sets[(i + 1) % len(sets)])
+        b.record()
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) * 1e-3 for a, b in ev)
+
+
+def n_sets(args, in_bytes):
+    if args.sets:
+        return args.sets
+    return max(1, min(8, math.ceil(256 * 2**20 / max(in_bytes, 1))))
+
+
+def main():
+    a = parse()
+    dev = "cuda"
+    bf = torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(1)
+    rnd = lambda *s, scale=1.0: ((torch.rand(*s, device=dev, generator=g) * 2 - 1) * scale).to(bf)
+    if a.op == "attention":
+        hkv = a.kv_heads or a.heads
+        nkv = a.kv_len or a.seq_len
+        b, h, nq, d = a.batch, a.heads, a.seq_len, a.head_dim
+        in_bytes = 2 * (b * h * nq * d + 2 * b * hkv * nkv * d)
+        sets = [(rnd(b, h, nq, d), rnd(b, hkv, nkv, d), rnd(b, hkv, nkv, d)) for _ in range(n_sets(a, in_bytes))]
+        mask = None
+        if a.causal and nq != nkv:
+            from torch.nn.attention.bias import causal_lower_right
+            mask = causal_lower_right(nq, nkv)
+        gqa = hkv != h
+
+        def fn(q, k, v):
+            if mask is not None:
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=a.causal, enable_gqa=gqa)
+
+        pairs = sum(min(nkv, max(0, i + nkv - nq + 1)) for i in range(nq)) if a.causal else nq * nkv
+        flops = 4.0 * b * h * pairs * d
+        nbytes = in_bytes + 2 * b * h * nq * d + 4 * b * h * nq
+        shape = f"B{b} Hq{h} Hkv{hkv} Nq{nq} Nkv{nkv} D{d}{' causal' if a.causal else ''}"
+        what = "F.scaled_dot_product_attention"
+    elif a.op == "linear":
+        m, n, k = a.m, a.n, a.k
+        in_bytes = 2 * (m * k + n * k + n)
+        sets = [(rnd(m, k), rnd(n, k, scale=1 / math.sqrt(k)), None if a.no_bias else rnd(n, scale=1.0)) for _ in range(n_sets(a, in_bytes))]
+        act = {"gelu": lambda y: F.gelu(y, approximate="tanh"), "relu": F.relu, "silu": F.silu, "none": lambda y: y}[a.act]
+        fn = lambda x, w, bias: act(F.linear(x, w, bias))
+        flops = 2.0 * m * n * k
+        nbytes = in_bytes + 2 * m * n
+        shape = f"M{m} N{n} K{k} {a.act}{'' if a.no_bias else '+bias'}"
+        what = f"F.linear + {a.act}"
+    elif a.op == "moe-route":
+        t, e, k = a.tokens, a.experts, a.top_k
+        bs = 16
+        in_bytes = 2 * t * e
+        sets = [(rnd(t, e, scale=3.0),) for _ in range(n_sets(a, in_bytes))]
+
+        def fn(logits):
+            lf = logits.float()
+            probs = torch.softmax(lf, dim=-1)
+            w, ids = torch.topk(probs, k, dim=-1)
+            w = w / w.sum(dim=-1, keepdim=True)
+            flat = ids.flatten()
+            counts = torch.bincount(flat, minlength=e)
+            order = torch.argsort(flat, stable=True)
+            padded = (counts + bs - 1) // bs * bs
+            offsets = torch.cumsum(padded, 0)
+            aux = e * torch.sum(counts.float() / t * probs.mean(0))
+            z = torch.logsumexp(lf, dim=-1).square().mean()
+            return ids, w, counts, order, offsets, aux, z
+
+        flops = 8.0 * t * e
+        nbytes = in_bytes + t * k * 8 + e * 4 * 2 + 4 * (t * k + e * (bs - 1))
+        shape = f"T{t} E{e} k{k}"
+        what = "softmax/topk/bincount/argsort routing"
+    elif a.op == "rmsnorm":
+        r, c = a.rows, a.cols
+        in_bytes = 2 * (r * c + c)
+        sets = [(rnd(r, c), rnd(c)) for _ in range(n_sets(a, in_bytes))]
+        fn = lambda x, w: F.rms_norm(x, (c,), w, 1e-5)
+        flops = 4.0 * r * c
+        nbytes = in_bytes + 2 * r * c
+        shape = f"{r}x{c}"
+        what = "F.rms_norm"
+    else:  # rope
+        b, h, t, d = a.batch, a.heads, a.seq_len, a.head_dim
+        in_bytes = 2 * b * h * t * d
+        inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, device=dev, dtype=torch.float64) / d))
+        ang = torch.arange(t, device=dev, dtype=torch.float64)[:, None] * inv[None, :]
+        emb = torch.cat([ang, ang], dim=-1)
+        cos, sin = emb.cos().to(bf), emb.sin().to(bf)
+        sets = [(rnd(b, h, t, d),) for _ in range(n_sets(a, in_bytes))]
+
+        def fn(x):
+            x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+            return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+        flops = 4.0 * b * h * t * d
+        nbytes = 2 * in_bytes
+        shape = f"B{b} H{h} T{t} D{d}"
+        what = "x*cos + rotate_half(x)*sin"
+    med = bench(fn, sets, a.iters, a.warmup)
+    name = torch.cuda.get_device_name()
+    print(f"torch {torch.__version__} {a.op} {shape} on {name} ({what})")
+    print(f"  torch : median {med*1e3:.3f} ms, {flops/med/1e12:.1f} TFLOP/s, {nbytes/med/1e9:.1f} GB/s")
+    if a.tandem_json:
+        try:
+            with open(a.tandem_json) as f:
+                tj = json.loads(f.read().strip().splitlines()[-1])
+        except Exception as ex:  # report, never hide
+            print(f"  tandem: no result ({ex})")
+            return 1
+        tm = tj["median_s"]
+        print(f"  tandem: median {tm*1e3:.3f} ms, {tj['tflops']:.1f} TFLOP/s, {tj['gbps']:.1f} GB/s ({tj['kernel']})")
+        print(f"  ratio torch/tandem time: {med/tm:.2f}x")
+        print("RESULT " + json.dumps({"op": a.op, "shape": shape, "device": name, "torch": torch.__version__,
+                                     "torch_ms": med * 1e3, "tandem_ms": tm * 1e3, "ratio": med / tm,
+                                     "tandem_tflops": tj["tflops"], "torch_tflops": flops / med / 1e12,
+                                     "tandem_gbps": tj["gbps"], "torch_gbps": nbytes / med / 1e9}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

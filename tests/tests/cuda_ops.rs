@@ -1,0 +1,350 @@
+//! Every CUDA kernel against the f64 reference (`Op::reference`) on fresh random inputs:
+//! odd lengths, GQA/MQA ratios, causal with Nq != Nkv, ties in router logits. The reference sees
+//! the bf16-rounded inputs the GPU sees; bf16 results must be within 1e-2 relative error,
+//! routing ids, counts and the permutation exact. Outputs are poisoned (NaN) before every
+//! launch, so an unwritten element fails. Without a usable GPU each test prints
+//! "skipped: <reason>" and returns.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use half::bf16;
+use ndarray::{ArrayD, IxDyn};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tandem::backend::cuda::{CudaBackend, CudaOptions, unavailable_reason};
+use tandem::backend::{Backend, DeviceStorage};
+use tandem::ops::{
+    Activation, AttentionParams, LinearParams, MoeExpertsParams, MoeRouteParams, RmsNormParams,
+    RopeParams, SplitHeadsParams,
+};
+use tandem::tensor::rel_error;
+use tandem::{Op, Tensor};
+
+const BF16_TOL: f64 = 1e-2;
+
+fn gpu() -> Option<Arc<CudaBackend>> {
+    static GPU: OnceLock<Result<Arc<CudaBackend>, String>> = OnceLock::new();
+    let g = GPU.get_or_init(|| {
+        if let Some(r) = unavailable_reason() {
+            return Err(r);
+        }
+        CudaBackend::open(0, CudaOptions { poison: true })
+            .map(Arc::new)
+            .map_err(|e| format!("CUDA present but device 0 failed to open: {e}"))
+    });
+    match g {
+        Ok(b) => Some(b.clone()),
+        Err(r) if r.starts_with("CUDA present") => panic!("{r}"),
+        Err(r) => {
+            println!("skipped: {r}");
+            None
+        }
+    }
+}
+
+fn rng(tag: &str) -> ChaCha8Rng {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(7);
+    println!("{tag}: seed {seed}");
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+fn bfr(x: f32) -> f32 {
+    bf16::from_f32(x).to_f32()
+}
+
+/// A random f32 tensor, already rounded to bf16 (what the GPU will hold).
+fn rand_t(r: &mut ChaCha8Rng, shape: &[usize], scale: f32) -> Tensor {
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n).map(|_| bfr(r.gen_range(-1.0f32..1.0) * scale)).collect();
+    Tensor::from_vec_f32(shape, v).expect("shape")
+}
+
+/// Runs `op` on the GPU; checks the launch reports a kernel and an event-timed device time.
+fn run_gpu(be: &CudaBackend, op: &Op, inputs: &[Tensor]) -> Vec<Tensor> {
+    let st: Vec<DeviceStorage> = inputs
+        .iter()
+        .map(|t| be.upload(t).expect("upload"))
+        .collect();
+    let refs: Vec<&DeviceStorage> = st.iter().collect();
+    let l = be.launch(op, &refs).expect("launch");
+    l.done
+        .wait(Duration::from_secs(120), op.name())
+        .expect("kernel finished");
+    let info = l.info.lock().expect("info").clone();
+    assert!(!info.kernel.is_empty());
+    let t = info.device_time.expect("event-timed device time");
+    println!("  {} ran {} in {:.1} us", op.name(), info.kernel, t.as_secs_f64() * 1e6);
+    l.outputs
+        .iter()
+        .map(|s| be.download(s).expect("download"))
+        .collect()
+}
+
+fn reference(op: &Op, inputs: &[Tensor]) -> Vec<ArrayD<f64>> {
+    let f: Vec<ArrayD<f64>> = inputs.iter().map(|t| t.to_f64()).collect();
+    op.reference(&f).expect("reference")
+}
+
+/// Relative error of a float output; NaN (poison left behind) fails.
+fn check(name: &str, out: &Tensor, want: &ArrayD<f64>, tol: f64) {
+    let got = out.to_f64();
+    assert_eq!(got.shape(), want.shape(), "{name}: shape");
+    let nan = got.iter().filter(|v| v.is_nan()).count();
+    assert_eq!(nan, 0, "{name}: {nan} elements NaN (unwritten or overflow)");
+    let e = rel_error(&got, want);
+    println!("  {name}: rel err {e:.2e}");
+    assert!(e < tol, "{name}: rel err {e:.3e} >= {tol:.0e}");
+}
+
+fn exact(name: &str, out: &Tensor, want: &ArrayD<f64>) {
+    let got = out.to_f64();
+    assert_eq!(got.shape(), want.shape(), "{name}: shape");
+    let bad: Vec<usize> = got
+        .iter()
+        .zip(want.iter())
+        .enumerate()
+        .filter(|(_, (a, b))| a != b)
+        .map(|(i, _)| i)
+        .take(8)
+        .collect();
+    assert!(bad.is_empty(), "{name}: differs at flat indices {bad:?}");
+}
+
+#[test]
+fn cuda_device_is_described() {
+    let Some(be) = gpu() else { return };
+    let i = be.info();
+    println!("{} {:?} {} GiB", i.name, i.details, i.memory_bytes >> 30);
+    assert!(i.memory_bytes > 0 && i.peak_flops > 0.0 && i.peak_bandwidth > 0.0);
+    be.warm_up().expect("every module compiles");
+}
+
+#[test]
+fn cuda_add_split_merge() {
+    let Some(be) = gpu() else { return };
+    let mut r = rng("layout");
+    for (b, t, h, d) in [(2usize, 37usize, 3usize, 64usize), (1, 5, 4, 6), (3, 1, 2, 8)] {
+        let a = rand_t(&mut r, &[b * t, h * d], 1.0);
+        let c = rand_t(&mut r, &[b * t, h * d], 1.0);
+        let out = run_gpu(&be, &Op::Add, &[a.clone(), c.clone()]);
+        check("add", &out[0], &reference(&Op::Add, &[a.clone(), c])[0], BF16_TOL);
+        let sp = Op::SplitHeads(SplitHeadsParams { batch: b, heads: h });
+        let s = run_gpu(&be, &sp, std::slice::from_ref(&a));
+        exact("split_heads", &s[0], &reference(&sp, std::slice::from_ref(&a))[0]);
+        let m = run_gpu(&be, &Op::MergeHeads, &s);
+        exact("merge_heads", &m[0], &a.to_f64());
+    }
+}
+
+#[test]
+fn cuda_rmsnorm() {
+    let Some(be) = gpu() else { return };
+    let mut r = rng("rmsnorm");
+    for (rows, cols, residual) in [
+        (7usize, 4096usize, false),
+        (33, 8192, true),
+        (5, 1000, false),
+        (3, 77, true),
+        (2, 40000, false),
+    ] {
+        let op = Op::RmsNorm(RmsNormParams { eps: 1e-5, residual });
+        let mut ins = vec![rand_t(&mut r, &[rows, cols], 2.0), rand_t(&mut r, &[cols], 1.0)];
+        if residual {
+            ins.push(rand_t(&mut r, &[rows, cols], 2.0));
+        }
+        println!(" rows {rows} cols {cols} residual {residual}");
+        let out = run_gpu(&be, &op, &ins);
+        let want = reference(&op, &ins);
+        check("y", &out[0], &want[0], BF16_TOL);
+        if residual {
+            check("sum", &out[1], &want[1], BF16_TOL);
+        }
+    }
+}
+
+#[test]
+fn cuda_rope() {
+    let Some(be) = gpu() else { return };
+    let mut r = rng("rope");
+    for (b, h, t, d, off) in [
+        (2usize, 3usize, 37usize, 128usize, 0usize),
+        (1, 2, 300, 64, 4000),
+        (1, 1, 9, 6, 3),
+    ] {
+        let op = Op::Rope(RopeParams {
+            base: 10000.0,
+            position_offset: off,
+        });
+        let x = rand_t(&mut r, &[b, h, t, d], 1.0);
+        println!(" [{b},{h},{t},{d}] offset {off}");
+        let out = run_gpu(&be, &op, std::slice::from_ref(&x));
+        check("rope", &out[0], &reference(&op, &[x])[0], BF16_TOL);
+    }
+}
+
+#[test]
+fn cuda_linear() {
+    let Some(be) = gpu() else { return };
+    let mut r = rng("linear");
+    for (m, n, k, act, bias) in [
+        (37usize, 96usize, 64usize, Activation::Gelu, true),
+        (128, 256, 512, Activation::Relu, true),
+        (5, 64, 40, Activation::Silu, true),
+        (64, 128, 256, Activation::None, false),
+        (3, 8, 16, Activation::Gelu, false),
+    ] {
+        let op = Op::Linear(LinearParams { act, bias });
+        let mut ins = vec![
+            rand_t(&mut r, &[m, k], 1.0),
+            rand_t(&mut r, &[n, k], 1.0 / (k as f32).sqrt()),
+        ];
+        if bias {
+            ins.push(rand_t(&mut r, &[n], 0.5));
+        }
+        println!(" {m}x{n}x{k} {act:?} bias {bias}");
+        let out = run_gpu(&be, &op, &ins);
+        check("y", &out[0], &reference(&op, &ins)[0], BF16_TOL);
+    }
+}
+
+/// LSE where the reference says -inf (rows that see no key) must be -inf too.
+fn check_lse(out: &Tensor, want: &ArrayD<f64>) {
+    let got = out.to_f64();
+    let mut g = Vec::new();
+    let mut w = Vec::new();
+    for (a, b) in got.iter().zip(want.iter()) {
+        if b.is_infinite() {
+            assert!(a.is_infinite() && *a < 0.0, "lse: expected -inf, got {a}");
+        } else {
+            g.push(*a);
+            w.push(*b);
+        }
+    }
+    let e = rel_error(
+        &ArrayD::from_shape_vec(IxDyn(&[g.len()]), g).expect("1-D"),
+        &ArrayD::from_shape_vec(IxDyn(&[w.len()]), w).expect("1-D"),
+    );
+    println!("  lse: rel err {e:.2e}");
+    assert!(e < 1e-3, "lse rel err {e:.3e}");
+}
+
+#[test]
+fn cuda_attention() {
+    let Some(be) = gpu() else { return };
+    let mut r = rng("attention");
+    for (b, hq, hkv, nq, nkv, d, causal) in [
+        (1usize, 4usize, 4usize, 37usize, 37usize, 64usize, true),
+        (2, 8, 2, 100, 100, 128, false),
+        (1, 4, 1, 17, 80, 64, true),
+        (1, 2, 2, 80, 17, 128, true),
+        (1, 8, 1, 129, 257, 128, false),
+        (2, 4, 2, 1, 200, 64, true),
+        (1, 6, 3, 200, 133, 64, true),
+        (1, 2, 1, 256, 256, 128, true),
+    ] {
+        for warps in ["4", "8"] {
+            // SAFETY: set before the launch reads it; tests read this variable nowhere else.
+            unsafe { std::env::set_var("TANDEM_ATTN_WARPS", warps) };
+            let op = Op::Attention(AttentionParams {
+                causal,
+                scale: None,
+            });
+            let ins = vec![
+                rand_t(&mut r, &[b, hq, nq, d], 2.0),
+                rand_t(&mut r, &[b, hkv, nkv, d], 2.0),
+                rand_t(&mut r, &[b, hkv, nkv, d], 1.0),
+            ];
+            println!(" B{b} Hq{hq} Hkv{hkv} Nq{nq} Nkv{nkv} D{d} causal {causal} warps {warps}");
+            let out = run_gpu(&be, &op, &ins);
+            let want = reference(&op, &ins);
+            check("o", &out[0], &want[0], BF16_TOL);
+            check_lse(&out[1], &want[1]);
+        }
+    }
+}
+
+/// Logits drawn from a few values, so many ties; rounded to bf16.
+fn tied_logits(r: &mut ChaCha8Rng, t: usize, e: usize) -> Tensor {
+    let levels = [-1.5f32, -0.25, 0.0, 0.5, 0.75, 1.0, 2.0];
+    let v: Vec<f32> = (0..t * e)
+        .map(|_| {
+            if r.gen_bool(0.5) {
+                levels[r.gen_range(0..levels.len())]
+            } else {
+                bfr(r.gen_range(-3.0f32..3.0))
+            }
+        })
+        .collect();
+    Tensor::from_vec_f32(&[t, e], v).expect("shape")
+}
+
+fn check_route(out: &[Tensor], want: &[ArrayD<f64>]) {
+    exact("topk_ids", &out[0], &want[0]);
+    check("topk_weights", &out[1], &want[1], 1e-5);
+    exact("expert_counts", &out[2], &want[2]);
+    exact("sorted_token_ids", &out[3], &want[3]);
+    exact("expert_offsets", &out[4], &want[4]);
+    check("aux_loss", &out[5], &want[5], 1e-4);
+    check("z_loss", &out[6], &want[6], 1e-4);
+}
+
+#[test]
+fn cuda_moe_route() {
+    let Some(be) = gpu() else { return };
+    let mut r = rng("moe_route");
+    for (t, e, k, renorm, bs) in [
+        (1000usize, 64usize, 8usize, true, 16usize),
+        (5, 8, 2, false, 4),
+        (333, 256, 1, true, 64),
+        (64, 16, 4, true, 1),
+        (4097, 128, 6, true, 128),
+        (1, 3, 3, true, 16),
+    ] {
+        let op = Op::MoeRoute(MoeRouteParams {
+            top_k: k,
+            renormalize: renorm,
+            block_size: bs,
+        });
+        let logits = tied_logits(&mut r, t, e);
+        println!(" T{t} E{e} k{k} renorm {renorm} block {bs}");
+        let out = run_gpu(&be, &op, std::slice::from_ref(&logits));
+        check_route(&out, &reference(&op, &[logits]));
+    }
+}
+
+#[test]
+fn cuda_moe_experts() {
+    let Some(be) = gpu() else { return };
+    let mut r = rng("moe_experts");
+    for (t, h, e, k, f) in [(64usize, 128usize, 8usize, 2usize, 96usize), (37, 64, 4, 3, 40)] {
+        let route = Op::MoeRoute(MoeRouteParams {
+            top_k: k,
+            renormalize: true,
+            block_size: 16,
+        });
+        let logits = rand_t(&mut r, &[t, e], 2.0);
+        let routed = run_gpu(&be, &route, &[logits]);
+        let x = rand_t(&mut r, &[t, h], 1.0);
+        let gate_up = rand_t(&mut r, &[e, 2 * f, h], 1.0 / (h as f32).sqrt());
+        let down = rand_t(&mut r, &[e, h, f], 1.0 / (f as f32).sqrt());
+        // the weights as the GPU stores them (bf16)
+        let w = Tensor::from_f32(routed[1].as_f32().expect("f32").mapv(bfr));
+        let ins = vec![
+            x,
+            routed[0].clone(),
+            w,
+            routed[3].clone(),
+            routed[4].clone(),
+            gate_up,
+            down,
+        ];
+        let op = Op::MoeExperts(MoeExpertsParams {});
+        println!(" T{t} H{h} E{e} k{k} F{f}");
+        let out = run_gpu(&be, &op, &ins);
+        check("y", &out[0], &reference(&op, &ins)[0], BF16_TOL);
+    }
+}
