@@ -157,7 +157,9 @@ impl KernelDesc {
             )));
         }
         if REG_ARGS + ARG_STRIDE * self.args.len() as u32 > (1 << CTRL_ADDR_BITS) {
-            return Err(err("too many arguments for the control address range".into()));
+            return Err(err(
+                "too many arguments for the control address range".into()
+            ));
         }
         Ok(out)
     }
@@ -255,7 +257,9 @@ mod tests {
     fn kernel_xml_has_the_same_offsets() {
         let x = desc().kernel_xml().expect("xml");
         assert!(x.contains(r#"name="n" addressQualifier="0" id="1" port="s_axi_control" size="0x4" offset="0x18""#), "{x}");
-        assert!(x.contains(r#"name="b" addressQualifier="1" id="2" port="m_axi_gmem" size="0x8" offset="0x20""#));
+        assert!(x.contains(
+            r#"name="b" addressQualifier="1" id="2" port="m_axi_gmem" size="0x8" offset="0x20""#
+        ));
     }
 
     #[test]

@@ -218,7 +218,10 @@ pub trait FpgaDevice: Send {
         };
         let slot = desc.slot(name).map_err(|e| bad(e.msg))?;
         if slot.arg.kind != kind {
-            return Err(bad(format!("`{name}` is a {:?}, not a {kind:?}", slot.arg.kind)));
+            return Err(bad(format!(
+                "`{name}` is a {:?}, not a {kind:?}",
+                slot.arg.kind
+            )));
         }
         Ok(slot.offset)
     }

@@ -59,7 +59,9 @@ pub fn synth(verilog: &Path, top: &str) -> Result<Resources, SynthError> {
             tail: tail[n.saturating_sub(15)..].join("\n"),
         });
     }
-    let last = text.rfind("Printing statistics").map_or(&text[..], |i| &text[i..]);
+    let last = text
+        .rfind("Printing statistics")
+        .map_or(&text[..], |i| &text[i..]);
     Ok(parse_stat(last))
 }
 

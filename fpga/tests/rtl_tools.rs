@@ -7,11 +7,15 @@ use tandem_fpga::kernels::router::RouterCore;
 use tandem_fpga::shell::ShellConfig;
 
 fn have(tool: &str) -> bool {
-    Command::new(tool).arg("-V").output().is_ok() || Command::new(tool).arg("--version").output().is_ok()
+    Command::new(tool).arg("-V").output().is_ok()
+        || Command::new(tool).arg("--version").output().is_ok()
 }
 
 fn emit_router(dir: &std::path::Path) -> tandem_fpga::emit::Emitted {
-    let core = RouterCore { e_max: 16, k_max: 4 };
+    let core = RouterCore {
+        e_max: 16,
+        k_max: 4,
+    };
     tandem_fpga::emit::emit(&core, ShellConfig { max_burst: 16 }, dir).expect("emit")
 }
 
@@ -23,10 +27,20 @@ fn emitted_files_agree() {
     let x = std::fs::read_to_string(&e.kernel_xml).expect("xml");
     for s in &e.manifest.args {
         // the same offset decoded in the RTL and declared in kernel.xml
-        assert!(v.contains(&format!("12'h{:03x}:", s.offset)), "{}", s.arg.name);
+        assert!(
+            v.contains(&format!("12'h{:03x}:", s.offset)),
+            "{}",
+            s.arg.name
+        );
         assert!(x.contains(&format!("offset=\"0x{:X}\"", s.offset)));
     }
-    for p in ["ap_clk", "ap_rst_n", "s_axi_control_awaddr", "m_axi_gmem_araddr", "interrupt"] {
+    for p in [
+        "ap_clk",
+        "ap_rst_n",
+        "s_axi_control_awaddr",
+        "m_axi_gmem_araddr",
+        "interrupt",
+    ] {
         assert!(v.contains(p), "{p}");
     }
 }

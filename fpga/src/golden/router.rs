@@ -59,7 +59,11 @@ pub fn quantize_logit(x: f32) -> i16 {
 pub fn exp_neg(d: u32, lut: &[u32; 256]) -> u32 {
     let u = (d * LOG2E_Q14) >> 14;
     let sh = u >> 8;
-    if sh >= 16 { 0 } else { lut[(u & 255) as usize] >> sh }
+    if sh >= 16 {
+        0
+    } else {
+        lut[(u & 255) as usize] >> sh
+    }
 }
 
 /// Result of routing T tokens.
@@ -220,7 +224,10 @@ mod tests {
         let mut worst = 0.0f64;
         let mut checked = 0;
         for tok in 0..t {
-            let row: Vec<f64> = x[tok * e..(tok + 1) * e].iter().map(|&v| v as f64).collect();
+            let row: Vec<f64> = x[tok * e..(tok + 1) * e]
+                .iter()
+                .map(|&v| v as f64)
+                .collect();
             let mut ord: Vec<usize> = (0..e).collect();
             ord.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
             if row[ord[k - 1]] - row[ord[k]] <= 2.0 / 256.0 {

@@ -3,6 +3,8 @@
 //! To add a kernel: implement [`crate::core::KernelCore`] in its own module here, add the
 //! `pub mod` line and an arm to [`core_for`].
 
+pub mod gemm;
+pub mod gemm_sim;
 pub mod router;
 
 use crate::core::{CoreError, KernelCore};

@@ -117,10 +117,7 @@ fn router_verilog(p: &RouterCore) -> String {
              reg signed [15:0] hv_{j}; reg [IW-1:0] hi_{j}; reg [15:0] ex_{j};\n\
              wire signed [15:0] nv_{j}; wire [IW-1:0] ni_{j}; wire nk_{j}; wire ge_{j};"
         );
-        let _ = writeln!(
-            net,
-            "assign ge_{j} = tk_{j} && (tv_{j} >= v_in);"
-        );
+        let _ = writeln!(net, "assign ge_{j} = tk_{j} && (tv_{j} >= v_in);");
         if j == 0 {
             let _ = writeln!(
                 net,
@@ -359,7 +356,7 @@ always @(posedge clock) begin
             endcase
             // write-out sequencing
             case (wph)
-                W_ROUTES: if (tout == t_q && !ow_valid && ph == P_IDLE) begin
+                W_ROUTES: if (tout == t_q && !ow_valid && ph == P_IDLE && clr_done) begin
                     wph <= W_HREQ; wr_pend <= 1'b1;
                 end else if (wr_pend && wr_req_ready) wr_pend <= 1'b0;
                 W_HREQ: if (wr_req_ready) begin wr_pend <= 1'b0; wph <= W_HDATA; hidx <= 17'd0; end
@@ -392,17 +389,34 @@ mod tests {
 
     #[test]
     fn verilog_has_the_contract_ports() {
-        let v = RouterCore { e_max: 16, k_max: 4 }
-            .core_verilog()
-            .expect("verilog");
+        let v = RouterCore {
+            e_max: 16,
+            k_max: 4,
+        }
+        .core_verilog()
+        .expect("verilog");
         crate::core::check_core_ports(&v, "router_core").expect("ports");
         assert!(v.contains("assign nv_3"));
     }
 
     #[test]
     fn bad_params_are_rejected() {
-        assert!(RouterCore { e_max: 12, k_max: 4 }.validate().is_err());
-        assert!(RouterCore { e_max: 16, k_max: 0 }.validate().is_err());
+        assert!(
+            RouterCore {
+                e_max: 12,
+                k_max: 4
+            }
+            .validate()
+            .is_err()
+        );
+        assert!(
+            RouterCore {
+                e_max: 16,
+                k_max: 0
+            }
+            .validate()
+            .is_err()
+        );
         assert!(RouterCore { e_max: 4, k_max: 8 }.validate().is_err());
     }
 }

@@ -1,0 +1,215 @@
+//! Device memory of the simulated card: banks of bytes and an AXI4 slave that serves the
+//! kernel's `m_axi_gmem` port with a fixed latency and a bandwidth limit.
+
+use std::collections::VecDeque;
+
+use crate::model::{PinsIn, PinsOut};
+
+/// Bank `b` starts at `(b + 1) << BANK_SHIFT` (so no buffer has address 0).
+pub const BANK_SHIFT: u32 = 34;
+
+/// Latency and bandwidth of the simulated memory.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MemConfig {
+    /// Cycles from an AR handshake to its first R beat.
+    pub read_latency: u64,
+    /// Cycles from the last W beat to the B response.
+    pub write_latency: u64,
+    /// Bytes per cycle the memory delivers (a 64-bit beat needs 8); >= 8 means one beat
+    /// per cycle.
+    pub bytes_per_cycle: f64,
+    /// Most AR (and AW) bursts accepted and not yet finished.
+    pub max_outstanding: usize,
+    /// Capacity of each bank in bytes.
+    pub bank_bytes: u64,
+    /// Number of banks.
+    pub banks: u32,
+}
+
+impl Default for MemConfig {
+    fn default() -> Self {
+        Self {
+            read_latency: 40,
+            write_latency: 20,
+            bytes_per_cycle: 8.0,
+            max_outstanding: 16,
+            bank_bytes: 1 << 30,
+            banks: 4,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Burst {
+    addr: u64,
+    beats: u64,
+    done: u64,
+    ready_at: u64,
+}
+
+/// Banks and the AXI slave state.
+#[derive(Debug)]
+pub struct Memory {
+    /// Configuration.
+    pub cfg: MemConfig,
+    banks: Vec<Vec<u8>>,
+    /// Bump pointer of each bank (bytes).
+    pub tops: Vec<u64>,
+    reads: VecDeque<Burst>,
+    writes: VecDeque<Burst>,
+    bresp: VecDeque<u64>,
+    credit: f64,
+    /// Error raised by a bad access from the kernel.
+    pub fault: Option<String>,
+}
+
+impl Memory {
+    /// Empty banks.
+    pub fn new(cfg: MemConfig) -> Self {
+        Self {
+            cfg,
+            banks: (0..cfg.banks).map(|_| Vec::new()).collect(),
+            tops: vec![0; cfg.banks as usize],
+            reads: VecDeque::new(),
+            writes: VecDeque::new(),
+            bresp: VecDeque::new(),
+            credit: 0.0,
+            fault: None,
+        }
+    }
+
+    /// Drops in-flight transactions (reset).
+    pub fn reset_port(&mut self) {
+        self.reads.clear();
+        self.writes.clear();
+        self.bresp.clear();
+        self.credit = 0.0;
+    }
+
+    /// (bank, offset) of a device address.
+    pub fn locate(&self, addr: u64) -> Option<(usize, u64)> {
+        let b = (addr >> BANK_SHIFT).checked_sub(1)? as usize;
+        let off = addr & ((1u64 << BANK_SHIFT) - 1);
+        (b < self.banks.len()).then_some((b, off))
+    }
+
+    /// Mutable bytes `[addr, addr+len)`, growing the bank's backing store as needed.
+    pub fn bytes_mut(&mut self, addr: u64, len: u64) -> Option<&mut [u8]> {
+        let (b, off) = self.locate(addr)?;
+        let end = off.checked_add(len)?;
+        if end > self.cfg.bank_bytes {
+            return None;
+        }
+        let v = &mut self.banks[b];
+        if (v.len() as u64) < end {
+            v.resize(end as usize, 0);
+        }
+        Some(&mut v[off as usize..end as usize])
+    }
+
+    fn read_word(&mut self, addr: u64) -> u64 {
+        match self.bytes_mut(addr, 8) {
+            Some(s) => u64::from_le_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]]),
+            None => {
+                self.fault.get_or_insert_with(|| {
+                    format!("kernel read outside device memory at {addr:#x}")
+                });
+                0
+            }
+        }
+    }
+
+    fn write_word(&mut self, addr: u64, data: u64, strb: u64) {
+        match self.bytes_mut(addr, 8) {
+            Some(s) => {
+                for (i, b) in data.to_le_bytes().iter().enumerate() {
+                    if strb >> i & 1 == 1 {
+                        s[i] = *b;
+                    }
+                }
+            }
+            None => {
+                self.fault.get_or_insert_with(|| {
+                    format!("kernel write outside device memory at {addr:#x}")
+                });
+            }
+        }
+    }
+
+    /// Sets the slave's outputs for cycle `now`.
+    pub fn drive(&mut self, now: u64, i: &mut PinsIn) {
+        self.credit = (self.credit + self.cfg.bytes_per_cycle).min(64.0);
+        i.m_arready = u64::from(self.reads.len() < self.cfg.max_outstanding);
+        i.m_awready = u64::from(self.writes.len() < self.cfg.max_outstanding);
+        i.m_wready = u64::from(!self.writes.is_empty());
+        i.m_rvalid = 0;
+        i.m_rlast = 0;
+        i.m_rresp = 0;
+        if let Some(r) = self.reads.front()
+            && r.ready_at <= now
+            && self.credit >= 8.0
+        {
+            let (addr, last) = (r.addr + 8 * r.done, r.done + 1 == r.beats);
+            i.m_rvalid = 1;
+            i.m_rdata = self.read_word(addr);
+            i.m_rlast = u64::from(last);
+        }
+        i.m_bvalid = u64::from(self.bresp.front().is_some_and(|&t| t <= now));
+        i.m_bresp = 0;
+    }
+
+    /// Applies the handshakes of cycle `now` (inputs `i`, outputs `o`).
+    pub fn commit(&mut self, now: u64, i: &PinsIn, o: &PinsOut) {
+        if i.ap_rst_n == 0 {
+            // The interconnect is held in reset with the kernel: nothing is accepted.
+            self.reset_port();
+            return;
+        }
+        if o.m_arvalid == 1 && i.m_arready == 1 {
+            self.reads.push_back(Burst {
+                addr: o.m_araddr,
+                beats: o.m_arlen + 1,
+                done: 0,
+                ready_at: now + self.cfg.read_latency,
+            });
+        }
+        if i.m_rvalid == 1 && o.m_rready == 1 {
+            self.credit -= 8.0;
+            if let Some(r) = self.reads.front_mut() {
+                r.done += 1;
+                if r.done == r.beats {
+                    self.reads.pop_front();
+                }
+            }
+        }
+        if o.m_wvalid == 1 && i.m_wready == 1 {
+            let (addr, done, beats) = match self.writes.front() {
+                Some(w) => (w.addr + 8 * w.done, w.done + 1, w.beats),
+                None => return,
+            };
+            self.write_word(addr, o.m_wdata, o.m_wstrb);
+            if (done == beats) != (o.m_wlast == 1) {
+                self.fault.get_or_insert_with(|| {
+                    format!("wlast on beat {done} of a {beats}-beat burst at {addr:#x}")
+                });
+            }
+            if done == beats {
+                self.writes.pop_front();
+                self.bresp.push_back(now + self.cfg.write_latency);
+            } else if let Some(w) = self.writes.front_mut() {
+                w.done = done;
+            }
+        }
+        if o.m_awvalid == 1 && i.m_awready == 1 {
+            self.writes.push_back(Burst {
+                addr: o.m_awaddr,
+                beats: o.m_awlen + 1,
+                done: 0,
+                ready_at: now,
+            });
+        }
+        if i.m_bvalid == 1 && o.m_bready == 1 {
+            self.bresp.pop_front();
+        }
+    }
+}

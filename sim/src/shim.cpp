@@ -1,0 +1,112 @@
+// C ABI shim around a Verilated tandem kernel (top class Vtop). Every kernel has the same
+// Vitis port list (the shell is common), so one shim serves all of them.
+#include <cstdint>
+#include <memory>
+#include "Vtop.h"
+#include "verilated.h"
+#include "verilated_vcd_c.h"
+
+extern "C" {
+
+struct TsimIn {
+    uint64_t ap_rst_n;
+    uint64_t s_awvalid, s_awaddr, s_wvalid, s_wdata, s_wstrb, s_bready, s_arvalid, s_araddr, s_rready;
+    uint64_t m_awready, m_wready, m_bvalid, m_bresp, m_arready, m_rvalid, m_rdata, m_rlast, m_rresp;
+};
+
+struct TsimOut {
+    uint64_t s_awready, s_wready, s_bvalid, s_bresp, s_arready, s_rvalid, s_rdata, s_rresp;
+    uint64_t m_awvalid, m_awaddr, m_awlen, m_wvalid, m_wdata, m_wstrb, m_wlast, m_bready;
+    uint64_t m_arvalid, m_araddr, m_arlen, m_rready;
+    uint64_t interrupt;
+};
+
+struct Tsim {
+    VerilatedContext ctx;
+    std::unique_ptr<Vtop> top;
+    std::unique_ptr<VerilatedVcdC> vcd;
+    uint64_t time = 0;
+};
+
+uint32_t tsim_abi_version() { return 1; }
+
+void* tsim_new(const char* vcd_path) {
+    Tsim* s = new Tsim();
+    if (vcd_path) s->ctx.traceEverOn(true);
+    s->top.reset(new Vtop(&s->ctx, "top"));
+    if (vcd_path) {
+        s->vcd.reset(new VerilatedVcdC());
+        s->top->trace(s->vcd.get(), 99);
+        s->vcd->open(vcd_path);
+    }
+    s->top->ap_clk = 0;
+    s->top->eval();
+    return s;
+}
+
+void tsim_free(void* h) {
+    Tsim* s = static_cast<Tsim*>(h);
+    if (s->vcd) s->vcd->close();
+    s->top->final();
+    delete s;
+}
+
+// Sets the inputs with the clock low, settles, and reads the outputs.
+void tsim_eval(void* h, const TsimIn* i, TsimOut* o) {
+    Tsim* s = static_cast<Tsim*>(h);
+    Vtop* t = s->top.get();
+    t->ap_clk = 0;
+    t->ap_rst_n = i->ap_rst_n;
+    t->s_axi_control_awvalid = i->s_awvalid;
+    t->s_axi_control_awaddr = i->s_awaddr;
+    t->s_axi_control_wvalid = i->s_wvalid;
+    t->s_axi_control_wdata = i->s_wdata;
+    t->s_axi_control_wstrb = i->s_wstrb;
+    t->s_axi_control_bready = i->s_bready;
+    t->s_axi_control_arvalid = i->s_arvalid;
+    t->s_axi_control_araddr = i->s_araddr;
+    t->s_axi_control_rready = i->s_rready;
+    t->m_axi_gmem_awready = i->m_awready;
+    t->m_axi_gmem_wready = i->m_wready;
+    t->m_axi_gmem_bvalid = i->m_bvalid;
+    t->m_axi_gmem_bresp = i->m_bresp;
+    t->m_axi_gmem_arready = i->m_arready;
+    t->m_axi_gmem_rvalid = i->m_rvalid;
+    t->m_axi_gmem_rdata = i->m_rdata;
+    t->m_axi_gmem_rlast = i->m_rlast;
+    t->m_axi_gmem_rresp = i->m_rresp;
+    t->eval();
+    if (s->vcd) s->vcd->dump(s->time);
+    o->s_awready = t->s_axi_control_awready;
+    o->s_wready = t->s_axi_control_wready;
+    o->s_bvalid = t->s_axi_control_bvalid;
+    o->s_bresp = t->s_axi_control_bresp;
+    o->s_arready = t->s_axi_control_arready;
+    o->s_rvalid = t->s_axi_control_rvalid;
+    o->s_rdata = t->s_axi_control_rdata;
+    o->s_rresp = t->s_axi_control_rresp;
+    o->m_awvalid = t->m_axi_gmem_awvalid;
+    o->m_awaddr = t->m_axi_gmem_awaddr;
+    o->m_awlen = t->m_axi_gmem_awlen;
+    o->m_wvalid = t->m_axi_gmem_wvalid;
+    o->m_wdata = t->m_axi_gmem_wdata;
+    o->m_wstrb = t->m_axi_gmem_wstrb;
+    o->m_wlast = t->m_axi_gmem_wlast;
+    o->m_bready = t->m_axi_gmem_bready;
+    o->m_arvalid = t->m_axi_gmem_arvalid;
+    o->m_araddr = t->m_axi_gmem_araddr;
+    o->m_arlen = t->m_axi_gmem_arlen;
+    o->m_rready = t->m_axi_gmem_rready;
+    o->interrupt = t->__SYM__interrupt;  // Verilator renames the C++ word `interrupt`
+}
+
+// Rising edge.
+void tsim_posedge(void* h) {
+    Tsim* s = static_cast<Tsim*>(h);
+    s->top->ap_clk = 1;
+    s->top->eval();
+    if (s->vcd) s->vcd->dump(s->time + 1);
+    s->time += 2;
+}
+
+}

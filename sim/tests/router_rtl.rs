@@ -1,0 +1,189 @@
+//! The router RTL (Verilator) against the golden model, and the control protocol.
+//! Skipped, with a message, where Verilator is missing.
+
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use tandem_fpga::FpgaDevice;
+use tandem_fpga::desc::{
+    AP_DONE, AP_IDLE, AP_READY, AP_START, REG_AP_CTRL, REG_GIE, REG_IER, REG_ISR,
+};
+use tandem_fpga::golden::router::route;
+use tandem_fpga::kernels::router::RouterCore;
+use tandem_fpga::shell::ShellConfig;
+use tandem_sim::run::run_router;
+use tandem_sim::{MemConfig, SimCard, SimConfig};
+
+const CORE: RouterCore = RouterCore {
+    e_max: 64,
+    k_max: 8,
+};
+const T: Duration = Duration::from_secs(60);
+
+fn card() -> Option<SimCard> {
+    match SimCard::open(SimConfig::default()) {
+        Ok(mut c) => {
+            c.load_core(&CORE, ShellConfig { max_burst: 16 })
+                .expect("load router");
+            Some(c)
+        }
+        Err(e) => {
+            println!("skipped: {e}");
+            None
+        }
+    }
+}
+
+fn check(c: &mut SimCard, x: &[i16], t: usize, e: usize, k: usize) -> u64 {
+    let want = route(x, t, e, k).expect("golden");
+    let (got, st) = run_router(c, x, t, e, k, T).expect("run");
+    assert_eq!(got, want, "T={t} E={e} k={k}");
+    st.cycles
+}
+
+#[test]
+fn random_problems_match_golden() {
+    let Some(mut c) = card() else { return };
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    for &(t, e, k) in &[
+        (17, 64, 8),
+        (9, 13, 3),
+        (5, 7, 7),
+        (30, 40, 2),
+        (3, 64, 1),
+        (1, 5, 5),
+    ] {
+        let x: Vec<i16> = (0..t * e).map(|_| rng.gen_range(-2000..2000)).collect();
+        check(&mut c, &x, t, e, k);
+    }
+}
+
+#[test]
+fn edge_cases_match_golden() {
+    let Some(mut c) = card() else { return };
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
+    // all equal logits (ties everywhere), k = E
+    check(&mut c, &[42; 8 * 16], 8, 16, 8);
+    check(&mut c, &[-7; 4 * 8], 4, 8, 8);
+    // saturated values and ties between the extremes
+    let x: Vec<i16> = (0..12 * 20)
+        .map(|_| {
+            *[i16::MIN, i16::MAX, 0, i16::MAX, i16::MIN + 1]
+                .get(rng.gen_range(0..5))
+                .unwrap_or(&0)
+        })
+        .collect();
+    check(&mut c, &x, 12, 20, 4);
+    // few distinct values: many ties
+    let x: Vec<i16> = (0..20 * 33).map(|_| rng.gen_range(0..3) * 100).collect();
+    check(&mut c, &x, 20, 33, 5);
+    // zero tokens: the histogram is written, all zero
+    check(&mut c, &[], 0, 10, 2);
+}
+
+#[test]
+fn back_to_back_runs_and_reset_in_the_middle() {
+    let Some(mut c) = card() else { return };
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+    let x: Vec<i16> = (0..40 * 32).map(|_| rng.gen_range(-500..500)).collect();
+    let a = check(&mut c, &x, 40, 32, 4);
+    let b = check(&mut c, &x, 40, 32, 4);
+    assert_eq!(a, b, "same problem, same cycles");
+    // start a long run, reset half way, then run again
+    let big: Vec<i16> = (0..200 * 64).map(|_| rng.gen_range(-500..500)).collect();
+    let lb = c.alloc(0, (200 * 64 * 2) as u64).expect("alloc");
+    let rb = c.alloc(0, 200 * 8 * 4).expect("alloc");
+    let hb = c.alloc(0, 64 * 4).expect("alloc");
+    c.set_pointer("logits", &lb).expect("arg");
+    c.set_pointer("routes", &rb).expect("arg");
+    c.set_pointer("hist", &hb).expect("arg");
+    c.set_scalar("tokens", 200).expect("arg");
+    c.set_scalar("experts", 64).expect("arg");
+    c.set_scalar("top_k", 8).expect("arg");
+    c.start().expect("start");
+    c.idle(3000).expect("run");
+    assert_eq!(
+        c.read_reg(REG_AP_CTRL).expect("ctrl") & AP_IDLE,
+        0,
+        "busy mid-run"
+    );
+    c.reset().expect("reset");
+    assert_ne!(
+        c.read_reg(REG_AP_CTRL).expect("ctrl") & AP_IDLE,
+        0,
+        "idle after reset"
+    );
+    check(&mut c, &big, 200, 64, 8);
+}
+
+#[test]
+fn control_protocol() {
+    let Some(mut c) = card() else { return };
+    // idle, not done, not started after reset
+    let v = c.read_reg(REG_AP_CTRL).expect("ctrl");
+    assert_eq!(v & (AP_START | AP_DONE | AP_IDLE | AP_READY), AP_IDLE);
+    // arguments read back at their offsets (low and high words)
+    let slot = CORE_DESC.with(|d| d.slot("routes").expect("slot")).offset;
+    c.write_reg(slot, 0xdead_beef).expect("w");
+    c.write_reg(slot + 4, 0x1234).expect("w");
+    assert_eq!(c.read_reg(slot).expect("r"), 0xdead_beef);
+    assert_eq!(c.read_reg(slot + 4).expect("r"), 0x1234);
+    // interrupts: GIE + IER(ap_done)
+    c.write_reg(REG_GIE, 1).expect("gie");
+    c.write_reg(REG_IER, 1).expect("ier");
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(4);
+    let x: Vec<i16> = (0..6 * 10).map(|_| rng.gen_range(-100..100)).collect();
+    check(&mut c, &x, 6, 10, 3); // reads AP_CTRL once with ap_done set
+    // ap_done was cleared by that read: a second read shows idle, not done
+    let v = c.read_reg(REG_AP_CTRL).expect("ctrl");
+    assert_eq!(
+        v & (AP_DONE | AP_READY | AP_START),
+        0,
+        "clear on read: {v:#x}"
+    );
+    assert_ne!(v & AP_IDLE, 0);
+    // ISR bit 0 set, interrupt line high; writing 1 toggles it off, and on again
+    assert_eq!(c.read_reg(REG_ISR).expect("isr") & 1, 1);
+    c.idle(2).expect("idle");
+    assert!(c.interrupt().expect("irq"));
+    c.write_reg(REG_ISR, 1).expect("isr");
+    assert_eq!(c.read_reg(REG_ISR).expect("isr") & 1, 0);
+    c.idle(2).expect("idle");
+    assert!(!c.interrupt().expect("irq"));
+    c.write_reg(REG_ISR, 1).expect("isr");
+    assert_eq!(c.read_reg(REG_ISR).expect("isr") & 1, 1, "toggle on write");
+    c.write_reg(REG_ISR, 1).expect("isr");
+    c.write_reg(REG_GIE, 0).expect("gie");
+}
+
+thread_local! {
+    static CORE_DESC: tandem_fpga::desc::KernelDesc = tandem_fpga::core::KernelCore::desc(&CORE);
+}
+
+#[test]
+fn a_kernel_that_never_finishes_times_out() {
+    let Some(mut c) = card() else { return };
+    // memory that never answers: the kernel waits for its logits forever
+    c.set_mem_config(MemConfig {
+        read_latency: u64::MAX / 2,
+        ..MemConfig::default()
+    });
+    let x = vec![1i16; 4 * 8];
+    let e = run_router(&mut c, &x, 4, 8, 2, Duration::from_millis(300)).unwrap_err();
+    assert!(matches!(e, tandem_fpga::FpgaError::Timeout { .. }), "{e}");
+    c.set_mem_config(MemConfig::default());
+    c.reset().expect("reset");
+    check(&mut c, &x, 4, 8, 2);
+}
+
+#[test]
+fn steady_state_is_one_logit_per_cycle() {
+    let Some(mut c) = card() else { return };
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+    let (t, e, k) = (64, 64, 8);
+    let x: Vec<i16> = (0..t * e).map(|_| rng.gen_range(-3000..3000)).collect();
+    let cycles = check(&mut c, &x, t, e, k);
+    let per = cycles as f64 / (t * e) as f64;
+    println!("router T={t} E={e} k={k}: {cycles} cycles, {per:.3} cycles/logit");
+    assert!(per < 1.1, "{per} cycles per logit");
+}
