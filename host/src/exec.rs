@@ -44,6 +44,7 @@ pub struct NodeRun {
     /// Device it finally ran on.
     pub device: DeviceId,
     /// Kernel and device timing.
+    #[serde(flatten)]
     pub launch: LaunchInfo,
     /// Wall time of the launch and its wait (excludes input transfers).
     pub wall: Duration,
