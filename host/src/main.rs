@@ -29,6 +29,8 @@ enum Command {
     Plan(cli::run::RunArgs),
     /// Run one op on named tensors from a safetensors file.
     Op(cli::op::OpArgs),
+    /// Time one op on one backend (median of many runs, inputs rotated).
+    Bench(cli::bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +47,7 @@ fn main() -> ExitCode {
         Command::Run(a) => cli::run::run(a, &reg),
         Command::Plan(a) => cli::run::plan_only(a, &reg),
         Command::Op(a) => cli::op::run(a, &reg),
+        Command::Bench(a) => cli::bench::run(a, &reg),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
