@@ -246,8 +246,14 @@ fn linear_parallel_splits() -> TestResult {
 }
 
 #[test]
-fn rmsnorm_and_rope_large() -> TestResult {
+fn large_sizes_take_the_parallel_paths() -> TestResult {
     let mut r = rng(8);
+    let (a, b) = (
+        uniform(&mut r, &[300, 301], 1.0),
+        uniform(&mut r, &[300, 301], 1.0),
+    );
+    let sum = &a.mapv(f64::from) + &b.mapv(f64::from);
+    check("add", run(&Op::Add, &[a, b])?, &[sum])?;
     let x = uniform(&mut r, &[70, 4096], 1.0);
     let res = uniform(&mut r, &[70, 4096], 1.0);
     let w = uniform(&mut r, &[4096], 1.0);

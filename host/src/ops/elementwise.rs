@@ -72,6 +72,9 @@ pub fn exp_shifted<T: Real>(x: &[T], out: &mut [T]) -> (T, T) {
     (m, sum)
 }
 
+/// Elements below which add runs on one thread.
+const PAR_MIN_ELEMS: usize = 1 << 16;
+
 /// a + b: same shape, f32.
 pub fn validate_add(inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>> {
     expect_inputs("add", inputs.len(), &["a", "b"])?;
@@ -96,7 +99,15 @@ pub fn cpu_add(inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     validate_add(&metas(inputs))?;
     let a = inputs[0].as_f32()?;
     let b = inputs[1].as_f32()?;
-    Ok(vec![Tensor::from_f32(a + b)])
+    if a.len() < PAR_MIN_ELEMS {
+        return Ok(vec![Tensor::from_f32(a + b)]);
+    }
+    let mut y = ArrayD::<f32>::zeros(a.raw_dim());
+    ndarray::Zip::from(&mut y)
+        .and(a)
+        .and(b)
+        .par_for_each(|y, &a, &b| *y = a + b);
+    Ok(vec![Tensor::from_f32(y)])
 }
 
 /// f64 a + b.
