@@ -5,7 +5,7 @@ use crate::backend::DeviceRegistry;
 use crate::error::Result;
 use crate::exec::{ExecOptions, Execution, execute};
 use crate::graph::Graph;
-use crate::plan::{BackendChoice, Plan, plan};
+use crate::plan::{BackendChoice, History, Plan, plan_with_history};
 use crate::report::{NodeReport, RunReport};
 use crate::tensor::{TensorMeta, rel_error};
 use crate::verify::{NodeError, check_nodes, reference_chain};
@@ -23,6 +23,8 @@ pub struct RunOptions {
     pub check: bool,
     /// Name of the workload, for the report.
     pub workload: String,
+    /// Measured times: used by the planner, and the run's own times are added to it.
+    pub history: Option<std::sync::Arc<std::sync::Mutex<History>>>,
 }
 
 /// Everything a run produced.
@@ -39,8 +41,29 @@ pub struct RunOutcome {
 /// Plans `graph` over `reg`, executes it, checks it against the f64 reference and reports.
 pub fn run_graph(graph: &Graph, reg: &DeviceRegistry, opts: &RunOptions) -> Result<RunOutcome> {
     let metas = graph.validate()?;
-    let plan = plan(graph, reg, opts.backend)?;
+    let plan = match &opts.history {
+        Some(h) => {
+            let h = h.lock().unwrap_or_else(|e| e.into_inner());
+            plan_with_history(graph, reg, opts.backend, Some(&h))?
+        }
+        None => plan_with_history(graph, reg, opts.backend, None)?,
+    };
     let exec = execute(graph, &plan, reg, &opts.exec)?;
+    if let Some(h) = &opts.history {
+        let mut h = h.lock().unwrap_or_else(|e| e.into_inner());
+        for (node, run) in graph.nodes.iter().zip(&exec.runs) {
+            let ins: Vec<TensorMeta> = node.inputs.iter().map(|i| metas[i].clone()).collect();
+            h.record(
+                run.device,
+                &node.op,
+                &ins,
+                run.launch.device_time.unwrap_or(run.wall),
+            );
+        }
+        if let Err(e) = h.save() {
+            tracing::warn!(error = %e, "could not save the op-time history");
+        }
+    }
     let errors = if opts.check {
         check_nodes(graph, &exec, reg)?
     } else {

@@ -17,6 +17,7 @@ fn tandem(args: &[&str]) -> Output {
     Command::new(bin())
         .args(args)
         .env("TANDEM_LOG", "error")
+        .env("TANDEM_HISTORY", "off")
         .output()
         .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin().display()))
 }
@@ -51,23 +52,50 @@ fn devices_lists_cpu_and_says_why_others_are_missing() {
 
 #[test]
 fn run_default_workload_on_cpu() {
-    let o = tandem(&["run", "--backend", "cpu", "--seq-len", "24", "--d-model", "128"]);
+    let o = tandem(&[
+        "run",
+        "--backend",
+        "cpu",
+        "--seq-len",
+        "24",
+        "--d-model",
+        "128",
+    ]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
-    for node in ["attention", "router", "experts", "q_proj", "post_attention_norm"] {
+    for node in [
+        "attention",
+        "router",
+        "experts",
+        "q_proj",
+        "post_attention_norm",
+    ] {
         assert!(out.contains(node), "{node} missing:\n{out}");
     }
     let line = out
         .lines()
         .find(|l| l.starts_with("layer output vs f64 reference"))
         .expect("error line");
-    let e: f64 = line.rsplit(' ').next().and_then(|s| s.parse().ok()).expect("number");
+    let e: f64 = line
+        .rsplit(' ')
+        .next()
+        .and_then(|s| s.parse().ok())
+        .expect("number");
     assert!(e < 1e-5, "{line}");
 }
 
 #[test]
 fn run_json_has_every_node() {
-    let o = tandem(&["run", "--json", "--seq-len", "8", "--d-model", "64", "--ffn", "32"]);
+    let o = tandem(&[
+        "run",
+        "--json",
+        "--seq-len",
+        "8",
+        "--d-model",
+        "64",
+        "--ffn",
+        "32",
+    ]);
     assert!(o.status.success(), "{}", text(&o).1);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("run --json is JSON");
     let nodes = v["nodes"].as_array().expect("nodes");
@@ -81,7 +109,10 @@ fn run_toml_workload() {
     let o = tandem(&["run", "../tests/data/workloads/small.toml"]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
-    assert!(out.contains("small mixtral layer: B=2 T=19 d_model=64"), "{out}");
+    assert!(
+        out.contains("small mixtral layer: B=2 T=19 d_model=64"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -119,7 +150,17 @@ fn bad_flags_are_usage_errors() {
 #[test]
 fn missing_device_falls_back_to_cpu_with_a_warning() {
     // CI has no GPU; where one exists this still passes (it then runs there).
-    let o = tandem(&["run", "--backend", "cuda", "--seq-len", "8", "--d-model", "64", "--ffn", "32"]);
+    let o = tandem(&[
+        "run",
+        "--backend",
+        "cuda",
+        "--seq-len",
+        "8",
+        "--d-model",
+        "64",
+        "--ffn",
+        "32",
+    ]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     if out.contains("cuda is unavailable") {
@@ -187,10 +228,18 @@ fn op_moe_route_ids_exact() -> TestResult {
 #[test]
 fn op_with_missing_tensor_names_what_is_needed() {
     let input = reference("moe_route_0.safetensors");
-    let o = tandem(&["op", "attention", "--inputs", input.to_str().unwrap_or_default()]);
+    let o = tandem(&[
+        "op",
+        "attention",
+        "--inputs",
+        input.to_str().unwrap_or_default(),
+    ]);
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(1));
-    assert!(err.contains("no tensor named 'q'") && err.contains("logits"), "{err}");
+    assert!(
+        err.contains("no tensor named 'q'") && err.contains("logits"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -213,7 +262,11 @@ fn run_with_reference_weights_saves_transformers_output() -> TestResult {
     let e = tandem::tensor::rel_error(&got["output"], &want["output"]);
     assert!(e < 1e-5, "{e:.3e}");
     // A file that is not a Mixtral layer gets an error naming what is missing.
-    let o = tandem(&["run", "--weights", reference("moe_route_0.safetensors").to_str().ok_or("p")?]);
+    let o = tandem(&[
+        "run",
+        "--weights",
+        reference("moe_route_0.safetensors").to_str().ok_or("p")?,
+    ]);
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o).1.contains("q_proj"));
     Ok(())

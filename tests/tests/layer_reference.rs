@@ -15,6 +15,7 @@ fn cpu_opts(name: &str) -> RunOptions {
         exec: Default::default(),
         check: true,
         workload: name.into(),
+        history: None,
     }
 }
 
@@ -83,16 +84,31 @@ fn bf16_workload_rounds_inputs_but_stays_close() -> TestResult {
         ..MixtralConfig::default()
     };
     let reg = DeviceRegistry::cpu_only();
-    let f32_run = run_graph(&workload::mixtral_layer(&base, None, None)?, &reg, &cpu_opts("f32"))?;
+    let f32_run = run_graph(
+        &workload::mixtral_layer(&base, None, None)?,
+        &reg,
+        &cpu_opts("f32"),
+    )?;
     let bf = MixtralConfig {
         dtype: tandem::DType::BF16,
         ..base.clone()
     };
-    let bf_run = run_graph(&workload::mixtral_layer(&bf, None, None)?, &reg, &cpu_opts("bf16"))?;
-    let a = f32_run.exec.buffers[workload::OUTPUT].to_host(&reg)?.to_f64();
-    let b = bf_run.exec.buffers[workload::OUTPUT].to_host(&reg)?.to_f64();
+    let bf_run = run_graph(
+        &workload::mixtral_layer(&bf, None, None)?,
+        &reg,
+        &cpu_opts("bf16"),
+    )?;
+    let a = f32_run.exec.buffers[workload::OUTPUT]
+        .to_host(&reg)?
+        .to_f64();
+    let b = bf_run.exec.buffers[workload::OUTPUT]
+        .to_host(&reg)?
+        .to_f64();
     let e = rel_error(&b, &a);
-    assert!(e > 0.0 && e < 5e-2, "bf16-rounded inputs moved the output by {e:.3e}");
+    assert!(
+        e > 0.0 && e < 5e-2,
+        "bf16-rounded inputs moved the output by {e:.3e}"
+    );
     Ok(())
 }
 
@@ -113,7 +129,10 @@ fn bad_workloads_are_rejected_with_the_key() -> TestResult {
         std::fs::write(&p, text)?;
         let e = workload::WorkloadFile::load(&p).expect_err(text);
         let msg = e.to_string();
-        assert!(msg.contains(needle), "{text:?}: message {msg:?} lacks {needle:?}");
+        assert!(
+            msg.contains(needle),
+            "{text:?}: message {msg:?} lacks {needle:?}"
+        );
         assert!(msg.contains(&p.display().to_string()), "{msg}");
     }
     Ok(())

@@ -143,6 +143,7 @@ pub fn run(args: &OpArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
             fallback: true,
         },
         check: true,
+        history: Some(super::history()),
         workload: format!("{} on {}", op.name(), args.inputs.display()),
     };
     let out = run_graph(&g, reg, &opts)?;

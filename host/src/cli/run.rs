@@ -184,7 +184,9 @@ pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     let backend: BackendChoice = args.backend.parse().map_err(anyhow::Error::msg)?;
     let (graph, config, label) = build(args)?;
     if args.explain {
-        let p = plan::plan(&graph, reg, backend)?;
+        let h = super::history();
+        let h = h.lock().unwrap_or_else(|e| e.into_inner());
+        let p = plan::plan_with_history(&graph, reg, backend, Some(&h))?;
         eprint!("{}", plan::explain(&graph, &p));
     }
     let opts = RunOptions {
@@ -196,6 +198,7 @@ pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
         },
         check: !args.no_check,
         workload: label,
+        history: Some(super::history()),
     };
     let out = run_graph(&graph, reg, &opts)?;
     if let Some(path) = &args.save {
@@ -231,7 +234,9 @@ pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
 pub fn plan_only(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     let backend: BackendChoice = args.backend.parse().map_err(anyhow::Error::msg)?;
     let (graph, _, label) = build(args)?;
-    let p = plan::plan(&graph, reg, backend)?;
+    let h = super::history();
+    let h = h.lock().unwrap_or_else(|e| e.into_inner());
+    let p = plan::plan_with_history(&graph, reg, backend, Some(&h))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&p)?);
     } else {

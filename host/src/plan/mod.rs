@@ -1,5 +1,10 @@
 //! Where each op runs: a HEFT-style list scheduler over the backends' cost estimates, with
-//! transfer costs, and `--explain` text for its choices.
+//! transfer costs, and `--explain` text for its choices. Estimates come from the measured
+//! history where this op and shape ran on the device before, else from the backend's model.
+
+mod history;
+
+pub use history::History;
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
@@ -84,6 +89,16 @@ pub fn transfer_cost(bytes: usize, from: DeviceId, to: DeviceId) -> Duration {
 /// Places every node of `graph`. Never fails for a missing device: work falls back to the
 /// devices that exist, with a warning.
 pub fn plan(graph: &Graph, reg: &DeviceRegistry, choice: BackendChoice) -> Result<Plan> {
+    plan_with_history(graph, reg, choice, None)
+}
+
+/// [`plan`], with estimates taken from `history` where it has them.
+pub fn plan_with_history(
+    graph: &Graph,
+    reg: &DeviceRegistry,
+    choice: BackendChoice,
+    history: Option<&History>,
+) -> Result<Plan> {
     let metas = graph.validate()?;
     let mut warnings = Vec::new();
     let candidates: Vec<DeviceId> = match choice {
@@ -133,7 +148,10 @@ pub fn plan(graph: &Graph, reg: &DeviceRegistry, choice: BackendChoice) -> Resul
                 considered.push(format!("{dev}: no ({why})"));
                 continue;
             }
-            let est = b.estimate(&node.op, &ins);
+            let (est, measured) = match history.and_then(|h| h.estimate(dev, &node.op, &ins)) {
+                Some((t, n)) => (t, format!(" (measured, n={n})")),
+                None => (b.estimate(&node.op, &ins), String::new()),
+            };
             let ready = node
                 .inputs
                 .iter()
@@ -149,7 +167,10 @@ pub fn plan(graph: &Graph, reg: &DeviceRegistry, choice: BackendChoice) -> Resul
                 .unwrap_or_default();
             let start = ready.max(device_free.get(&dev).copied().unwrap_or_default());
             let finish = start + est;
-            considered.push(format!("{dev}: {:.3} ms", finish.as_secs_f64() * 1e3));
+            considered.push(format!(
+                "{dev}: {:.3} ms{measured}",
+                finish.as_secs_f64() * 1e3
+            ));
             // With an explicit backend, its device wins whenever it supports the op.
             let rank = |d: DeviceId| match preferred {
                 Some(k) if d.kind == k => 0,
