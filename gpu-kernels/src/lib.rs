@@ -113,6 +113,8 @@ impl Module {
                 "mha_bf16_fwd_d128",
                 "mha_bf16_fwd_d64_w8",
                 "mha_bf16_fwd_d128_w8",
+                "mha_bf16_fwd_d64_m2",
+                "mha_bf16_fwd_d128_m2",
             ],
         }
     }

@@ -59,7 +59,9 @@ fn bfr(x: f32) -> f32 {
 /// A random f32 tensor, already rounded to bf16 (what the GPU will hold).
 fn rand_t(r: &mut ChaCha8Rng, shape: &[usize], scale: f32) -> Tensor {
     let n: usize = shape.iter().product();
-    let v: Vec<f32> = (0..n).map(|_| bfr(r.gen_range(-1.0f32..1.0) * scale)).collect();
+    let v: Vec<f32> = (0..n)
+        .map(|_| bfr(r.gen_range(-1.0f32..1.0) * scale))
+        .collect();
     Tensor::from_vec_f32(shape, v).expect("shape")
 }
 
@@ -77,7 +79,12 @@ fn run_gpu(be: &CudaBackend, op: &Op, inputs: &[Tensor]) -> Vec<Tensor> {
     let info = l.info.lock().expect("info").clone();
     assert!(!info.kernel.is_empty());
     let t = info.device_time.expect("event-timed device time");
-    println!("  {} ran {} in {:.1} us", op.name(), info.kernel, t.as_secs_f64() * 1e6);
+    println!(
+        "  {} ran {} in {:.1} us",
+        op.name(),
+        info.kernel,
+        t.as_secs_f64() * 1e6
+    );
     l.outputs
         .iter()
         .map(|s| be.download(s).expect("download"))
@@ -127,14 +134,27 @@ fn cuda_device_is_described() {
 fn cuda_add_split_merge() {
     let Some(be) = gpu() else { return };
     let mut r = rng("layout");
-    for (b, t, h, d) in [(2usize, 37usize, 3usize, 64usize), (1, 5, 4, 6), (3, 1, 2, 8)] {
+    for (b, t, h, d) in [
+        (2usize, 37usize, 3usize, 64usize),
+        (1, 5, 4, 6),
+        (3, 1, 2, 8),
+    ] {
         let a = rand_t(&mut r, &[b * t, h * d], 1.0);
         let c = rand_t(&mut r, &[b * t, h * d], 1.0);
         let out = run_gpu(&be, &Op::Add, &[a.clone(), c.clone()]);
-        check("add", &out[0], &reference(&Op::Add, &[a.clone(), c])[0], BF16_TOL);
+        check(
+            "add",
+            &out[0],
+            &reference(&Op::Add, &[a.clone(), c])[0],
+            BF16_TOL,
+        );
         let sp = Op::SplitHeads(SplitHeadsParams { batch: b, heads: h });
         let s = run_gpu(&be, &sp, std::slice::from_ref(&a));
-        exact("split_heads", &s[0], &reference(&sp, std::slice::from_ref(&a))[0]);
+        exact(
+            "split_heads",
+            &s[0],
+            &reference(&sp, std::slice::from_ref(&a))[0],
+        );
         let m = run_gpu(&be, &Op::MergeHeads, &s);
         exact("merge_heads", &m[0], &a.to_f64());
     }
@@ -151,8 +171,14 @@ fn cuda_rmsnorm() {
         (3, 77, true),
         (2, 40000, false),
     ] {
-        let op = Op::RmsNorm(RmsNormParams { eps: 1e-5, residual });
-        let mut ins = vec![rand_t(&mut r, &[rows, cols], 2.0), rand_t(&mut r, &[cols], 1.0)];
+        let op = Op::RmsNorm(RmsNormParams {
+            eps: 1e-5,
+            residual,
+        });
+        let mut ins = vec![
+            rand_t(&mut r, &[rows, cols], 2.0),
+            rand_t(&mut r, &[cols], 1.0),
+        ];
         if residual {
             ins.push(rand_t(&mut r, &[rows, cols], 2.0));
         }
@@ -246,9 +272,9 @@ fn cuda_attention() {
         (1, 6, 3, 200, 133, 64, true),
         (1, 2, 1, 256, 256, 128, true),
     ] {
-        for warps in ["4", "8"] {
+        for variant in ["w4", "w8", "m2"] {
             // SAFETY: set before the launch reads it; tests read this variable nowhere else.
-            unsafe { std::env::set_var("TANDEM_ATTN_WARPS", warps) };
+            unsafe { std::env::set_var("TANDEM_ATTN_VARIANT", variant) };
             let op = Op::Attention(AttentionParams {
                 causal,
                 scale: None,
@@ -258,7 +284,9 @@ fn cuda_attention() {
                 rand_t(&mut r, &[b, hkv, nkv, d], 2.0),
                 rand_t(&mut r, &[b, hkv, nkv, d], 1.0),
             ];
-            println!(" B{b} Hq{hq} Hkv{hkv} Nq{nq} Nkv{nkv} D{d} causal {causal} warps {warps}");
+            println!(
+                " B{b} Hq{hq} Hkv{hkv} Nq{nq} Nkv{nkv} D{d} causal {causal} variant {variant}"
+            );
             let out = run_gpu(&be, &op, &ins);
             let want = reference(&op, &ins);
             check("o", &out[0], &want[0], BF16_TOL);
@@ -320,7 +348,10 @@ fn cuda_moe_route() {
 fn cuda_moe_experts() {
     let Some(be) = gpu() else { return };
     let mut r = rng("moe_experts");
-    for (t, h, e, k, f) in [(64usize, 128usize, 8usize, 2usize, 96usize), (37, 64, 4, 3, 40)] {
+    for (t, h, e, k, f) in [
+        (64usize, 128usize, 8usize, 2usize, 96usize),
+        (37, 64, 4, 3, 40),
+    ] {
         let route = Op::MoeRoute(MoeRouteParams {
             top_k: k,
             renormalize: true,

@@ -162,12 +162,7 @@ impl BenchArgs {
             ),
             BenchOp::Rope => (
                 Op::Rope(RopeParams::default()),
-                vec![f(vec![
-                    self.batch,
-                    self.heads,
-                    self.seq_len,
-                    self.head_dim,
-                ])],
+                vec![f(vec![self.batch, self.heads, self.seq_len, self.head_dim])],
             ),
         }
     }
@@ -335,8 +330,16 @@ pub fn run(args: &BenchArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     let probe = launch(0)?;
     let t0 = Instant::now();
     probe.done.wait(timeout, &what)?;
-    let device_timed = probe.info.lock().map(|i| i.device_time.is_some()).unwrap_or(false);
-    let kernel = probe.info.lock().map(|i| i.kernel.clone()).unwrap_or_default();
+    let device_timed = probe
+        .info
+        .lock()
+        .map(|i| i.device_time.is_some())
+        .unwrap_or(false);
+    let kernel = probe
+        .info
+        .lock()
+        .map(|i| i.kernel.clone())
+        .unwrap_or_default();
     let _ = t0;
     let mut times = Vec::with_capacity(args.iters);
     let mut cycles = Vec::new();
@@ -349,7 +352,10 @@ pub fn run(args: &BenchArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
         }
         for l in pending {
             l.done.wait(timeout, &what)?;
-            let inf = l.info.lock().map_err(|_| anyhow::anyhow!("launch info poisoned"))?;
+            let inf = l
+                .info
+                .lock()
+                .map_err(|_| anyhow::anyhow!("launch info poisoned"))?;
             if let Some(t) = inf.device_time {
                 times.push(t.as_secs_f64());
             }
@@ -372,10 +378,17 @@ pub fn run(args: &BenchArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     let runs = times.len();
     let mut sorted = times.clone();
     let med = median(&mut sorted);
-    let (min, max) = (sorted.first().copied().unwrap_or(f64::NAN), sorted.last().copied().unwrap_or(f64::NAN));
+    let (min, max) = (
+        sorted.first().copied().unwrap_or(f64::NAN),
+        sorted.last().copied().unwrap_or(f64::NAN),
+    );
     let tflops = cost.flops / med / 1e12;
     let gbs = bytes / med / 1e9;
-    let cyc = if cycles.is_empty() { None } else { Some(median(&mut cycles)) };
+    let cyc = if cycles.is_empty() {
+        None
+    } else {
+        Some(median(&mut cycles))
+    };
     if args.json {
         let v = json!({
             "op": op.name(),
@@ -412,7 +425,11 @@ pub fn run(args: &BenchArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
             max * 1e3,
             runs,
             sets,
-            if device_timed { "device events" } else { "wall clock" }
+            if device_timed {
+                "device events"
+            } else {
+                "wall clock"
+            }
         );
         println!(
             "  {:.1} TFLOP/s, {:.1} GB/s ({:.3} GFLOP, {:.1} MB at {} storage)",
@@ -443,18 +460,42 @@ mod tests {
     #[test]
     fn flags_parse_into_the_problem() {
         let t = T::parse_from([
-            "x", "attention", "--batch", "2", "--heads", "8", "--kv-heads", "2", "--seq-len",
-            "100", "--kv-len", "300", "--head-dim", "64", "--causal",
+            "x",
+            "attention",
+            "--batch",
+            "2",
+            "--heads",
+            "8",
+            "--kv-heads",
+            "2",
+            "--seq-len",
+            "100",
+            "--kv-len",
+            "300",
+            "--head-dim",
+            "64",
+            "--causal",
         ]);
         let (op, metas) = t.b.problem();
         assert_eq!(op.name(), "attention");
         assert_eq!(metas[0].shape, vec![2, 8, 100, 64]);
         assert_eq!(metas[1].shape, vec![2, 2, 300, 64]);
-        let t = T::parse_from(["x", "linear", "--m", "3", "--n", "5", "--k", "7", "--act", "silu"]);
+        let t = T::parse_from([
+            "x", "linear", "--m", "3", "--n", "5", "--k", "7", "--act", "silu",
+        ]);
         let (op, metas) = t.b.problem();
         assert_eq!(op.name(), "linear");
         assert_eq!(metas.len(), 3);
-        let t = T::parse_from(["x", "moe-route", "--tokens", "9", "--experts", "4", "--top-k", "2"]);
+        let t = T::parse_from([
+            "x",
+            "moe-route",
+            "--tokens",
+            "9",
+            "--experts",
+            "4",
+            "--top-k",
+            "2",
+        ]);
         assert_eq!(t.b.problem().1[0].shape, vec![9, 4]);
     }
 
@@ -462,8 +503,19 @@ mod tests {
     fn bench_runs_on_the_cpu() {
         let reg = DeviceRegistry::cpu_only();
         let t = T::parse_from([
-            "x", "rmsnorm", "--backend", "cpu", "--rows", "8", "--cols", "64", "--iters", "3",
-            "--warmup", "1", "--json",
+            "x",
+            "rmsnorm",
+            "--backend",
+            "cpu",
+            "--rows",
+            "8",
+            "--cols",
+            "64",
+            "--iters",
+            "3",
+            "--warmup",
+            "1",
+            "--json",
         ]);
         run(&t.b, &reg).expect("bench on cpu");
     }
@@ -475,7 +527,13 @@ mod tests {
             TensorMeta::new(vec![4, 8], DType::F32),
             TensorMeta::new(vec![8], DType::F32),
         ];
-        assert_eq!(device_bytes(&op, &m, DType::F32), ((32 + 8 + 32) * 4) as f64);
-        assert_eq!(device_bytes(&op, &m, DType::BF16), ((32 + 8 + 32) * 2) as f64);
+        assert_eq!(
+            device_bytes(&op, &m, DType::F32),
+            ((32 + 8 + 32) * 4) as f64
+        );
+        assert_eq!(
+            device_bytes(&op, &m, DType::BF16),
+            ((32 + 8 + 32) * 2) as f64
+        );
     }
 }

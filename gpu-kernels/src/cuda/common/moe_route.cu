@@ -102,7 +102,37 @@ extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32) moe_topk_softmax_
     if (threadIdx.x == 0) block_z[blockIdx.x] = zacc;
 }
 
-// One block of 1024 threads. block_base[b][e]: first position in sorted_token_ids of block
+// Exclusive prefix sum over the block (blockDim.x <= 1024); `tmp` holds 32 ints of shared
+// memory; returns the exclusive prefix and writes the total to *total.
+__device__ __forceinline__ int block_exclusive_scan(int v, int* tmp, int* total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nwarps = (blockDim.x + 31) >> 5;
+    int x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    __syncthreads();
+    if (lane == 31) tmp[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int w = lane < nwarps ? tmp[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += y;
+        }
+        if (lane < nwarps) tmp[lane] = w;  // inclusive warp totals
+    }
+    __syncthreads();
+    const int before = warp > 0 ? tmp[warp - 1] : 0;
+    *total = tmp[nwarps - 1];
+    return before + x - v;
+}
+
+// One block of 1024 threads. Thread (r, e) of R = 1024 / E groups covers routing blocks
+// [r*C, (r+1)*C) for expert e. block_base[b][e]: first position in sorted_token_ids of block
 // b's slots routed to expert e.
 extern "C" __global__ void __launch_bounds__(1024) moe_align_scan(
         const int* __restrict__ block_counts, const float* __restrict__ block_psum,
@@ -110,52 +140,78 @@ extern "C" __global__ void __launch_bounds__(1024) moe_align_scan(
         int* __restrict__ block_base, int* __restrict__ expert_counts, int* __restrict__ expert_offsets,
         int* __restrict__ sorted, float* __restrict__ aux_loss, float* __restrict__ z_loss) {
     extern __shared__ int scan_smem[];
-    int* cnt = scan_smem;          // [E]
-    int* off = scan_smem + E;      // [E+1]
-    float* red = (float*)(scan_smem + 2 * E + 1);  // [32]
+    const int R = max(1, (int)blockDim.x / E);
+    const int C = (nblocks + R - 1) / R;
+    int* part = scan_smem;                       // [R][E] partial counts, then group starts
+    float* pps = (float*)(scan_smem + R * E);    // [R][E] partial prob sums
+    int* cnt = scan_smem + 2 * R * E;            // [E]
+    int* off = cnt + E;                          // [E+1]
+    int* tmp = off + E + 1;                      // [32]
+    float* red = (float*)(tmp + 32);             // [32]
     const int sentinel = T * k;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    const int tid = threadIdx.x;
+    const int e = tid % E, r = tid / E;
+    const bool worker = r < R && tid < R * E;
+    if (worker) {
         int c = 0;
-        for (int b = 0; b < nblocks; ++b) c += block_counts[(u64_t)b * E + e];
-        cnt[e] = c;
-        expert_counts[e] = c;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int acc = 0;
-        for (int e = 0; e < E; ++e) {
-            off[e] = acc;
-            acc += (cnt[e] + bs - 1) / bs * bs;
+        float ps = 0.f;
+        const int b1 = min(nblocks, (r + 1) * C);
+        for (int b = r * C; b < b1; ++b) {
+            c += block_counts[(u64_t)b * E + e];
+            ps += block_psum[(u64_t)b * E + e];
         }
-        off[E] = acc;
+        part[r * E + e] = c;
+        pps[r * E + e] = ps;
     }
     __syncthreads();
-    for (int e = threadIdx.x; e <= E; e += blockDim.x) expert_offsets[e] = off[e];
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        int acc = off[e];
-        for (int b = 0; b < nblocks; ++b) {
-            block_base[(u64_t)b * E + e] = acc;
-            acc += block_counts[(u64_t)b * E + e];
+    // per expert: totals, and each group's start within the expert's segment
+    int padded = 0;
+    float a = 0.f;
+    if (tid < E) {
+        int acc = 0;
+        float ps = 0.f;
+        for (int g = 0; g < R; ++g) {
+            const int c = part[g * E + tid];
+            part[g * E + tid] = acc;
+            acc += c;
+            ps += pps[g * E + tid];
+        }
+        cnt[tid] = acc;
+        expert_counts[tid] = acc;
+        padded = (acc + bs - 1) / bs * bs;
+        a = ((float)acc / (float)T) * (ps / (float)T);
+    }
+    int total;
+    const int excl = block_exclusive_scan(tid < E ? padded : 0, tmp, &total);
+    if (tid < E) {
+        off[tid] = excl;
+        expert_offsets[tid] = excl;
+    }
+    if (tid == 0) {
+        off[E] = total;
+        expert_offsets[E] = total;
+    }
+    __syncthreads();
+    if (worker) {
+        int run = off[e] + part[r * E + e];
+        const int b1 = min(nblocks, (r + 1) * C);
+        for (int b = r * C; b < b1; ++b) {
+            block_base[(u64_t)b * E + e] = run;
+            run += block_counts[(u64_t)b * E + e];
         }
     }
     // padding inside each segment, then the tail after the last one
-    for (int i = threadIdx.x; i < E * bs; i += blockDim.x) {
-        const int e = i / bs, pos = off[e] + cnt[e] + i % bs;
-        if (pos < off[e + 1]) sorted[pos] = sentinel;
+    for (int i = tid; i < E * bs; i += blockDim.x) {
+        const int x = i / bs, pos = off[x] + cnt[x] + i % bs;
+        if (pos < off[x + 1]) sorted[pos] = sentinel;
     }
-    for (int pos = off[E] + threadIdx.x; pos < P; pos += blockDim.x) sorted[pos] = sentinel;
+    for (int pos = off[E] + tid; pos < P; pos += blockDim.x) sorted[pos] = sentinel;
     // losses: aux = E * sum_e (count_e / T) * mean_t p[t, e]; z = mean_t lse_t^2
-    float a = 0.f;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        float ps = 0.f;
-        for (int b = 0; b < nblocks; ++b) ps += block_psum[(u64_t)b * E + e];
-        a += ((float)cnt[e] / (float)T) * (ps / (float)T);
-    }
     a = block_sum(a, red);
     float z = 0.f;
-    for (int b = threadIdx.x; b < nblocks; b += blockDim.x) z += block_z[b];
+    for (int b = tid; b < nblocks; b += blockDim.x) z += block_z[b];
     z = block_sum(z, red);
-    if (threadIdx.x == 0) {
+    if (tid == 0) {
         aux_loss[0] = T > 0 ? (float)E * a : 0.f;
         z_loss[0] = T > 0 ? z / (float)T : 0.f;
     }

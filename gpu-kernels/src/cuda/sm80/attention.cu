@@ -44,12 +44,15 @@ __device__ __forceinline__ void load_tile(bf16_t* s, const bf16_t* g, int r0, in
     }
 }
 
-template <int D, int NW>
+// NW warps, each owning MT 16-row m-tiles (so each K/V fragment read from shared memory feeds
+// MT mma's); QREG keeps the Q fragments in registers for the whole loop, else they are re-read
+// from shared memory each tile (fewer registers).
+template <int D, int NW, int MT, bool QREG>
 __device__ __forceinline__ void attn_fwd(const bf16_t* __restrict__ Q, const bf16_t* __restrict__ K,
                                          const bf16_t* __restrict__ V, bf16_t* __restrict__ O,
                                          float* __restrict__ LSE, int Hq, int Hkv, int Nq, int Nkv,
                                          float scale_log2, int causal) {
-    constexpr int BM = 16 * NW, BN = ATT_BN, NT = 32 * NW, S = D + 8;
+    constexpr int BM = 16 * MT * NW, BN = ATT_BN, NT = 32 * NW, S = D + 8;
     constexpr int KD = D / 16;   // k-steps over the head dim
     constexpr int NN = BN / 8;   // n-tiles of S
     constexpr int ND = D / 8;    // n-tiles of O
@@ -73,12 +76,20 @@ __device__ __forceinline__ void attn_fwd(const bf16_t* __restrict__ Q, const bf1
     const int n_blocks = n_end > 0 ? (n_end + BN - 1) / BN : 0;
 
     const int g = lane >> 2, tq = lane & 3;
-    const int row0 = m0 + warp * 16 + g;  // this lane's rows: row0 and row0 + 8
+    const int wrow = warp * 16 * MT;      // first tile row of this warp
+    const int row0 = m0 + wrow + g;       // this lane's rows: row0 + 16*mt + {0, 8}
 
-    float acc_o[ND][4];
+    float acc_o[MT][ND][4];
 #pragma unroll
-    for (int i = 0; i < ND; ++i) acc_o[i][0] = acc_o[i][1] = acc_o[i][2] = acc_o[i][3] = 0.f;
-    float m_r[2] = {TANDEM_NEG_INF, TANDEM_NEG_INF}, l_r[2] = {0.f, 0.f};
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int i = 0; i < ND; ++i) acc_o[mt][i][0] = acc_o[mt][i][1] = acc_o[mt][i][2] = acc_o[mt][i][3] = 0.f;
+    float m_r[MT][2], l_r[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        m_r[mt][0] = m_r[mt][1] = TANDEM_NEG_INF;
+        l_r[mt][0] = l_r[mt][1] = 0.f;
+    }
 
     if (n_blocks > 0) {
         load_tile<D, NT>(sQ, q, m0, BM, Nq);
@@ -86,7 +97,7 @@ __device__ __forceinline__ void attn_fwd(const bf16_t* __restrict__ Q, const bf1
         load_tile<D, NT>(sV, v, 0, BN, Nkv);
         cp_async_commit();
     }
-    unsigned qf[KD][4];
+    unsigned qf[QREG ? MT : 1][QREG ? KD : 1][4];
     for (int nb = 0; nb < n_blocks; ++nb) {
         const int st = nb & 1;
         if (nb + 1 < n_blocks) {
@@ -96,28 +107,47 @@ __device__ __forceinline__ void attn_fwd(const bf16_t* __restrict__ Q, const bf1
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        if (nb == 0) {
+        if (QREG && nb == 0) {
 #pragma unroll
-            for (int kk = 0; kk < KD; ++kk) {
-                const bf16_t* p = sQ + (warp * 16 + (lane & 15)) * S + kk * 16 + (lane >> 4) * 8;
-                ldsm_x4(qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], p);
-            }
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int kk = 0; kk < KD; ++kk) {
+                    const bf16_t* p = sQ + (wrow + mt * 16 + (lane & 15)) * S + kk * 16 + (lane >> 4) * 8;
+                    ldsm_x4(qf[QREG ? mt : 0][QREG ? kk : 0][0], qf[QREG ? mt : 0][QREG ? kk : 0][1],
+                            qf[QREG ? mt : 0][QREG ? kk : 0][2], qf[QREG ? mt : 0][QREG ? kk : 0][3], p);
+                }
         }
         const bf16_t* cK = sK + st * BN * S;
         const bf16_t* cV = sV + st * BN * S;
-        // S = Q K^T for this warp's 16 rows x BN keys
-        float acc_s[NN][4];
+        // S = Q K^T for this warp's rows x BN keys
+        float acc_s[MT][NN][4];
 #pragma unroll
-        for (int i = 0; i < NN; ++i) acc_s[i][0] = acc_s[i][1] = acc_s[i][2] = acc_s[i][3] = 0.f;
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int i = 0; i < NN; ++i) acc_s[mt][i][0] = acc_s[mt][i][1] = acc_s[mt][i][2] = acc_s[mt][i][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < KD; ++kk) {
+            unsigned qa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                if (QREG) {
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) qa[mt][j] = qf[QREG ? mt : 0][QREG ? kk : 0][j];
+                } else {
+                    const bf16_t* p = sQ + (wrow + mt * 16 + (lane & 15)) * S + kk * 16 + (lane >> 4) * 8;
+                    ldsm_x4(qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3], p);
+                }
+            }
 #pragma unroll
             for (int nt = 0; nt < NN; nt += 2) {
                 unsigned b0, b1, b2, b3;
                 const bf16_t* p = cK + (nt * 8 + (lane >> 4) * 8 + (lane & 7)) * S + kk * 16 + ((lane >> 3) & 1) * 8;
                 ldsm_x4(b0, b1, b2, b3, p);
-                mma_bf16(acc_s[nt], qf[kk], b0, b1);
-                mma_bf16(acc_s[nt + 1], qf[kk], b2, b3);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_bf16(acc_s[mt][nt], qa[mt], b0, b1);
+                    mma_bf16(acc_s[mt][nt + 1], qa[mt], b2, b3);
+                }
             }
         }
         // mask: keys past Nkv, and above the causal diagonal
@@ -125,56 +155,66 @@ __device__ __forceinline__ void attn_fwd(const bf16_t* __restrict__ Q, const bf1
         const bool need_mask = (n0 + BN > Nkv) || (causal && n0 + BN - 1 > m0 + diag);
         if (need_mask) {
 #pragma unroll
-            for (int nt = 0; nt < NN; ++nt) {
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int j = n0 + nt * 8 + tq * 2 + (e & 1);
-                    const int i = row0 + (e >> 1) * 8;
-                    if (j >= Nkv || (causal && j > i + diag)) acc_s[nt][e] = TANDEM_NEG_INF;
+                for (int nt = 0; nt < NN; ++nt) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int j = n0 + nt * 8 + tq * 2 + (e & 1);
+                        const int i = row0 + mt * 16 + (e >> 1) * 8;
+                        if (j >= Nkv || (causal && j > i + diag)) acc_s[mt][nt][e] = TANDEM_NEG_INF;
+                    }
+                }
+        }
+        // online softmax, two rows per lane per m-tile
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                float mx = m_r[mt][r];
+#pragma unroll
+                for (int nt = 0; nt < NN; ++nt) mx = fmaxf(mx, fmaxf(acc_s[mt][nt][2 * r], acc_s[mt][nt][2 * r + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float m_use = mx == TANDEM_NEG_INF ? 0.f : mx;
+                const float alpha = fast_exp2((m_r[mt][r] - m_use) * scale_log2);
+                m_r[mt][r] = mx;
+                const float mb = m_use * scale_log2;
+                float rs = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < NN; ++nt) {
+                    acc_s[mt][nt][2 * r] = fast_exp2(fmaf(acc_s[mt][nt][2 * r], scale_log2, -mb));
+                    acc_s[mt][nt][2 * r + 1] = fast_exp2(fmaf(acc_s[mt][nt][2 * r + 1], scale_log2, -mb));
+                    rs += acc_s[mt][nt][2 * r] + acc_s[mt][nt][2 * r + 1];
+                }
+                l_r[mt][r] = l_r[mt][r] * alpha + rs;
+#pragma unroll
+                for (int dt = 0; dt < ND; ++dt) {
+                    acc_o[mt][dt][2 * r] *= alpha;
+                    acc_o[mt][dt][2 * r + 1] *= alpha;
                 }
             }
-        }
-        // online softmax, two rows per lane
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float mx = m_r[r];
-#pragma unroll
-            for (int nt = 0; nt < NN; ++nt) mx = fmaxf(mx, fmaxf(acc_s[nt][2 * r], acc_s[nt][2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_use = mx == TANDEM_NEG_INF ? 0.f : mx;
-            const float alpha = fast_exp2((m_r[r] - m_use) * scale_log2);
-            m_r[r] = mx;
-            const float mb = m_use * scale_log2;
-            float rs = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < NN; ++nt) {
-                acc_s[nt][2 * r] = fast_exp2(fmaf(acc_s[nt][2 * r], scale_log2, -mb));
-                acc_s[nt][2 * r + 1] = fast_exp2(fmaf(acc_s[nt][2 * r + 1], scale_log2, -mb));
-                rs += acc_s[nt][2 * r] + acc_s[nt][2 * r + 1];
-            }
-            l_r[r] = l_r[r] * alpha + rs;
-#pragma unroll
-            for (int dt = 0; dt < ND; ++dt) {
-                acc_o[dt][2 * r] *= alpha;
-                acc_o[dt][2 * r + 1] *= alpha;
-            }
-        }
         // O += P V
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
-            unsigned pa[4];
-            pa[0] = pack_bf16x2(acc_s[2 * kk][0], acc_s[2 * kk][1]);
-            pa[1] = pack_bf16x2(acc_s[2 * kk][2], acc_s[2 * kk][3]);
-            pa[2] = pack_bf16x2(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]);
-            pa[3] = pack_bf16x2(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3]);
+            unsigned pa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                pa[mt][0] = pack_bf16x2(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
+                pa[mt][1] = pack_bf16x2(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
+                pa[mt][2] = pack_bf16x2(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
+                pa[mt][3] = pack_bf16x2(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+            }
 #pragma unroll
             for (int dt = 0; dt < ND; dt += 2) {
                 unsigned b0, b1, b2, b3;
                 const bf16_t* p = cV + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * S + (dt + (lane >> 4)) * 8;
                 ldsm_x4_t(b0, b1, b2, b3, p);
-                mma_bf16(acc_o[dt], pa, b0, b1);
-                mma_bf16(acc_o[dt + 1], pa, b2, b3);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_bf16(acc_o[mt][dt], pa[mt], b0, b1);
+                    mma_bf16(acc_o[mt][dt + 1], pa[mt], b2, b3);
+                }
             }
         }
         __syncthreads();
@@ -182,32 +222,38 @@ __device__ __forceinline__ void attn_fwd(const bf16_t* __restrict__ Q, const bf1
     cp_async_wait<0>();
     // finish: full row sums, normalise, store
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        float l = l_r[r];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const int i = row0 + r * 8;
-        const float inv = l > 0.f ? 1.f / l : 0.f;
-        if (i < Nq) {
-            bf16_t* orow = o + (u64_t)i * D;
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int dt = 0; dt < ND; ++dt)
-                *(unsigned*)(orow + dt * 8 + tq * 2) = pack_bf16x2(acc_o[dt][2 * r] * inv, acc_o[dt][2 * r + 1] * inv);
-            if (tq == 0)
-                lse[i] = l > 0.f ? (m_r[r] * scale_log2 + __log2f(l)) * 0.69314718055994531f : TANDEM_NEG_INF;
+        for (int r = 0; r < 2; ++r) {
+            float l = l_r[mt][r];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const int i = row0 + mt * 16 + r * 8;
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            if (i < Nq) {
+                bf16_t* orow = o + (u64_t)i * D;
+#pragma unroll
+                for (int dt = 0; dt < ND; ++dt)
+                    *(unsigned*)(orow + dt * 8 + tq * 2) =
+                        pack_bf16x2(acc_o[mt][dt][2 * r] * inv, acc_o[mt][dt][2 * r + 1] * inv);
+                if (tq == 0)
+                    lse[i] = l > 0.f ? (m_r[mt][r] * scale_log2 + __log2f(l)) * 0.69314718055994531f : TANDEM_NEG_INF;
+            }
         }
-    }
 }
 
-#define ATT_ENTRY(NAME, D, NW)                                                                       \
+#define ATT_ENTRY(NAME, D, NW, MT, QREG)                                                            \
     extern "C" __global__ void __launch_bounds__(32 * NW) NAME(                                      \
             const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v, \
             bf16_t* __restrict__ o, float* __restrict__ lse, int Hq, int Hkv, int Nq, int Nkv,       \
             float scale_log2, int causal) {                                                          \
-        attn_fwd<D, NW>(q, k, v, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal);                     \
+        attn_fwd<D, NW, MT, QREG>(q, k, v, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal);           \
     }
 
-ATT_ENTRY(mha_bf16_fwd_d64, 64, 4)
-ATT_ENTRY(mha_bf16_fwd_d128, 128, 4)
-ATT_ENTRY(mha_bf16_fwd_d64_w8, 64, 8)
-ATT_ENTRY(mha_bf16_fwd_d128_w8, 128, 8)
+// name                    D    warps m-tiles/warp  Q in registers
+ATT_ENTRY(mha_bf16_fwd_d64, 64, 4, 1, true)
+ATT_ENTRY(mha_bf16_fwd_d128, 128, 4, 1, true)
+ATT_ENTRY(mha_bf16_fwd_d64_w8, 64, 8, 1, true)
+ATT_ENTRY(mha_bf16_fwd_d128_w8, 128, 8, 1, true)
+ATT_ENTRY(mha_bf16_fwd_d64_m2, 64, 4, 2, true)
+ATT_ENTRY(mha_bf16_fwd_d128_m2, 128, 4, 2, false)

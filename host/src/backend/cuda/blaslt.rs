@@ -106,8 +106,9 @@ impl BlasLt {
     fn plan(&self, m: usize, n: usize, k: usize, epi: Epilogue) -> Result<Plan> {
         let l = &self.label;
         use ltsys::cudaDataType::{CUDA_R_16BF, CUDA_R_32F};
-        let desc = lt::create_matmul_desc(ltsys::cublasComputeType_t::CUBLAS_COMPUTE_32F, CUDA_R_32F)
-            .ctx(l, "cublasLtMatmulDescCreate")?;
+        let desc =
+            lt::create_matmul_desc(ltsys::cublasComputeType_t::CUBLAS_COMPUTE_32F, CUDA_R_32F)
+                .ctx(l, "cublasLtMatmulDescCreate")?;
         let set = |attr: ltsys::cublasLtMatmulDescAttributes_t, v: i32| {
             // SAFETY: desc is live; v is an int32 attribute value.
             unsafe {
@@ -150,7 +151,10 @@ impl BlasLt {
         }
         // SAFETY: every descriptor is live.
         let heur = unsafe { lt::get_matmul_algo_heuristic(self.handle, desc, a, b, d, d, pref) }
-            .ctx(l, &format!("no cuBLASLt algorithm for bf16 {m}x{n}x{k}{}", epi.name()));
+            .ctx(
+                l,
+                &format!("no cuBLASLt algorithm for bf16 {m}x{n}x{k}{}", epi.name()),
+            );
         // SAFETY: created above.
         let _ = unsafe { lt::destroy_matmul_pref(pref) };
         let heur = heur?;
@@ -197,12 +201,9 @@ impl BlasLt {
         }
         let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
         let key = (m, n, k, epi);
-        if !plans.contains_key(&key) {
-            let p = self.plan(m, n, k, epi)?;
-            plans.insert(key, p);
-        }
-        let Some(p) = plans.get(&key) else {
-            return Err(crate::error::Error::Internal("cuBLASLt plan vanished".into()));
+        let p = match plans.entry(key) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => v.insert(self.plan(m, n, k, epi)?),
         };
         if epi.has_bias() {
             self.set_bias(p.desc, bias)?;

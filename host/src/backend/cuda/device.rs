@@ -47,13 +47,14 @@ impl Device {
         let label = format!("cuda:{ordinal}");
         let dev = drv::device::get(ordinal as c_int).ctx(&label, "cuDeviceGet")?;
         // SAFETY: `dev` is valid; the primary context lives as long as the process.
-        let ctx = unsafe { drv::primary_ctx::retain(dev) }.ctx(&label, "cuDevicePrimaryCtxRetain")?;
+        let ctx =
+            unsafe { drv::primary_ctx::retain(dev) }.ctx(&label, "cuDevicePrimaryCtxRetain")?;
         // SAFETY: ctx was just retained.
         unsafe { drv::ctx::set_current(ctx) }.ctx(&label, "cuCtxSetCurrent")?;
-        let stream =
-            drv::stream::create(drv::stream::StreamKind::NonBlocking).ctx(&label, "cuStreamCreate")?;
-        let copy_stream =
-            drv::stream::create(drv::stream::StreamKind::NonBlocking).ctx(&label, "cuStreamCreate")?;
+        let stream = drv::stream::create(drv::stream::StreamKind::NonBlocking)
+            .ctx(&label, "cuStreamCreate")?;
+        let copy_stream = drv::stream::create(drv::stream::StreamKind::NonBlocking)
+            .ctx(&label, "cuStreamCreate")?;
         use sys::CUdevice_attribute as A;
         let major = attr(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let minor = attr(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
@@ -62,7 +63,10 @@ impl Device {
         let mem_khz = attr(dev, A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)?;
         let bus = attr(dev, A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)?;
         let l2 = attr(dev, A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?;
-        let smem = attr(dev, A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
+        let smem = attr(
+            dev,
+            A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )?;
         let name = drv::device::get_name(dev).ctx(&label, "cuDeviceGetName")?;
         // SAFETY: `dev` is valid.
         let mem = unsafe { drv::device::total_mem(dev) }.ctx(&label, "cuDeviceTotalMem")?;
@@ -99,7 +103,10 @@ impl Device {
                 ("SMs".into(), sms.to_string()),
                 ("clock".into(), format!("{} MHz", clock_khz / 1000)),
                 ("L2".into(), format!("{} MiB", l2 / (1 << 20))),
-                ("memory bus".into(), format!("{bus}-bit @ {} MHz", mem_khz / 1000)),
+                (
+                    "memory bus".into(),
+                    format!("{bus}-bit @ {} MHz", mem_khz / 1000),
+                ),
                 (
                     "driver".into(),
                     format!("{}.{}", driver_version / 1000, (driver_version % 1000) / 10),

@@ -168,9 +168,7 @@ impl Kernels {
             .collect();
         // SAFETY: the argument list matches the kernel's signature (each call site mirrors its
         // .cu declaration) and the values outlive the call, which copies them.
-        unsafe {
-            drv::launch_kernel(f, dims.grid, dims.block, dims.smem, stream, &mut ptrs)
-        }
-        .ctx(&self.label, &format!("launching {name}"))
+        unsafe { drv::launch_kernel(f, dims.grid, dims.block, dims.smem, stream, &mut ptrs) }
+            .ctx(&self.label, &format!("launching {name}"))
     }
 }

@@ -122,8 +122,10 @@ impl CudaBackend {
         let dev = Arc::new(dev);
         let (a, b) = compile::nvrtc_version();
         info.details.push(("nvrtc".into(), format!("{a}.{b}")));
-        info.details
-            .push(("kernel cache".into(), compile::cache_dir().display().to_string()));
+        info.details.push((
+            "kernel cache".into(),
+            compile::cache_dir().display().to_string(),
+        ));
         let pool = memory::Pool::new(&dev.label);
         let blas = blaslt::BlasLt::new(&dev.label, &pool)?;
         Ok(Self {
@@ -179,10 +181,7 @@ impl CudaBackend {
 
     fn storage<'a>(&self, s: &'a DeviceStorage) -> Result<&'a CudaStorage> {
         if s.device != self.info.id {
-            return Err(Error::Internal(format!(
-                "{s:?} is not on {}",
-                self.info.id
-            )));
+            return Err(Error::Internal(format!("{s:?} is not on {}", self.info.id)));
         }
         s.downcast::<CudaStorage>()
             .ok_or_else(|| Error::Internal(format!("{s:?} is not CUDA storage")))
@@ -200,8 +199,9 @@ impl CudaBackend {
         // at least src.len() bytes.
         unsafe {
             drv::memcpy_htod_async(dst, src, self.dev.copy_stream).ctx(l, "cuMemcpyHtoDAsync")?;
-            let ev = drv::event::create(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-                .ctx(l, "cuEventCreate")?;
+            let ev =
+                drv::event::create(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                    .ctx(l, "cuEventCreate")?;
             drv::event::record(ev, self.dev.copy_stream).ctx(l, "cuEventRecord")?;
             drv::stream::wait_event(
                 self.dev.stream,
@@ -308,8 +308,7 @@ impl Backend for CudaBackend {
                     .ctx(l, "cuStreamWaitEvent")?;
                     drv::memcpy_dtoh_async(stage, st.ptr(), self.dev.copy_stream)
                         .ctx(l, "cuMemcpyDtoHAsync")?;
-                    drv::stream::synchronize(self.dev.copy_stream)
-                        .ctx(l, "cuStreamSynchronize")?;
+                    drv::stream::synchronize(self.dev.copy_stream).ctx(l, "cuStreamSynchronize")?;
                     drv::event::destroy(ev).ctx(l, "cuEventDestroy")?;
                 }
             }

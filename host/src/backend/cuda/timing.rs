@@ -121,7 +121,11 @@ fn watch(dev: Arc<Device>, rx: Receiver<Pending>, fence: Fence, free: Arc<Mutex<
                 fence.signal(p.value);
             }
             Err(e) => {
-                fence.fail(format!("{}: a kernel failed: {}", dev.label, driver_msg(&e)));
+                fence.fail(format!(
+                    "{}: a kernel failed: {}",
+                    dev.label,
+                    driver_msg(&e)
+                ));
             }
         }
         let mut f = free.lock().unwrap_or_else(|e| e.into_inner());

@@ -7,11 +7,53 @@ use crate::error::Result;
 use crate::ops::AttentionParams;
 use crate::tensor::TensorMeta;
 
-/// Warps per block of the attention kernel: `TANDEM_ATTN_WARPS` (4 or 8), default 4.
-fn warps() -> usize {
-    match std::env::var("TANDEM_ATTN_WARPS").ok().as_deref() {
-        Some("8") => 8,
-        _ => 4,
+/// A build of the kernel: warps per block and 16-row m-tiles per warp.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    /// 4 warps x 1 m-tile (64-row blocks).
+    W4,
+    /// 8 warps x 1 m-tile (128-row blocks).
+    W8,
+    /// 4 warps x 2 m-tiles (128-row blocks, FA2's layout): each K/V fragment feeds two mma's.
+    M2,
+}
+
+impl Variant {
+    /// From `TANDEM_ATTN_VARIANT` (w4, w8, m2); default m2.
+    pub fn from_env() -> Self {
+        match std::env::var("TANDEM_ATTN_VARIANT").ok().as_deref() {
+            Some("w4") => Variant::W4,
+            Some("w8") => Variant::W8,
+            _ => Variant::M2,
+        }
+    }
+
+    /// Query rows per block.
+    pub fn block_m(self) -> usize {
+        match self {
+            Variant::W4 => 64,
+            Variant::W8 | Variant::M2 => 128,
+        }
+    }
+
+    /// Threads per block.
+    pub fn threads(self) -> usize {
+        match self {
+            Variant::W8 => 256,
+            Variant::W4 | Variant::M2 => 128,
+        }
+    }
+
+    /// Entry point for a head dim (64 or 128).
+    pub fn kernel(self, d: usize) -> &'static str {
+        match (d, self) {
+            (64, Variant::W4) => "mha_bf16_fwd_d64",
+            (64, Variant::W8) => "mha_bf16_fwd_d64_w8",
+            (64, Variant::M2) => "mha_bf16_fwd_d64_m2",
+            (_, Variant::W4) => "mha_bf16_fwd_d128",
+            (_, Variant::W8) => "mha_bf16_fwd_d128_w8",
+            (_, Variant::M2) => "mha_bf16_fwd_d128_m2",
+        }
     }
 }
 
@@ -23,26 +65,21 @@ pub fn attention(
     outs: &[CudaStorage],
 ) -> Result<String> {
     let s = p.shape(metas)?;
-    let nw = warps();
-    let name: &'static str = match (s.d, nw) {
-        (64, 8) => "mha_bf16_fwd_d64_w8",
-        (64, _) => "mha_bf16_fwd_d64",
-        (_, 8) => "mha_bf16_fwd_d128_w8",
-        _ => "mha_bf16_fwd_d128",
-    };
+    let var = Variant::from_env();
+    let name = var.kernel(s.d);
     let q = cx.bf16(ins[0], metas[0].numel())?;
     let k = cx.bf16(ins[1], metas[1].numel())?;
     let v = cx.bf16(ins[2], metas[2].numel())?;
     if s.nq == 0 {
         return Ok(name.into());
     }
-    let bm = 16 * nw;
+    let bm = var.block_m();
     let bn = tandem_gpu_kernels::ATTENTION_BLOCK_N;
     let smem = (bm + 4 * bn) * (s.d + 8) * 2;
     let scale_log2 = p.scale_for(s.d) * std::f32::consts::LOG2_E;
     let dims = Dims {
         grid: (s.nq.div_ceil(bm) as u32, s.hq as u32, s.b as u32),
-        block: ((32 * nw) as u32, 1, 1),
+        block: (var.threads() as u32, 1, 1),
         smem: smem as u32,
     };
     cx.k(

@@ -6,7 +6,12 @@ use crate::error::Result;
 use crate::ops::{RmsNormParams, RopeParams, SplitHeadsParams};
 use crate::tensor::TensorMeta;
 
-pub fn add(cx: &Cx<'_>, ins: &[&CudaStorage], metas: &[TensorMeta], outs: &[CudaStorage]) -> Result<String> {
+pub fn add(
+    cx: &Cx<'_>,
+    ins: &[&CudaStorage],
+    metas: &[TensorMeta],
+    outs: &[CudaStorage],
+) -> Result<String> {
     let n = metas[0].numel();
     let a = cx.bf16(ins[0], n)?;
     let b = cx.bf16(ins[1], n)?;
@@ -14,7 +19,12 @@ pub fn add(cx: &Cx<'_>, ins: &[&CudaStorage], metas: &[TensorMeta], outs: &[Cuda
         cx.k(
             "add_bf16",
             Dims::stride((n as u64).div_ceil(8), 256, cx.sms()),
-            &[Arg::Ptr(a.ptr), Arg::Ptr(b.ptr), Arg::Ptr(outs[0].ptr()), Arg::U64(n as u64)],
+            &[
+                Arg::Ptr(a.ptr),
+                Arg::Ptr(b.ptr),
+                Arg::Ptr(outs[0].ptr()),
+                Arg::U64(n as u64),
+            ],
         )?;
     }
     Ok("add_bf16".into())
@@ -51,7 +61,12 @@ pub fn split_heads(
     Ok("split_heads_bf16".into())
 }
 
-pub fn merge_heads(cx: &Cx<'_>, ins: &[&CudaStorage], metas: &[TensorMeta], outs: &[CudaStorage]) -> Result<String> {
+pub fn merge_heads(
+    cx: &Cx<'_>,
+    ins: &[&CudaStorage],
+    metas: &[TensorMeta],
+    outs: &[CudaStorage],
+) -> Result<String> {
     let n = metas[0].numel();
     let s = &metas[0].shape;
     let (b, h, t, d) = (s[0], s[1], s[2], s[3]);
@@ -87,14 +102,24 @@ pub fn rmsnorm(
     let rows = n / cols.max(1);
     let x = cx.bf16(ins[0], n)?;
     let w = cx.bf16(ins[1], cols)?;
-    let res = if p.residual { Some(cx.bf16(ins[2], n)?) } else { None };
+    let res = if p.residual {
+        Some(cx.bf16(ins[2], n)?)
+    } else {
+        None
+    };
     let vpt = tandem_gpu_kernels::RMSNORM_VECTORS_PER_THREAD;
     let nv = cols / 8;
     let vector = cols % 8 == 0 && nv <= vpt * 1024;
     let (name, threads) = if vector {
-        ("rmsnorm_bf16", (nv.div_ceil(vpt).div_ceil(32) * 32).clamp(32, 1024))
+        (
+            "rmsnorm_bf16",
+            (nv.div_ceil(vpt).div_ceil(32) * 32).clamp(32, 1024),
+        )
     } else {
-        ("rmsnorm_bf16_scalar", (cols.div_ceil(32) * 32).clamp(32, 1024))
+        (
+            "rmsnorm_bf16_scalar",
+            (cols.div_ceil(32) * 32).clamp(32, 1024),
+        )
     };
     if rows > 0 {
         cx.k(

@@ -10,9 +10,10 @@ use crate::tensor::TensorMeta;
 /// The cuBLASLt epilogue for an activation, and whether SiLU must follow.
 pub fn epilogue(act: Activation, bias: bool) -> (Epilogue, bool) {
     match act {
-        Activation::None | Activation::Silu => {
-            (if bias { Epilogue::Bias } else { Epilogue::None }, act == Activation::Silu)
-        }
+        Activation::None | Activation::Silu => (
+            if bias { Epilogue::Bias } else { Epilogue::None },
+            act == Activation::Silu,
+        ),
         Activation::Relu => (Epilogue::Relu { bias }, false),
         Activation::Gelu => (Epilogue::Gelu { bias }, false),
     }
@@ -28,7 +29,11 @@ pub fn linear(
     let (m, n, k) = p.mnk(metas)?;
     let x = cx.bf16(ins[0], m * k)?;
     let w = cx.bf16(ins[1], n * k)?;
-    let b = if p.bias { Some(cx.bf16(ins[2], n)?) } else { None };
+    let b = if p.bias {
+        Some(cx.bf16(ins[2], n)?)
+    } else {
+        None
+    };
     let (epi, silu) = epilogue(p.act, p.bias);
     cx.be.blas.matmul(
         cx.stream(),

@@ -80,7 +80,11 @@ impl Cx<'_> {
         let name = match (s.phys, to) {
             (DType::F32, DType::BF16) => "cast_f32_bf16",
             (DType::BF16, DType::F32) => "cast_bf16_f32",
-            (a, b) => return Err(Error::Internal(format!("no cast from {a} to {b} on the device"))),
+            (a, b) => {
+                return Err(Error::Internal(format!(
+                    "no cast from {a} to {b} on the device"
+                )));
+            }
         };
         self.k(
             name,
@@ -150,7 +154,13 @@ fn output_precisions(op: &Op, metas: &[TensorMeta]) -> Vec<DType> {
         ],
         _ => metas
             .iter()
-            .map(|m| if m.dtype == DType::I32 { DType::I32 } else { DType::BF16 })
+            .map(|m| {
+                if m.dtype == DType::I32 {
+                    DType::I32
+                } else {
+                    DType::BF16
+                }
+            })
             .collect(),
     }
 }

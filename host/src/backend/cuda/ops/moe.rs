@@ -51,7 +51,7 @@ pub fn route(
     }
     cx.k(
         "moe_align_scan",
-        Dims::linear(1, 1024).smem((2 * e + 1) * 4 + 32 * 4),
+        Dims::linear(1, 1024).smem((2 * (1024 / e).max(1) * e + 2 * e + 1 + 64) * 4),
         &[
             Arg::Ptr(counts.ptr()),
             Arg::Ptr(psum.ptr()),
@@ -113,7 +113,10 @@ pub fn experts(
     if pu > s.p || off.windows(2).any(|w| w[1] < w[0]) {
         return Err(Error::invalid(
             "moe_experts",
-            format!("expert_offsets {off:?} are not a partition of sorted_token_ids (length {})", s.p),
+            format!(
+                "expert_offsets {off:?} are not a partition of sorted_token_ids (length {})",
+                s.p
+            ),
         ));
     }
     let sentinel = (t * k) as i32;
@@ -160,7 +163,12 @@ pub fn experts(
         cx.k(
             "moe_swiglu_bf16",
             Dims::stride((pu * f) as u64, 256, cx.sms()),
-            &[Arg::Ptr(hb.ptr()), Arg::Ptr(act.ptr()), Arg::I32(pu as i32), Arg::I32(f as i32)],
+            &[
+                Arg::Ptr(hb.ptr()),
+                Arg::Ptr(act.ptr()),
+                Arg::I32(pu as i32),
+                Arg::I32(f as i32),
+            ],
         )?;
     }
     for ex in 0..e {
@@ -184,7 +192,12 @@ pub fn experts(
         cx.k(
             "moe_inverse_i32",
             Dims::stride(pu as u64, 256, cx.sms()),
-            &[Arg::Ptr(sorted.ptr()), Arg::Ptr(inv.ptr()), Arg::I32(pu as i32), Arg::I32(sentinel)],
+            &[
+                Arg::Ptr(sorted.ptr()),
+                Arg::Ptr(inv.ptr()),
+                Arg::I32(pu as i32),
+                Arg::I32(sentinel),
+            ],
         )?;
     }
     if t > 0 {
