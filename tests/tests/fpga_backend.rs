@@ -1,0 +1,131 @@
+//! The `fpga-sim` backend end to end: routing on the Verilator-simulated card against the
+//! f64 reference, launch info, and what it declines. Skipped where Verilator is missing.
+
+use std::time::Duration;
+
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use tandem::backend::{Backend, DeviceKind, Support};
+use tandem::ops::{AttentionParams, MoeRouteParams, Op};
+use tandem::{DType, Tensor, TensorMeta};
+
+fn fpga_sim() -> Option<std::sync::Arc<dyn Backend>> {
+    let (found, missing) = tandem::backend::fpga::discover();
+    match found
+        .into_iter()
+        .find(|b| b.id().kind == DeviceKind::FpgaSim)
+    {
+        Some(b) => Some(b),
+        None => {
+            let why = missing
+                .iter()
+                .find(|m| m.kind == DeviceKind::FpgaSim)
+                .map_or("not found".to_string(), |m| m.reason.clone());
+            println!("skipped: {why}");
+            None
+        }
+    }
+}
+
+/// Logits whose values in a row are a permutation of a grid 0.05 apart (well above the
+/// 2^-8 quantisation step), so the top-k ids are exact and every output can be compared.
+fn separated_logits(t: usize, e: usize, seed: u64) -> Vec<f32> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut v = Vec::with_capacity(t * e);
+    for _ in 0..t {
+        let mut row: Vec<f32> = (0..e).map(|i| i as f32 * 0.05 - 1.0).collect();
+        row.shuffle(&mut rng);
+        let shift: f32 = rng.gen_range(-3.0..3.0);
+        v.extend(row.iter().map(|x| x + shift));
+    }
+    v
+}
+
+#[test]
+fn moe_route_on_the_simulated_card_matches_the_reference() {
+    let Some(b) = fpga_sim() else { return };
+    let (t, e, k) = (24, 40, 4);
+    let x = separated_logits(t, e, 11);
+    let logits = Tensor::from_vec_f32(&[t, e], x).expect("tensor");
+    let op = Op::MoeRoute(MoeRouteParams {
+        top_k: k,
+        renormalize: true,
+        block_size: 8,
+    });
+    assert_eq!(b.supports(&op, &[logits.meta()]), Support::Native);
+    let s = b.upload(&logits).expect("upload");
+    let l = b.launch(&op, &[&s]).expect("launch");
+    l.done
+        .wait(Duration::from_secs(300), "moe_route")
+        .expect("done");
+    let outs: Vec<Tensor> = l
+        .outputs
+        .iter()
+        .map(|o| b.download(o).expect("download"))
+        .collect();
+    let reference = op.reference(&[logits.to_f64()]).expect("reference");
+    assert_eq!(outs.len(), reference.len());
+    // ids, counts, permutation and offsets: exact
+    for i in [0usize, 2, 3, 4] {
+        let got = outs[i].to_f64();
+        assert_eq!(got, reference[i], "output {i}");
+    }
+    // weights: Q0.15 fixed point, documented bound 4e-3
+    let w = outs[1].to_f64();
+    let worst = w
+        .iter()
+        .zip(reference[1].iter())
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    assert!(worst < 4e-3, "weight error {worst}");
+    // losses are computed on the host in f64
+    for i in [5usize, 6] {
+        let (a, r) = (outs[i].to_f64()[[0]], reference[i][[0]]);
+        assert!(
+            (a - r).abs() <= 1e-5 * r.abs().max(1.0),
+            "loss {i}: {a} vs {r}"
+        );
+    }
+    let info = l.info.lock().expect("info").clone();
+    assert_eq!(info.kernel, "moe_router_int16+host_align");
+    let cycles = info.cycles.expect("cycles");
+    assert!(
+        cycles as usize >= t * e,
+        "{cycles} cycles for {} logits",
+        t * e
+    );
+    let dt = info.device_time.expect("device time").as_secs_f64();
+    let clock = tandem::backend::fpga::clock_mhz() * 1e6;
+    assert!((dt - cycles as f64 / clock).abs() < 1e-9);
+}
+
+#[test]
+fn ops_without_a_kernel_are_declined_with_a_reason() {
+    let Some(b) = fpga_sim() else { return };
+    let m = TensorMeta::new(vec![8, 16], DType::F32);
+    let no_renorm = Op::MoeRoute(MoeRouteParams {
+        top_k: 2,
+        renormalize: false,
+        block_size: 16,
+    });
+    assert!(matches!(
+        b.supports(&no_renorm, &[m.clone()]),
+        Support::No(_)
+    ));
+    let too_many = Op::MoeRoute(MoeRouteParams {
+        top_k: 2,
+        renormalize: true,
+        block_size: 16,
+    });
+    let wide = TensorMeta::new(vec![8, 4096], DType::F32);
+    assert!(matches!(b.supports(&too_many, &[wide]), Support::No(_)));
+    let q = TensorMeta::new(vec![1, 2, 8, 16], DType::F32);
+    let att = Op::Attention(AttentionParams::default());
+    match b.supports(&att, &[q.clone(), q.clone(), q]) {
+        Support::No(why) => assert!(why.contains("attention"), "{why}"),
+        Support::Native => panic!("attention is not on the FPGA yet"),
+    }
+    // launching an op it declined is an error, not a panic
+    let s = b.upload(&Tensor::zeros(&m)).expect("upload");
+    assert!(b.launch(&no_renorm, &[&s]).is_err());
+}
