@@ -46,6 +46,8 @@ pub struct NodeRun {
     /// Kernel and device timing.
     #[serde(flatten)]
     pub launch: LaunchInfo,
+    /// When its input transfers began, from the start of the run.
+    pub start: Duration,
     /// Wall time of the launch and its wait (excludes input transfers).
     pub wall: Duration,
     /// Wall time of moving its inputs to the device.
@@ -117,7 +119,7 @@ pub fn execute(
             let done_tx = done_tx.clone();
             let backend = b.clone();
             let buffers = &buffers;
-            scope.spawn(move || worker(backend, rx, done_tx, graph, buffers, reg, opts));
+            scope.spawn(move || worker(backend, rx, done_tx, graph, buffers, reg, opts, t0));
         }
         let send = |senders: &BTreeMap<DeviceId, Sender<Job>>, index: usize, device: DeviceId| {
             senders
@@ -217,6 +219,7 @@ pub fn execute(
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 fn worker(
     backend: Arc<dyn Backend>,
     jobs: Receiver<Job>,
@@ -225,9 +228,12 @@ fn worker(
     buffers: &BTreeMap<String, Arc<Buffer>>,
     reg: &DeviceRegistry,
     opts: &ExecOptions,
+    t0: Instant,
 ) {
     for job in jobs.iter() {
-        let result = run_node(&*backend, job.device, job.index, graph, buffers, reg, opts);
+        let start = t0.elapsed();
+        let result = run_node(&*backend, job.device, job.index, graph, buffers, reg, opts)
+            .map(|r| NodeRun { start, ..r });
         if done
             .send(Done {
                 index: job.index,
@@ -298,6 +304,7 @@ fn run_node(
         op: node.op.name().to_string(),
         device,
         launch: info,
+        start: Duration::ZERO,
         wall,
         transfer,
         transfer_bytes,

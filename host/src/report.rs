@@ -118,3 +118,45 @@ pub fn table(r: &RunReport) -> String {
     }
     s
 }
+
+/// The run as a Chrome / Perfetto trace (JSON "traceEvents"): one track per device, a slice
+/// per op and per input transfer. Open it in ui.perfetto.dev or chrome://tracing.
+pub fn chrome_trace(r: &RunReport) -> serde_json::Value {
+    let us = |d: std::time::Duration| d.as_secs_f64() * 1e6;
+    let mut devices: Vec<String> = r.nodes.iter().map(|n| n.run.device.to_string()).collect();
+    devices.sort();
+    devices.dedup();
+    let tid = |d: &str| devices.iter().position(|x| x == d).unwrap_or(0);
+    let mut events: Vec<serde_json::Value> = devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            serde_json::json!({"ph": "M", "name": "thread_name", "pid": 1, "tid": i,
+                               "args": {"name": d}})
+        })
+        .collect();
+    for n in &r.nodes {
+        let dev = n.run.device.to_string();
+        if n.run.transfer_bytes > 0 {
+            events.push(serde_json::json!({
+                "ph": "X", "pid": 1, "tid": tid(&dev), "cat": "transfer",
+                "name": format!("{} inputs", n.run.node),
+                "ts": us(n.run.start), "dur": us(n.run.transfer),
+                "args": {"bytes": n.run.transfer_bytes},
+            }));
+        }
+        events.push(serde_json::json!({
+            "ph": "X", "pid": 1, "tid": tid(&dev), "cat": n.run.op,
+            "name": n.run.node,
+            "ts": us(n.run.start + n.run.transfer), "dur": us(n.run.wall),
+            "args": {
+                "kernel": n.run.launch.kernel,
+                "device_ms": n.run.launch.device_time.map(|d| d.as_secs_f64() * 1e3),
+                "cycles": n.run.launch.cycles,
+                "rel_error": n.error.rel_error,
+                "gflop": n.flops / 1e9,
+            },
+        }));
+    }
+    serde_json::json!({ "traceEvents": events, "displayTimeUnit": "ms" })
+}

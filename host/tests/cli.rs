@@ -271,3 +271,30 @@ fn run_with_reference_weights_saves_transformers_output() -> TestResult {
     assert!(text(&o).1.contains("q_proj"));
     Ok(())
 }
+
+#[test]
+fn trace_has_a_slice_per_node() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let trace = dir.path().join("t.json");
+    let o = tandem(&[
+        "run",
+        "--seq-len",
+        "8",
+        "--d-model",
+        "64",
+        "--ffn",
+        "32",
+        "--trace",
+        trace.to_str().ok_or("path")?,
+    ]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace)?)?;
+    let slices = v["traceEvents"]
+        .as_array()
+        .ok_or("no traceEvents")?
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"] != "transfer")
+        .count();
+    assert_eq!(slices, 17);
+    Ok(())
+}

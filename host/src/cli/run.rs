@@ -39,6 +39,9 @@ pub struct RunArgs {
     /// Write the layer output (`output` [B, T, H]) and the router's results here.
     #[arg(long)]
     pub save: Option<PathBuf>,
+    /// Write a Chrome/Perfetto trace of the run (one track per device) here.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
     #[command(flatten)]
     pub sizes: SizeArgs,
 }
@@ -219,10 +222,17 @@ pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
         }
         tandem::io::write_safetensors(path, &t)?;
     }
+    if let Some(path) = &args.trace {
+        let text = serde_json::to_string(&tandem::report::chrome_trace(&out.report))?;
+        std::fs::write(path, text).with_context(|| format!("{}: cannot write", path.display()))?;
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&out.report)?);
     } else {
         print!("{}", tandem::report::table(&out.report));
+        if let Some(p) = &args.trace {
+            println!("trace: {}", p.display());
+        }
         if let Some(p) = &args.save {
             println!("saved: {}", p.display());
         }
