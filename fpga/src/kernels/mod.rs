@@ -3,6 +3,7 @@
 //! To add a kernel: implement [`crate::core::KernelCore`] in its own module here, add the
 //! `pub mod` line and an arm to [`core_for`].
 
+pub mod attention;
 pub mod gemm;
 pub mod gemm_sim;
 pub mod router;

@@ -1,0 +1,518 @@
+//! The streaming attention core (one head per launch): int8 `Q K^T` on a `d_max`-lane MAC
+//! array, fixed-point online softmax (log2 domain, power-of-two running exponent, exp2 by
+//! shift + 256-entry LUT), `P V` on a second `d_max`-lane MAC array, final normalisation by
+//! per-lane restoring dividers. Semantics: [`crate::golden::attention`] with
+//! `kv_tile` = the core's `kv_tile`.
+//!
+//! Dataflow:
+//! - *load*: K and V (`[Nkv][d]` int8) are read once into on-chip banks (one 64-bit bank per
+//!   8 lanes), then Q rows stream into a one-row prefetch buffer.
+//! - *score stage*: one key per cycle for the current query row: the K row meets the Q row in
+//!   `d_max` 8x8 multipliers and an adder tree (int32 score), then the 32x16 score multiplier
+//!   and the round-half-up shift give the log2-domain logit `t` (48 bit). Logits go into a
+//!   FIFO; at the end of each KV tile the tile's exponent `ceil(max t / 256)` goes into a
+//!   tile FIFO. Causal rows stop at their last visible key; rows without one pass as a single
+//!   empty slot.
+//! - *softmax/PV stage*, one tile behind: once a tile's exponent is known its logits become
+//!   Q1.15 weights (`LUT[u & 255] >> (u >> 8)`), the running sum and the 48-bit accumulators
+//!   are rescaled by an exact power of two when the exponent grows, and each weight meets the
+//!   V row in `d_max` 16x8 multipliers. The two stages overlap, one key per cycle each.
+//! - *finaliser*, overlapping the next rows: `d_max` restoring dividers compute
+//!   `floor((512 acc + l) / 2l)` in 17 steps; the int16 row and the row's (e, l) are written.
+//!
+//! Arguments: `q` (ptr0), `k` (ptr1), `v` (ptr2), `o` (ptr3, int16 `[Nq][d]`), `stats` (ptr4,
+//! one 64-bit word per row: e in bits 31:0, l in 63:32), `nq` (arg0), `nkv` (arg1), `d`
+//! (arg2, a multiple of 8; the host pads), `causal` (arg3), `score_mult` (arg4),
+//! `score_shift` (arg5). Out-of-range arguments finish at once without touching memory.
+
+use std::fmt::Write as _;
+
+use crate::core::{CoreError, KernelCore};
+use crate::desc::{ArgDesc, KernelDesc};
+use crate::golden::attention::exp2_lut;
+
+/// Build parameters of the attention core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionCore {
+    /// MAC lanes of each array = largest head dimension (multiple of 8, 8..=256).
+    pub d_max: u32,
+    /// Largest key/value length held on chip.
+    pub nkv_max: u32,
+    /// Keys per online-softmax tile (2..=64).
+    pub kv_tile: u32,
+}
+
+impl Default for AttentionCore {
+    fn default() -> Self {
+        Self {
+            d_max: 16,
+            nkv_max: 256,
+            kv_tile: 8,
+        }
+    }
+}
+
+impl AttentionCore {
+    /// A U55C-sized configuration: 128 + 128 MAC lanes (d up to 128), 4096 keys on chip.
+    pub fn u55c() -> Self {
+        Self {
+            d_max: 128,
+            nkv_max: 4096,
+            kv_tile: 16,
+        }
+    }
+
+    /// Checks the parameters.
+    pub fn validate(&self) -> Result<(), CoreError> {
+        let bad = |msg: String| {
+            Err(CoreError::Param {
+                kernel: "attention".into(),
+                msg,
+            })
+        };
+        if self.d_max < 8 || self.d_max % 8 != 0 || self.d_max > 256 {
+            return bad(format!(
+                "d_max = {} must be a multiple of 8 in 8..=256",
+                self.d_max
+            ));
+        }
+        if !(2..=65536).contains(&self.nkv_max) {
+            return bad(format!("nkv_max = {} must be in 2..=65536", self.nkv_max));
+        }
+        if !(2..=64).contains(&self.kv_tile) {
+            return bad(format!("kv_tile = {} must be in 2..=64", self.kv_tile));
+        }
+        Ok(())
+    }
+}
+
+impl KernelCore for AttentionCore {
+    fn name(&self) -> &str {
+        "attention"
+    }
+
+    fn desc(&self) -> KernelDesc {
+        KernelDesc {
+            name: "attention".into(),
+            args: vec![
+                ArgDesc::pointer("q", "char*"),
+                ArgDesc::pointer("k", "char*"),
+                ArgDesc::pointer("v", "char*"),
+                ArgDesc::pointer("o", "short*"),
+                ArgDesc::pointer("stats", "ulong*"),
+                ArgDesc::scalar("nq"),
+                ArgDesc::scalar("nkv"),
+                ArgDesc::scalar("d"),
+                ArgDesc::scalar("causal"),
+                ArgDesc::scalar("score_mult"),
+                ArgDesc::scalar("score_shift"),
+            ],
+        }
+    }
+
+    fn params(&self) -> Vec<(String, i64)> {
+        vec![
+            ("d_max".into(), i64::from(self.d_max)),
+            ("nkv_max".into(), i64::from(self.nkv_max)),
+            ("kv_tile".into(), i64::from(self.kv_tile)),
+        ]
+    }
+
+    fn core_verilog(&self) -> Result<String, CoreError> {
+        self.validate()?;
+        Ok(attention_verilog(self))
+    }
+}
+
+fn clog2(n: u32) -> u32 {
+    if n <= 1 {
+        1
+    } else {
+        32 - (n - 1).leading_zeros()
+    }
+}
+
+/// FIFO depth between the stages: a whole tile plus the score pipeline, rounded to 2^n.
+fn fifo_depth(kv_tile: u32) -> u32 {
+    (2 * kv_tile + 8).next_power_of_two()
+}
+
+fn attention_verilog(p: &AttentionCore) -> String {
+    let lanes = p.d_max as usize;
+    let dw = lanes / 8;
+    let aj = clog2(p.nkv_max);
+    let td = fifo_depth(p.kv_tile);
+    let atd = clog2(td);
+    let adw = clog2(dw as u32);
+    let mut decl = String::new();
+    let mut seq = String::new();
+    let mut st = String::new(); // statements inside the main always block
+    // ---- banks: K and V, one 64-bit bank per 8 lanes ----
+    for b in 0..dw {
+        let _ = writeln!(
+            decl,
+            "reg [63:0] kb_{b} [0:{last}];\nreg [63:0] vb_{b} [0:{last}];\nreg [63:0] kr_{b}, vr_{b};\nreg [63:0] qn_{b}, qc_{b};",
+            last = p.nkv_max - 1
+        );
+        let _ = writeln!(
+            seq,
+            "always @(posedge clock) begin\n\
+             \x20   if (kv_we && !c_isv && c_b == {adw}'d{b}) kb_{b}[c_row[{ajh}:0]] <= rd_data;\n\
+             \x20   if (kv_we && c_isv && c_b == {adw}'d{b}) vb_{b}[c_row[{ajh}:0]] <= rd_data;\n\
+             \x20   if (s_issue) kr_{b} <= kb_{b}[s_jcur[{ajh}:0]];\n\
+             \x20   if (p_pop) vr_{b} <= vb_{b}[tf_j[{ajh}:0]];\n\
+             end",
+            ajh = aj - 1
+        );
+        let _ = writeln!(
+            st,
+            "        if (q_we && c_b == {adw}'d{b}) qn_{b} <= rd_data;\n\
+             \x20       if (q_clear && {b} >= d_words) qn_{b} <= 64'd0;\n\
+             \x20       if (s_issue && s_rowstart) qc_{b} <= qn_{b};"
+        );
+    }
+    // ---- score lanes and adder tree ----
+    let mut sum = Vec::new();
+    for l in 0..lanes {
+        let (b, o) = (l / 8, 8 * (l % 8));
+        let _ = writeln!(
+            decl,
+            "reg signed [15:0] sp_{l};\nwire signed [7:0] ql_{l} = qc_{b}[{o} +: 8];\nwire signed [7:0] kl_{l} = kr_{b}[{o} +: 8];\n\
+             reg signed [7:0] pv_v_{l};\nwire signed [7:0] vl_{l} = vr_{b}[{o} +: 8];\n\
+             reg signed [47:0] acc_{l}, fa_{l};\n\
+             wire signed [47:0] rs_{l} = (p1_sh == 6'd0) ? acc_{l} : ((p1_sh >= 6'd40) ? 48'sd0 : ((acc_{l} + (48'sd1 <<< (p1_sh - 6'd1))) >>> p1_sh));\n\
+             wire signed [47:0] base_{l} = p1_reset ? 48'sd0 : rs_{l};\n\
+             wire signed [24:0] pp_{l} = $signed({{1'b0, p1_p}}) * pv_v_{l};\n\
+             wire signed [47:0] an_{l} = base_{l} + {{{{23{{pp_{l}[24]}}}}, pp_{l}}};\n\
+             reg fneg_{l}, fsat_{l};\nreg [50:0] frem_{l};\nreg [16:0] fq_{l};\nreg [15:0] fo_{l};\n\
+             wire signed [50:0] fnum_{l} = {{fa_{l}, 9'd0}} + {{19'd0, f_l}};\n\
+             wire [50:0] fden_sh_{l} = {{18'd0, f_l, 1'b0}} << f_bit;"
+        );
+        let _ = writeln!(
+            st,
+            "        sp_{l} <= ql_{l} * kl_{l};\n\
+             \x20       if (p0_v) pv_v_{l} <= vl_{l};\n\
+             \x20       if (p1_v) begin if (p1_rowlast) begin fa_{l} <= an_{l}; acc_{l} <= 48'sd0; end else acc_{l} <= an_{l}; end\n\
+             \x20       if (f_st == F_PREP) begin\n\
+             \x20           fneg_{l} <= fnum_{l}[50];\n\
+             \x20           frem_{l} <= fnum_{l}[50] ? (~fnum_{l} + 51'd1) : fnum_{l};\n\
+             \x20           fq_{l} <= 17'd0;\n\
+             \x20       end\n\
+             \x20       if (f_st == F_DIV) begin\n\
+             \x20           if (f_bit == 5'd17) fsat_{l} <= (frem_{l} >= fden_sh_{l});\n\
+             \x20           else if (frem_{l} >= fden_sh_{l}) begin frem_{l} <= frem_{l} - fden_sh_{l}; fq_{l}[f_bit[4:0]] <= 1'b1; end\n\
+             \x20       end\n\
+             \x20       if (f_st == F_FIX) begin\n\
+             \x20           if (f_l == 32'd0) fo_{l} <= 16'd0;\n\
+             \x20           else if (fsat_{l}) fo_{l} <= fneg_{l} ? 16'h8000 : 16'h7fff;\n\
+             \x20           else if (fneg_{l}) fo_{l} <= (({{1'b0, fq_{l}}} + {{17'd0, frem_{l} != 51'd0}}) > 18'd32768) ? 16'h8000 : (16'd0 - (fq_{l}[15:0] + {{15'd0, frem_{l} != 51'd0}}));\n\
+             \x20           else fo_{l} <= (fq_{l} > 17'd32767) ? 16'h7fff : fq_{l}[15:0];\n\
+             \x20       end"
+        );
+        sum.push(format!("{{{{16{{sp_{l}[15]}}}}, sp_{l}}}"));
+    }
+    let _ = writeln!(decl, "wire [31:0] sc_sum = {};", sum.join(" + "));
+    // ---- output word mux: 4 int16 lanes per word ----
+    let mut omux = String::from("always @* begin\n    f_word = 64'd0;\n    case (f_w)\n");
+    for w in 0..lanes / 4 {
+        let _ = writeln!(
+            omux,
+            "        {}'d{w}: f_word = {{fo_{}, fo_{}, fo_{}, fo_{}}};",
+            clog2((lanes / 4) as u32),
+            4 * w + 3,
+            4 * w + 2,
+            4 * w + 1,
+            4 * w
+        );
+    }
+    omux.push_str("        default: ;\n    endcase\nend\n");
+    let lut = exp2_lut();
+    let mut lut_cases = String::new();
+    for (f, v) in lut.iter().enumerate() {
+        let _ = writeln!(lut_cases, "        8'd{f}: lut = 16'd{v};");
+    }
+    let tile = p.kv_tile;
+    let afw = clog2((lanes / 4) as u32);
+    format!(
+        r#"
+// Attention core (tandem-fpga): d_max = {lanes} lanes, nkv_max = {nkv_max}, kv_tile = {tile}.
+// Semantics: fpga::golden::attention.
+/* verilator lint_off UNUSED */
+/* verilator lint_off WIDTH */
+/* verilator lint_off BLKSEQ */
+module attention_core(
+    input wire clock, input wire reset, input wire start,
+    output reg done, output wire busy,
+    input wire [31:0] arg0, input wire [31:0] arg1, input wire [31:0] arg2, input wire [31:0] arg3,
+    input wire [31:0] arg4, input wire [31:0] arg5, input wire [31:0] arg6, input wire [31:0] arg7,
+    input wire [63:0] ptr0, input wire [63:0] ptr1, input wire [63:0] ptr2, input wire [63:0] ptr3,
+    input wire [63:0] ptr4, input wire [63:0] ptr5, input wire [63:0] ptr6, input wire [63:0] ptr7,
+    output reg rd_req_valid, input wire rd_req_ready, output reg [63:0] rd_req_addr, output reg [31:0] rd_req_len,
+    input wire rd_data_valid, output reg rd_data_ready, input wire [63:0] rd_data,
+    output reg wr_req_valid, input wire wr_req_ready, output reg [63:0] wr_req_addr, output reg [31:0] wr_req_len,
+    output reg wr_data_valid, input wire wr_data_ready, output reg [63:0] wr_data, output reg [7:0] wr_strb
+);
+localparam [31:0] D_MAX = 32'd{lanes};
+localparam [31:0] NKV_MAX = 32'd{nkv_max};
+localparam [31:0] TILE = 32'd{tile};
+localparam [31:0] TD = 32'd{td};
+localparam [2:0] F_IDLE = 3'd0, F_PREP = 3'd1, F_DIV = 3'd2, F_FIX = 3'd3, F_WREQ = 3'd4, F_WDAT = 3'd5, F_SREQ = 3'd6, F_SDAT = 3'd7;
+
+function [15:0] lut;
+    input [7:0] f;
+    case (f)
+{lut_cases}        default: lut = 16'd0;
+    endcase
+endfunction
+
+// ---- run control and arguments ----
+reg running;
+reg [31:0] nq_q, nkv_q, d_q, d_words, mult_q;
+reg [5:0] shift_q;
+reg causal_q;
+reg [63:0] pq_q, pk_q, pv_q, po_q, ps_q;
+assign busy = running;
+wire args_ok = (arg0 != 32'd0) && (arg1 != 32'd0) && (arg1 <= NKV_MAX) && (arg2 != 32'd0)
+            && (arg2[2:0] == 3'd0) && (arg2 <= D_MAX) && (arg4 <= 32'd65535) && (arg5 <= 32'd47);
+
+// ---- read requests: all of K, all of V, all of Q ----
+reg [1:0] g_ph;
+always @* begin
+    rd_req_valid = running && g_ph != 2'd3;
+    rd_req_addr = (g_ph == 2'd0) ? pk_q : ((g_ph == 2'd1) ? pv_q : pq_q);
+    rd_req_len = (g_ph == 2'd2) ? nq_q * d_words : nkv_q * d_words;
+end
+
+// ---- data consumer: K banks, V banks, then the Q prefetch row ----
+reg [1:0] c_ph;          // 0 K, 1 V, 2 Q, 3 done
+reg [31:0] c_row, c_qrows;
+reg [{adwh}:0] c_b;
+reg qn_full;
+wire c_isv = (c_ph == 2'd1);
+wire kv_we = running && (c_ph == 2'd0 || c_ph == 2'd1) && rd_data_valid;
+wire q_we = running && c_ph == 2'd2 && !qn_full && rd_data_valid;
+always @* rd_data_ready = running && ((c_ph == 2'd0) || (c_ph == 2'd1) || (c_ph == 2'd2 && !qn_full));
+reg q_clear;
+
+// ---- score stage: slot issue ----
+reg s_run, s_alldone, s_inrow;
+reg [31:0] s_i, s_j, s_jend, s_jt;
+wire [31:0] jend_c = causal_q ? ((s_i + nkv_q >= nq_q) ? (((s_i + nkv_q - nq_q + 32'd1) < nkv_q) ? (s_i + nkv_q - nq_q + 32'd1) : nkv_q) : 32'd0) : nkv_q;
+reg [{atdh}:0] tf_wp, tf_rp, xf_wp, xf_rp;
+reg [{atd}:0] tf_cnt, xf_cnt;
+wire s_room = (tf_cnt + {atd1}'d6 < TD);
+wire s_rowstart = !s_inrow;
+wire s_can = running && s_run && !s_alldone && s_room && (s_inrow || qn_full);
+wire s_empty_row = s_rowstart && (jend_c == 32'd0);
+wire s_issue = s_can;
+wire [31:0] s_jcur = s_rowstart ? 32'd0 : s_j;
+wire [31:0] s_jend_cur = s_rowstart ? jend_c : s_jend;
+wire s_last = s_empty_row || (s_jcur + 32'd1 == s_jend_cur);
+wire s_tfirst = s_rowstart || (s_jt == 32'd0);
+wire s_tlast = s_last || (s_jt + 32'd1 == TILE);
+// pipeline: A (bank read) -> B (products) -> C (adder tree) -> D (score multiply) -> E (round, push)
+reg sa_v, sb_v, sc_v, sd_v;
+reg [5:0] sa_f, sb_f, sc_f, sd_f;  // flags: 0 tfirst, 1 tlast, 2 rowfirst, 3 rowlast, 4 empty
+reg [31:0] sa_j, sb_j, sc_j, sd_j, sa_i, sb_i, sc_i, sd_i;
+reg signed [31:0] sc_s;
+reg signed [48:0] sd_m;
+wire signed [48:0] sd_t = (shift_q == 6'd0) ? sd_m : ((sd_m + (49'sd1 <<< (shift_q - 6'd1))) >>> shift_q);
+reg signed [47:0] tmax;
+wire signed [47:0] tmax_n = sd_f[0] ? sd_t[47:0] : ((sd_t[47:0] > tmax) ? sd_t[47:0] : tmax);
+wire signed [47:0] et_n = (tmax_n + 48'sd255) >>> 8;
+// FIFOs: logits (t, flags, j, i) and tile exponents
+reg [47:0] tf_t [0:{tdl}];
+reg [5:0] tf_fl [0:{tdl}];
+reg [31:0] tf_jj [0:{tdl}];
+reg [31:0] tf_ii [0:{tdl}];
+reg [47:0] xf_e [0:{tdl}];
+wire [47:0] tf_th = tf_t[tf_rp];
+wire [5:0] tf_f = tf_fl[tf_rp];
+wire [31:0] tf_j = tf_jj[tf_rp];
+wire [31:0] tf_i = tf_ii[tf_rp];
+wire signed [47:0] xf_h = xf_e[xf_rp];
+
+// ---- softmax/PV stage ----
+reg signed [47:0] e_run;
+reg [31:0] l_run;
+reg p0_v, p1_v;
+reg [5:0] p0_f, p1_f;
+reg [31:0] p0_i, p1_i;
+reg signed [47:0] p0_e, p1_e;
+reg [5:0] p0_sh, p1_sh;
+reg p0_big;
+reg [7:0] p0_fr;
+reg [3:0] p0_n;
+reg [15:0] p1_p;
+wire p1_reset = p1_f[2] || p1_f[4];
+wire p1_rowlast = p1_f[3];
+wire tf_ne = (tf_cnt != {atd1}'d0);
+wire xf_ne = (xf_cnt != {atd1}'d0);
+wire row_in_flight = (p0_v && p0_f[3]) || (p1_v && p1_f[3]);
+reg [2:0] f_st;
+wire p_pop = running && tf_ne && (!tf_f[0] || xf_ne) && (!tf_f[3] || (f_st == F_IDLE && !row_in_flight));
+// exponent update at the first slot of a tile
+wire signed [47:0] e_new = (tf_f[0] && (tf_f[2] || tf_f[4])) ? xf_h : ((tf_f[0] && xf_h > e_run) ? xf_h : e_run);
+wire signed [47:0] e_diff = e_new - e_run;
+wire [5:0] sh_new = (tf_f[0] && !(tf_f[2] || tf_f[4])) ? ((e_diff >= 48'sd40) ? 6'd40 : e_diff[5:0]) : 6'd0;
+wire signed [48:0] u_new = {{e_new[47], e_new}} * 49'sd256 - {{tf_th[47], tf_th}};
+wire [32:0] l_rnd = {{1'b0, l_run}} + (33'd1 << (p1_sh - 6'd1));
+wire [31:0] l_base = p1_reset ? 32'd0 : ((p1_sh == 6'd0) ? l_run : ((p1_sh >= 6'd40) ? 32'd0 : (l_rnd >> p1_sh)));
+wire [31:0] l_next = l_base + {{16'd0, p1_p}};
+
+// ---- finaliser ----
+reg [31:0] f_l, f_i;
+reg signed [47:0] f_e;
+reg [4:0] f_bit;
+reg [{afwh}:0] f_w;
+reg [63:0] f_word;
+{omux}
+{decl}
+{seq}
+always @(posedge clock) begin
+    if (sd_v) begin
+        tf_t[tf_wp] <= sd_t[47:0];
+        tf_fl[tf_wp] <= sd_f;
+        tf_jj[tf_wp] <= sd_j;
+        tf_ii[tf_wp] <= sd_i;
+    end
+    if (sd_v && sd_f[1]) xf_e[xf_wp] <= sd_f[4] ? 48'sd0 : et_n;
+end
+
+always @(posedge clock) begin
+    done <= 1'b0;
+    q_clear <= 1'b0;
+    if (reset) begin
+        running <= 1'b0; g_ph <= 2'd3; c_ph <= 2'd3; s_run <= 1'b0;
+        sa_v <= 1'b0; sb_v <= 1'b0; sc_v <= 1'b0; sd_v <= 1'b0;
+        p0_v <= 1'b0; p1_v <= 1'b0; f_st <= F_IDLE;
+        tf_cnt <= 0; xf_cnt <= 0; tf_wp <= 0; tf_rp <= 0; xf_wp <= 0; xf_rp <= 0;
+        wr_req_valid <= 1'b0; wr_data_valid <= 1'b0; qn_full <= 1'b0;
+    end else begin
+        if (start && !running) begin
+            if (args_ok) begin
+                running <= 1'b1;
+                nq_q <= arg0; nkv_q <= arg1; d_q <= arg2; d_words <= arg2 >> 3; causal_q <= arg3[0];
+                mult_q <= arg4; shift_q <= arg5[5:0];
+                pq_q <= ptr0; pk_q <= ptr1; pv_q <= ptr2; po_q <= ptr3; ps_q <= ptr4;
+                g_ph <= 2'd0; c_ph <= 2'd0; c_row <= 32'd0; c_b <= 0; c_qrows <= 32'd0;
+                qn_full <= 1'b0; q_clear <= 1'b1;
+                s_run <= 1'b0; s_alldone <= 1'b0; s_inrow <= 1'b0; s_i <= 32'd0; s_j <= 32'd0; s_jt <= 32'd0;
+                tf_cnt <= 0; xf_cnt <= 0; tf_wp <= 0; tf_rp <= 0; xf_wp <= 0; xf_rp <= 0;
+                sa_v <= 1'b0; sb_v <= 1'b0; sc_v <= 1'b0; sd_v <= 1'b0;
+                p0_v <= 1'b0; p1_v <= 1'b0; f_st <= F_IDLE;
+                e_run <= 48'sd0; l_run <= 32'd0;
+            end else done <= 1'b1;
+        end
+        // requests
+        if (rd_req_valid && rd_req_ready) g_ph <= g_ph + 2'd1;
+        // data
+        if (kv_we) begin
+            if ({{{pad_dw}'d0, c_b}} + 32'd1 == d_words) begin
+                c_b <= 0;
+                if (c_row + 32'd1 == nkv_q) begin c_row <= 32'd0; c_ph <= c_ph + 2'd1; if (c_ph == 2'd1) s_run <= 1'b1; end
+                else c_row <= c_row + 32'd1;
+            end else c_b <= c_b + 1'b1;
+        end
+        if (q_we) begin
+            if ({{{pad_dw}'d0, c_b}} + 32'd1 == d_words) begin
+                c_b <= 0; qn_full <= 1'b1;
+                if (c_qrows + 32'd1 == nq_q) c_ph <= 2'd3;
+                c_qrows <= c_qrows + 32'd1;
+            end else c_b <= c_b + 1'b1;
+        end
+{st}
+        // score stage issue
+        if (s_issue) begin
+            if (s_rowstart) begin qn_full <= 1'b0; q_clear <= 1'b1; end
+            sa_v <= 1'b1;
+            sa_f <= {{1'b0, s_empty_row, s_last, s_rowstart, s_tlast, s_tfirst}};
+            sa_j <= s_jcur; sa_i <= s_i;
+            if (s_last) begin
+                s_inrow <= 1'b0; s_j <= 32'd0; s_jt <= 32'd0;
+                if (s_i + 32'd1 == nq_q) s_alldone <= 1'b1;
+                s_i <= s_i + 32'd1;
+            end else begin
+                s_inrow <= 1'b1; s_jend <= s_jend_cur; s_j <= s_jcur + 32'd1;
+                s_jt <= s_tlast ? 32'd0 : s_jt + 32'd1;
+            end
+        end else sa_v <= 1'b0;
+        sb_v <= sa_v; sb_f <= sa_f; sb_j <= sa_j; sb_i <= sa_i;
+        sc_v <= sb_v; sc_f <= sb_f; sc_j <= sb_j; sc_i <= sb_i; sc_s <= sc_sum;
+        sd_v <= sc_v; sd_f <= sc_f; sd_j <= sc_j; sd_i <= sc_i; sd_m <= sc_s * $signed({{1'b0, mult_q[15:0]}});
+        if (sd_v) begin
+            tmax <= tmax_n;
+            tf_wp <= tf_wp + 1'b1;
+            if (sd_f[1]) xf_wp <= xf_wp + 1'b1;
+        end
+        // FIFO counts
+        tf_cnt <= tf_cnt + (sd_v ? 1'b1 : 1'b0) - (p_pop ? 1'b1 : 1'b0);
+        xf_cnt <= xf_cnt + ((sd_v && sd_f[1]) ? 1'b1 : 1'b0) - ((p_pop && tf_f[0]) ? 1'b1 : 1'b0);
+        // softmax/PV: P0 pop
+        p0_v <= p_pop;
+        if (p_pop) begin
+            tf_rp <= tf_rp + 1'b1;
+            if (tf_f[0]) xf_rp <= xf_rp + 1'b1;
+            e_run <= e_new;
+            p0_f <= tf_f; p0_i <= tf_i; p0_e <= e_new; p0_sh <= sh_new;
+            p0_big <= (u_new >>> 8) >= 49'sd16;
+            p0_n <= u_new[11:8];
+            p0_fr <= u_new[7:0];
+        end
+        // P1: weight
+        p1_v <= p0_v; p1_f <= p0_f; p1_i <= p0_i; p1_e <= p0_e; p1_sh <= p0_sh;
+        p1_p <= p0_big ? 16'd0 : (lut(p0_fr) >> p0_n);
+        // P1 -> accumulate (lanes in the statements above)
+        if (p1_v) begin
+            if (p1_rowlast) begin
+                l_run <= 32'd0;
+                f_l <= p1_f[4] ? 32'd0 : l_next; f_i <= p1_i;
+                f_e <= p1_e;
+                f_st <= F_PREP;
+            end else l_run <= l_next;
+        end
+        // finaliser
+        case (f_st)
+            F_PREP: begin f_st <= F_DIV; f_bit <= 5'd17; end
+            F_DIV: if (f_bit == 5'd0) f_st <= F_FIX; else f_bit <= f_bit - 5'd1;
+            F_FIX: begin f_st <= F_WREQ; wr_req_valid <= 1'b1; f_w <= 0; end
+            F_WREQ: if (wr_req_ready) begin wr_req_valid <= 1'b0; wr_data_valid <= 1'b1; f_st <= F_WDAT; end
+            F_WDAT: if (wr_data_ready) begin
+                if ({{{pad_fw}'d0, f_w}} + 32'd1 == (d_q >> 2)) begin wr_data_valid <= 1'b0; wr_req_valid <= 1'b1; f_st <= F_SREQ; end
+                else f_w <= f_w + 1'b1;
+            end
+            F_SREQ: if (wr_req_ready) begin wr_req_valid <= 1'b0; wr_data_valid <= 1'b1; f_st <= F_SDAT; end
+            F_SDAT: if (wr_data_ready) begin wr_data_valid <= 1'b0; f_st <= F_IDLE; end
+            default: ;
+        endcase
+        if (running && s_alldone && !sa_v && !sb_v && !sc_v && !sd_v && !tf_ne && !p0_v && !p1_v
+            && f_st == F_IDLE && !wr_req_valid && !wr_data_valid && !s_issue) begin
+            running <= 1'b0; done <= 1'b1; s_run <= 1'b0; g_ph <= 2'd3; c_ph <= 2'd3;
+        end
+    end
+end
+
+// the row's exponent as int32 (golden clamps to [i32::MIN + 1, i32::MAX]); l = 0 marks an empty row
+wire [31:0] f_e32 = (f_l == 32'd0) ? 32'h80000000 : ((f_e > 48'sd2147483647) ? 32'h7fffffff : ((f_e < -48'sd2147483647) ? 32'h80000001 : f_e[31:0]));
+always @* begin
+    wr_req_addr = (f_st == F_SREQ || f_st == F_SDAT) ? (ps_q + {{29'd0, f_i, 3'd0}}) : (po_q + f_i * (d_q << 1));
+    wr_req_len = (f_st == F_SREQ || f_st == F_SDAT) ? 32'd1 : (d_q >> 2);
+    wr_data = (f_st == F_SDAT) ? {{f_l, f_e32}} : f_word;
+    wr_strb = 8'hFF;
+end
+
+endmodule // attention_core
+/* verilator lint_on BLKSEQ */
+/* verilator lint_on WIDTH */
+/* verilator lint_on UNUSED */
+"#,
+        nkv_max = p.nkv_max,
+        adwh = adw - 1,
+        atdh = atd - 1,
+        atd1 = atd + 1,
+        tdl = td - 1,
+        afwh = afw - 1,
+        pad_dw = 32 - adw,
+        pad_fw = 32 - afw,
+    )
+}

@@ -1,0 +1,577 @@
+//! The fused GEMM + bias + activation core: an int8 output-stationary systolic array of
+//! `rows x 8` MACs with per-column bias, ReLU and requantisation. Semantics:
+//! [`crate::golden::gemm`].
+//!
+//! Dataflow (C = 8 columns, one 64-bit word of W per cycle):
+//! - *params*: one 64-bit word per output column (bias, mult, shift; [`pack_params`]) is read
+//!   once into 8 column banks.
+//! - per M tile of `rows` rows: the x rows are read into `rows` on-chip banks (K bytes each);
+//!   then, for each N tile of 8 columns, the packed W stream ([`pack_w`]: for every k one word
+//!   holding `w[n0..n0+8][k]`) flows through the array at one k per cycle. x enters from the
+//!   left (row r delayed r cycles), w from the top (column c delayed c cycles); PE (r, c)
+//!   accumulates `x[m0+r][k] * w[n0+c][k]` in int32. A *first* flag travelling with x makes
+//!   each PE move its finished sum into a shadow register and restart, so tiles follow each
+//!   other without a bubble.
+//! - *read-out*, while the next tile streams: row by row, the 8 shadows get bias, ReLU and
+//!   requantisation (3 pipeline steps) and are written as one 64-bit word of y.
+//!
+//! Arguments: `x` (ptr0, int8 `[M][K]`), `w` (ptr1, packed), `params` (ptr2, packed), `y`
+//! (ptr3, int8 `[M][N]`), `m` (arg0), `n` (arg1, a multiple of 8), `k` (arg2, a multiple of
+//! 8), `relu` (arg3). The host pads N and K with zeros ([`pack_w`], [`pad_x`]). Out-of-range
+//! sizes (m = 0, n or k not a positive multiple of 8 or beyond `n_max` / `k_max`) finish at
+//! once without touching memory.
+//!
+//! Cycle count: `N/8 * K` array cycles per M tile plus `rows * K / 8` cycles to read its x
+//! rows, `N` cycles of params, and a drain of about `rows + 8 + 5 rows` cycles.
+
+use std::fmt::Write as _;
+
+use crate::core::{CoreError, KernelCore};
+use crate::desc::{ArgDesc, KernelDesc};
+use crate::golden::gemm::Requant;
+
+/// Columns of the array: the 8 int8 weights of one 64-bit read word.
+pub const COLS: usize = 8;
+
+/// Build parameters of the GEMM core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GemmCore {
+    /// Rows of the systolic array (M tile), 1..=128.
+    pub rows: u32,
+    /// Largest K (multiple of 8): depth of the x row banks.
+    pub k_max: u32,
+    /// Largest N (multiple of 8): depth of the parameter banks.
+    pub n_max: u32,
+}
+
+impl Default for GemmCore {
+    fn default() -> Self {
+        Self {
+            rows: 4,
+            k_max: 512,
+            n_max: 256,
+        }
+    }
+}
+
+impl GemmCore {
+    /// A U55C-sized configuration: 64 x 8 PEs (512 MACs/cycle), K and N up to 4096.
+    pub fn u55c() -> Self {
+        Self {
+            rows: 64,
+            k_max: 4096,
+            n_max: 4096,
+        }
+    }
+
+    /// Checks the parameters.
+    pub fn validate(&self) -> Result<(), CoreError> {
+        let bad = |msg: String| {
+            Err(CoreError::Param {
+                kernel: "gemm".into(),
+                msg,
+            })
+        };
+        if !(1..=128).contains(&self.rows) {
+            return bad(format!("rows = {} must be in 1..=128", self.rows));
+        }
+        if self.k_max < 8 || self.k_max % 8 != 0 || self.k_max > 65536 {
+            return bad(format!(
+                "k_max = {} must be a multiple of 8 in 8..=65536",
+                self.k_max
+            ));
+        }
+        if self.n_max < 8 || self.n_max % 8 != 0 || self.n_max > 65536 {
+            return bad(format!(
+                "n_max = {} must be a multiple of 8 in 8..=65536",
+                self.n_max
+            ));
+        }
+        Ok(())
+    }
+
+    /// Array cycles of an ideal run: one k step per cycle per (M tile, N tile).
+    pub fn ideal_cycles(&self, m: usize, n_padded: usize, k_padded: usize) -> u64 {
+        let tiles_m = m.div_ceil(self.rows as usize) as u64;
+        tiles_m * (n_padded / COLS) as u64 * k_padded as u64
+    }
+}
+
+impl KernelCore for GemmCore {
+    fn name(&self) -> &str {
+        "gemm"
+    }
+
+    fn desc(&self) -> KernelDesc {
+        KernelDesc {
+            name: "gemm".into(),
+            args: vec![
+                ArgDesc::pointer("x", "char*"),
+                ArgDesc::pointer("w", "char*"),
+                ArgDesc::pointer("params", "ulong*"),
+                ArgDesc::pointer("y", "char*"),
+                ArgDesc::scalar("m"),
+                ArgDesc::scalar("n"),
+                ArgDesc::scalar("k"),
+                ArgDesc::scalar("relu"),
+            ],
+        }
+    }
+
+    fn params(&self) -> Vec<(String, i64)> {
+        vec![
+            ("rows".into(), i64::from(self.rows)),
+            ("k_max".into(), i64::from(self.k_max)),
+            ("n_max".into(), i64::from(self.n_max)),
+        ]
+    }
+
+    fn core_verilog(&self) -> Result<String, CoreError> {
+        self.validate()?;
+        Ok(gemm_verilog(self))
+    }
+}
+
+/// `n` rounded up to a multiple of 8.
+pub fn pad8(n: usize) -> usize {
+    n.div_ceil(8) * 8
+}
+
+/// x `[M][K]` -> `[M][pad8(K)]` with zero columns.
+pub fn pad_x(x: &[i8], m: usize, k: usize) -> Vec<i8> {
+    let kp = pad8(k);
+    let mut out = vec![0i8; m * kp];
+    for (o, i) in out.chunks_exact_mut(kp).zip(x.chunks_exact(k.max(1))) {
+        o[..k].copy_from_slice(i);
+    }
+    out
+}
+
+/// w `[N][K]` -> the packed stream: for each tile of 8 rows of w and each k, one 64-bit word
+/// whose byte c is `w[n0+c][k]` (zero padded to `pad8(N)` x `pad8(K)`).
+pub fn pack_w(w: &[i8], n: usize, k: usize) -> Vec<u64> {
+    let (np, kp) = (pad8(n), pad8(k));
+    let mut out = vec![0u64; np / 8 * kp];
+    for n0 in (0..np).step_by(8) {
+        for kk in 0..k {
+            let mut word = 0u64;
+            for c in 0..8 {
+                let row = n0 + c;
+                if row < n {
+                    word |= u64::from(w[row * k + kk] as u8) << (8 * c);
+                }
+            }
+            out[n0 / 8 * kp + kk] = word;
+        }
+    }
+    out
+}
+
+/// Per-column parameter words: bits 31:0 bias, 47:32 mult, 53:48 shift (zero padded to
+/// `pad8(N)` columns).
+pub fn pack_params(bias: &[i32], rq: &[Requant]) -> Vec<u64> {
+    let np = pad8(bias.len());
+    (0..np)
+        .map(|i| match (bias.get(i), rq.get(i)) {
+            (Some(&b), Some(r)) => {
+                u64::from(b as u32) | (u64::from(r.mult) << 32) | (u64::from(r.shift & 63) << 48)
+            }
+            _ => 0,
+        })
+        .collect()
+}
+
+fn clog2(n: u32) -> u32 {
+    if n <= 1 {
+        1
+    } else {
+        32 - (n - 1).leading_zeros()
+    }
+}
+
+/// Emits the Verilog of `gemm_core` for `p`.
+fn gemm_verilog(p: &GemmCore) -> String {
+    let rows = p.rows as usize;
+    let kw = p.k_max / 8; // words per x bank
+    let nt = p.n_max / 8; // N tiles
+    let akw = clog2(kw);
+    let ant = clog2(nt);
+    let ar = clog2(p.rows.max(2));
+    let mut decl = String::new();
+    let mut seq = String::new();
+    let mut comb = String::new();
+    // ---- x banks, stage 0 ----
+    for r in 0..rows {
+        let _ = writeln!(
+            decl,
+            "reg [63:0] xb_{r} [0:{last}];\nreg [63:0] s0x_{r};\nwire signed [7:0] xin_{r} = s0x_{r}[{{s0_sel, 3'b000}} +: 8];",
+            last = kw - 1
+        );
+        let _ = writeln!(
+            seq,
+            "always @(posedge clock) begin\n    if (xb_we && c_r == {ar}'d{r}) xb_{r}[c_widx[{hi}:0]] <= rd_data;\n    if (adv) s0x_{r} <= xb_{r}[c_widx[{hk}:3]];\nend",
+            hi = akw - 1,
+            hk = akw + 2
+        );
+    }
+    // ---- parameter banks ----
+    for c in 0..COLS {
+        let _ = writeln!(
+            decl,
+            "reg [53:0] pb_{c} [0:{last}];\nreg [53:0] prm_{c};\nwire signed [7:0] win_{c} = s0w[{lo} +: 8];",
+            last = nt - 1,
+            lo = 8 * c
+        );
+        let _ = writeln!(
+            seq,
+            "always @(posedge clock) begin\n    if (pb_we && c_widx[2:0] == 3'd{c}) pb_{c}[c_widx[{hi}:3]] <= rd_data[53:0];\n    if (ro_st == RO_PRM) prm_{c} <= pb_{c}[ro_nt[{hn}:0]];\nend",
+            hi = ant + 2,
+            hn = ant - 1
+        );
+    }
+    // ---- skew lines: row r's x and flag delayed r steps, column c's w delayed c steps ----
+    for r in 0..rows {
+        if r == 0 {
+            let _ = writeln!(
+                decl,
+                "wire signed [7:0] xl_0 = xin_0;\nwire fl_0 = s0_flag;"
+            );
+        } else {
+            let _ = writeln!(
+                decl,
+                "reg signed [7:0] xs_{r} [0:{last}];\nreg fs_{r} [0:{last}];\nwire signed [7:0] xl_{r} = xs_{r}[{last}];\nwire fl_{r} = fs_{r}[{last}];",
+                last = r - 1
+            );
+            let mut body = format!("    xs_{r}[0] <= xin_{r}; fs_{r}[0] <= s0_flag;\n");
+            for i in 1..r {
+                let _ = writeln!(
+                    body,
+                    "    xs_{r}[{i}] <= xs_{r}[{p}]; fs_{r}[{i}] <= fs_{r}[{p}];",
+                    p = i - 1
+                );
+            }
+            let _ = writeln!(seq, "always @(posedge clock) if (adv) begin\n{body}end");
+        }
+    }
+    for c in 0..COLS {
+        if c == 0 {
+            let _ = writeln!(decl, "wire signed [7:0] wt_0 = win_0;");
+        } else {
+            let _ = writeln!(
+                decl,
+                "reg signed [7:0] ws_{c} [0:{last}];\nwire signed [7:0] wt_{c} = ws_{c}[{last}];",
+                last = c - 1
+            );
+            let mut body = format!("    ws_{c}[0] <= win_{c};\n");
+            for i in 1..c {
+                let _ = writeln!(body, "    ws_{c}[{i}] <= ws_{c}[{p}];", p = i - 1);
+            }
+            let _ = writeln!(seq, "always @(posedge clock) if (adv) begin\n{body}end");
+        }
+    }
+    // ---- PEs ----
+    for r in 0..rows {
+        for c in 0..COLS {
+            let xi = if c == 0 {
+                format!("xl_{r}")
+            } else {
+                format!("xr_{r}_{}", c - 1)
+            };
+            let fi = if c == 0 {
+                format!("fl_{r}")
+            } else {
+                format!("fr_{r}_{}", c - 1)
+            };
+            let wi = if r == 0 {
+                format!("wt_{c}")
+            } else {
+                format!("wd_{}_{c}", r - 1)
+            };
+            let _ = writeln!(
+                decl,
+                "reg signed [7:0] xr_{r}_{c}, wd_{r}_{c}; reg fr_{r}_{c};\nreg [31:0] acc_{r}_{c}, sh_{r}_{c};\nwire signed [15:0] pr_{r}_{c} = {xi} * {wi};"
+            );
+            let _ = writeln!(
+                seq,
+                "always @(posedge clock) if (adv) begin\n    xr_{r}_{c} <= {xi}; wd_{r}_{c} <= {wi}; fr_{r}_{c} <= {fi};\n    if ({fi}) begin sh_{r}_{c} <= acc_{r}_{c}; acc_{r}_{c} <= {{{{16{{pr_{r}_{c}[15]}}}}, pr_{r}_{c}}}; end\n    else acc_{r}_{c} <= acc_{r}_{c} + {{{{16{{pr_{r}_{c}[15]}}}}, pr_{r}_{c}}};\nend"
+            );
+        }
+    }
+    let last_flag = format!("fr_{}_{}", rows - 1, COLS - 2);
+    let last_flag = if COLS == 1 {
+        format!("fl_{}", rows - 1)
+    } else {
+        last_flag
+    };
+    // ---- read-out: row mux of the shadows, requantisation lanes ----
+    for c in 0..COLS {
+        let _ = writeln!(decl, "reg [31:0] shr_{c};");
+    }
+    let _ = writeln!(comb, "always @* begin");
+    for c in 0..COLS {
+        let _ = writeln!(comb, "    shr_{c} = 32'd0;");
+    }
+    let _ = writeln!(comb, "    case (ro_r)");
+    for r in 0..rows {
+        let _ = write!(comb, "        {ar}'d{r}: begin");
+        for c in 0..COLS {
+            let _ = write!(comb, " shr_{c} = sh_{r}_{c};");
+        }
+        let _ = writeln!(comb, " end");
+    }
+    let _ = writeln!(comb, "        default: ;\n    endcase\nend");
+    let mut lanes = String::new();
+    let mut ywords = Vec::new();
+    for c in 0..COLS {
+        let _ = writeln!(
+            decl,
+            "reg signed [31:0] v_{c}; reg signed [48:0] pm_{c}; reg [7:0] y_{c};\n\
+             wire signed [31:0] vb_{c} = shr_{c} + prm_{c}[31:0];\n\
+             wire [5:0] sf_{c} = prm_{c}[53:48];\n\
+             wire signed [48:0] rd_{c} = (sf_{c} == 6'd0) ? pm_{c} : ((pm_{c} + (49'sd1 <<< (sf_{c} - 6'd1))) >>> sf_{c});"
+        );
+        let _ = writeln!(
+            lanes,
+            "            if (ro_st == RO_ADD) v_{c} <= (relu_q && vb_{c}[31]) ? 32'sd0 : vb_{c};\n\
+             \x20           if (ro_st == RO_MUL) pm_{c} <= v_{c} * $signed({{1'b0, prm_{c}[47:32]}});\n\
+             \x20           if (ro_st == RO_RND) y_{c} <= (rd_{c} > 49'sd127) ? 8'd127 : ((rd_{c} < -49'sd128) ? 8'h80 : rd_{c}[7:0]);"
+        );
+        ywords.push(format!("y_{c}"));
+    }
+    ywords.reverse();
+    let yword = ywords.join(", ");
+    format!(
+        r#"
+// GEMM core (tandem-fpga): {rows} x {COLS} output-stationary int8 systolic array,
+// k_max = {k_max}, n_max = {n_max}. Semantics: fpga::golden::gemm.
+/* verilator lint_off UNUSED */
+/* verilator lint_off WIDTH */
+module gemm_core(
+    input wire clock, input wire reset, input wire start,
+    output reg done, output wire busy,
+    input wire [31:0] arg0, input wire [31:0] arg1, input wire [31:0] arg2, input wire [31:0] arg3,
+    input wire [31:0] arg4, input wire [31:0] arg5, input wire [31:0] arg6, input wire [31:0] arg7,
+    input wire [63:0] ptr0, input wire [63:0] ptr1, input wire [63:0] ptr2, input wire [63:0] ptr3,
+    input wire [63:0] ptr4, input wire [63:0] ptr5, input wire [63:0] ptr6, input wire [63:0] ptr7,
+    output reg rd_req_valid, input wire rd_req_ready, output reg [63:0] rd_req_addr, output reg [31:0] rd_req_len,
+    input wire rd_data_valid, output reg rd_data_ready, input wire [63:0] rd_data,
+    output reg wr_req_valid, input wire wr_req_ready, output reg [63:0] wr_req_addr, output reg [31:0] wr_req_len,
+    output reg wr_data_valid, input wire wr_data_ready, output reg [63:0] wr_data, output reg [7:0] wr_strb
+);
+localparam [31:0] ROWS = 32'd{rows};
+localparam [31:0] K_MAX = 32'd{k_max};
+localparam [31:0] N_MAX = 32'd{n_max};
+localparam [2:0] P_PRM = 3'd0, P_X = 3'd1, P_W = 3'd2, P_FLUSH = 3'd3, P_END = 3'd4, P_IDLE = 3'd7;
+localparam [2:0] RO_IDLE = 3'd0, RO_PRM = 3'd1, RO_ADD = 3'd2, RO_MUL = 3'd3, RO_RND = 3'd4, RO_WREQ = 3'd5, RO_WDAT = 3'd6;
+
+// ---- run control and arguments ----
+reg running;
+reg [31:0] m_q, n_q, k_q, nt_q, kw_q;
+reg relu_q;
+reg [63:0] px_q, pw_q, pp_q, py_q;
+assign busy = running;
+wire args_ok = (arg0 != 32'd0) && (arg1 != 32'd0) && (arg1[2:0] == 3'd0) && (arg1 <= N_MAX)
+            && (arg2 != 32'd0) && (arg2[2:0] == 3'd0) && (arg2 <= K_MAX);
+
+// ---- read request generator: params; per M tile the x rows, then one W stream per N tile ----
+reg [2:0] g_ph;
+reg [31:0] g_m0, g_nt;
+reg [{arh}:0] g_r;
+reg [63:0] g_xa, g_wa;
+always @* begin
+    rd_req_valid = running && (g_ph == P_PRM || g_ph == P_X || g_ph == P_W);
+    rd_req_addr = 64'd0;
+    rd_req_len = 32'd1;
+    case (g_ph)
+        P_PRM: begin rd_req_addr = pp_q; rd_req_len = n_q; end
+        P_X: begin rd_req_addr = g_xa; rd_req_len = kw_q; end
+        P_W: begin rd_req_addr = g_wa; rd_req_len = k_q; end
+        default: ;
+    endcase
+end
+wire g_last_row = ({{{pad}'d0, g_r}} + 32'd1 == ROWS) || (g_m0 + {{{pad}'d0, g_r}} + 32'd1 >= m_q);
+
+// ---- data consumer ----
+reg [2:0] c_ph;
+reg [31:0] c_m0, c_nt, c_widx;
+reg [{arh}:0] c_r;
+reg [63:0] c_yrow;
+wire c_last_row = ({{{pad}'d0, c_r}} + 32'd1 == ROWS) || (c_m0 + {{{pad}'d0, c_r}} + 32'd1 >= m_q);
+wire xb_we = running && c_ph == P_X && rd_data_valid;
+wire pb_we = running && c_ph == P_PRM && rd_data_valid;
+// the first k of a tile (and the flush step) carries the flag; it waits until the previous
+// capture has reached the last PE and its read-out is over
+reg cap_pending, ro_busy;
+wire flag_ok = !cap_pending && !ro_busy;
+reg fl_sent;
+reg [7:0] fl_cnt;
+wire w_take = running && c_ph == P_W && rd_data_valid && (c_widx != 32'd0 || flag_ok);
+wire fl_step = running && c_ph == P_FLUSH && (fl_sent || flag_ok) && (fl_cnt != 8'd0 || !fl_sent);
+// a tile shorter than the array's depth: zero steps move the pending flag on (x * 0 adds 0)
+wire bubble = running && cap_pending && ((c_ph == P_W && c_widx == 32'd0) || (c_ph == P_FLUSH && !fl_sent));
+wire adv = w_take || fl_step || bubble;
+wire flag_now = (w_take && c_widx == 32'd0) || (fl_step && !fl_sent);
+always @* rd_data_ready = running && (c_ph == P_PRM || c_ph == P_X || (c_ph == P_W && (c_widx != 32'd0 || flag_ok)));
+
+// ---- stage 0: the W word and the x bank words of this k ----
+reg [63:0] s0w;
+reg s0_flag;
+reg [2:0] s0_sel;
+
+// the capture in flight: which tile the flag's wavefront is collecting
+reg has_prev, cap_has;
+reg [31:0] prev_m0, prev_nt, cap_m0, cap_nt;
+reg [63:0] prev_ybase, cap_ybase;
+
+// ---- read-out ----
+reg [2:0] ro_st;
+reg [{arh}:0] ro_r;
+reg [31:0] ro_m0, ro_nt;
+reg [63:0] ro_addr;
+wire ro_last = ({{{pad}'d0, ro_r}} + 32'd1 == ROWS) || (ro_m0 + {{{pad}'d0, ro_r}} + 32'd1 >= m_q);
+
+{decl}
+{comb}
+{seq}
+
+always @(posedge clock) begin
+    if (adv) begin
+        s0w <= w_take ? rd_data : 64'd0;
+        s0_flag <= flag_now;
+        s0_sel <= c_widx[2:0];
+    end
+end
+
+always @(posedge clock) begin
+    done <= 1'b0;
+    if (reset) begin
+        running <= 1'b0;
+        g_ph <= P_IDLE; c_ph <= P_IDLE; ro_st <= RO_IDLE;
+        cap_pending <= 1'b0; ro_busy <= 1'b0; has_prev <= 1'b0; cap_has <= 1'b0;
+        wr_req_valid <= 1'b0; wr_data_valid <= 1'b0;
+    end else begin
+        if (start && !running) begin
+            if (args_ok) begin
+                running <= 1'b1;
+                m_q <= arg0; n_q <= arg1; k_q <= arg2; relu_q <= arg3[0];
+                nt_q <= arg1 >> 3; kw_q <= arg2 >> 3;
+                px_q <= ptr0; pw_q <= ptr1; pp_q <= ptr2; py_q <= ptr3;
+                g_ph <= P_PRM; c_ph <= P_PRM;
+                g_m0 <= 32'd0; g_nt <= 32'd0; g_r <= 0; g_xa <= ptr0; g_wa <= ptr1;
+                c_m0 <= 32'd0; c_nt <= 32'd0; c_r <= 0; c_widx <= 32'd0; c_yrow <= ptr3;
+                cap_pending <= 1'b0; ro_busy <= 1'b0; has_prev <= 1'b0; cap_has <= 1'b0;
+                fl_sent <= 1'b0; fl_cnt <= 8'd0; ro_st <= RO_IDLE;
+            end else begin
+                done <= 1'b1;
+            end
+        end
+        // request generator
+        if (rd_req_valid && rd_req_ready) begin
+            case (g_ph)
+                P_PRM: g_ph <= P_X;
+                P_X: begin
+                    g_xa <= g_xa + {{32'd0, k_q}};
+                    if (g_last_row) begin g_ph <= P_W; g_nt <= 32'd0; g_wa <= pw_q; end
+                    else g_r <= g_r + 1'b1;
+                end
+                P_W: begin
+                    g_wa <= g_wa + {{29'd0, k_q, 3'd0}};
+                    if (g_nt + 32'd1 == nt_q) begin
+                        g_nt <= 32'd0;
+                        g_r <= 0;
+                        if (g_m0 + ROWS >= m_q) g_ph <= P_END;
+                        else begin g_ph <= P_X; g_m0 <= g_m0 + ROWS; end
+                    end else g_nt <= g_nt + 32'd1;
+                end
+                default: ;
+            endcase
+        end
+        // data consumer
+        if (running) case (c_ph)
+            P_PRM: if (rd_data_valid) begin
+                if (c_widx + 32'd1 == n_q) begin c_widx <= 32'd0; c_ph <= P_X; c_r <= 0; end
+                else c_widx <= c_widx + 32'd1;
+            end
+            P_X: if (rd_data_valid) begin
+                if (c_widx + 32'd1 == kw_q) begin
+                    c_widx <= 32'd0;
+                    if (c_last_row) begin c_ph <= P_W; c_nt <= 32'd0; end
+                    else c_r <= c_r + 1'b1;
+                end else c_widx <= c_widx + 32'd1;
+            end
+            P_W: if (w_take) begin
+                if (c_widx + 32'd1 == k_q) begin
+                    c_widx <= 32'd0;
+                    if (c_nt + 32'd1 == nt_q) begin
+                        c_nt <= 32'd0; c_r <= 0;
+                        if (c_m0 + ROWS >= m_q) begin c_ph <= P_FLUSH; fl_sent <= 1'b0; fl_cnt <= 8'd0; end
+                        else begin c_ph <= P_X; c_m0 <= c_m0 + ROWS; c_yrow <= c_yrow + ROWS * n_q; end
+                    end else c_nt <= c_nt + 32'd1;
+                end else c_widx <= c_widx + 32'd1;
+            end
+            P_FLUSH: begin
+                if (fl_step) begin
+                    if (!fl_sent) begin fl_sent <= 1'b1; fl_cnt <= 8'd{flush}; end
+                    else fl_cnt <= fl_cnt - 8'd1;
+                end
+                if (fl_sent && fl_cnt == 8'd0 && !cap_pending && !ro_busy) c_ph <= P_END;
+            end
+            P_END: if (!ro_busy && !wr_req_valid && !wr_data_valid) begin
+                running <= 1'b0; done <= 1'b1; c_ph <= P_IDLE; g_ph <= P_IDLE;
+            end
+            default: ;
+        endcase
+        // flag bookkeeping: a flag collects the tile fed before it
+        if (adv && flag_now) begin
+            cap_pending <= 1'b1;
+            cap_has <= has_prev; cap_m0 <= prev_m0; cap_nt <= prev_nt; cap_ybase <= prev_ybase;
+            has_prev <= (c_ph == P_W);
+            prev_m0 <= c_m0; prev_nt <= c_nt; prev_ybase <= c_yrow + {{29'd0, c_nt, 3'd0}};
+        end
+        if (adv && {last_flag}) begin
+            cap_pending <= 1'b0;
+            if (cap_has) begin
+                ro_busy <= 1'b1; ro_st <= RO_PRM; ro_r <= 0;
+                ro_m0 <= cap_m0; ro_nt <= cap_nt; ro_addr <= cap_ybase;
+            end
+        end
+        // read-out
+        case (ro_st)
+            RO_PRM: ro_st <= RO_ADD;
+            RO_ADD: ro_st <= RO_MUL;
+            RO_MUL: ro_st <= RO_RND;
+            RO_RND: begin ro_st <= RO_WREQ; wr_req_valid <= 1'b1; end
+            RO_WREQ: if (wr_req_ready) begin
+                wr_req_valid <= 1'b0; wr_data_valid <= 1'b1; ro_st <= RO_WDAT;
+            end
+            RO_WDAT: if (wr_data_ready) begin
+                wr_data_valid <= 1'b0;
+                if (ro_last) begin ro_st <= RO_IDLE; ro_busy <= 1'b0; end
+                else begin ro_st <= RO_ADD; ro_r <= ro_r + 1'b1; ro_addr <= ro_addr + {{32'd0, n_q}}; end
+            end
+            default: ;
+        endcase
+    end
+    if (!reset) begin
+{lanes}    end
+end
+
+always @* begin
+    wr_req_addr = ro_addr;
+    wr_req_len = 32'd1;
+    wr_data = {{{yword}}};
+    wr_strb = 8'hFF;
+end
+
+endmodule // gemm_core
+/* verilator lint_on WIDTH */
+/* verilator lint_on UNUSED */
+"#,
+        k_max = p.k_max,
+        n_max = p.n_max,
+        arh = ar - 1,
+        pad = 32 - ar,
+        flush = rows + COLS + 2,
+        last_flag = last_flag,
+    )
+}
