@@ -290,7 +290,7 @@ mod tests {
     #[test]
     fn port_check_rejects_missing_port() {
         let v = "module foo(clock);\ninput wire clock;\nendmodule // foo\n";
-        let e = check_core_ports(v, "foo").unwrap_err();
+        let e = check_core_ports(v, "foo").expect_err("reset is missing");
         assert!(e.to_string().contains("reset"), "{e}");
     }
 }

@@ -169,7 +169,8 @@ fn a_kernel_that_never_finishes_times_out() {
         ..MemConfig::default()
     });
     let x = vec![1i16; 4 * 8];
-    let e = run_router(&mut c, &x, 4, 8, 2, Duration::from_millis(300)).unwrap_err();
+    let e =
+        run_router(&mut c, &x, 4, 8, 2, Duration::from_millis(300)).expect_err("never finishes");
     assert!(matches!(e, tandem_fpga::FpgaError::Timeout { .. }), "{e}");
     c.set_mem_config(MemConfig::default());
     c.reset().expect("reset");

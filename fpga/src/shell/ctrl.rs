@@ -187,8 +187,8 @@ fn ctrl_body(desc: &KernelDesc) -> Result<String, DescError> {
     let mut writes = String::new();
     let mut reads = String::new();
     let mut resets = String::new();
-    let mut used_s = vec![false; NUM_SCALARS];
-    let mut used_p = vec![false; NUM_POINTERS];
+    let mut used_s = [false; NUM_SCALARS];
+    let mut used_p = [false; NUM_POINTERS];
     for s in &slots {
         let r = format!("a_{}", s.port);
         let strb = |lo: u32| {
