@@ -318,7 +318,8 @@ reg signed [31:0] sc_s;
 reg signed [48:0] sd_m;
 wire signed [48:0] sd_t = (shift_q == 6'd0) ? sd_m : ((sd_m + (49'sd1 <<< (shift_q - 6'd1))) >>> shift_q);
 reg signed [47:0] tmax;
-wire signed [47:0] tmax_n = sd_f[0] ? sd_t[47:0] : ((sd_t[47:0] > tmax) ? sd_t[47:0] : tmax);
+wire signed [47:0] sd_t48 = sd_t[47:0]; // (a part-select is unsigned: compare through a signed wire)
+wire signed [47:0] tmax_n = sd_f[0] ? sd_t48 : ((sd_t48 > tmax) ? sd_t48 : tmax);
 wire signed [47:0] et_n = (tmax_n + 48'sd255) >>> 8;
 // FIFOs: logits (t, flags, j, i) and tile exponents
 reg [47:0] tf_t [0:{tdl}];
