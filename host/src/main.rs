@@ -31,6 +31,9 @@ enum Command {
     Op(cli::op::OpArgs),
     /// Time one op on one backend (median of many runs, inputs rotated).
     Bench(cli::bench::BenchArgs),
+    /// FPGA kernels: emit Verilog + kernel.xml, synthesise with yosys, simulate with Verilator.
+    #[command(subcommand)]
+    Fpga(cli::fpga::FpgaCmd),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +51,7 @@ fn main() -> ExitCode {
         Command::Plan(a) => cli::run::plan_only(a, &reg),
         Command::Op(a) => cli::op::run(a, &reg),
         Command::Bench(a) => cli::bench::run(a, &reg),
+        Command::Fpga(c) => cli::fpga::run(c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

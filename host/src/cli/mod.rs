@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod devices;
+pub mod fpga;
 pub mod op;
 pub mod run;
 
