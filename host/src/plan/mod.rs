@@ -134,6 +134,7 @@ pub fn plan_with_history(
         .collect();
     let mut placements = Vec::with_capacity(graph.nodes.len());
     let mut makespan = Duration::ZERO;
+    let mut fell_back: Vec<&str> = Vec::new();
     for node in &graph.nodes {
         let ins: Vec<TensorMeta> = node.inputs.iter().map(|i| metas[i].clone()).collect();
         let mut best: Option<(Duration, Duration, DeviceId)> = None;
@@ -188,12 +189,7 @@ pub fn plan_with_history(
         let (finish, est, dev) = best.unwrap_or((Duration::ZERO, Duration::ZERO, DeviceId::CPU));
         if let Some(k) = preferred {
             if dev.kind != k && k != DeviceKind::Cpu && !reg.of_kind(k).is_empty() {
-                warnings.push(format!(
-                    "node '{}' ({}) runs on the CPU: {}",
-                    node.name,
-                    node.op.name(),
-                    considered.first().cloned().unwrap_or_default()
-                ));
+                fell_back.push(node.op.name());
             }
         }
         device_free.insert(dev, finish);
@@ -207,6 +203,17 @@ pub fn plan_with_history(
             finish,
             reason: considered.join("; "),
         });
+    }
+    if let (BackendChoice::Only(k), false) = (choice, fell_back.is_empty()) {
+        let ran = graph.nodes.len() - fell_back.len();
+        fell_back.sort_unstable();
+        fell_back.dedup();
+        warnings.push(format!(
+            "{} runs {ran} of {} ops; it has no kernel for {}, which run on the CPU (--explain says why)",
+            k.name(),
+            graph.nodes.len(),
+            fell_back.join(", ")
+        ));
     }
     Ok(Plan {
         placements,
