@@ -288,6 +288,7 @@ mod tests {
     }
 
     /// f64 attention of one head with the bottom-right causal mask; returns (o, lse).
+    #[allow(clippy::too_many_arguments)]
     fn reference(
         q: &[f64],
         k: &[f64],

@@ -68,7 +68,7 @@ impl Requant {
     /// The multiplier/shift pair closest to `real` (`mult` normalised into `[2^15, 2^16)` where
     /// the shift allows), so that `mult / 2^shift ~= real` within a relative `2^-16`.
     pub fn from_real(real: f64) -> Result<Self, GemmError> {
-        if !real.is_finite() || real < 0.0 || real >= 65535.5 {
+        if !real.is_finite() || !(0.0..65535.5).contains(&real) {
             return Err(GemmError::Multiplier(real));
         }
         if real == 0.0 {
@@ -329,7 +329,7 @@ impl QuantLinear {
     /// Runs the golden kernel on f32 inputs `[M, K]` (quantised at `x_scale`), returning f32 `[M, N]`.
     pub fn forward(&self, x: &[f32], m: usize, relu: bool) -> Result<Vec<f32>, GemmError> {
         let n = self.bias.len();
-        let k = if n == 0 { 0 } else { self.w.len() / n };
+        let k = self.w.len().checked_div(n).unwrap_or(0);
         let xq: Vec<i8> = x.iter().map(|&v| quantize_value(v, self.x_scale)).collect();
         let y = gemm(
             &xq,

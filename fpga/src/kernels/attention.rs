@@ -70,7 +70,7 @@ impl AttentionCore {
                 msg,
             })
         };
-        if self.d_max < 8 || self.d_max % 8 != 0 || self.d_max > 256 {
+        if self.d_max < 8 || !self.d_max.is_multiple_of(8) || self.d_max > 256 {
             return bad(format!(
                 "d_max = {} must be a multiple of 8 in 8..=256",
                 self.d_max
@@ -239,7 +239,6 @@ fn attention_verilog(p: &AttentionCore) -> String {
 // Semantics: fpga::golden::attention.
 /* verilator lint_off UNUSED */
 /* verilator lint_off WIDTH */
-/* verilator lint_off BLKSEQ */
 module attention_core(
     input wire clock, input wire reset, input wire start,
     output reg done, output wire busy,
@@ -503,7 +502,6 @@ always @* begin
 end
 
 endmodule // attention_core
-/* verilator lint_on BLKSEQ */
 /* verilator lint_on WIDTH */
 /* verilator lint_on UNUSED */
 "#,

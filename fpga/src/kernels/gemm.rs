@@ -75,13 +75,13 @@ impl GemmCore {
         if !(1..=128).contains(&self.rows) {
             return bad(format!("rows = {} must be in 1..=128", self.rows));
         }
-        if self.k_max < 8 || self.k_max % 8 != 0 || self.k_max > 65536 {
+        if self.k_max < 8 || !self.k_max.is_multiple_of(8) || self.k_max > 65536 {
             return bad(format!(
                 "k_max = {} must be a multiple of 8 in 8..=65536",
                 self.k_max
             ));
         }
-        if self.n_max < 8 || self.n_max % 8 != 0 || self.n_max > 65536 {
+        if self.n_max < 8 || !self.n_max.is_multiple_of(8) || self.n_max > 65536 {
             return bad(format!(
                 "n_max = {} must be a multiple of 8 in 8..=65536",
                 self.n_max
