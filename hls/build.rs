@@ -2,7 +2,7 @@
 //! tests can call them through their `extern "C"` entry points.
 
 fn main() {
-    let sources = ["src/gemm.cpp", "src/attention.cpp"];
+    let sources = ["src/gemm.cpp", "src/attention.cpp", "src/router.cpp"];
     for s in sources
         .iter()
         .chain(&["src/tandem_hls.h", "src/exp2_lut.inc"])

@@ -8,6 +8,7 @@
 
 use tandem_fpga::golden::attention::{AttentionConfig, AttentionOut};
 use tandem_fpga::golden::gemm::{GemmDims, Requant};
+use tandem_fpga::golden::router::{self as grouter, RouterOut};
 use thiserror::Error;
 
 mod ffi {
@@ -37,6 +38,14 @@ mod ffi {
             causal: i32,
             score_mult: i32,
             score_shift: i32,
+        ) -> i32;
+        pub fn router_kernel(
+            logits: *const i16,
+            routes: *mut u32,
+            hist: *mut u32,
+            tokens: i32,
+            experts: i32,
+            top_k: i32,
         ) -> i32;
         pub fn attention_kv_tile() -> i32;
         pub fn gemm_max_k() -> i32;
@@ -196,4 +205,57 @@ pub fn attention(
         return Err(HlsError::Range { kernel: kn, dims });
     }
     Ok(out)
+}
+
+/// Runs the HLS router (`router_kernel`) on the host: `logits` int16 `[tokens, experts]`
+/// row-major and unpadded, as [`tandem_fpga::golden::router::route`] takes them.
+pub fn router(
+    logits: &[i16],
+    tokens: usize,
+    experts: usize,
+    k: usize,
+) -> Result<RouterOut, HlsError> {
+    let kn = "router";
+    check(kn, "logits", logits.len(), tokens * experts)?;
+    let dims = format!("tokens {tokens}, experts {experts}, k {k}");
+    let (t, e, kk) = (
+        dim(kn, tokens, &dims)?,
+        dim(kn, experts, &dims)?,
+        dim(kn, k, &dims)?,
+    );
+    let epad = grouter::logit_row_words(experts) * 4;
+    let kpad = grouter::route_row_words(k) * 2;
+    let hpad = grouter::hist_words(experts) * 2;
+    let mut padded = vec![0i16; tokens * epad];
+    for (dst, src) in padded
+        .chunks_exact_mut(epad.max(1))
+        .zip(logits.chunks_exact(experts.max(1)))
+    {
+        dst[..experts].copy_from_slice(src);
+    }
+    let mut routes = vec![0u32; tokens * kpad];
+    let mut hist = vec![0u32; hpad];
+    // SAFETY: `padded`, `routes` and `hist` have the padded sizes the C kernel indexes (rows of
+    // ceil(E/4)*4, ceil(k/2)*2 and ceil(E/2)*2 entries); it writes nothing else.
+    let rc = unsafe {
+        ffi::router_kernel(
+            padded.as_ptr(),
+            routes.as_mut_ptr(),
+            hist.as_mut_ptr(),
+            t,
+            e,
+            kk,
+        )
+    };
+    if rc != 0 {
+        return Err(HlsError::Range { kernel: kn, dims });
+    }
+    let bytes: Vec<u8> = routes.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let (ids, weights) = grouter::unpack_routes(&bytes, tokens, k);
+    let hbytes: Vec<u8> = hist.iter().flat_map(|v| v.to_le_bytes()).collect();
+    Ok(RouterOut {
+        ids,
+        weights,
+        hist: grouter::unpack_hist(&hbytes, experts),
+    })
 }

@@ -31,8 +31,8 @@
 
 // ---- router -------------------------------------------------------------------------------
 // Largest number of experts and of selected experts.
-#define ROUTER_MAX_E 256
-#define ROUTER_MAX_K 8
+#define ROUTER_MAX_E 4096
+#define ROUTER_MAX_K 32
 
 #ifdef __cplusplus
 extern "C" {
@@ -48,6 +48,12 @@ int gemm_kernel(const int8_t *x, const int8_t *w, const int32_t *bias, const uin
 int attention_kernel(const int8_t *q, const int8_t *k, const int8_t *v, int16_t *o,
                      int32_t *e_out, uint32_t *l_out, int nq, int nkv, int d, int causal,
                      int score_mult, int score_shift);
+
+// MoE router over `tokens` rows of `experts` int16 logits (rows padded to 4); writes routes
+// (rows of ceil(k/2)*2 u32 slots, weight << 16 | id) and hist (ceil(E/2)*2 u32). Returns 0,
+// or -1 when out of range (E > ROUTER_MAX_E, k > ROUTER_MAX_K, k > E).
+int router_kernel(const int16_t *logits, uint32_t *routes, uint32_t *hist, int tokens,
+                  int experts, int top_k);
 
 // Compile-time parameters, so tests run the golden model with the same ones.
 int attention_kv_tile(void);

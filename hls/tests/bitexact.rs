@@ -4,6 +4,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tandem_fpga::golden::attention::{self as gatt, AttentionConfig};
 use tandem_fpga::golden::gemm::{self as ggemm, GemmDims, Requant};
+use tandem_fpga::golden::router as grouter;
 
 fn rand_i8(rng: &mut ChaCha8Rng, n: usize, full: bool) -> Vec<i8> {
     (0..n)
@@ -191,4 +192,40 @@ fn attention_rows_without_keys_and_growing_max() {
     };
     let want = gatt::attention(&q, &k, &v, &cfg).expect("golden");
     assert_eq!(tandem_hls::attention(&q, &k, &v, &cfg).expect("hls"), want);
+}
+
+fn router_case(logits: &[i16], tokens: usize, experts: usize, k: usize, what: &str) {
+    let want = grouter::route(logits, tokens, experts, k).expect("golden");
+    let got = tandem_hls::router(logits, tokens, experts, k).expect("hls");
+    assert_eq!(got, want, "{what}: T={tokens} E={experts} k={k}");
+}
+
+#[test]
+fn router_matches_golden_random_ties_and_edges() {
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    for &(t, e, k) in &[
+        (1, 1, 1),
+        (5, 8, 2),
+        (7, 13, 4),
+        (3, 64, 8),
+        (4, 6, 6),
+        (2, 257, 32),
+        (9, 32, 32),
+    ] {
+        let wide: Vec<i16> = (0..t * e).map(|_| rng.r#gen()).collect();
+        router_case(&wide, t, e, k, "full range");
+        // few distinct values: many ties, broken by the lower index
+        let ties: Vec<i16> = (0..t * e).map(|_| rng.gen_range(-2..=2) * 300).collect();
+        router_case(&ties, t, e, k, "ties");
+    }
+    let equal = vec![1234i16; 3 * 16];
+    router_case(&equal, 3, 16, 5, "all equal");
+    let extreme: Vec<i16> = (0..2 * 10)
+        .map(|i| if i % 3 == 0 { i16::MAX } else { i16::MIN })
+        .collect();
+    router_case(&extreme, 2, 10, 4, "extremes");
+    assert!(
+        tandem_hls::router(&[0; 4], 1, 4, 5).is_err(),
+        "k > E must be refused"
+    );
 }
