@@ -1,0 +1,52 @@
+//! Measures the router on the Verilator card: cycles, logits per cycle, projected throughput
+//! at 300 MHz and simulator speed, for a few MoE shapes. `cargo run --release -p tandem-sim
+//! --example router_measure`.
+
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use tandem_fpga::FpgaDevice;
+use tandem_fpga::golden::router::route;
+use tandem_fpga::kernels::router::RouterCore;
+use tandem_fpga::shell::ShellConfig;
+use tandem_sim::run::run_router;
+use tandem_sim::{SimCard, SimConfig};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let core = RouterCore {
+        e_max: 256,
+        k_max: 8,
+    };
+    let mut card = SimCard::open(SimConfig::default())?;
+    card.load_core(&core, ShellConfig::default())?;
+    println!(
+        "| T | E | k | cycles | logits/cycle | projected @300 MHz | M logits/s | sim cycles/s |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    for &(t, e, k) in &[
+        (4096, 8, 2),
+        (4096, 16, 4),
+        (2048, 64, 8),
+        (1024, 128, 8),
+        (1024, 256, 8),
+    ] {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+        let x: Vec<i16> = (0..t * e).map(|_| rng.gen_range(-2048..2048)).collect();
+        let want = route(&x, t, e, k)?;
+        let (c0, w0) = (card.stats().total_cycles, card.sim_wall());
+        let (got, st) = run_router(&mut card, &x, t, e, k, Duration::from_secs(600))?;
+        assert_eq!(got, want, "bit-exact");
+        let sim_c = card.stats().total_cycles - c0;
+        let sim_s = (card.sim_wall() - w0).as_secs_f64();
+        let secs = st.cycles as f64 / 300e6;
+        println!(
+            "| {t} | {e} | {k} | {} | {:.3} | {:.1} us | {:.0} | {:.2e} |",
+            st.cycles,
+            (t * e) as f64 / st.cycles as f64,
+            secs * 1e6,
+            (t * e) as f64 / secs / 1e6,
+            sim_c as f64 / sim_s
+        );
+    }
+    Ok(())
+}
