@@ -449,3 +449,16 @@ fn route_output_drives_experts() -> TestResult {
     assert_eq!(y[0].meta(), TensorMeta::new(vec![t, h], DType::F32));
     Ok(())
 }
+
+#[test]
+fn route_large_enough_to_run_in_parallel() -> TestResult {
+    let mut r = rng(33);
+    let p = MoeRouteParams {
+        top_k: 3,
+        renormalize: true,
+        block_size: 8,
+    };
+    route_and_check(&uniform(&mut r, &[3001, 16], 3.0), p)?;
+    route_and_check(&small_ints(&mut r, &[3001, 16]), p)?;
+    Ok(())
+}

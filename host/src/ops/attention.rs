@@ -11,7 +11,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::elementwise::{exp_shifted, max_of};
-use super::{expect_inputs, metas, reference_metas};
+use super::{CPU_PAR_MIN, expect_inputs, metas, reference_metas};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::{Tensor, TensorMeta};
@@ -169,24 +169,37 @@ impl AttentionParams {
         let group = sh.hq / sh.hkv;
         let mut o = vec![0f32; sh.b * sh.hq * sh.nq * d];
         let mut lse = vec![f32::NEG_INFINITY; sh.b * sh.hq * sh.nq];
-        if sh.nq > 0 {
-            o.par_chunks_mut(sh.nq * d)
-                .zip(lse.par_chunks_mut(sh.nq))
-                .enumerate()
-                .for_each(|(plane, (o_p, lse_p))| {
-                    let (b, h) = (plane / sh.hq, plane % sh.hq);
-                    let kh = k.slice(s![b, h / group, .., ..]);
-                    let vh = v.slice(s![b, h / group, .., ..]);
-                    let qh = q.slice(s![b, h, .., ..]);
-                    o_p.par_chunks_mut(BLOCK_Q * d)
-                        .zip(lse_p.par_chunks_mut(BLOCK_Q))
-                        .enumerate()
-                        .for_each(|(blk, (o_b, lse_b))| {
-                            let i0 = blk * BLOCK_Q;
-                            let qb = qh.slice(s![i0..i0 + lse_b.len(), ..]);
-                            query_block(&geo, i0, qb, kh, vh, o_b, lse_b);
-                        });
-                });
+        // One work item: query block `blk` of plane `plane` (= b * Hq + h).
+        let block = |plane: usize, blk: usize, o_b: &mut [f32], lse_b: &mut [f32]| {
+            let (b, h) = (plane / sh.hq, plane % sh.hq);
+            let kh = k.slice(s![b, h / group, .., ..]);
+            let vh = v.slice(s![b, h / group, .., ..]);
+            let i0 = blk * BLOCK_Q;
+            let qb = q.slice(s![b, h, i0..i0 + lse_b.len(), ..]);
+            query_block(&geo, i0, qb, kh, vh, o_b, lse_b);
+        };
+        let plane_len = (sh.nq * d).max(1);
+        let small = sh.b * sh.hq * sh.nq * sh.nkv * d < CPU_PAR_MIN;
+        if sh.nq == 0 {
+            // Nothing to compute: empty outputs.
+        } else if small {
+            let planes = o.chunks_mut(plane_len).zip(lse.chunks_mut(sh.nq));
+            for (plane, (o_p, lse_p)) in planes.enumerate() {
+                let blocks = o_p.chunks_mut(BLOCK_Q * d).zip(lse_p.chunks_mut(BLOCK_Q));
+                for (blk, (o_b, lse_b)) in blocks.enumerate() {
+                    block(plane, blk, o_b, lse_b);
+                }
+            }
+        } else {
+            let planes = o.par_chunks_mut(plane_len).zip(lse.par_chunks_mut(sh.nq));
+            planes.enumerate().for_each(|(plane, (o_p, lse_p))| {
+                let blocks = o_p
+                    .par_chunks_mut(BLOCK_Q * d)
+                    .zip(lse_p.par_chunks_mut(BLOCK_Q));
+                blocks
+                    .enumerate()
+                    .for_each(|(blk, (o_b, lse_b))| block(plane, blk, o_b, lse_b));
+            });
         }
         Ok(vec![
             Tensor::from_vec_f32(&[sh.b, sh.hq, sh.nq, d], o)?,

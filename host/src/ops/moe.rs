@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::elementwise::{Real, exp_shifted, silu};
 use super::linear::matmul_bt;
-use super::{expect_inputs, flat, metas, reference_metas};
+use super::{CPU_PAR_MIN, expect_inputs, flat, metas, reference_metas};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::{Tensor, TensorMeta};
@@ -182,12 +182,17 @@ impl MoeRouteParams {
         let mut ids = vec![0i32; t * k];
         let mut weights = vec![T::zero(); t * k];
         // Per block of rows: (sum over rows of each expert's probability, sum of lse^2).
-        let partials: Vec<(Vec<f64>, f64)> = l
-            .par_chunks(ROUTE_ROWS * e)
-            .zip(ids.par_chunks_mut(ROUTE_ROWS * k))
-            .zip(weights.par_chunks_mut(ROUTE_ROWS * k))
-            .map(|((lc, ic), wc)| route_rows(lc, e, k, self.renormalize, ic, wc))
-            .collect();
+        let rows = |((lc, ic), wc): ((&[T], &mut [i32]), &mut [T])| {
+            route_rows(lc, e, k, self.renormalize, ic, wc)
+        };
+        let (lc, kc) = (ROUTE_ROWS * e, ROUTE_ROWS * k);
+        let partials: Vec<(Vec<f64>, f64)> = if l.len() < CPU_PAR_MIN {
+            let chunks = l.chunks(lc).zip(ids.chunks_mut(kc));
+            chunks.zip(weights.chunks_mut(kc)).map(rows).collect()
+        } else {
+            let chunks = l.par_chunks(lc).zip(ids.par_chunks_mut(kc));
+            chunks.zip(weights.par_chunks_mut(kc)).map(rows).collect()
+        };
         let mut prob_sums = vec![0.0f64; e];
         let mut z_sum = 0.0f64;
         for (p, z) in &partials {
@@ -452,18 +457,19 @@ impl MoeExpertsParams {
         let w: Vec<f32> = inputs[2].as_f32()?.iter().copied().collect();
         let gate_up = view3(inputs[5].as_f32()?)?;
         let down = view3(inputs[6].as_f32()?)?;
-        let outs: Vec<Array2<f32>> = plan
-            .par_iter()
-            .enumerate()
-            .map(|(e, slots)| {
-                let xe = gather_rows(x, slots, sh.k);
-                expert_ffn(
-                    xe.view(),
-                    gate_up.slice(s![e, .., ..]),
-                    down.slice(s![e, .., ..]),
-                )
-            })
-            .collect();
+        let ffn = |(e, slots): (usize, &Vec<usize>)| {
+            let xe = gather_rows(x, slots, sh.k);
+            expert_ffn(
+                xe.view(),
+                gate_up.slice(s![e, .., ..]),
+                down.slice(s![e, .., ..]),
+            )
+        };
+        let outs: Vec<Array2<f32>> = if sh.t * sh.k * sh.h * sh.f < CPU_PAR_MIN {
+            plan.iter().enumerate().map(ffn).collect()
+        } else {
+            plan.par_iter().enumerate().map(ffn).collect()
+        };
         let y = combine(&sh, &plan, &outs, &w);
         Ok(vec![Tensor::from_vec_f32(&[sh.t, sh.h], y)?])
     }
@@ -638,7 +644,7 @@ fn combine<T: Real>(sh: &ExpertsShape, plan: &[Vec<usize>], outs: &[Array2<T>], 
     if sh.h == 0 {
         return y;
     }
-    y.par_chunks_mut(sh.h).enumerate().for_each(|(t, yrow)| {
+    let token = |(t, yrow): (usize, &mut [T])| {
         for j in 0..sh.k {
             let slot = t * sh.k + j;
             if let Some((e, r)) = loc[slot] {
@@ -648,6 +654,11 @@ fn combine<T: Real>(sh: &ExpertsShape, plan: &[Vec<usize>], outs: &[Array2<T>], 
                 }
             }
         }
-    });
+    };
+    if y.len() * sh.k < CPU_PAR_MIN {
+        y.chunks_mut(sh.h).enumerate().for_each(token);
+    } else {
+        y.par_chunks_mut(sh.h).enumerate().for_each(token);
+    }
     y
 }

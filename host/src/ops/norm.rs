@@ -6,7 +6,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::elementwise::Real;
-use super::{expect_inputs, flat, metas, reference_metas};
+use super::{CPU_PAR_MIN, expect_inputs, flat, metas, reference_metas};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::{Tensor, TensorMeta};
@@ -113,22 +113,38 @@ impl RmsNormParams {
         let chunk = h * (ROWS_PER_TASK_ELEMS / h).max(1);
         let mut y = vec![T::zero(); x.len()];
         let mut sum = Vec::new();
+        let small = x.len() < CPU_PAR_MIN;
         if self.residual {
             let r = flat(&std[2])?;
             sum = vec![T::zero(); x.len()];
-            y.par_chunks_mut(chunk)
-                .zip(sum.par_chunks_mut(chunk))
-                .zip(x.par_chunks(chunk).zip(r.par_chunks(chunk)))
-                .for_each(|((yc, sc), (xc, rc))| {
-                    for ((s, &a), &b) in sc.iter_mut().zip(xc).zip(rc) {
-                        *s = a + b;
-                    }
-                    norm_rows(sc, w, eps, yc);
-                });
+            let add_norm = |((yc, sc), (xc, rc)): ResidualChunks<'_, T>| {
+                for ((s, &a), &b) in sc.iter_mut().zip(xc).zip(rc) {
+                    *s = a + b;
+                }
+                norm_rows(sc, w, eps, yc);
+            };
+            if small {
+                let xr = x.chunks(chunk).zip(r.chunks(chunk));
+                y.chunks_mut(chunk)
+                    .zip(sum.chunks_mut(chunk))
+                    .zip(xr)
+                    .for_each(add_norm);
+            } else {
+                let xr = x.par_chunks(chunk).zip(r.par_chunks(chunk));
+                y.par_chunks_mut(chunk)
+                    .zip(sum.par_chunks_mut(chunk))
+                    .zip(xr)
+                    .for_each(add_norm);
+            }
         } else {
-            y.par_chunks_mut(chunk)
-                .zip(x.par_chunks(chunk))
-                .for_each(|(yc, xc)| norm_rows(xc, w, eps, yc));
+            let norm = |(yc, xc): (&mut [T], &[T])| norm_rows(xc, w, eps, yc);
+            if small {
+                y.chunks_mut(chunk).zip(x.chunks(chunk)).for_each(norm);
+            } else {
+                y.par_chunks_mut(chunk)
+                    .zip(x.par_chunks(chunk))
+                    .for_each(norm);
+            }
         }
         let shape = IxDyn(inputs[0].shape());
         let shaped = |v: Vec<T>| {
@@ -142,6 +158,9 @@ impl RmsNormParams {
         Ok(outs)
     }
 }
+
+/// One block of rows with a residual: ((y, sum), (x, residual)).
+type ResidualChunks<'a, T> = ((&'a mut [T], &'a mut [T]), (&'a [T], &'a [T]));
 
 /// Elements each rayon task normalises (whole rows, at least one).
 const ROWS_PER_TASK_ELEMS: usize = 1 << 14;

@@ -7,7 +7,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::elementwise::Real;
-use super::{expect_inputs, flat, metas, reference_metas};
+use super::{CPU_PAR_MIN, expect_inputs, flat, metas, reference_metas};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::{Tensor, TensorMeta};
@@ -105,17 +105,26 @@ impl RopeParams {
         let xs = flat(&xs)?;
         let mut y = vec![T::zero(); xs.len()];
         let rows_per_task = (ROPE_TASK_ELEMS / d).max(1);
-        y.par_chunks_mut(rows_per_task * d)
-            .zip(xs.par_chunks(rows_per_task * d))
-            .enumerate()
-            .for_each(|(task, (yc, xc))| {
-                for (r, (yr, xr)) in yc.chunks_mut(d).zip(xc.chunks(d)).enumerate() {
-                    let pos = (task * rows_per_task + r) % t;
-                    let c = &cos[pos * half..(pos + 1) * half];
-                    let s = &sin[pos * half..(pos + 1) * half];
-                    rotate_row(xr, c, s, yr);
-                }
-            });
+        let chunk = rows_per_task * d;
+        let rotate = |(task, (yc, xc)): (usize, (&mut [T], &[T]))| {
+            for (r, (yr, xr)) in yc.chunks_mut(d).zip(xc.chunks(d)).enumerate() {
+                let pos = (task * rows_per_task + r) % t;
+                let c = &cos[pos * half..(pos + 1) * half];
+                let s = &sin[pos * half..(pos + 1) * half];
+                rotate_row(xr, c, s, yr);
+            }
+        };
+        if xs.len() < CPU_PAR_MIN {
+            y.chunks_mut(chunk)
+                .zip(xs.chunks(chunk))
+                .enumerate()
+                .for_each(rotate);
+        } else {
+            y.par_chunks_mut(chunk)
+                .zip(xs.par_chunks(chunk))
+                .enumerate()
+                .for_each(rotate);
+        }
         ArrayD::from_shape_vec(IxDyn(x.shape()), y)
             .map_err(|e| Error::Internal(format!("rope: {e}")))
     }
