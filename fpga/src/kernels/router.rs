@@ -9,9 +9,10 @@
 //!    entry `>=` itself (ties: lower index first), shifting the rest down, in one cycle;
 //!    the last logit of a row hands the finished list to the softmax stage and empties the
 //!    network in the same cycle;
-//! 3. *softmax* (while the next row streams): k cycles of exp (shift + LUT), 16 cycles of a
-//!    restoring divider for `2^30 / S`, k cycles of normalise, pack and histogram update.
-//!    The stream stalls only if a row is shorter than this (E < 2k + 18).
+//! 3. *softmax* (while the next row streams), two slots per cycle: ceil(k/2) cycles of exp
+//!    (shift + LUT), 4 cycles of a restoring divider for `2^30 / S` (4 quotient bits per
+//!    cycle), ceil(k/2) cycles of normalise, pack (one output word) and histogram update.
+//!    The stream stalls only if a row is shorter than this (E < k + 6 or so).
 //! 4. *write-out*: routes (2 slots per word) as they are produced, then the histogram.
 //!
 //! Arguments: `logits` (ptr0), `routes` (ptr1), `hist` (ptr2), `tokens` (arg0),
@@ -142,11 +143,32 @@ fn router_verilog(p: &RouterCore) -> String {
         );
         let _ = writeln!(hand, "                hv_{j} <= nv_{j}; hi_{j} <= ni_{j};");
         let _ = writeln!(clear_net, "                tk_{j} <= 1'b0;");
-        let _ = writeln!(
-            sel,
-            "        6'd{j}: begin sel_v = hv_{j}; sel_i = hi_{j}; sel_e = ex_{j}; end"
-        );
-        let _ = writeln!(ewr, "                    6'd{j}: ex_{j} <= e_new;");
+        if j % 2 == 0 {
+            // Slots j and j+1 are handled together (the second may not exist).
+            let (bv, bi, be, bw) = if j + 1 < km {
+                (
+                    format!("hv_{}", j + 1),
+                    format!("hi_{}", j + 1),
+                    format!("ex_{}", j + 1),
+                    format!(" ex_{} <= eb_new;", j + 1),
+                )
+            } else {
+                (
+                    "16'sd0".into(),
+                    "{IW{1'b0}}".into(),
+                    "16'd0".into(),
+                    String::new(),
+                )
+            };
+            let _ = writeln!(
+                sel,
+                "        6'd{j}: begin sa_v = hv_{j}; sa_i = hi_{j}; sa_e = ex_{j}; sb_v = {bv}; sb_i = {bi}; sb_e = {be}; end"
+            );
+            let _ = writeln!(
+                ewr,
+                "                    6'd{j}: begin ex_{j} <= ea_new;{bw} end"
+            );
+        }
     }
     let lut = exp2_lut();
     let mut lut_cases = String::new();
@@ -229,31 +251,48 @@ reg [20:0] sum;
 reg [35:0] rem;
 reg [3:0] bitn;
 reg [15:0] q_r;
-reg signed [15:0] sel_v;
-reg [IW-1:0] sel_i;
-reg [15:0] sel_e;
+reg signed [15:0] sa_v, sb_v;
+reg [IW-1:0] sa_i, sb_i;
+reg [15:0] sa_e, sb_e;
 always @(*) begin
-    sel_v = hv_0; sel_i = hi_0; sel_e = ex_0;
+    sa_v = hv_0; sa_i = hi_0; sa_e = ex_0; sb_v = 16'sd0; sb_i = {{IW{{1'b0}}}}; sb_e = 16'd0;
     case (sj)
 {sel}        default: ;
     endcase
 end
-wire [16:0] d = {{hv_0[15], hv_0}} - {{sel_v[15], sel_v}};
-wire [32:0] dl = {{16'd0, d}} * 33'd{log2e};
-wire [16:0] u = dl[30:14];
-wire [15:0] e_new = (u[16:8] >= 9'd16) ? 16'd0 : (lut(u[7:0]) >> u[11:8]);
-wire [35:0] div_sub = {{15'd0, sum}} << bitn;
-wire [31:0] wprod = {{16'd0, sel_e}} * {{16'd0, q_r}} + 32'd16384;
-wire [15:0] w_new = wprod[30:15];
-wire [31:0] rec = {{w_new, {{(16-IW){{1'b0}}}}, sel_i}};
-wire last_j = (sj == k_q - 6'd1);
-wire push_now = sj[0] || last_j;
+// two slots per cycle: a = sj, b = sj + 1 (b exists when sj + 1 < k)
+wire b_ok = (sj + 6'd1 < k_q);
+wire last_pair = (sj + 6'd2 >= k_q);
+wire [16:0] da = {{hv_0[15], hv_0}} - {{sa_v[15], sa_v}};
+wire [16:0] db = {{hv_0[15], hv_0}} - {{sb_v[15], sb_v}};
+wire [32:0] dla = {{16'd0, da}} * 33'd{log2e};
+wire [32:0] dlb = {{16'd0, db}} * 33'd{log2e};
+wire [16:0] ua = dla[30:14];
+wire [16:0] ub = dlb[30:14];
+wire [15:0] ea_new = (ua[16:8] >= 9'd16) ? 16'd0 : (lut(ua[7:0]) >> ua[11:8]);
+wire [15:0] eb_new = (!b_ok || ub[16:8] >= 9'd16) ? 16'd0 : (lut(ub[7:0]) >> ub[11:8]);
+// restoring division 2^30 / sum, four quotient bits per cycle (bits bitn .. bitn-3)
+wire [35:0] sum36 = {{15'd0, sum}};
+wire [35:0] s3 = sum36 << bitn;
+wire [35:0] s2 = sum36 << (bitn - 4'd1);
+wire [35:0] s1 = sum36 << (bitn - 4'd2);
+wire [35:0] s0 = sum36 << (bitn - 4'd3);
+wire g3 = rem >= s3;
+wire [35:0] r3 = g3 ? rem - s3 : rem;
+wire g2 = r3 >= s2;
+wire [35:0] r2 = g2 ? r3 - s2 : r3;
+wire g1 = r2 >= s1;
+wire [35:0] r1 = g1 ? r2 - s1 : r2;
+wire g0 = r1 >= s0;
+wire [35:0] r0 = g0 ? r1 - s0 : r1;
+wire [31:0] wpa = {{16'd0, sa_e}} * {{16'd0, q_r}} + 32'd16384;
+wire [31:0] wpb = {{16'd0, sb_e}} * {{16'd0, q_r}} + 32'd16384;
+wire [31:0] rec_a = {{wpa[30:15], {{(16-IW){{1'b0}}}}, sa_i}};
+wire [31:0] rec_b = b_ok ? {{wpb[30:15], {{(16-IW){{1'b0}}}}, sb_i}} : 32'd0;
 reg [63:0] ow;
 reg ow_valid;
-reg [31:0] ow_lo;
 wire wr_fire = ow_valid && wr_data_ready;
 wire ow_free = !ow_valid || wr_fire;
-wire norm_go = !push_now || ow_free;
 
 // ---- histogram ----
 reg [31:0] hist [0:{e_last}];
@@ -285,7 +324,7 @@ always @(posedge clock) begin
         clr_idx <= 16'd0; clr_done <= 1'b0;
         w_valid <= 1'b0; w_q <= 64'd0; pos <= 2'd0; eidx <= 16'd0; hand_full <= 1'b0;
         ph <= P_IDLE; sj <= 6'd0; sum <= 21'd0; rem <= 36'd0; bitn <= 4'd0; q_r <= 16'd0;
-        ow <= 64'd0; ow_valid <= 1'b0; ow_lo <= 32'd0; hidx <= 17'd0;
+        ow <= 64'd0; ow_valid <= 1'b0; hidx <= 17'd0;
 {rst}    end else begin
         done <= 1'b0;
         if (start && !running) begin
@@ -333,25 +372,25 @@ always @(posedge clock) begin
                     case (sj)
 {ewr}                        default: ;
                     endcase
-                    sum <= sum + {{5'd0, e_new}};
-                    if (last_j) begin
+                    sum <= sum + {{5'd0, ea_new}} + {{5'd0, eb_new}};
+                    if (last_pair) begin
                         ph <= P_DIV; bitn <= 4'd15; rem <= 36'd1 << 30; q_r <= 16'd0;
-                    end else sj <= sj + 6'd1;
+                    end else sj <= sj + 6'd2;
                 end
                 P_DIV: begin
-                    if (rem >= div_sub) begin rem <= rem - div_sub; q_r[bitn] <= 1'b1; end
-                    if (bitn == 4'd0) begin ph <= P_NORM; sj <= 6'd0; end
-                    else bitn <= bitn - 4'd1;
+                    rem <= r0;
+                    q_r[bitn] <= g3; q_r[bitn - 4'd1] <= g2; q_r[bitn - 4'd2] <= g1; q_r[bitn - 4'd3] <= g0;
+                    if (bitn == 4'd3) begin ph <= P_NORM; sj <= 6'd0; end
+                    else bitn <= bitn - 4'd4;
                 end
-                default: if (norm_go) begin
-                    if (push_now) begin
-                        ow <= sj[0] ? {{rec, ow_lo}} : {{32'd0, rec}};
-                        ow_valid <= 1'b1;
-                    end else ow_lo <= rec;
-                    hist[sel_i] <= hist[sel_i] + 32'd1;
-                    if (last_j) begin
+                default: if (ow_free) begin
+                    ow <= {{rec_b, rec_a}};
+                    ow_valid <= 1'b1;
+                    hist[sa_i] <= hist[sa_i] + 32'd1;
+                    if (b_ok) hist[sb_i] <= hist[sb_i] + 32'd1;
+                    if (last_pair) begin
                         ph <= P_IDLE; hand_full <= 1'b0; tout <= tout + 32'd1;
-                    end else sj <= sj + 6'd1;
+                    end else sj <= sj + 6'd2;
                 end
             endcase
             // write-out sequencing
@@ -374,7 +413,8 @@ always @(posedge clock) begin
     end
 end
 wire _unused_ok = &{{1'b0, arg3, arg4, arg5, arg6, arg7, ptr3, ptr4, ptr5, ptr6, ptr7,
-                    rd_len_w[63:32], rt_len_w[63:32], dl[32:31], dl[13:0], wprod[31], wprod[14:0], 1'b0}};
+                    rd_len_w[63:32], rt_len_w[63:32], dla[32:31], dla[13:0], dlb[32:31], dlb[13:0],
+                    wpa[31], wpa[14:0], wpb[31], wpb[14:0], 1'b0}};
 endmodule // router_core
 "#,
         e_max = p.e_max,
