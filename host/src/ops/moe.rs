@@ -193,28 +193,12 @@ impl MoeRouteParams {
             let chunks = l.par_chunks(lc).zip(ids.par_chunks_mut(kc));
             chunks.zip(weights.par_chunks_mut(kc)).map(rows).collect()
         };
-        let mut prob_sums = vec![0.0f64; e];
-        let mut z_sum = 0.0f64;
-        for (p, z) in &partials {
-            prob_sums.iter_mut().zip(p).for_each(|(a, b)| *a += b);
-            z_sum += z;
-        }
         let mut counts = vec![0i32; e];
         for &id in &ids {
             counts[id as usize] += 1;
         }
         let (sorted, offsets) = align_blocks(&ids, &counts, self.block_size, outs[3].shape[0]);
-        let (aux_loss, z_loss) = if t == 0 {
-            (0.0, 0.0)
-        } else {
-            let tf = t as f64;
-            let aux = counts
-                .iter()
-                .zip(&prob_sums)
-                .map(|(&c, &p)| f64::from(c) / tf * (p / tf))
-                .sum::<f64>();
-            (e as f64 * aux, z_sum / tf)
-        };
+        let (aux_loss, z_loss) = losses(&partials, &counts, t);
         Ok(Routed {
             ids,
             weights,
@@ -240,6 +224,28 @@ struct Routed<T> {
     offsets: Vec<i32>,
     aux_loss: f64,
     z_loss: f64,
+}
+
+/// (aux_loss, z_loss) from the per-block partial sums (reduced in block order), the expert
+/// counts and the number of tokens: E * sum_i (count_i / T) * mean_t p[t, i] and
+/// mean_t lse_t^2, both 0 when T = 0.
+fn losses(partials: &[(Vec<f64>, f64)], counts: &[i32], t: usize) -> (f64, f64) {
+    if t == 0 {
+        return (0.0, 0.0);
+    }
+    let mut prob_sums = vec![0.0f64; counts.len()];
+    let mut z_sum = 0.0f64;
+    for (p, z) in partials {
+        prob_sums.iter_mut().zip(p).for_each(|(a, b)| *a += b);
+        z_sum += z;
+    }
+    let tf = t as f64;
+    let aux: f64 = counts
+        .iter()
+        .zip(&prob_sums)
+        .map(|(&c, &p)| f64::from(c) / tf * (p / tf))
+        .sum();
+    (counts.len() as f64 * aux, z_sum / tf)
 }
 
 /// Rejects NaN and infinite logits, naming the first token row that holds one.
