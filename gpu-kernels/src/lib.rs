@@ -115,6 +115,8 @@ impl Module {
                 "mha_bf16_fwd_d128_w8",
                 "mha_bf16_fwd_d64_m2",
                 "mha_bf16_fwd_d128_m2",
+                "mha_bf16_fwd_d64_m2n32",
+                "mha_bf16_fwd_d128_m2n32",
             ],
         }
     }
@@ -143,7 +145,8 @@ pub const ROUTE_TOKENS_PER_BLOCK: usize = 64;
 pub const ROUTE_THREADS: u32 = 256;
 /// Largest expert count the routing kernel takes (32 lanes x 8 logits).
 pub const ROUTE_MAX_EXPERTS: usize = 256;
-/// Key rows per attention tile (ATT_BN in attention.cu).
+/// Key rows per attention tile of the default builds (ATT_BN in attention.cu; `_n32` builds
+/// use 32).
 pub const ATTENTION_BLOCK_N: usize = 64;
 /// 16-byte vectors per thread of `rmsnorm_bf16` (RMS_VPT in norm.cu).
 pub const RMSNORM_VECTORS_PER_THREAD: usize = 4;

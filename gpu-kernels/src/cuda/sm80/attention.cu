@@ -6,6 +6,7 @@
 // natural log). Query head h reads kv head h / (Hq / Hkv). Causal masks are bottom-right:
 // query i sees key j iff j <= i + Nkv - Nq; a row that sees nothing gets o = 0, lse = -inf.
 
+// key rows per tile: the BN template parameter (ATT_BN is the default)
 #define ATT_BN 64
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
@@ -47,19 +48,19 @@ __device__ __forceinline__ void load_tile(bf16_t* s, const bf16_t* g, int r0, in
 // NW warps, each owning MT 16-row m-tiles (so each K/V fragment read from shared memory feeds
 // MT mma's); QREG keeps the Q fragments in registers for the whole loop, else they are re-read
 // from shared memory each tile (fewer registers).
-template <int D, int NW, int MT, bool QREG>
+template <int D, int NW, int MT, bool QREG, int BN>
 __device__ __forceinline__ void attn_fwd(const bf16_t* __restrict__ Q, const bf16_t* __restrict__ K,
                                          const bf16_t* __restrict__ V, bf16_t* __restrict__ O,
                                          float* __restrict__ LSE, int Hq, int Hkv, int Nq, int Nkv,
                                          float scale_log2, int causal) {
-    constexpr int BM = 16 * MT * NW, BN = ATT_BN, NT = 32 * NW, S = D + 8;
+    constexpr int BM = 16 * MT * NW, NT = 32 * NW, S = D + 8;
     constexpr int KD = D / 16;   // k-steps over the head dim
     constexpr int NN = BN / 8;   // n-tiles of S
     constexpr int ND = D / 8;    // n-tiles of O
     extern __shared__ __align__(16) unsigned char att_smem[];
     bf16_t* sQ = (bf16_t*)att_smem;
     bf16_t* sK = sQ + BM * S;
-    bf16_t* sV = sK + 2 * BN * S;
+    bf16_t* sV = sK + BN * S;
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int m_block = gridDim.x - 1 - blockIdx.x;  // longest (causal) blocks first
@@ -91,22 +92,19 @@ __device__ __forceinline__ void attn_fwd(const bf16_t* __restrict__ Q, const bf1
         l_r[mt][0] = l_r[mt][1] = 0.f;
     }
 
+    // FA2's schedule with one K and one V buffer: V_j loads while S = Q K_j and the softmax
+    // run; K_{j+1} loads while O += P V_j runs.
     if (n_blocks > 0) {
         load_tile<D, NT>(sQ, q, m0, BM, Nq);
         load_tile<D, NT>(sK, k, 0, BN, Nkv);
-        load_tile<D, NT>(sV, v, 0, BN, Nkv);
         cp_async_commit();
     }
     unsigned qf[QREG ? MT : 1][QREG ? KD : 1][4];
     for (int nb = 0; nb < n_blocks; ++nb) {
-        const int st = nb & 1;
-        if (nb + 1 < n_blocks) {
-            load_tile<D, NT>(sK + (st ^ 1) * BN * S, k, (nb + 1) * BN, BN, Nkv);
-            load_tile<D, NT>(sV + (st ^ 1) * BN * S, v, (nb + 1) * BN, BN, Nkv);
-        }
+        cp_async_wait<0>();
+        __syncthreads();  // K_nb (and Q) landed; every warp is done with V_{nb-1}
+        load_tile<D, NT>(sV, v, nb * BN, BN, Nkv);
         cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
         if (QREG && nb == 0) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
@@ -117,8 +115,8 @@ __device__ __forceinline__ void attn_fwd(const bf16_t* __restrict__ Q, const bf1
                             qf[QREG ? mt : 0][QREG ? kk : 0][2], qf[QREG ? mt : 0][QREG ? kk : 0][3], p);
                 }
         }
-        const bf16_t* cK = sK + st * BN * S;
-        const bf16_t* cV = sV + st * BN * S;
+        const bf16_t* cK = sK;
+        const bf16_t* cV = sV;
         // S = Q K^T for this warp's rows x BN keys
         float acc_s[MT][NN][4];
 #pragma unroll
@@ -194,6 +192,10 @@ __device__ __forceinline__ void attn_fwd(const bf16_t* __restrict__ Q, const bf1
                     acc_o[mt][dt][2 * r + 1] *= alpha;
                 }
             }
+        cp_async_wait<0>();
+        __syncthreads();  // V_nb landed; every warp is done with K_nb
+        if (nb + 1 < n_blocks) load_tile<D, NT>(sK, k, (nb + 1) * BN, BN, Nkv);
+        cp_async_commit();
         // O += P V
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
@@ -217,7 +219,6 @@ __device__ __forceinline__ void attn_fwd(const bf16_t* __restrict__ Q, const bf1
                 }
             }
         }
-        __syncthreads();
     }
     cp_async_wait<0>();
     // finish: full row sums, normalise, store
@@ -242,18 +243,20 @@ __device__ __forceinline__ void attn_fwd(const bf16_t* __restrict__ Q, const bf1
         }
 }
 
-#define ATT_ENTRY(NAME, D, NW, MT, QREG)                                                            \
+#define ATT_ENTRY(NAME, D, NW, MT, QREG, BN)                                                            \
     extern "C" __global__ void __launch_bounds__(32 * NW) NAME(                                      \
             const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v, \
             bf16_t* __restrict__ o, float* __restrict__ lse, int Hq, int Hkv, int Nq, int Nkv,       \
             float scale_log2, int causal) {                                                          \
-        attn_fwd<D, NW, MT, QREG>(q, k, v, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal);           \
+        attn_fwd<D, NW, MT, QREG, BN>(q, k, v, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal);           \
     }
 
-// name                    D    warps m-tiles/warp  Q in registers
-ATT_ENTRY(mha_bf16_fwd_d64, 64, 4, 1, true)
-ATT_ENTRY(mha_bf16_fwd_d128, 128, 4, 1, true)
-ATT_ENTRY(mha_bf16_fwd_d64_w8, 64, 8, 1, true)
-ATT_ENTRY(mha_bf16_fwd_d128_w8, 128, 8, 1, true)
-ATT_ENTRY(mha_bf16_fwd_d64_m2, 64, 4, 2, true)
-ATT_ENTRY(mha_bf16_fwd_d128_m2, 128, 4, 2, false)
+// name                      D   warps m-tiles/warp Q-in-registers key-tile
+ATT_ENTRY(mha_bf16_fwd_d64, 64, 4, 1, true, 64)
+ATT_ENTRY(mha_bf16_fwd_d128, 128, 4, 1, true, 64)
+ATT_ENTRY(mha_bf16_fwd_d64_w8, 64, 8, 1, true, 64)
+ATT_ENTRY(mha_bf16_fwd_d128_w8, 128, 8, 1, true, 64)
+ATT_ENTRY(mha_bf16_fwd_d64_m2, 64, 4, 2, true, 64)
+ATT_ENTRY(mha_bf16_fwd_d128_m2, 128, 4, 2, false, 64)
+ATT_ENTRY(mha_bf16_fwd_d64_m2n32, 64, 4, 2, true, 32)
+ATT_ENTRY(mha_bf16_fwd_d128_m2n32, 128, 4, 2, true, 32)

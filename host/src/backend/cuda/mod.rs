@@ -360,6 +360,7 @@ impl Backend for CudaBackend {
             .collect::<Result<Vec<_>>>()?;
         let _g = self.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
         let cx = ops::Cx { be: self };
+        ops::prepare(&cx, op)?;
         let outs = ops::alloc_outputs(&cx, op, &out_metas)?;
         if self.opts.poison {
             for o in &outs {

@@ -16,14 +16,17 @@ pub enum Variant {
     W8,
     /// 4 warps x 2 m-tiles (128-row blocks, FA2's layout): each K/V fragment feeds two mma's.
     M2,
+    /// As M2 with 32-key tiles (fewer registers for S, Q kept in registers).
+    M2N32,
 }
 
 impl Variant {
-    /// From `TANDEM_ATTN_VARIANT` (w4, w8, m2); default m2.
+    /// From `TANDEM_ATTN_VARIANT` (w4, w8, m2, m2n32); default m2.
     pub fn from_env() -> Self {
         match std::env::var("TANDEM_ATTN_VARIANT").ok().as_deref() {
             Some("w4") => Variant::W4,
             Some("w8") => Variant::W8,
+            Some("m2n32") => Variant::M2N32,
             _ => Variant::M2,
         }
     }
@@ -32,7 +35,15 @@ impl Variant {
     pub fn block_m(self) -> usize {
         match self {
             Variant::W4 => 64,
-            Variant::W8 | Variant::M2 => 128,
+            Variant::W8 | Variant::M2 | Variant::M2N32 => 128,
+        }
+    }
+
+    /// Key rows per tile.
+    pub fn block_n(self) -> usize {
+        match self {
+            Variant::M2N32 => 32,
+            _ => tandem_gpu_kernels::ATTENTION_BLOCK_N,
         }
     }
 
@@ -40,7 +51,7 @@ impl Variant {
     pub fn threads(self) -> usize {
         match self {
             Variant::W8 => 256,
-            Variant::W4 | Variant::M2 => 128,
+            Variant::W4 | Variant::M2 | Variant::M2N32 => 128,
         }
     }
 
@@ -50,6 +61,8 @@ impl Variant {
             (64, Variant::W4) => "mha_bf16_fwd_d64",
             (64, Variant::W8) => "mha_bf16_fwd_d64_w8",
             (64, Variant::M2) => "mha_bf16_fwd_d64_m2",
+            (64, Variant::M2N32) => "mha_bf16_fwd_d64_m2n32",
+            (_, Variant::M2N32) => "mha_bf16_fwd_d128_m2n32",
             (_, Variant::W4) => "mha_bf16_fwd_d128",
             (_, Variant::W8) => "mha_bf16_fwd_d128_w8",
             (_, Variant::M2) => "mha_bf16_fwd_d128_m2",
@@ -74,8 +87,9 @@ pub fn attention(
         return Ok(name.into());
     }
     let bm = var.block_m();
-    let bn = tandem_gpu_kernels::ATTENTION_BLOCK_N;
-    let smem = (bm + 4 * bn) * (s.d + 8) * 2;
+    let bn = var.block_n();
+    // Q tile, one K tile, one V tile; rows padded by 8 bf16 (conflict-free ldmatrix)
+    let smem = (bm + 2 * bn) * (s.d + 8) * 2;
     let scale_log2 = p.scale_for(s.d) * std::f32::consts::LOG2_E;
     let dims = Dims {
         grid: (s.nq.div_ceil(bm) as u32, s.hq as u32, s.b as u32),

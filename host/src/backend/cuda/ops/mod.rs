@@ -174,6 +174,22 @@ pub fn alloc_outputs(cx: &Cx<'_>, op: &Op, metas: &[TensorMeta]) -> Result<Vec<C
         .collect()
 }
 
+/// Loads (compiling at first use) every module `op` needs, so compile time stays out of the
+/// event-timed region.
+pub fn prepare(cx: &Cx<'_>, op: &Op) -> Result<()> {
+    let first: &[&'static str] = match op {
+        Op::Attention(_) => &["mha_bf16_fwd_d64", "fill_u16"],
+        Op::MoeRoute(_) => &["moe_topk_softmax_f32", "fill_u16"],
+        Op::RmsNorm(_) => &["rmsnorm_bf16", "fill_u16"],
+        Op::Rope(_) => &["rope_bf16", "fill_u16"],
+        _ => &["fill_u16"],
+    };
+    for k in first {
+        cx.be.kernels.preload(k)?;
+    }
+    Ok(())
+}
+
 /// Queues `op`; returns the name(s) of the kernels that ran, joined by '+'.
 pub fn run(
     cx: &Cx<'_>,

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One device call: `tandem bench` and PyTorch (torch_peers.py) on the same shapes, side by side.
+# Usage on the GPU machine, from the repo root:  benches/peers/gpu_bench.sh [quick]
+# Writes the tandem JSON to /tmp/tandem-bench and prints a table of RESULT lines last.
+set -o pipefail
+T=${TANDEM:-.gpu/bin/tandem}
+W=/tmp/tandem-bench
+mkdir -p "$W"
+: > "$W/results"
+pair() { # label, then the bench arguments shared by both
+  local label=$1
+  shift
+  if "$T" bench "$@" --json > "$W/$label.json" 2> "$W/$label.err"; then
+    python3 benches/peers/torch_peers.py "$@" --tandem-json "$W/$label.json" | tee "$W/$label.txt"
+    grep '^RESULT' "$W/$label.txt" | sed "s/^RESULT /$label /" >> "$W/results"
+  else
+    echo "tandem bench $label failed:"; tail -5 "$W/$label.err"
+  fi
+}
+A="attention --batch 4 --heads 32 --head-dim 128"
+for v in ${ATTN_VARIANTS:-m2}; do
+  export TANDEM_ATTN_VARIANT=$v
+  pair "attn-$v" $A --seq-len 8192
+  pair "attn-causal-$v" $A --seq-len 8192 --causal
+done
+export TANDEM_ATTN_VARIANT=${ATTN_BEST:-m2}
+pair attn-gqa $A --kv-heads 8 --seq-len 4096 --causal
+pair attn-d64 attention --batch 4 --heads 32 --head-dim 64 --seq-len 4096
+pair linear linear --m 8192 --n 8192 --k 8192 --act gelu
+pair moe-route moe-route --tokens 16384 --experts 64 --top-k 8
+pair rmsnorm rmsnorm --rows 16384 --cols 8192
+pair rope rope --batch 4 --heads 32 --seq-len 4096 --head-dim 128
+echo "== summary (ratio = torch time / tandem time)"
+python3 - "$W/results" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    label, js = line.split(" ", 1)
+    r = json.loads(js)
+    print(f"{label:18} {r['shape']:40} tandem {r['tandem_ms']:8.3f} ms  torch {r['torch_ms']:8.3f} ms  "
+          f"ratio {r['ratio']:5.2f}  TF/s {r['tandem_tflops']:6.1f} vs {r['torch_tflops']:6.1f}  "
+          f"GB/s {r['tandem_gbps']:7.1f} vs {r['torch_gbps']:7.1f}")
+PY
