@@ -118,3 +118,25 @@ fn moe_route_0_top2_of_8() -> TestResult {
 fn moe_route_1_top4_of_16() -> TestResult {
     route_case("moe_route_1")
 }
+
+#[test]
+fn rope_tables_match_the_mixtral_layer() -> TestResult {
+    // transformers' cos/sin [1, T, D], each half a copy of the other ([cos..., cos...]).
+    let file = load_reference("mixtral_layer_0")?;
+    let (cos_ref, sin_ref) = (get(&file, "rope_cos")?, get(&file, "rope_sin")?);
+    let (t, d) = (cos_ref.shape()[1], cos_ref.shape()[2]);
+    let (cos, sin) = tandem::ops::RopeParams::default().tables::<f64>(t, d);
+    let dup = |half: &[f64]| -> TestResult<ArrayD<f64>> {
+        let rows = half
+            .chunks(d / 2)
+            .flat_map(|r| r.iter().chain(r.iter()).copied());
+        Ok(ArrayD::from_shape_vec(vec![1, t, d], rows.collect())?)
+    };
+    // transformers computes inv_freq in float32 before widening: agreement to ~1e-7.
+    let (ec, es) = (rel_err(&dup(&cos)?, cos_ref), rel_err(&dup(&sin)?, sin_ref));
+    assert!(
+        ec < 1e-6 && es < 1e-6,
+        "rope tables: cos {ec:.2e}, sin {es:.2e}"
+    );
+    Ok(())
+}
