@@ -1,4 +1,4 @@
-//! Fused linear: y = act(x W^T + b). x [..., K], W [N, K] (PyTorch's [out, in]), b [N].
+//! Fused linear: y = act(x W^T + b). x `[..., K]`, W `[N, K]` (PyTorch's `[out, in]`), b `[N]`.
 
 use ndarray::linalg::general_mat_mul;
 use ndarray::{Array2, ArrayD, ArrayView2, ArrayViewMut2, Axis, Ix2, IxDyn, s};
@@ -58,7 +58,7 @@ impl Activation {
 pub struct LinearParams {
     /// Activation after the bias.
     pub act: Activation,
-    /// Whether a bias input `b` [N] is given.
+    /// Whether a bias input `b` `[N]` is given.
     pub bias: bool,
 }
 
