@@ -124,7 +124,7 @@ fn rmsnorm(c: &mut Criterion) {
     });
     for (size, rows, h) in [
         ("small_64x1024", 64, 1024),
-        ("medium_4096x4096", 4096, 4096),
+        ("medium_2048x4096", 2048, 4096),
     ] {
         let inputs = [
             rand_f32(&mut rng, &[rows, h]),
@@ -140,7 +140,7 @@ fn rope(c: &mut Criterion) {
     let op = Op::Rope(RopeParams::default());
     for (size, shape) in [
         ("small_1x8x128x64", [1, 8, 128, 64]),
-        ("medium_2x32x2048x128", [2, 32, 2048, 128]),
+        ("medium_2x32x1024x128", [2, 32, 1024, 128]),
     ] {
         bench_op(c, "rope", size, &op, &[rand_f32(&mut rng, &shape)]);
     }
@@ -150,7 +150,7 @@ fn elementwise_and_layout(c: &mut Criterion) {
     let mut rng = StdRng::seed_from_u64(7);
     for (size, rows, cols) in [
         ("small_128x512", 128, 512),
-        ("medium_4096x4096", 4096, 4096),
+        ("medium_2048x4096", 2048, 4096),
     ] {
         let a = rand_f32(&mut rng, &[rows, cols]);
         let b = rand_f32(&mut rng, &[rows, cols]);

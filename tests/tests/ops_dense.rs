@@ -245,12 +245,14 @@ fn linear_parallel_splits() -> TestResult {
     linear_case(&[3, 67], 129, 131, false, Activation::Relu, 3)
 }
 
+/// Sizes above the CPU ops' serial threshold (2^17 elements or multiply-adds), so the
+/// rayon paths run.
 #[test]
 fn large_sizes_take_the_parallel_paths() -> TestResult {
     let mut r = rng(8);
     let (a, b) = (
-        uniform(&mut r, &[300, 301], 1.0),
-        uniform(&mut r, &[300, 301], 1.0),
+        uniform(&mut r, &[400, 401], 1.0),
+        uniform(&mut r, &[400, 401], 1.0),
     );
     let sum = &a.mapv(f64::from) + &b.mapv(f64::from);
     check("add", run(&Op::Add, &[a, b])?, &[sum])?;

@@ -368,10 +368,12 @@ fn check_experts(c: &ExpertsCase) -> TestResult {
     Ok(())
 }
 
+/// Sizes above the CPU ops' serial threshold (2^17 elements or multiply-adds), so the
+/// rayon paths run.
 #[test]
 fn experts_large_enough_to_split_gemms() -> TestResult {
     let case = ExpertsCase {
-        t: 300,
+        t: 1100,
         h: 64,
         f: 96,
         e: 8,
@@ -450,6 +452,8 @@ fn route_output_drives_experts() -> TestResult {
     Ok(())
 }
 
+/// Sizes above the CPU ops' serial threshold (2^17 elements or multiply-adds), so the
+/// rayon paths run.
 #[test]
 fn route_large_enough_to_run_in_parallel() -> TestResult {
     let mut r = rng(33);
@@ -458,7 +462,7 @@ fn route_large_enough_to_run_in_parallel() -> TestResult {
         renormalize: true,
         block_size: 8,
     };
-    route_and_check(&uniform(&mut r, &[3001, 16], 3.0), p)?;
-    route_and_check(&small_ints(&mut r, &[3001, 16]), p)?;
+    route_and_check(&uniform(&mut r, &[9001, 16], 3.0), p)?;
+    route_and_check(&small_ints(&mut r, &[9001, 16]), p)?;
     Ok(())
 }

@@ -3,7 +3,7 @@
 
 use ndarray::ArrayD;
 
-use super::{expect_inputs, metas, reference_metas};
+use super::{CPU_PAR_MIN, expect_inputs, metas, reference_metas};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::{Tensor, TensorMeta};
@@ -72,9 +72,6 @@ pub fn exp_shifted<T: Real>(x: &[T], out: &mut [T]) -> (T, T) {
     (m, sum)
 }
 
-/// Elements below which add runs on one thread.
-const PAR_MIN_ELEMS: usize = 1 << 16;
-
 /// a + b: same shape, f32.
 pub fn validate_add(inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>> {
     expect_inputs("add", inputs.len(), &["a", "b"])?;
@@ -99,7 +96,7 @@ pub fn cpu_add(inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     validate_add(&metas(inputs))?;
     let a = inputs[0].as_f32()?;
     let b = inputs[1].as_f32()?;
-    if a.len() < PAR_MIN_ELEMS {
+    if a.len() < CPU_PAR_MIN {
         return Ok(vec![Tensor::from_f32(a + b)]);
     }
     let mut y = ArrayD::<f32>::zeros(a.raw_dim());

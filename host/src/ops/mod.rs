@@ -249,4 +249,4 @@ pub(crate) fn flat<'a, T>(a: &'a ndarray::CowArray<'_, T, ndarray::IxDyn>) -> Re
 
 /// Elements (or multiply-adds) below which a CPU op runs on the calling thread: handing a
 /// small job to the rayon pool costs more (a wake-up and a hand-off) than it saves.
-pub(crate) const CPU_PAR_MIN: usize = 1 << 15;
+pub(crate) const CPU_PAR_MIN: usize = 1 << 17;
