@@ -103,6 +103,8 @@ impl KernelCore for RouterCore {
 fn router_verilog(p: &RouterCore) -> String {
     let km = p.k_max as usize;
     let iw = p.e_max.trailing_zeros() as usize;
+    // Increment queue: 2*k_max entries (at least 4), a power of two.
+    let qw = (2 * km).max(4).next_power_of_two().trailing_zeros() as usize;
     let mut decl = String::new();
     let mut net = String::new();
     let mut rst = String::new();
@@ -294,12 +296,31 @@ reg ow_valid;
 wire wr_fire = ow_valid && wr_data_ready;
 wire ow_free = !ow_valid || wr_fire;
 
-// ---- histogram ----
+// ---- histogram: one LUTRAM port (async read, sync write), fed by a queue of increments ----
+localparam integer QW = {qw};
 reg [31:0] hist [0:{e_last}];
 reg [16:0] hidx;
-wire [IW-1:0] h_lo_i = hidx[IW-1:0];
-wire [IW-1:0] h_hi_i = hidx[IW-1:0] | {{{{(IW-1){{1'b0}}}}, 1'b1}};
-wire [31:0] h_hi = ({{15'd0, hidx}} + 32'd1 < {{16'd0, e_q}}) ? hist[h_hi_i] : 32'd0;
+reg hsel;
+reg [31:0] h_lo_q;
+reg [IW-1:0] pq [0:{q_last}];
+reg [QW:0] q_wp, q_rp;
+wire [QW:0] q_cnt = q_wp - q_rp;
+wire q_room = ({{1'b0, q_cnt}} + {{{{QW{{1'b0}}}}, 2'd2}} <= {{1'b0, {q_depth}}});
+wire reading = (wph == W_HDATA);
+wire incr = clr_done && !reading && (q_cnt != {{(QW+1){{1'b0}}}});
+reg [IW-1:0] h_addr;
+always @(*) begin
+    if (!clr_done) h_addr = clr_idx[IW-1:0];
+    else if (reading) h_addr = hidx[IW-1:0];
+    else h_addr = pq[q_rp[QW-1:0]];
+end
+wire [31:0] h_rd = hist[h_addr];
+wire h_we = running && (!clr_done || incr);
+wire [31:0] h_wd = clr_done ? h_rd + 32'd1 : 32'd0;
+always @(posedge clock) begin
+    if (h_we) hist[h_addr] <= h_wd;
+end
+wire [31:0] h_val = ({{15'd0, hidx}} < {{16'd0, e_q}}) ? h_rd : 32'd0;
 
 always @(*) begin
     rd_req_valid = rd_pend;
@@ -324,7 +345,8 @@ always @(posedge clock) begin
         clr_idx <= 16'd0; clr_done <= 1'b0;
         w_valid <= 1'b0; w_q <= 64'd0; pos <= 2'd0; eidx <= 16'd0; hand_full <= 1'b0;
         ph <= P_IDLE; sj <= 6'd0; sum <= 21'd0; rem <= 36'd0; bitn <= 4'd0; q_r <= 16'd0;
-        ow <= 64'd0; ow_valid <= 1'b0; hidx <= 17'd0;
+        ow <= 64'd0; ow_valid <= 1'b0; hidx <= 17'd0; hsel <= 1'b0; h_lo_q <= 32'd0;
+        q_wp <= {{(QW+1){{1'b0}}}}; q_rp <= {{(QW+1){{1'b0}}}};
 {rst}    end else begin
         done <= 1'b0;
         if (start && !running) begin
@@ -335,7 +357,8 @@ always @(posedge clock) begin
                 rd_pend <= (arg0 != 32'd0); wr_pend <= (arg0 != 32'd0);
                 wph <= W_ROUTES; tout <= 32'd0; clr_idx <= 16'd0; clr_done <= 1'b0;
                 w_valid <= 1'b0; pos <= 2'd0; eidx <= 16'd0; hand_full <= 1'b0;
-                ph <= P_IDLE; ow_valid <= 1'b0; hidx <= 17'd0;
+                ph <= P_IDLE; ow_valid <= 1'b0; hidx <= 17'd0; hsel <= 1'b0;
+                q_wp <= {{(QW+1){{1'b0}}}}; q_rp <= {{(QW+1){{1'b0}}}};
 {clear_net}            end else begin
                 done <= 1'b1;
             end
@@ -344,8 +367,8 @@ always @(posedge clock) begin
             // requests
             if (rd_pend && rd_req_ready) rd_pend <= 1'b0;
             // clear the histogram
+            if (incr) q_rp <= q_rp + {{{{QW{{1'b0}}}}, 1'b1}};
             if (!clr_done) begin
-                hist[clr_idx[IW-1:0]] <= 32'd0;
                 clr_idx <= clr_idx + 16'd1;
                 if (clr_idx == e_q - 16'd1) clr_done <= 1'b1;
             end
@@ -383,11 +406,12 @@ always @(posedge clock) begin
                     if (bitn == 4'd3) begin ph <= P_NORM; sj <= 6'd0; end
                     else bitn <= bitn - 4'd4;
                 end
-                default: if (ow_free) begin
+                default: if (ow_free && q_room) begin
                     ow <= {{rec_b, rec_a}};
                     ow_valid <= 1'b1;
-                    hist[sa_i] <= hist[sa_i] + 32'd1;
-                    if (b_ok) hist[sb_i] <= hist[sb_i] + 32'd1;
+                    pq[q_wp[QW-1:0]] <= sa_i;
+                    if (b_ok) pq[q_wp[QW-1:0] + {{{{(QW-1){{1'b0}}}}, 1'b1}}] <= sb_i;
+                    q_wp <= q_wp + (b_ok ? {{{{(QW-1){{1'b0}}}}, 2'd2}} : {{{{QW{{1'b0}}}}, 1'b1}});
                     if (last_pair) begin
                         ph <= P_IDLE; hand_full <= 1'b0; tout <= tout + 32'd1;
                     end else sj <= sj + 6'd2;
@@ -395,15 +419,19 @@ always @(posedge clock) begin
             endcase
             // write-out sequencing
             case (wph)
-                W_ROUTES: if (tout == t_q && !ow_valid && ph == P_IDLE && clr_done) begin
+                W_ROUTES: if (tout == t_q && !ow_valid && ph == P_IDLE && clr_done && q_cnt == {{(QW+1){{1'b0}}}}) begin
                     wph <= W_HREQ; wr_pend <= 1'b1;
                 end else if (wr_pend && wr_req_ready) wr_pend <= 1'b0;
-                W_HREQ: if (wr_req_ready) begin wr_pend <= 1'b0; wph <= W_HDATA; hidx <= 17'd0; end
-                W_HDATA: if (ow_free) begin
-                    ow <= {{h_hi, hist[h_lo_i]}};
+                W_HREQ: if (wr_req_ready) begin
+                    wr_pend <= 1'b0; wph <= W_HDATA; hidx <= 17'd0; hsel <= 1'b0;
+                end
+                W_HDATA: if (!hsel) begin
+                    h_lo_q <= h_val; hidx <= hidx + 17'd1; hsel <= 1'b1;
+                end else if (ow_free) begin
+                    ow <= {{h_val, h_lo_q}};
                     ow_valid <= 1'b1;
-                    hidx <= hidx + 17'd2;
-                    if ({{15'd0, hidx}} + 32'd2 >= {{16'd0, e_q}}) wph <= W_END;
+                    hidx <= hidx + 17'd1; hsel <= 1'b0;
+                    if ({{15'd0, hidx}} + 32'd1 >= {{16'd0, e_q}}) wph <= W_END;
                 end
                 default: if (!ow_valid || wr_fire) begin
                     done <= 1'b1; running <= 1'b0; wph <= W_ROUTES;
@@ -419,6 +447,9 @@ endmodule // router_core
 "#,
         e_max = p.e_max,
         e_last = p.e_max - 1,
+        qw = qw,
+        q_last = (1usize << qw) - 1,
+        q_depth = format!("{}'d{}", qw + 1, 1usize << qw),
         log2e = LOG2E_Q14,
     )
 }
