@@ -239,18 +239,7 @@ fn attention_verilog(p: &AttentionCore) -> String {
 // Semantics: fpga::golden::attention.
 /* verilator lint_off UNUSED */
 /* verilator lint_off WIDTH */
-module attention_core(
-    input wire clock, input wire reset, input wire start,
-    output reg done, output wire busy,
-    input wire [31:0] arg0, input wire [31:0] arg1, input wire [31:0] arg2, input wire [31:0] arg3,
-    input wire [31:0] arg4, input wire [31:0] arg5, input wire [31:0] arg6, input wire [31:0] arg7,
-    input wire [63:0] ptr0, input wire [63:0] ptr1, input wire [63:0] ptr2, input wire [63:0] ptr3,
-    input wire [63:0] ptr4, input wire [63:0] ptr5, input wire [63:0] ptr6, input wire [63:0] ptr7,
-    output reg rd_req_valid, input wire rd_req_ready, output reg [63:0] rd_req_addr, output reg [31:0] rd_req_len,
-    input wire rd_data_valid, output reg rd_data_ready, input wire [63:0] rd_data,
-    output reg wr_req_valid, input wire wr_req_ready, output reg [63:0] wr_req_addr, output reg [31:0] wr_req_len,
-    output reg wr_data_valid, input wire wr_data_ready, output reg [63:0] wr_data, output reg [7:0] wr_strb
-);
+{header}
 localparam [31:0] D_MAX = 32'd{lanes};
 localparam [31:0] NKV_MAX = 32'd{nkv_max};
 localparam [31:0] TILE = 32'd{tile};
@@ -505,6 +494,7 @@ endmodule // attention_core
 /* verilator lint_on WIDTH */
 /* verilator lint_on UNUSED */
 "#,
+        header = super::gemm::core_header("attention_core", &["busy"]),
         nkv_max = p.nkv_max,
         adwh = adw - 1,
         atdh = atd - 1,
@@ -514,4 +504,39 @@ endmodule // attention_core
         pad_dw = 32 - adw,
         pad_fw = 32 - afw,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::check_core_ports;
+
+    #[test]
+    fn verilog_has_the_contract_ports() {
+        for c in [AttentionCore::default(), AttentionCore::u55c()] {
+            let v = c.core_verilog().expect("verilog");
+            check_core_ports(&v, "attention_core").expect("ports");
+        }
+    }
+
+    #[test]
+    fn bad_parameters_are_refused() {
+        for c in [
+            AttentionCore {
+                d_max: 12,
+                ..AttentionCore::default()
+            },
+            AttentionCore {
+                nkv_max: 1,
+                ..AttentionCore::default()
+            },
+            AttentionCore {
+                kv_tile: 65,
+                ..AttentionCore::default()
+            },
+        ] {
+            assert!(c.core_verilog().is_err(), "{c:?}");
+        }
+        assert_eq!(fifo_depth(8), 32);
+    }
 }

@@ -181,6 +181,29 @@ pub fn pack_params(bias: &[i32], rq: &[Requant]) -> Vec<u64> {
         .collect()
 }
 
+/// The module header of a text core: the contract's ports (`crate::core::core_ports`) in the
+/// order and widths the shell expects, one declaration per line; outputs are `reg` except
+/// those named in `wire_outputs`.
+pub(crate) fn core_header(module: &str, wire_outputs: &[&str]) -> String {
+    let ports = crate::core::core_ports();
+    let names: Vec<&str> = ports.iter().map(|p| p.name.as_str()).collect();
+    let mut s = format!("module {module}({});\n", names.join(", "));
+    for p in &ports {
+        let range = if p.width > 1 {
+            format!("[{}:0] ", p.width - 1)
+        } else {
+            String::new()
+        };
+        let kind = match p.dir {
+            crate::core::PortDir::In => "input wire",
+            crate::core::PortDir::Out if wire_outputs.contains(&p.name.as_str()) => "output wire",
+            crate::core::PortDir::Out => "output reg",
+        };
+        let _ = writeln!(s, "{kind} {range}{};", p.name);
+    }
+    s
+}
+
 fn clog2(n: u32) -> u32 {
     if n <= 1 {
         1
@@ -346,18 +369,7 @@ fn gemm_verilog(p: &GemmCore) -> String {
 // k_max = {k_max}, n_max = {n_max}. Semantics: fpga::golden::gemm.
 /* verilator lint_off UNUSED */
 /* verilator lint_off WIDTH */
-module gemm_core(
-    input wire clock, input wire reset, input wire start,
-    output reg done, output wire busy,
-    input wire [31:0] arg0, input wire [31:0] arg1, input wire [31:0] arg2, input wire [31:0] arg3,
-    input wire [31:0] arg4, input wire [31:0] arg5, input wire [31:0] arg6, input wire [31:0] arg7,
-    input wire [63:0] ptr0, input wire [63:0] ptr1, input wire [63:0] ptr2, input wire [63:0] ptr3,
-    input wire [63:0] ptr4, input wire [63:0] ptr5, input wire [63:0] ptr6, input wire [63:0] ptr7,
-    output reg rd_req_valid, input wire rd_req_ready, output reg [63:0] rd_req_addr, output reg [31:0] rd_req_len,
-    input wire rd_data_valid, output reg rd_data_ready, input wire [63:0] rd_data,
-    output reg wr_req_valid, input wire wr_req_ready, output reg [63:0] wr_req_addr, output reg [31:0] wr_req_len,
-    output reg wr_data_valid, input wire wr_data_ready, output reg [63:0] wr_data, output reg [7:0] wr_strb
-);
+{header}
 localparam [31:0] ROWS = 32'd{rows};
 localparam [31:0] K_MAX = 32'd{k_max};
 localparam [31:0] N_MAX = 32'd{n_max};
@@ -567,6 +579,7 @@ endmodule // gemm_core
 /* verilator lint_on WIDTH */
 /* verilator lint_on UNUSED */
 "#,
+        header = core_header("gemm_core", &["busy"]),
         k_max = p.k_max,
         n_max = p.n_max,
         arh = ar - 1,
@@ -574,4 +587,53 @@ endmodule // gemm_core
         flush = rows + COLS + 2,
         last_flag = last_flag,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::check_core_ports;
+
+    #[test]
+    fn verilog_has_the_contract_ports() {
+        for c in [GemmCore::default(), GemmCore::u55c()] {
+            let v = c.core_verilog().expect("verilog");
+            check_core_ports(&v, "gemm_core").expect("ports");
+        }
+    }
+
+    #[test]
+    fn bad_parameters_are_refused() {
+        for c in [
+            GemmCore {
+                rows: 0,
+                ..GemmCore::default()
+            },
+            GemmCore {
+                k_max: 12,
+                ..GemmCore::default()
+            },
+            GemmCore {
+                n_max: 0,
+                ..GemmCore::default()
+            },
+        ] {
+            assert!(c.core_verilog().is_err(), "{c:?}");
+        }
+    }
+
+    #[test]
+    fn packing_layouts() {
+        // w [N=3][K=2]: tile 0, k 0 holds w[0][0], w[1][0], w[2][0] in bytes 0..3
+        let w = [1i8, 2, 3, 4, -1, 6];
+        let p = pack_w(&w, 3, 2);
+        assert_eq!(p.len(), 8);
+        assert_eq!(p[0] & 0xFF_FFFF, 0xFF_0301);
+        assert_eq!(p[1] & 0xFF_FFFF, 0x06_0402);
+        assert_eq!(p[2], 0);
+        let q = pack_params(&[-2], &[Requant { mult: 7, shift: 9 }]);
+        assert_eq!(q.len(), 8);
+        assert_eq!(q[0], 0xFFFF_FFFE | (7 << 32) | (9 << 48));
+        assert_eq!(pad_x(&[5, 6, 7], 1, 3), vec![5, 6, 7, 0, 0, 0, 0, 0]);
+    }
 }

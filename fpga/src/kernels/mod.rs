@@ -76,10 +76,28 @@ pub fn core_for(name: &str, params: &[(String, i64)]) -> Result<Box<dyn KernelCo
             c.validate()?;
             Ok(Box::new(c))
         }
-        "gemm" | "attention" => Err(CoreError::Param {
-            kernel: name.into(),
-            msg: "its RTL core is not plugged into the shell yet".into(),
-        }),
+        "gemm" => {
+            let m = take(name, params, &["rows", "k_max", "n_max"])?;
+            let d = gemm::GemmCore::default();
+            let c = gemm::GemmCore {
+                rows: get_u32(name, &m, "rows", d.rows)?,
+                k_max: get_u32(name, &m, "k_max", d.k_max)?,
+                n_max: get_u32(name, &m, "n_max", d.n_max)?,
+            };
+            c.validate()?;
+            Ok(Box::new(c))
+        }
+        "attention" => {
+            let m = take(name, params, &["d_max", "nkv_max", "kv_tile"])?;
+            let d = attention::AttentionCore::default();
+            let c = attention::AttentionCore {
+                d_max: get_u32(name, &m, "d_max", d.d_max)?,
+                nkv_max: get_u32(name, &m, "nkv_max", d.nkv_max)?,
+                kv_tile: get_u32(name, &m, "kv_tile", d.kv_tile)?,
+            };
+            c.validate()?;
+            Ok(Box::new(c))
+        }
         _ => Err(CoreError::Param {
             kernel: name.into(),
             msg: format!("unknown kernel (known: {})", KERNELS.join(", ")),
