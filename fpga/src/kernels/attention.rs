@@ -520,6 +520,15 @@ mod tests {
     }
 
     #[test]
+    fn register_offsets_as_documented() {
+        let slots = AttentionCore::default().desc().slots().expect("slots");
+        let offs: Vec<u32> = slots.iter().map(|s| s.offset).collect();
+        let want: Vec<u32> = (0..11).map(|i| 0x10 + 8 * i).collect();
+        assert_eq!(offs, want);
+        assert_eq!(slots[10].arg.name, "score_shift");
+    }
+
+    #[test]
     fn bad_parameters_are_refused() {
         for c in [
             AttentionCore {

@@ -603,6 +603,26 @@ mod tests {
     }
 
     #[test]
+    fn register_offsets_as_documented() {
+        let slots = GemmCore::default().desc().slots().expect("slots");
+        let offs: Vec<(String, u32)> = slots
+            .iter()
+            .map(|s| (s.arg.name.clone(), s.offset))
+            .collect();
+        let want = [
+            ("x", 0x10),
+            ("w", 0x18),
+            ("params", 0x20),
+            ("y", 0x28),
+            ("m", 0x30),
+            ("n", 0x38),
+            ("k", 0x40),
+            ("relu", 0x48),
+        ];
+        assert_eq!(offs, want.map(|(n, o)| (n.to_string(), o)).to_vec());
+    }
+
+    #[test]
     fn bad_parameters_are_refused() {
         for c in [
             GemmCore {
