@@ -105,6 +105,7 @@ fn router_verilog(p: &RouterCore) -> String {
     let iw = p.e_max.trailing_zeros() as usize;
     // Increment queue: 2*k_max entries (at least 4), a power of two.
     let qw = (2 * km).max(4).next_power_of_two().trailing_zeros() as usize;
+    let q_depth = format!("{}'d{}", qw + 1, 1usize << qw);
     let mut decl = String::new();
     let mut net = String::new();
     let mut rst = String::new();
@@ -449,7 +450,7 @@ endmodule // router_core
         e_last = p.e_max - 1,
         qw = qw,
         q_last = (1usize << qw) - 1,
-        q_depth = format!("{}'d{}", qw + 1, 1usize << qw),
+        q_depth = q_depth,
         log2e = LOG2E_Q14,
     )
 }

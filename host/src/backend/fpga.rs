@@ -335,11 +335,14 @@ mod tests {
         let m = TensorMeta::new(vec![4, 512], DType::F32);
         let p = MoeRouteParams::default();
         assert!(matches!(
-            b.supports(&Op::MoeRoute(p), &[m.clone()]),
+            b.supports(&Op::MoeRoute(p), std::slice::from_ref(&m)),
             Support::No(_)
         ));
         let m = TensorMeta::new(vec![4, 64], DType::F32);
-        assert_eq!(b.supports(&Op::MoeRoute(p), &[m.clone()]), Support::Native);
+        assert_eq!(
+            b.supports(&Op::MoeRoute(p), std::slice::from_ref(&m)),
+            Support::Native
+        );
         assert!(matches!(
             b.supports(&Op::Add, &[m.clone(), m]),
             Support::No(_)
