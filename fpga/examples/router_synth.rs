@@ -1,7 +1,6 @@
 //! yosys `synth_xilinx` resources of the router at a few build sizes.
 //! `cargo run -p tandem-fpga --example router_synth -- e_max=256,k_max=8`
 
-use tandem_fpga::core::KernelCore;
 use tandem_fpga::kernels::{core_for, parse_params};
 use tandem_fpga::shell::ShellConfig;
 
@@ -19,6 +18,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         core.params(),
         t0.elapsed().as_secs_f64()
     );
-    let _ = std::fs::remove_dir_all(&dir);
+    if std::env::var_os("KEEP").is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        println!("kept {}", dir.display());
+    }
     Ok(())
 }

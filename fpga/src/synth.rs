@@ -33,7 +33,7 @@ pub struct Resources {
     pub dsp: u64,
     /// RAMB18/RAMB36 blocks (a RAMB36 counts as 2 RAMB18).
     pub bram18: u64,
-    /// Distributed RAM cells (RAM32M, RAM64M, RAM32X1D, ...).
+    /// Distributed RAM cells (RAM32M, RAM64M, RAM128X1D, RAM256X1S, ...).
     pub lutram: u64,
     /// Carry chain cells.
     pub carry: u64,
@@ -80,7 +80,7 @@ pub fn parse_stat(text: &str) -> Resources {
             c if c.starts_with("DSP48") => r.dsp += n,
             c if c.starts_with("RAMB18") => r.bram18 += n,
             c if c.starts_with("RAMB36") => r.bram18 += 2 * n,
-            c if c.starts_with("RAM32") || c.starts_with("RAM64") || c.starts_with("RAM128") => {
+            c if c.starts_with("RAM") && c[3..].starts_with(|ch: char| ch.is_ascii_digit()) => {
                 r.lutram += n
             }
             c if c.starts_with("CARRY") => r.carry += n,
@@ -96,7 +96,7 @@ mod tests {
 
     #[test]
     fn parses_stat_lines() {
-        let s = "   Number of cells: 10\n     CARRY4   3\n     FDRE    120\n     LUT2   5\n     LUT6   7\n     DSP48E2   2\n     RAMB36E2  1\n     RAM64M  4\n";
+        let s = "   Number of cells: 10\n     CARRY4   3\n     FDRE    120\n     LUT2   5\n     LUT6   7\n     DSP48E2   2\n     RAMB36E2  1\n     RAM64M  4\n     RAM256X1S  2\n";
         let r = parse_stat(s);
         assert_eq!(
             r,
@@ -105,7 +105,7 @@ mod tests {
                 ff: 120,
                 dsp: 2,
                 bram18: 2,
-                lutram: 4,
+                lutram: 6,
                 carry: 3
             }
         );
