@@ -25,7 +25,9 @@ for v in ${ATTN_VARIANTS:-m2}; do
 done
 export TANDEM_ATTN_VARIANT=${ATTN_BEST:-m2}
 pair attn-gqa $A --kv-heads 8 --seq-len 4096 --causal
-pair attn-d64 attention --batch 4 --heads 32 --head-dim 64 --seq-len 4096
+for v in ${D64_VARIANTS:-m2}; do
+  export TANDEM_ATTN_VARIANT=$v; pair "attn-d64-$v" attention --batch 4 --heads 32 --head-dim 64 --seq-len 4096
+done
 pair linear linear --m 8192 --n 8192 --k 8192 --act gelu
 pair moe-route moe-route --tokens 16384 --experts 64 --top-k 8
 pair rmsnorm rmsnorm --rows 16384 --cols 8192

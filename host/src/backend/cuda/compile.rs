@@ -12,8 +12,12 @@ use tandem_gpu_kernels::{Module, hex};
 use super::error;
 use crate::error::{Error, Result};
 
-/// NVRTC's version as (major, minor).
+/// NVRTC's version as (major, minor); (0, 0) when NVRTC cannot be loaded.
 pub fn nvrtc_version() -> (i32, i32) {
+    // SAFETY: only dlopens the library (cudarc would panic on a missing one).
+    if !unsafe { rsys::is_culib_present() } {
+        return (0, 0);
+    }
     let (mut a, mut b): (c_int, c_int) = (0, 0);
     // SAFETY: writes two ints.
     let _ = unsafe { rsys::nvrtcVersion(&mut a, &mut b) };

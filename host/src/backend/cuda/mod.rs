@@ -395,3 +395,41 @@ impl Backend for CudaBackend {
         self.dev.synchronize()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn discovery_finds_devices_or_says_why_not() {
+        let (found, missing) = discover();
+        if found.is_empty() {
+            assert!(!missing.is_empty(), "no device and no reason");
+            for m in &missing {
+                assert_eq!(m.kind, DeviceKind::Cuda);
+                assert!(!m.reason.is_empty());
+                println!("skipped: {}", m.reason);
+            }
+        } else {
+            for b in &found {
+                assert_eq!(b.id().kind, DeviceKind::Cuda);
+                assert!(b.info().memory_bytes > 0);
+            }
+        }
+    }
+
+    #[test]
+    fn cache_keys_depend_on_arch_and_options() {
+        use tandem_gpu_kernels::Module;
+        let o80 = vec!["--gpu-architecture=sm_80".to_string()];
+        let o90 = vec!["--gpu-architecture=sm_90a".to_string()];
+        let a = compile::cache_key(Module::Norm, 80, &o80);
+        let b = compile::cache_key(Module::Norm, 90, &o90);
+        let c = compile::cache_key(Module::Rope, 80, &o80);
+        assert_eq!(a.len(), 64);
+        assert_ne!(a, b);
+        assert_ne!(a, c);
+        assert_eq!(compile::arch_flag(90), "sm_90a");
+        assert_eq!(compile::arch_flag(89), "sm_89");
+    }
+}
