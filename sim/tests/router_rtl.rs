@@ -191,3 +191,39 @@ fn steady_state_is_one_logit_per_cycle() {
         assert!(per < 1.1, "T={t} E={e} k={k}: {per} cycles per logit");
     }
 }
+
+#[test]
+fn auto_restart_runs_again_until_cleared() {
+    use tandem_fpga::desc::AUTO_RESTART;
+    let Some(mut c) = card() else { return };
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(6);
+    let (t, e, k) = (8, 12, 3);
+    let x: Vec<i16> = (0..t * e).map(|_| rng.gen_range(-900..900)).collect();
+    let want = route(&x, t, e, k).expect("golden");
+    let lb = c.alloc(0, 4096).expect("alloc");
+    let rb = c.alloc(0, 4096).expect("alloc");
+    let hb = c.alloc(0, 4096).expect("alloc");
+    c.write(&lb, 0, &tandem_fpga::golden::router::pack_logits(&x, t, e))
+        .expect("write");
+    c.set_pointer("logits", &lb).expect("arg");
+    c.set_pointer("routes", &rb).expect("arg");
+    c.set_pointer("hist", &hb).expect("arg");
+    c.set_scalar("tokens", t as u32).expect("arg");
+    c.set_scalar("experts", e as u32).expect("arg");
+    c.set_scalar("top_k", k as u32).expect("arg");
+    c.write_reg(REG_AP_CTRL, AP_START | AUTO_RESTART)
+        .expect("start");
+    c.wait(T).expect("first run");
+    // still started: the kernel restarted by itself
+    let v = c.read_reg(REG_AP_CTRL).expect("ctrl");
+    assert_ne!(v & AP_START, 0, "auto_restart keeps ap_start: {v:#x}");
+    c.write_reg(REG_AP_CTRL, 0).expect("clear auto_restart");
+    c.wait(T).expect("second run");
+    c.idle(8).expect("idle");
+    let v = c.read_reg(REG_AP_CTRL).expect("ctrl");
+    assert_eq!(v & (AP_START | AUTO_RESTART), 0, "{v:#x}");
+    assert_ne!(v & AP_IDLE, 0);
+    let mut h = vec![0u8; e * 4];
+    c.read(&hb, 0, &mut h).expect("read");
+    assert_eq!(tandem_fpga::golden::router::unpack_hist(&h, e), want.hist);
+}
