@@ -365,7 +365,7 @@ impl FpgaDevice for SimCard {
                 break Ok(true);
             }
             n += 1;
-            if n % 256 == 0 && t0.elapsed() >= timeout {
+            if n & 255 == 0 && t0.elapsed() >= timeout {
                 break Ok(false);
             }
         };
