@@ -1,0 +1,317 @@
+//! The conformance suite every backend runs: written once, instantiated per device kind
+//! (cpu, cuda, fpga-sim). Each case uploads fresh random inputs, launches the op through the
+//! `Backend` trait, waits with a timeout, downloads, and compares with the f64 reference at
+//! the device's precision. A device that is missing, or lacks an op, says so (printed) and
+//! the case returns: it never passes silently.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use ndarray::{ArrayD, IxDyn};
+use rand::Rng;
+use tandem::backend::{Backend, DeviceKind, Support};
+use tandem::ops::{
+    Activation, AttentionParams, LinearParams, MoeExpertsParams, MoeRouteParams, Op, RmsNormParams,
+    RopeParams, SplitHeadsParams,
+};
+use tandem::tensor::rel_error;
+use tandem::{DType, DeviceRegistry, Tensor};
+use tandem_tests::{TestResult, rng, uniform};
+
+fn registry() -> &'static DeviceRegistry {
+    static REG: OnceLock<DeviceRegistry> = OnceLock::new();
+    REG.get_or_init(DeviceRegistry::discover)
+}
+
+/// The first device of `kind`, or `None` after printing why the case is skipped.
+fn device(kind: DeviceKind) -> Option<std::sync::Arc<dyn Backend>> {
+    let reg = registry();
+    if let Some(b) = reg.of_kind(kind).into_iter().next() {
+        return Some(b);
+    }
+    let why = reg
+        .missing()
+        .iter()
+        .find(|m| m.kind == kind)
+        .map(|m| m.reason.clone())
+        .unwrap_or_else(|| "not found".into());
+    println!("skipped: {} is unavailable: {why}", kind.name());
+    None
+}
+
+/// Relative-error bound for floating-point outputs on a device: f32 math on the CPU, bf16
+/// storage with f32 accumulation on the GPU, int8/int16 fixed point on the FPGA.
+fn tolerance(b: &dyn Backend) -> f64 {
+    match b.info().compute_dtype {
+        DType::F32 => 1e-5,
+        DType::BF16 | DType::F16 => 1e-2,
+        DType::I8 | DType::I32 => 5e-2,
+    }
+}
+
+/// Runs `op` on `b` and checks it against the f64 reference. Returns false if skipped.
+fn check(b: &dyn Backend, op: &Op, inputs: &[Tensor]) -> TestResult<bool> {
+    let metas: Vec<_> = inputs.iter().map(Tensor::meta).collect();
+    let want_metas = op.validate(&metas)?;
+    if let Support::No(why) = b.supports(op, &metas) {
+        println!("skipped: {} has no {}: {why}", b.id(), op.name());
+        return Ok(false);
+    }
+    let stored = inputs
+        .iter()
+        .map(|t| b.upload(t))
+        .collect::<tandem::Result<Vec<_>>>()?;
+    let refs: Vec<_> = stored.iter().collect();
+    let launch = b.launch(op, &refs)?;
+    launch.done.wait(
+        Duration::from_secs(300),
+        &format!("{} on {}", op.name(), b.id()),
+    )?;
+    let outs = launch
+        .outputs
+        .iter()
+        .map(|s| b.download(s))
+        .collect::<tandem::Result<Vec<_>>>()?;
+    // What the device computed from: its own rounding of the inputs.
+    let seen: Vec<ArrayD<f64>> = stored
+        .iter()
+        .map(|s| b.download(s).map(|t| t.to_f64()))
+        .collect::<tandem::Result<_>>()?;
+    let refs = op.reference(&seen)?;
+    assert_eq!(outs.len(), want_metas.len(), "{}: output count", op.name());
+    let tol = tolerance(b);
+    for ((o, r), (m, name)) in outs
+        .iter()
+        .zip(&refs)
+        .zip(want_metas.iter().zip(op.output_names()))
+    {
+        assert_eq!(&o.meta(), m, "{} output {name}: meta", op.name());
+        let got = o.to_f64();
+        if m.dtype == DType::I32 {
+            assert_eq!(&got, r, "{} on {}: {name} differs", op.name(), b.id());
+        } else {
+            assert!(got.iter().all(|v| !v.is_nan()), "{name} has NaN");
+            // lse is -inf where a row sees no key; compare the finite part.
+            let mask = |a: &ArrayD<f64>| a.mapv(|v| if v.is_finite() { v } else { 0.0 });
+            let e = rel_error(&mask(&got), &mask(r));
+            assert!(
+                e < tol,
+                "{} on {}: {name} rel. error {e:.3e} >= {tol:.0e}",
+                op.name(),
+                b.id()
+            );
+        }
+    }
+    Ok(true)
+}
+
+fn t(a: ArrayD<f32>) -> Tensor {
+    Tensor::from_f32(a)
+}
+
+/// Router logits whose values per token are at least 0.25 apart, so every device's rounding
+/// (bf16, Q7.8) keeps the same ranking: ids must then agree exactly everywhere.
+fn separated_logits(seed: u64, tokens: usize, experts: usize) -> Tensor {
+    let mut r = rng(seed);
+    let mut v = Vec::with_capacity(tokens * experts);
+    for _ in 0..tokens {
+        let mut order: Vec<usize> = (0..experts).collect();
+        for i in (1..experts).rev() {
+            order.swap(i, r.gen_range(0..=i));
+        }
+        v.extend(
+            order
+                .iter()
+                .map(|&o| o as f32 * 0.25 - 1.0 + r.gen_range(0.0..0.02)),
+        );
+    }
+    Tensor::from_vec_f32(&[tokens, experts], v).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn attention(b: &dyn Backend, causal: bool, shape: [usize; 6]) -> TestResult {
+    let [bs, hq, hkv, nq, nkv, d] = shape;
+    let mut r = rng(nq as u64 * 31 + d as u64);
+    let q = t(uniform(&mut r, &[bs, hq, nq, d], 1.0));
+    let k = t(uniform(&mut r, &[bs, hkv, nkv, d], 1.0));
+    let v = t(uniform(&mut r, &[bs, hkv, nkv, d], 1.0));
+    let op = Op::Attention(AttentionParams {
+        causal,
+        scale: None,
+    });
+    check(b, &op, &[q, k, v])?;
+    Ok(())
+}
+
+fn conformance_attention(kind: DeviceKind) -> TestResult {
+    let Some(b) = device(kind) else { return Ok(()) };
+    attention(&*b, true, [1, 4, 2, 37, 53, 64])?;
+    attention(&*b, false, [2, 2, 2, 65, 65, 128])?;
+    attention(&*b, true, [1, 4, 1, 80, 17, 64])?;
+    Ok(())
+}
+
+fn conformance_moe_route(kind: DeviceKind) -> TestResult {
+    let Some(b) = device(kind) else { return Ok(()) };
+    for (tokens, experts, k) in [(45, 8, 2), (33, 16, 4), (7, 8, 8)] {
+        let op = Op::MoeRoute(MoeRouteParams {
+            top_k: k,
+            renormalize: true,
+            block_size: 16,
+        });
+        check(
+            &*b,
+            &op,
+            &[separated_logits(tokens as u64, tokens, experts)],
+        )?;
+    }
+    Ok(())
+}
+
+fn conformance_moe_experts(kind: DeviceKind) -> TestResult {
+    let Some(b) = device(kind) else { return Ok(()) };
+    let (tokens, h, f, e, k) = (21, 64, 48, 4, 2);
+    let route = Op::MoeRoute(MoeRouteParams {
+        top_k: k,
+        renormalize: true,
+        block_size: 16,
+    });
+    let logits = separated_logits(5, tokens, e);
+    let routed = route.run_cpu(&[&logits])?;
+    let mut r = rng(11);
+    let x = t(uniform(&mut r, &[tokens, h], 1.0));
+    let gate_up = t(uniform(&mut r, &[e, 2 * f, h], 0.2));
+    let down = t(uniform(&mut r, &[e, h, f], 0.2));
+    let inputs = [
+        x,
+        routed[0].clone(),
+        routed[1].clone(),
+        routed[3].clone(),
+        routed[4].clone(),
+        gate_up,
+        down,
+    ];
+    check(&*b, &Op::MoeExperts(MoeExpertsParams {}), &inputs)?;
+    Ok(())
+}
+
+fn conformance_linear(kind: DeviceKind) -> TestResult {
+    let Some(b) = device(kind) else { return Ok(()) };
+    let mut r = rng(3);
+    for (m, n, kk, act, bias) in [
+        (33, 70, 96, Activation::Gelu, true),
+        (64, 64, 64, Activation::Relu, true),
+        (5, 24, 40, Activation::Silu, false),
+        (17, 31, 29, Activation::None, false),
+    ] {
+        let mut ins = vec![
+            t(uniform(&mut r, &[m, kk], 1.0)),
+            t(uniform(&mut r, &[n, kk], 0.3)),
+        ];
+        if bias {
+            ins.push(t(uniform(&mut r, &[n], 0.5)));
+        }
+        check(&*b, &Op::Linear(LinearParams { act, bias }), &ins)?;
+    }
+    Ok(())
+}
+
+fn conformance_norm_rope_layout(kind: DeviceKind) -> TestResult {
+    let Some(b) = device(kind) else { return Ok(()) };
+    let mut r = rng(9);
+    let x = t(uniform(&mut r, &[17, 256], 1.0));
+    let w = t(uniform(&mut r, &[256], 1.0));
+    let res = t(uniform(&mut r, &[17, 256], 1.0));
+    check(
+        &*b,
+        &Op::RmsNorm(RmsNormParams {
+            eps: 1e-5,
+            residual: true,
+        }),
+        &[x.clone(), w.clone(), res],
+    )?;
+    check(
+        &*b,
+        &Op::RmsNorm(RmsNormParams {
+            eps: 1e-6,
+            residual: false,
+        }),
+        &[x.clone(), w],
+    )?;
+    check(
+        &*b,
+        &Op::Rope(RopeParams {
+            base: 10000.0,
+            position_offset: 3,
+        }),
+        &[t(uniform(&mut r, &[2, 3, 11, 64], 1.0))],
+    )?;
+    let y = t(uniform(&mut r, &[17, 256], 1.0));
+    check(&*b, &Op::Add, &[x, y])?;
+    let flat = t(uniform(&mut r, &[2 * 9, 4 * 8], 1.0));
+    check(
+        &*b,
+        &Op::SplitHeads(SplitHeadsParams { batch: 2, heads: 4 }),
+        &[flat],
+    )?;
+    check(
+        &*b,
+        &Op::MergeHeads,
+        &[t(uniform(&mut r, &[2, 4, 9, 8], 1.0))],
+    )?;
+    Ok(())
+}
+
+fn conformance_round_trip(kind: DeviceKind) -> TestResult {
+    let Some(b) = device(kind) else { return Ok(()) };
+    let mut r = rng(1);
+    let f = t(uniform(&mut r, &[3, 5, 7], 2.0));
+    let back = b.download(&b.upload(&f)?)?;
+    assert_eq!(back.meta(), f.meta());
+    // Storage may be narrower than f32 (bf16: 2^-9 relative per element).
+    let e = rel_error(&back.to_f64(), &f.to_f64());
+    assert!(e < 4e-3, "{}: f32 round trip rel. error {e:.3e}", b.id());
+    let ids = Tensor::from_i32(ArrayD::from_shape_fn(IxDyn(&[4, 9]), |i| {
+        (i[0] * 1000 + i[1]) as i32 - 2000
+    }));
+    assert_eq!(
+        b.download(&b.upload(&ids)?)?,
+        ids,
+        "{}: i32 round trip",
+        b.id()
+    );
+    let empty = Tensor::from_vec_f32(&[0, 4], Vec::new())?;
+    assert_eq!(b.download(&b.upload(&empty)?)?.shape(), &[0, 4]);
+    b.synchronize()?;
+    Ok(())
+}
+
+macro_rules! per_device {
+    ($($case:ident),* $(,)?) => {
+        $(
+            mod $case {
+                use super::*;
+                #[test]
+                fn cpu() -> TestResult {
+                    super::$case(DeviceKind::Cpu)
+                }
+                #[test]
+                fn cuda() -> TestResult {
+                    super::$case(DeviceKind::Cuda)
+                }
+                #[test]
+                fn fpga_sim() -> TestResult {
+                    super::$case(DeviceKind::FpgaSim)
+                }
+            }
+        )*
+    };
+}
+
+per_device!(
+    conformance_round_trip,
+    conformance_attention,
+    conformance_moe_route,
+    conformance_moe_experts,
+    conformance_linear,
+    conformance_norm_rope_layout,
+);
