@@ -26,16 +26,19 @@ pub enum Module {
     MoeRoute,
     /// FlashAttention-2-style forward on mma.sync (sm_80 and later).
     AttentionSm80,
+    /// Hopper forward: S = QK^T on wgmma (sm_90a only), the rest as the sm80 kernel.
+    AttentionSm90a,
 }
 
 impl Module {
     /// Every module.
-    pub const ALL: [Module; 5] = [
+    pub const ALL: [Module; 6] = [
         Module::Elementwise,
         Module::Norm,
         Module::Rope,
         Module::MoeRoute,
         Module::AttentionSm80,
+        Module::AttentionSm90a,
     ];
 
     /// Short name (used in cache file names and logs).
@@ -46,6 +49,7 @@ impl Module {
             Module::Rope => "rope",
             Module::MoeRoute => "moe_route",
             Module::AttentionSm80 => "attention_sm80",
+            Module::AttentionSm90a => "attention_sm90a",
         }
     }
 
@@ -57,6 +61,7 @@ impl Module {
             Module::Rope => "common/rope.cu",
             Module::MoeRoute => "common/moe_route.cu",
             Module::AttentionSm80 => "sm80/attention.cu",
+            Module::AttentionSm90a => "sm90a/attention.cu",
         }
     }
 
@@ -68,21 +73,43 @@ impl Module {
             Module::Rope => include_str!("cuda/common/rope.cu"),
             Module::MoeRoute => include_str!("cuda/common/moe_route.cu"),
             Module::AttentionSm80 => include_str!("cuda/sm80/attention.cu"),
+            Module::AttentionSm90a => include_str!("cuda/sm90a/attention.cu"),
+        }
+    }
+
+    /// Modules whose source this one is compiled after (shared device helpers).
+    pub fn prelude(self) -> &'static [Module] {
+        match self {
+            Module::AttentionSm90a => &[Module::AttentionSm80],
+            _ => &[],
         }
     }
 
     /// The full source handed to NVRTC: the common header, then the module's file.
     pub fn source(self) -> String {
-        format!(
-            "// common/common.cuh\n{COMMON_HEADER}\n// {}\n{}",
-            self.path(),
-            self.body()
-        )
+        let mut s = format!("// common/common.cuh\n{COMMON_HEADER}\n");
+        for m in self.prelude() {
+            s.push_str(&format!("// {}\n{}\n", m.path(), m.body()));
+        }
+        s.push_str(&format!("// {}\n{}", self.path(), self.body()));
+        s
     }
 
     /// The lowest compute capability (major * 10 + minor) the module runs on.
     pub fn min_arch(self) -> u32 {
-        80
+        match self {
+            Module::AttentionSm90a => 90,
+            _ => 80,
+        }
+    }
+
+    /// Whether the module runs on a device of compute capability `arch` (sm_90a code runs on
+    /// sm_90 only).
+    pub fn runs_on(self, arch: u32) -> bool {
+        match self {
+            Module::AttentionSm90a => arch == 90,
+            _ => arch >= 80,
+        }
     }
 
     /// Entry points the module defines.
@@ -118,6 +145,7 @@ impl Module {
                 "mha_bf16_fwd_d64_m2n32",
                 "mha_bf16_fwd_d128_m2n32",
             ],
+            Module::AttentionSm90a => &["mha_bf16_fwd_d64_wg", "mha_bf16_fwd_d128_wg"],
         }
     }
 

@@ -106,11 +106,16 @@ impl Kernels {
         }
         let module = Module::of_kernel(name)
             .ok_or_else(|| Error::Internal(format!("no module defines kernel {name}")))?;
-        if self.arch < module.min_arch() {
+        if !module.runs_on(self.arch) {
             return Err(Error::Unsupported {
                 op: name.into(),
                 device: self.label.clone(),
-                why: format!("needs sm_{} or later", module.min_arch()),
+                why: format!(
+                    "{} runs on sm_{} (this device is sm_{})",
+                    module.path(),
+                    module.min_arch(),
+                    self.arch
+                ),
             });
         }
         let md = match l.modules.get(&module) {

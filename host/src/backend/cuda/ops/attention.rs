@@ -18,15 +18,18 @@ pub enum Variant {
     M2,
     /// As M2 with 32-key tiles (fewer registers for S, Q kept in registers).
     M2N32,
+    /// Hopper (sm_90 only): S = QK^T on wgmma from shared memory, PV on mma.sync; 128-row blocks.
+    Wg,
 }
 
 impl Variant {
-    /// From `TANDEM_ATTN_VARIANT` (w4, w8, m2, m2n32); default m2.
+    /// From `TANDEM_ATTN_VARIANT` (w4, w8, m2, m2n32, wg); default m2.
     pub fn from_env() -> Self {
         match std::env::var("TANDEM_ATTN_VARIANT").ok().as_deref() {
             Some("w4") => Variant::W4,
             Some("w8") => Variant::W8,
             Some("m2n32") => Variant::M2N32,
+            Some("wg") => Variant::Wg,
             _ => Variant::M2,
         }
     }
@@ -35,7 +38,7 @@ impl Variant {
     pub fn block_m(self) -> usize {
         match self {
             Variant::W4 => 64,
-            Variant::W8 | Variant::M2 | Variant::M2N32 => 128,
+            Variant::W8 | Variant::M2 | Variant::M2N32 | Variant::Wg => 128,
         }
     }
 
@@ -51,7 +54,7 @@ impl Variant {
     pub fn threads(self) -> usize {
         match self {
             Variant::W8 => 256,
-            Variant::W4 | Variant::M2 | Variant::M2N32 => 128,
+            Variant::W4 | Variant::M2 | Variant::M2N32 | Variant::Wg => 128,
         }
     }
 
@@ -63,6 +66,8 @@ impl Variant {
             (64, Variant::M2) => "mha_bf16_fwd_d64_m2",
             (64, Variant::M2N32) => "mha_bf16_fwd_d64_m2n32",
             (_, Variant::M2N32) => "mha_bf16_fwd_d128_m2n32",
+            (64, Variant::Wg) => "mha_bf16_fwd_d64_wg",
+            (_, Variant::Wg) => "mha_bf16_fwd_d128_wg",
             (_, Variant::W4) => "mha_bf16_fwd_d128",
             (_, Variant::W8) => "mha_bf16_fwd_d128_w8",
             (_, Variant::M2) => "mha_bf16_fwd_d128_m2",
@@ -88,8 +93,13 @@ pub fn attention(
     }
     let bm = var.block_m();
     let bn = var.block_n();
-    // Q tile, one K tile, one V tile; rows padded by 8 bf16 (conflict-free ldmatrix)
-    let smem = (bm + 2 * bn) * (s.d + 8) * 2;
+    // Q tile, one K tile, one V tile; rows padded by 8 bf16 (conflict-free ldmatrix), except Q
+    // and K of the wgmma build (core-matrix layout, unpadded)
+    let smem = if var == Variant::Wg {
+        ((bm + bn) * s.d + bn * (s.d + 8)) * 2
+    } else {
+        (bm + 2 * bn) * (s.d + 8) * 2
+    };
     let scale_log2 = p.scale_for(s.d) * std::f32::consts::LOG2_E;
     let dims = Dims {
         grid: (s.nq.div_ceil(bm) as u32, s.hq as u32, s.b as u32),

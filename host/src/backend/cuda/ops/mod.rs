@@ -120,6 +120,11 @@ pub fn supports(arch: u32, op: &Op, inputs: &[TensorMeta]) -> Support {
     }
     match op {
         Op::Attention(p) => match p.shape(inputs) {
+            Ok(_) if attention::Variant::from_env() == attention::Variant::Wg && arch != 90 => {
+                Support::No(format!(
+                    "TANDEM_ATTN_VARIANT=wg needs sm_90 (this device is sm_{arch})"
+                ))
+            }
             Ok(s) if s.d == 64 || s.d == 128 => Support::Native,
             Ok(s) => Support::No(format!("head dim {} (64 and 128 are supported)", s.d)),
             Err(e) => Support::No(e.to_string()),
@@ -178,7 +183,13 @@ pub fn alloc_outputs(cx: &Cx<'_>, op: &Op, metas: &[TensorMeta]) -> Result<Vec<C
 /// event-timed region.
 pub fn prepare(cx: &Cx<'_>, op: &Op) -> Result<()> {
     let first: &[&'static str] = match op {
-        Op::Attention(_) => &["mha_bf16_fwd_d64", "fill_u16"],
+        Op::Attention(_) => {
+            if attention::Variant::from_env() == attention::Variant::Wg {
+                &["mha_bf16_fwd_d64_wg", "fill_u16"]
+            } else {
+                &["mha_bf16_fwd_d64", "fill_u16"]
+            }
+        }
         Op::MoeRoute(_) => &["moe_topk_softmax_f32", "fill_u16"],
         Op::RmsNorm(_) => &["rmsnorm_bf16", "fill_u16"],
         Op::Rope(_) => &["rope_bf16", "fill_u16"],
