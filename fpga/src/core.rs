@@ -238,29 +238,30 @@ pub fn check_core_ports(verilog: &str, module: &str) -> Result<(), CoreError> {
         .find("endmodule")
         .ok_or_else(|| err("no endmodule".into()))?;
     let body = &body[..end];
+    // Declarations in either style: ANSI (`input wire [63:0] a, ...` in the header) or
+    // rust-hdl's (`input wire [63:0] a;` one per line).
+    let decls: Vec<(String, String, usize)> = body
+        .split([',', ';', '\n', '(', ')'])
+        .filter_map(|d| {
+            let d = d.trim();
+            let dir = ["input", "output"].into_iter().find(|k| d.starts_with(k))?;
+            let name = d.split_whitespace().last()?.to_string();
+            let width = d
+                .find('[')
+                .and_then(|a| d[a + 1..].find(':').map(|b| &d[a + 1..a + 1 + b]))
+                .and_then(|s| s.trim().parse::<usize>().ok())
+                .map_or(1, |msb| msb + 1);
+            Some((dir.to_string(), name, width))
+        })
+        .collect();
     for p in core_ports() {
         let dir = match p.dir {
             PortDir::In => "input",
             PortDir::Out => "output",
         };
-        let found = body.lines().any(|l| {
-            let l = l.trim();
-            let words: Vec<&str> = l
-                .trim_end_matches(';')
-                .split(|c: char| c.is_whitespace())
-                .filter(|w| !w.is_empty())
-                .collect();
-            if words.first() != Some(&dir) || words.last() != Some(&p.name.as_str()) {
-                return false;
-            }
-            let width = l
-                .find('[')
-                .and_then(|a| l[a + 1..].find(':').map(|b| &l[a + 1..a + 1 + b]))
-                .and_then(|s| s.trim().parse::<usize>().ok())
-                .map(|msb| msb + 1)
-                .unwrap_or(1);
-            width == p.width
-        });
+        let found = decls
+            .iter()
+            .any(|(d, n, w)| d == dir && *n == p.name && *w == p.width);
         if !found {
             return Err(err(format!(
                 "missing `{dir} [{}:0] {}`",

@@ -469,6 +469,8 @@ mod tests {
         .expect("verilog");
         crate::core::check_core_ports(&v, "router_core").expect("ports");
         assert!(v.contains("assign nv_3"));
+        let narrow = v.replace("output reg [7:0] wr_strb", "output reg [3:0] wr_strb");
+        assert!(crate::core::check_core_ports(&narrow, "router_core").is_err());
     }
 
     #[test]
