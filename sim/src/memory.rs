@@ -213,3 +213,86 @@ impl Memory {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn banks_are_disjoint_and_bounded() {
+        let mut m = Memory::new(MemConfig {
+            banks: 2,
+            bank_bytes: 1 << 20,
+            ..MemConfig::default()
+        });
+        assert_eq!(m.locate(1 << BANK_SHIFT), Some((0, 0)));
+        assert_eq!(m.locate((2 << BANK_SHIFT) + 8), Some((1, 8)));
+        assert_eq!(m.locate(0), None);
+        assert_eq!(m.locate(3 << BANK_SHIFT), None);
+        m.bytes_mut(1 << BANK_SHIFT, 4).expect("bank 0")[0] = 7;
+        assert_eq!(m.bytes_mut(2 << BANK_SHIFT, 4).expect("bank 1")[0], 0);
+        assert!(m.bytes_mut((1 << BANK_SHIFT) + (1 << 20) - 4, 8).is_none());
+    }
+
+    #[test]
+    fn reads_wait_for_the_latency_and_writes_honour_strobes() {
+        let mut m = Memory::new(MemConfig {
+            read_latency: 3,
+            ..MemConfig::default()
+        });
+        let a = 1u64 << BANK_SHIFT;
+        m.bytes_mut(a, 16)
+            .expect("mem")
+            .copy_from_slice(&(0u8..16).collect::<Vec<_>>());
+        let mut i = PinsIn::default();
+        let o = PinsOut {
+            m_arvalid: 1,
+            m_araddr: a,
+            m_arlen: 1,
+            m_rready: 1,
+            ..PinsOut::default()
+        };
+        m.drive(0, &mut i);
+        i.ap_rst_n = 1;
+        m.commit(0, &i, &o);
+        let idle = PinsOut {
+            m_rready: 1,
+            ..PinsOut::default()
+        };
+        let mut beats = Vec::new();
+        for now in 1..8 {
+            m.drive(now, &mut i);
+            if i.m_rvalid == 1 {
+                beats.push((now, i.m_rdata, i.m_rlast));
+            }
+            m.commit(now, &i, &idle);
+        }
+        assert_eq!(beats.len(), 2);
+        assert_eq!(beats[0].0, 3, "first beat after the latency");
+        assert_eq!(beats[0].1, u64::from_le_bytes([0, 1, 2, 3, 4, 5, 6, 7]));
+        assert_eq!(beats[1].2, 1, "rlast on the second beat");
+        // a one-beat write of the upper four bytes only
+        let w = PinsOut {
+            m_awvalid: 1,
+            m_awaddr: a,
+            m_awlen: 0,
+            ..PinsOut::default()
+        };
+        m.drive(10, &mut i);
+        m.commit(10, &i, &w);
+        let w = PinsOut {
+            m_wvalid: 1,
+            m_wdata: u64::MAX,
+            m_wstrb: 0xf0,
+            m_wlast: 1,
+            ..PinsOut::default()
+        };
+        m.drive(11, &mut i);
+        m.commit(11, &i, &w);
+        assert_eq!(
+            m.bytes_mut(a, 8).expect("mem"),
+            &[0, 1, 2, 3, 255, 255, 255, 255]
+        );
+        assert!(m.fault.is_none());
+    }
+}

@@ -119,7 +119,12 @@ type EdgeFn = unsafe extern "C" fn(*mut c_void);
 
 /// The installed Verilator's version, or why it cannot be used.
 pub fn verilator_version() -> Result<(u32, u32), SimError> {
-    let out = Command::new("verilator")
+    verilator_version_of("verilator")
+}
+
+/// The version of the Verilator at `bin`, or why it cannot be used.
+pub fn verilator_version_of(bin: &str) -> Result<(u32, u32), SimError> {
+    let out = Command::new(bin)
         .arg("--version")
         .output()
         .map_err(|e| SimError::Unavailable(format!("verilator not found ({e}); {INSTALL_HINT}")))?;
@@ -345,5 +350,17 @@ impl Drop for Model {
     fn drop(&mut self) {
         // SAFETY: handle came from tsim_new and is freed once.
         unsafe { (self.free)(self.handle) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_verilator_is_unavailable_with_a_hint() {
+        let e = verilator_version_of("verilator-that-is-not-installed").expect_err("missing");
+        assert!(matches!(e, SimError::Unavailable(_)));
+        assert!(e.to_string().contains("apt-get install verilator"), "{e}");
     }
 }
