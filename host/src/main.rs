@@ -25,6 +25,8 @@ enum Command {
     Devices(cli::devices::DevicesArgs),
     /// Run a workload (default: one Mixtral decoder layer) and report per-op time and error.
     Run(cli::run::RunArgs),
+    /// Run a workload once per device kind found and show per-op time and error side by side.
+    Compare(cli::compare::CompareArgs),
     /// Show where each op of a workload would run, and why.
     Plan(cli::run::RunArgs),
     /// Run one op on named tensors from a safetensors file.
@@ -48,6 +50,7 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Devices(a) => cli::devices::run(a, &reg),
         Command::Run(a) => cli::run::run(a, &reg),
+        Command::Compare(a) => cli::compare::run(a, &reg),
         Command::Plan(a) => cli::run::plan_only(a, &reg),
         Command::Op(a) => cli::op::run(a, &reg),
         Command::Bench(a) => cli::bench::run(a, &reg),

@@ -1,6 +1,7 @@
 //! The `tandem` subcommands, one file each.
 
 pub mod bench;
+pub mod compare;
 pub mod devices;
 pub mod fpga;
 pub mod op;
