@@ -227,3 +227,37 @@ fn auto_restart_runs_again_until_cleared() {
     c.read(&hb, 0, &mut h).expect("read");
     assert_eq!(tandem_fpga::golden::router::unpack_hist(&h, e), want.hist);
 }
+
+#[test]
+fn memory_bandwidth_and_vcd_are_honoured() {
+    let vcd = std::env::temp_dir().join(format!("tandem-router-{}.vcd", std::process::id()));
+    let cfg = SimConfig {
+        vcd: Some(vcd.clone()),
+        ..SimConfig::default()
+    };
+    let mut c = match SimCard::open(cfg) {
+        Ok(c) => c,
+        Err(e) => {
+            println!("skipped: {e}");
+            return;
+        }
+    };
+    c.load_core(&CORE, ShellConfig { max_burst: 16 })
+        .expect("load router");
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    let (t, e, k) = (32, 32, 4);
+    let x: Vec<i16> = (0..t * e).map(|_| rng.gen_range(-900..900)).collect();
+    let fast = check(&mut c, &x, t, e, k);
+    // one byte per cycle: a 64-bit beat (4 logits) every 8 cycles
+    c.set_mem_config(MemConfig {
+        bytes_per_cycle: 1.0,
+        ..MemConfig::default()
+    });
+    let slow = check(&mut c, &x, t, e, k);
+    println!("8 B/cycle: {fast} cycles, 1 B/cycle: {slow} cycles");
+    assert!(slow as f64 > 1.7 * fast as f64, "{fast} vs {slow}");
+    drop(c);
+    let text = std::fs::read_to_string(&vcd).expect("vcd written");
+    assert!(text.contains("$enddefinitions") && text.contains("ap_clk"));
+    let _ = std::fs::remove_file(&vcd);
+}
