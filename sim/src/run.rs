@@ -72,3 +72,72 @@ pub fn run_router(
     dev.free(lb)?;
     result
 }
+
+/// Runs the GEMM kernel on `dev` (which must have it loaded): int8 `x [M, K]`, `w [N, K]`,
+/// per-column `bias` and requantisation, optional ReLU, to int8 `y [M, N]` (semantics:
+/// `tandem_fpga::golden::gemm::gemm`). N and K are zero padded to multiples of 8 here.
+#[allow(clippy::too_many_arguments)]
+pub fn run_gemm(
+    dev: &mut dyn FpgaDevice,
+    x: &[i8],
+    w: &[i8],
+    bias: &[i32],
+    rq: &[tandem_fpga::golden::gemm::Requant],
+    relu: bool,
+    d: tandem_fpga::golden::gemm::GemmDims,
+    timeout: Duration,
+) -> Result<(Vec<i8>, RunStats), FpgaError> {
+    use tandem_fpga::kernels::gemm::{pack_params, pack_w, pad_x, pad8};
+    let bad = |msg: String| FpgaError::BadArgument {
+        kernel: "gemm".into(),
+        msg,
+    };
+    let (m, n, k) = (d.m, d.n, d.k);
+    if x.len() != m * k || w.len() != n * k || bias.len() != n || rq.len() != n {
+        return Err(bad(format!(
+            "x {}, w {}, bias {}, requant {} for M={m} N={n} K={k}",
+            x.len(),
+            w.len(),
+            bias.len(),
+            rq.len()
+        )));
+    }
+    let (np, kp) = (pad8(n), pad8(k));
+    let to32 =
+        |v: usize, what: &str| u32::try_from(v).map_err(|_| bad(format!("{what} = {v} too large")));
+    let words = |v: Vec<u64>| -> Vec<u8> { v.iter().flat_map(|w| w.to_le_bytes()).collect() };
+    let xb: Vec<u8> = pad_x(x, m, k).iter().map(|&v| v as u8).collect();
+    let wb = words(pack_w(w, n, k));
+    let pb = words(pack_params(bias, rq));
+    let ybytes = (m * np).max(8) as u64;
+    let bx = dev.alloc(0, xb.len().max(8) as u64)?;
+    let bw = dev.alloc(0, wb.len().max(8) as u64)?;
+    let bp = dev.alloc(0, pb.len().max(8) as u64)?;
+    let by = dev.alloc(0, ybytes)?;
+    let result = (|| {
+        dev.write(&bx, 0, &xb)?;
+        dev.write(&bw, 0, &wb)?;
+        dev.write(&bp, 0, &pb)?;
+        dev.set_pointer("x", &bx)?;
+        dev.set_pointer("w", &bw)?;
+        dev.set_pointer("params", &bp)?;
+        dev.set_pointer("y", &by)?;
+        dev.set_scalar("m", to32(m, "m")?)?;
+        dev.set_scalar("n", to32(np, "n")?)?;
+        dev.set_scalar("k", to32(kp, "k")?)?;
+        dev.set_scalar("relu", u32::from(relu))?;
+        dev.start()?;
+        let stats = dev.wait(timeout)?;
+        let mut yb = vec![0u8; ybytes as usize];
+        dev.read(&by, 0, &mut yb)?;
+        let y: Vec<i8> = (0..m)
+            .flat_map(|i| yb[i * np..i * np + n].iter().map(|&v| v as i8))
+            .collect();
+        Ok((y, stats))
+    })();
+    dev.free(by)?;
+    dev.free(bp)?;
+    dev.free(bw)?;
+    dev.free(bx)?;
+    result
+}
