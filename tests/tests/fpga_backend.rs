@@ -109,7 +109,7 @@ fn ops_without_a_kernel_are_declined_with_a_reason() {
         block_size: 16,
     });
     assert!(matches!(
-        b.supports(&no_renorm, &[m.clone()]),
+        b.supports(&no_renorm, std::slice::from_ref(&m)),
         Support::No(_)
     ));
     let too_many = Op::MoeRoute(MoeRouteParams {
@@ -128,4 +128,46 @@ fn ops_without_a_kernel_are_declined_with_a_reason() {
     // launching an op it declined is an error, not a panic
     let s = b.upload(&Tensor::zeros(&m)).expect("upload");
     assert!(b.launch(&no_renorm, &[&s]).is_err());
+}
+
+#[test]
+fn linear_on_the_simulated_card_is_within_int8_error() {
+    use tandem::ops::{Activation, LinearParams};
+    let Some(b) = fpga_sim() else { return };
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(12);
+    let (m, n, k) = (12, 20, 48);
+    let mut r = |len: usize| -> Vec<f32> { (0..len).map(|_| rng.gen_range(-1.0..1.0)).collect() };
+    let x = Tensor::from_vec_f32(&[m, k], r(m * k)).expect("x");
+    let w = Tensor::from_vec_f32(&[n, k], r(n * k)).expect("w");
+    let bias = Tensor::from_vec_f32(&[n], r(n)).expect("b");
+    for act in [Activation::None, Activation::Relu] {
+        let op = Op::Linear(LinearParams { act, bias: true });
+        let ins = [x.clone(), w.clone(), bias.clone()];
+        let metas: Vec<TensorMeta> = ins.iter().map(|t| t.meta()).collect();
+        assert_eq!(b.supports(&op, &metas), Support::Native);
+        let st: Vec<_> = ins.iter().map(|t| b.upload(t).expect("upload")).collect();
+        let refs: Vec<_> = st.iter().collect();
+        let l = b.launch(&op, &refs).expect("launch");
+        l.done
+            .wait(Duration::from_secs(300), "linear")
+            .expect("done");
+        let y = b.download(&l.outputs[0]).expect("download").to_f64();
+        let want = op
+            .reference(&ins.iter().map(|t| t.to_f64()).collect::<Vec<_>>())
+            .expect("reference");
+        let err = tandem::tensor::rel_error(&y, &want[0]);
+        println!("linear {act:?} on fpga-sim: rel. error {err:.2e}");
+        assert!(err < 3e-2, "{act:?}: {err}");
+        let info = l.info.lock().expect("info").clone();
+        assert_eq!(info.kernel, "linear_int8_gemm");
+        assert!(info.cycles.expect("cycles") > (m * n * k / 64) as u64);
+    }
+    let gelu = Op::Linear(LinearParams {
+        act: Activation::Gelu,
+        bias: false,
+    });
+    assert!(matches!(
+        b.supports(&gelu, &[x.meta(), w.meta()]),
+        Support::No(_)
+    ));
 }

@@ -3,7 +3,11 @@
 //! trait.
 //!
 //! Ops: `moe_route` (renormalised top-k, E <= e_max, k <= k_max of the loaded build) on the
-//! router kernel; everything else answers [`Support::No`] so the planner keeps it on the CPU.
+//! router kernel, and `linear` (no activation or ReLU; N, K <= 4096; at most 2^26 MACs so the
+//! simulation stays quick) on the GEMM kernel (`linear_int8_gemm`: x per tensor and w per
+//! output channel quantised to int8, int32 bias, y requantised to int8 at a scale calibrated
+//! on up to 16 rows of x, dequantised on the host); everything else answers [`Support::No`]
+//! so the planner keeps it on the CPU. Each kernel has its own card, loaded at first use.
 //! At the boundary the f32 logits are quantised to Q7.8 int16 and the Q0.15 weights
 //! dequantised back; the outputs the kernel does not make (the block-aligned permutation, the
 //! expert offsets and both losses) are computed on the host from the kernel's ids and
@@ -14,8 +18,13 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use std::collections::HashMap;
+
 use tandem_fpga::FpgaError;
+use tandem_fpga::core::KernelCore;
+use tandem_fpga::golden::gemm as gq;
 use tandem_fpga::golden::router::{WEIGHT_FRAC_BITS, quantize_logit};
+use tandem_fpga::kernels::gemm::GemmCore;
 use tandem_fpga::kernels::router::RouterCore;
 use tandem_fpga::shell::ShellConfig;
 use tandem_sim::{SimCard, SimConfig};
@@ -25,12 +34,19 @@ use super::{
 };
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ops::{MoeRouteParams, Op};
+use crate::ops::{Activation, LinearParams, MoeRouteParams, Op};
 use crate::sync::Completion;
 use crate::tensor::{Tensor, TensorMeta};
 
 /// Kernel name reported for routing.
 pub const ROUTER_KERNEL: &str = "moe_router_int16+host_align";
+
+/// Kernel name reported for linear (fused GEMM + bias + ReLU + requantisation).
+pub const GEMM_KERNEL: &str = "linear_int8_gemm";
+
+/// Largest linear (M*N*K multiply-adds) the simulated card takes: about a million cycles on
+/// the 8x8 array, a second or so of simulation.
+const MAX_SIM_MACS: u128 = 1 << 26;
 
 /// Longest a simulated kernel run may take (wall clock) before it is a timeout.
 const RUN_TIMEOUT: Duration = Duration::from_secs(600);
@@ -68,14 +84,21 @@ pub struct FpgaSimBackend {
     info: DeviceInfo,
     router: RouterCore,
     clock_mhz: f64,
-    /// Opened and loaded at first launch (the first build of the model takes a while).
-    card: Mutex<Option<SimCard>>,
+    gemm: GemmCore,
+    /// One card per kernel, opened and loaded at its first launch (the first Verilator build
+    /// of a kernel takes a while; later ones load from the cache).
+    cards: Mutex<HashMap<&'static str, SimCard>>,
 }
 
 impl FpgaSimBackend {
     /// A simulated card with the default router build.
     pub fn new(verilator: &str) -> Self {
         let router = RouterCore::default();
+        let gemm = GemmCore {
+            rows: 8,
+            k_max: 4096,
+            n_max: 4096,
+        };
         let clock_mhz = clock_mhz();
         let clock = clock_mhz * 1e6;
         let mem = tandem_sim::MemConfig::default();
@@ -103,7 +126,8 @@ impl FpgaSimBackend {
             info,
             router,
             clock_mhz,
-            card: Mutex::new(None),
+            gemm,
+            cards: Mutex::new(HashMap::new()),
         }
     }
 
@@ -126,6 +150,95 @@ impl FpgaSimBackend {
         Support::Native
     }
 
+    /// Runs `f` on the card of kernel `name`, opening and loading it first if needed.
+    fn with_card<R>(
+        &self,
+        name: &'static str,
+        core: &dyn KernelCore,
+        f: impl FnOnce(&mut SimCard) -> std::result::Result<R, FpgaError>,
+    ) -> Result<R> {
+        let mut cards = self.cards.lock().unwrap_or_else(|e| e.into_inner());
+        if !cards.contains_key(name) {
+            let mut card = SimCard::open(SimConfig {
+                clock_mhz: self.clock_mhz,
+                ..SimConfig::default()
+            })
+            .map_err(|e| Error::Unavailable {
+                device: "fpga-sim:0".into(),
+                reason: e.to_string(),
+            })?;
+            card.load_core(core, ShellConfig::default())
+                .map_err(fpga_err)?;
+            cards.insert(name, card);
+        }
+        let card = cards
+            .get_mut(name)
+            .ok_or_else(|| Error::Internal(format!("fpga-sim card {name} missing")))?;
+        f(card).map_err(fpga_err)
+    }
+
+    fn linear_support(&self, p: &LinearParams, inputs: &[TensorMeta]) -> Support {
+        let Ok((m, n, k)) = p.mnk(inputs) else {
+            return Support::No("invalid linear inputs".into());
+        };
+        if !matches!(p.act, Activation::None | Activation::Relu) {
+            return Support::No(format!("the GEMM kernel has ReLU only, not {:?}", p.act));
+        }
+        if n > self.gemm.n_max as usize || k > self.gemm.k_max as usize {
+            return Support::No(format!(
+                "N = {n}, K = {k} exceed the GEMM build (n_max = {}, k_max = {})",
+                self.gemm.n_max, self.gemm.k_max
+            ));
+        }
+        if (m as u128) * (n as u128) * (k as u128) > MAX_SIM_MACS {
+            return Support::No(format!(
+                "{m}x{n}x{k} MACs is more than the simulator runs quickly ({MAX_SIM_MACS})"
+            ));
+        }
+        Support::Native
+    }
+
+    /// x per tensor and w per output channel to int8, bias to int32, y per tensor (scale
+    /// calibrated on up to 16 rows of x, 25% margin): `fpga::golden::gemm::QuantLinear`.
+    fn run_linear(&self, p: &LinearParams, inputs: &[&Tensor]) -> Result<(Tensor, u64)> {
+        let metas: Vec<TensorMeta> = inputs.iter().map(|t| t.meta()).collect();
+        let outs = p.validate(&metas)?;
+        let (m, n, k) = p.mnk(&metas)?;
+        let x: Vec<f32> = inputs[0].as_f32()?.iter().copied().collect();
+        let w: Vec<f32> = inputs[1].as_f32()?.iter().copied().collect();
+        let b: Option<Vec<f32>> = if p.bias {
+            Some(inputs[2].as_f32()?.iter().copied().collect())
+        } else {
+            None
+        };
+        let relu = p.act == Activation::Relu;
+        let step = m.div_ceil(16).max(1);
+        let sample: Vec<f32> = (0..m)
+            .step_by(step)
+            .flat_map(|r| x[r * k..(r + 1) * k].iter().copied())
+            .collect();
+        let x_scale = gq::scale_of(&x);
+        let y_scale = gq::QuantLinear::calibrate_y_scale(&sample, &w, b.as_deref(), n, k, relu);
+        let ql = gq::QuantLinear::new(&w, b.as_deref(), n, k, x_scale, y_scale)
+            .map_err(|e| Error::invalid("linear", e.to_string()))?;
+        let xq: Vec<i8> = x.iter().map(|&v| gq::quantize_value(v, x_scale)).collect();
+        let d = gq::GemmDims { m, n, k };
+        let (yq, stats) = self.with_card("gemm", &self.gemm, |card| {
+            tandem_sim::run::run_gemm(
+                card,
+                &xq,
+                &ql.w,
+                &ql.bias,
+                &ql.requant,
+                relu,
+                d,
+                RUN_TIMEOUT,
+            )
+        })?;
+        let y: Vec<f32> = yq.iter().map(|&v| f32::from(v) * y_scale).collect();
+        Ok((Tensor::from_vec_f32(&outs[0].shape, y)?, stats.cycles))
+    }
+
     fn run_route(&self, p: &MoeRouteParams, logits: &Tensor) -> Result<(Vec<Tensor>, u64)> {
         let metas = p.validate(&[logits.meta()])?;
         let x = logits.as_f32()?;
@@ -138,26 +251,9 @@ impl FpgaSimBackend {
             ));
         }
         let q: Vec<i16> = flat.iter().map(|&v| quantize_logit(v)).collect();
-        let mut guard = self.card.lock().unwrap_or_else(|e| e.into_inner());
-        if guard.is_none() {
-            let mut card = SimCard::open(SimConfig {
-                clock_mhz: self.clock_mhz,
-                ..SimConfig::default()
-            })
-            .map_err(|e| Error::Unavailable {
-                device: "fpga-sim:0".into(),
-                reason: e.to_string(),
-            })?;
-            card.load_core(&self.router, ShellConfig::default())
-                .map_err(fpga_err)?;
-            *guard = Some(card);
-        }
-        let card = guard
-            .as_mut()
-            .ok_or_else(|| Error::Internal("fpga-sim card missing".into()))?;
-        let (out, stats) =
-            tandem_sim::run::run_router(card, &q, t, e, k, RUN_TIMEOUT).map_err(fpga_err)?;
-        drop(guard);
+        let (out, stats) = self.with_card("router", &self.router, |card| {
+            tandem_sim::run::run_router(card, &q, t, e, k, RUN_TIMEOUT)
+        })?;
         let ids: Vec<i32> = out.ids.iter().map(|&v| i32::from(v)).collect();
         let scale = f32::from(1u16 << (WEIGHT_FRAC_BITS - 1)) * 2.0;
         let weights: Vec<f32> = out.weights.iter().map(|&w| f32::from(w) / scale).collect();
@@ -260,8 +356,9 @@ impl Backend for FpgaSimBackend {
     fn supports(&self, op: &Op, inputs: &[TensorMeta]) -> Support {
         match op {
             Op::MoeRoute(p) => self.route_support(p, inputs),
+            Op::Linear(p) => self.linear_support(p, inputs),
             other => Support::No(format!(
-                "no FPGA kernel for {} in this build (the router is the only RTL kernel plugged in)",
+                "no FPGA kernel for {} in this build (router and GEMM are plugged in)",
                 other.name()
             )),
         }
@@ -286,14 +383,26 @@ impl Backend for FpgaSimBackend {
                 why,
             });
         }
-        let Op::MoeRoute(p) = op else {
-            return Err(Error::Internal(format!(
-                "fpga-sim cannot launch {}",
-                op.name()
-            )));
+        let (outs, cycles, kernel) = match op {
+            Op::MoeRoute(p) => {
+                let (o, c) = self.run_route(p, host_tensor(inputs[0])?)?;
+                (o, c, ROUTER_KERNEL)
+            }
+            Op::Linear(p) => {
+                let t = inputs
+                    .iter()
+                    .map(|s| host_tensor(s))
+                    .collect::<Result<Vec<_>>>()?;
+                let (o, c) = self.run_linear(p, &t)?;
+                (vec![o], c, GEMM_KERNEL)
+            }
+            other => {
+                return Err(Error::Internal(format!(
+                    "fpga-sim cannot launch {}",
+                    other.name()
+                )));
+            }
         };
-        let logits = host_tensor(inputs[0])?;
-        let (outs, cycles) = self.run_route(p, logits)?;
         let device_time = Duration::from_secs_f64(cycles as f64 / (self.clock_mhz * 1e6));
         Ok(Launch {
             outputs: outs
@@ -302,7 +411,7 @@ impl Backend for FpgaSimBackend {
                 .collect(),
             done: Completion::done(),
             info: Arc::new(Mutex::new(LaunchInfo {
-                kernel: ROUTER_KERNEL.into(),
+                kernel: kernel.into(),
                 device_time: Some(device_time),
                 cycles: Some(cycles),
             })),
