@@ -26,7 +26,7 @@ pub enum Module {
     MoeRoute,
     /// FlashAttention-2-style forward on mma.sync (sm_80 and later).
     AttentionSm80,
-    /// Hopper forward: S = QK^T on wgmma (sm_90a only), the rest as the sm80 kernel.
+    /// Hopper forward (sm_90a only): S = QK^T on wgmma (`_wg`), and PV too (`_wg2`).
     AttentionSm90a,
 }
 
@@ -145,7 +145,12 @@ impl Module {
                 "mha_bf16_fwd_d64_m2n32",
                 "mha_bf16_fwd_d128_m2n32",
             ],
-            Module::AttentionSm90a => &["mha_bf16_fwd_d64_wg", "mha_bf16_fwd_d128_wg"],
+            Module::AttentionSm90a => &[
+                "mha_bf16_fwd_d64_wg",
+                "mha_bf16_fwd_d128_wg",
+                "mha_bf16_fwd_d64_wg2",
+                "mha_bf16_fwd_d128_wg2",
+            ],
         }
     }
 

@@ -75,7 +75,7 @@ fn cuda_timing() {
     let be = CudaBackend::open(0, CudaOptions::default()).expect("open");
     let f = |s: &[usize]| TensorMeta::new(s.to_vec(), tandem::DType::F32);
     for causal in [false, true] {
-        for w in ["m2", "wg"] {
+        for w in ["m2", "wg", "wg2"] {
             // SAFETY: single-threaded here; read by the next launch.
             unsafe { std::env::set_var("TANDEM_ATTN_VARIANT", w) };
             let op = Op::Attention(AttentionParams {

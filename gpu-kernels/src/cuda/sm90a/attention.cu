@@ -34,6 +34,26 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], u64_t da, u64_
         : "l"(da), "l"(db), "r"(accumulate));
 }
 
+// d[64x64] += A[64x16] (registers, mma.sync's A fragment per warp) B[16x64], B N-major in
+// shared memory (imm-trans-b = 1). 32 f32 per thread.
+__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[8][4], const unsigned (&a)[4], u64_t db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, 1, 1, 1, 1;\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+// d[64x128] += A[64x16] (registers, mma.sync's A fragment per warp) B[16x128], B N-major in
+// shared memory (imm-trans-b = 1). 64 f32 per thread.
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[16][4], const unsigned (&a)[4], u64_t db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, 1, 1, 1, 1;\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
 // Loads rows x D of a [N, D] matrix into the core-matrix layout, zero-filling rows past n. A
 // warp moves 8 rows x 4 chunks: 64 contiguous bytes per row from global memory, 512
 // contiguous bytes (conflict-free) into shared memory.
@@ -51,7 +71,7 @@ __device__ __forceinline__ void load_tile_cm(bf16_t* s, const bf16_t* g, int r0,
     }
 }
 
-template <int D>
+template <int D, bool PV_WG>
 __device__ __forceinline__ void attn_fwd_wg(const bf16_t* __restrict__ Q, const bf16_t* __restrict__ K,
                                             const bf16_t* __restrict__ V, bf16_t* __restrict__ O,
                                             float* __restrict__ LSE, int Hq, int Hkv, int Nq, int Nkv,
@@ -62,7 +82,7 @@ __device__ __forceinline__ void attn_fwd_wg(const bf16_t* __restrict__ Q, const 
     extern __shared__ __align__(128) unsigned char att_smem[];
     bf16_t* sQ = (bf16_t*)att_smem;   // BM x D, core-matrix layout
     bf16_t* sK = sQ + BM * D;         // BN x D, core-matrix layout
-    bf16_t* sV = sK + BN * D;         // BN x (D + 8), row-major
+    bf16_t* sV = sK + BN * D;         // BN x (D + 8) row-major, or BN x D core-matrix (PV_WG)
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int m_block = gridDim.x - 1 - blockIdx.x;
@@ -100,7 +120,8 @@ __device__ __forceinline__ void attn_fwd_wg(const bf16_t* __restrict__ Q, const 
         cp_async_wait<0>();
         fence_proxy_async();
         __syncthreads();  // K_nb (and Q) landed and visible to the tensor cores; V buffer free
-        load_tile<D, NT>(sV, v, nb * BN, BN, Nkv);
+        if (PV_WG) load_tile_cm<D, NT>(sV, v, nb * BN, BN, Nkv);
+        else load_tile<D, NT>(sV, v, nb * BN, BN, Nkv);
         cp_async_commit();
         float acc_s[MT][NN][4];
         wg_fence();
@@ -157,28 +178,55 @@ __device__ __forceinline__ void attn_fwd_wg(const bf16_t* __restrict__ Q, const 
                 }
             }
         cp_async_wait<0>();
+        if (PV_WG) fence_proxy_async();
         __syncthreads();  // V_nb landed; every warpgroup read of K_nb is complete (wait above)
         if (nb + 1 < n_blocks) load_tile_cm<D, NT>(sK, k, (nb + 1) * BN, BN, Nkv);
         cp_async_commit();
+        if (PV_WG) {
+            // O += P V on wgmma: P from registers, V N-major in shared memory (core matrices:
+            // 8 d's x 8 keys; d-groups 128 bytes apart (SBO), key-groups D*16 bytes (LBO)).
+            unsigned pa[MT][BN / 16][4];
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            unsigned pa[MT][4];
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                pa[mt][0] = pack_bf16x2(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
-                pa[mt][1] = pack_bf16x2(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
-                pa[mt][2] = pack_bf16x2(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
-                pa[mt][3] = pack_bf16x2(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
-            }
+                for (int kk = 0; kk < BN / 16; ++kk) {
+                    pa[mt][kk][0] = pack_bf16x2(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
+                    pa[mt][kk][1] = pack_bf16x2(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
+                    pa[mt][kk][2] = pack_bf16x2(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
+                    pa[mt][kk][3] = pack_bf16x2(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+                }
+            wg_fence();
 #pragma unroll
-            for (int dt = 0; dt < ND; dt += 2) {
-                unsigned b0, b1, b2, b3;
-                const bf16_t* p = sV + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * SV + (dt + (lane >> 4)) * 8;
-                ldsm_x4_t(b0, b1, b2, b3, p);
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int kk = 0; kk < BN / 16; ++kk) {
+                    const u64_t dv = wg_desc(sV + kk * 2 * (D / 8) * 64, D * 16, 128);
+                    if constexpr (D == 128) wgmma_m64n128k16_rs(acc_o[mt], pa[mt][kk], dv);
+                    else wgmma_m64n64k16_rs(acc_o[mt], pa[mt][kk], dv);
+                }
+            wg_commit();
+            wg_wait0();
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) {
+                unsigned pa[MT][4];
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
-                    mma_bf16(acc_o[mt][dt], pa[mt], b0, b1);
-                    mma_bf16(acc_o[mt][dt + 1], pa[mt], b2, b3);
+                    pa[mt][0] = pack_bf16x2(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
+                    pa[mt][1] = pack_bf16x2(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
+                    pa[mt][2] = pack_bf16x2(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
+                    pa[mt][3] = pack_bf16x2(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+                }
+#pragma unroll
+                for (int dt = 0; dt < ND; dt += 2) {
+                    unsigned b0, b1, b2, b3;
+                    const bf16_t* p = sV + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * SV + (dt + (lane >> 4)) * 8;
+                    ldsm_x4_t(b0, b1, b2, b3, p);
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        mma_bf16(acc_o[mt][dt], pa[mt], b0, b1);
+                        mma_bf16(acc_o[mt][dt + 1], pa[mt], b2, b3);
+                    }
                 }
             }
         }
@@ -209,12 +257,26 @@ extern "C" __global__ void __launch_bounds__(128) mha_bf16_fwd_d64_wg(
         const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
         bf16_t* __restrict__ o, float* __restrict__ lse, int Hq, int Hkv, int Nq, int Nkv,
         float scale_log2, int causal) {
-    attn_fwd_wg<64>(q, k, v, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal);
+    attn_fwd_wg<64, false>(q, k, v, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal);
 }
 
 extern "C" __global__ void __launch_bounds__(128) mha_bf16_fwd_d128_wg(
         const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
         bf16_t* __restrict__ o, float* __restrict__ lse, int Hq, int Hkv, int Nq, int Nkv,
         float scale_log2, int causal) {
-    attn_fwd_wg<128>(q, k, v, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal);
+    attn_fwd_wg<128, false>(q, k, v, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal);
+}
+
+extern "C" __global__ void __launch_bounds__(128) mha_bf16_fwd_d64_wg2(
+        const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+        bf16_t* __restrict__ o, float* __restrict__ lse, int Hq, int Hkv, int Nq, int Nkv,
+        float scale_log2, int causal) {
+    attn_fwd_wg<64, true>(q, k, v, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal);
+}
+
+extern "C" __global__ void __launch_bounds__(128) mha_bf16_fwd_d128_wg2(
+        const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+        bf16_t* __restrict__ o, float* __restrict__ lse, int Hq, int Hkv, int Nq, int Nkv,
+        float scale_log2, int causal) {
+    attn_fwd_wg<128, true>(q, k, v, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal);
 }

@@ -20,16 +20,19 @@ pub enum Variant {
     M2N32,
     /// Hopper (sm_90 only): S = QK^T on wgmma from shared memory, PV on mma.sync; 128-row blocks.
     Wg,
+    /// Hopper (sm_90 only): both products on wgmma (P from registers, V N-major in shared memory).
+    Wg2,
 }
 
 impl Variant {
-    /// From `TANDEM_ATTN_VARIANT` (w4, w8, m2, m2n32, wg); default m2.
+    /// From `TANDEM_ATTN_VARIANT` (w4, w8, m2, m2n32, wg, wg2); default m2.
     pub fn from_env() -> Self {
         match std::env::var("TANDEM_ATTN_VARIANT").ok().as_deref() {
             Some("w4") => Variant::W4,
             Some("w8") => Variant::W8,
             Some("m2n32") => Variant::M2N32,
             Some("wg") => Variant::Wg,
+            Some("wg2") => Variant::Wg2,
             _ => Variant::M2,
         }
     }
@@ -38,7 +41,7 @@ impl Variant {
     pub fn block_m(self) -> usize {
         match self {
             Variant::W4 => 64,
-            Variant::W8 | Variant::M2 | Variant::M2N32 | Variant::Wg => 128,
+            Variant::W8 | Variant::M2 | Variant::M2N32 | Variant::Wg | Variant::Wg2 => 128,
         }
     }
 
@@ -54,8 +57,13 @@ impl Variant {
     pub fn threads(self) -> usize {
         match self {
             Variant::W8 => 256,
-            Variant::W4 | Variant::M2 | Variant::M2N32 | Variant::Wg => 128,
+            Variant::W4 | Variant::M2 | Variant::M2N32 | Variant::Wg | Variant::Wg2 => 128,
         }
+    }
+
+    /// Whether this build needs sm_90 (wgmma).
+    pub fn hopper_only(self) -> bool {
+        matches!(self, Variant::Wg | Variant::Wg2)
     }
 
     /// Entry point for a head dim (64 or 128).
@@ -68,6 +76,8 @@ impl Variant {
             (_, Variant::M2N32) => "mha_bf16_fwd_d128_m2n32",
             (64, Variant::Wg) => "mha_bf16_fwd_d64_wg",
             (_, Variant::Wg) => "mha_bf16_fwd_d128_wg",
+            (64, Variant::Wg2) => "mha_bf16_fwd_d64_wg2",
+            (_, Variant::Wg2) => "mha_bf16_fwd_d128_wg2",
             (_, Variant::W4) => "mha_bf16_fwd_d128",
             (_, Variant::W8) => "mha_bf16_fwd_d128_w8",
             (_, Variant::M2) => "mha_bf16_fwd_d128_m2",
@@ -95,7 +105,9 @@ pub fn attention(
     let bn = var.block_n();
     // Q tile, one K tile, one V tile; rows padded by 8 bf16 (conflict-free ldmatrix), except Q
     // and K of the wgmma build (core-matrix layout, unpadded)
-    let smem = if var == Variant::Wg {
+    let smem = if var == Variant::Wg2 {
+        (bm + 2 * bn) * s.d * 2
+    } else if var == Variant::Wg {
         ((bm + bn) * s.d + bn * (s.d + 8)) * 2
     } else {
         (bm + 2 * bn) * (s.d + 8) * 2

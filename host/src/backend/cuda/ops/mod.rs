@@ -120,11 +120,9 @@ pub fn supports(arch: u32, op: &Op, inputs: &[TensorMeta]) -> Support {
     }
     match op {
         Op::Attention(p) => match p.shape(inputs) {
-            Ok(_) if attention::Variant::from_env() == attention::Variant::Wg && arch != 90 => {
-                Support::No(format!(
-                    "TANDEM_ATTN_VARIANT=wg needs sm_90 (this device is sm_{arch})"
-                ))
-            }
+            Ok(_) if attention::Variant::from_env().hopper_only() && arch != 90 => Support::No(
+                format!("the wgmma attention builds need sm_90 (this device is sm_{arch})"),
+            ),
             Ok(s) if s.d == 64 || s.d == 128 => Support::Native,
             Ok(s) => Support::No(format!("head dim {} (64 and 128 are supported)", s.d)),
             Err(e) => Support::No(e.to_string()),
@@ -184,7 +182,7 @@ pub fn alloc_outputs(cx: &Cx<'_>, op: &Op, metas: &[TensorMeta]) -> Result<Vec<C
 pub fn prepare(cx: &Cx<'_>, op: &Op) -> Result<()> {
     let first: &[&'static str] = match op {
         Op::Attention(_) => {
-            if attention::Variant::from_env() == attention::Variant::Wg {
+            if attention::Variant::from_env().hopper_only() {
                 &["mha_bf16_fwd_d64_wg", "fill_u16"]
             } else {
                 &["mha_bf16_fwd_d64", "fill_u16"]
