@@ -5,6 +5,7 @@
 
 pub mod attention;
 pub mod gemm;
+pub mod gemm_run;
 pub mod gemm_sim;
 pub mod router;
 
