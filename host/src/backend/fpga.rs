@@ -3,7 +3,9 @@
 //! trait.
 //!
 //! Ops: `moe_route` (renormalised top-k, E <= e_max, k <= k_max of the loaded build) on the
-//! router kernel, and `linear` (no activation or ReLU; N, K <= 4096; at most 2^26 MACs so the
+//! router kernel, `attention` (head dim <= 64, Nkv <= 512; one launch per (batch, query
+//! head), int8 per-tensor quantisation, o and lse from the kernel: see [`attention`]) on the
+//! streaming attention kernel, and `linear` (no activation or ReLU; N, K <= 4096; at most 2^26 MACs so the
 //! simulation stays quick) on the GEMM kernel (`linear_int8_gemm`: x per tensor and w per
 //! output channel quantised to int8, int32 bias, y requantised to int8 at a scale calibrated
 //! on up to 16 rows of x, dequantised on the host); everything else answers [`Support::No`]
@@ -15,6 +17,8 @@
 //! `LaunchInfo::cycles` is the simulated kernel cycles (ap_start to ap_done) and
 //! `device_time` = cycles / clock (300 MHz, or `TANDEM_FPGA_CLOCK_MHZ`).
 
+pub mod attention;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,6 +28,7 @@ use tandem_fpga::FpgaError;
 use tandem_fpga::core::KernelCore;
 use tandem_fpga::golden::gemm as gq;
 use tandem_fpga::golden::router::{WEIGHT_FRAC_BITS, quantize_logit};
+use tandem_fpga::kernels::attention::AttentionCore;
 use tandem_fpga::kernels::gemm::GemmCore;
 use tandem_fpga::kernels::router::RouterCore;
 use tandem_fpga::shell::ShellConfig;
@@ -85,6 +90,7 @@ pub struct FpgaSimBackend {
     router: RouterCore,
     clock_mhz: f64,
     gemm: GemmCore,
+    attention: AttentionCore,
     /// One card per kernel, opened and loaded at its first launch (the first Verilator build
     /// of a kernel takes a while; later ones load from the cache).
     cards: Mutex<HashMap<&'static str, SimCard>>,
@@ -99,6 +105,7 @@ impl FpgaSimBackend {
             k_max: 4096,
             n_max: 4096,
         };
+        let attention = attention::default_core();
         let clock_mhz = clock_mhz();
         let clock = clock_mhz * 1e6;
         let mem = tandem_sim::MemConfig::default();
@@ -118,7 +125,18 @@ impl FpgaSimBackend {
                 ("clock".into(), format!("{clock_mhz} MHz")),
                 (
                     "kernels".into(),
-                    format!("router (e_max={}, k_max={})", router.e_max, router.k_max),
+                    format!(
+                        "router (e_max={}, k_max={}), gemm (rows={}, k_max={}, n_max={}), \
+                         attention (d_max={}, nkv_max={}, kv_tile={})",
+                        router.e_max,
+                        router.k_max,
+                        gemm.rows,
+                        gemm.k_max,
+                        gemm.n_max,
+                        attention.d_max,
+                        attention.nkv_max,
+                        attention.kv_tile
+                    ),
                 ),
             ],
         };
@@ -127,6 +145,7 @@ impl FpgaSimBackend {
             router,
             clock_mhz,
             gemm,
+            attention,
             cards: Mutex::new(HashMap::new()),
         }
     }
@@ -357,8 +376,9 @@ impl Backend for FpgaSimBackend {
         match op {
             Op::MoeRoute(p) => self.route_support(p, inputs),
             Op::Linear(p) => self.linear_support(p, inputs),
+            Op::Attention(p) => attention::support(&self.attention, p, inputs),
             other => Support::No(format!(
-                "no FPGA kernel for {} in this build (router and GEMM are plugged in)",
+                "no FPGA kernel for {} in this build (router, GEMM and attention are plugged in)",
                 other.name()
             )),
         }
@@ -395,6 +415,16 @@ impl Backend for FpgaSimBackend {
                     .collect::<Result<Vec<_>>>()?;
                 let (o, c) = self.run_linear(p, &t)?;
                 (vec![o], c, GEMM_KERNEL)
+            }
+            Op::Attention(p) => {
+                let t = inputs
+                    .iter()
+                    .map(|s| host_tensor(s))
+                    .collect::<Result<Vec<_>>>()?;
+                let (o, c) = attention::run(p, &t, RUN_TIMEOUT, |f| {
+                    self.with_card("attention", &self.attention, |card| f(card))
+                })?;
+                (o, c, attention::ATTENTION_KERNEL)
             }
             other => {
                 return Err(Error::Internal(format!(
