@@ -188,6 +188,9 @@ fn attention_on_the_simulated_card_matches_the_reference() -> TestResult {
     case(&*b, true, [1, 2, 1, 7, 50, 64], 3.0, 4)?;
     // not causal Nq > Nkv
     case(&*b, false, [1, 2, 2, 33, 9, 8], 2.0, 5)?;
+    // the two shapes of the conformance suite the d_max = 64 build takes
+    case(&*b, true, [1, 4, 2, 37, 53, 64], 1.0, 6)?;
+    case(&*b, true, [1, 4, 1, 80, 17, 64], 1.0, 7)?;
     Ok(())
 }
 
