@@ -150,6 +150,10 @@ impl Module {
                 "mha_bf16_fwd_d128_wg",
                 "mha_bf16_fwd_d64_wg2",
                 "mha_bf16_fwd_d128_wg2",
+                "mha_bf16_fwd_d64_wgs",
+                "mha_bf16_fwd_d128_wgs",
+                "mha_bf16_fwd_d64_wg2s",
+                "mha_bf16_fwd_d128_wg2s",
             ],
         }
     }
@@ -193,8 +197,9 @@ mod tests {
         for m in Module::ALL {
             let src = m.source();
             for e in m.entry_points() {
-                let defined =
-                    src.contains(&format!(" {e}(")) || src.contains(&format!("ATT_ENTRY({e},"));
+                let defined = src.contains(&format!(" {e}("))
+                    || src.contains(&format!("ATT_ENTRY({e},"))
+                    || src.contains(&format!("WG_ENTRY({e},"));
                 assert!(defined, "{e} not found in {}", m.path());
                 assert_eq!(Module::of_kernel(e), Some(m));
             }

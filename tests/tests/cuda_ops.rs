@@ -272,15 +272,15 @@ fn cuda_attention() {
         (1, 6, 3, 200, 133, 64, true),
         (1, 2, 1, 256, 256, 128, true),
     ] {
-        for variant in ["w4", "w8", "m2", "m2n32", "wg", "wg2"] {
-            if variant == "wg"
+        for variant in ["w4", "w8", "m2", "m2n32", "wg", "wg2", "wgs", "wg2s"] {
+            if variant.starts_with("wg")
                 && be
                     .info()
                     .details
                     .iter()
                     .all(|(k, v)| k != "compute capability" || v != "9.0")
             {
-                println!(" wg: skipped (needs sm_90)");
+                println!(" {variant}: skipped (needs sm_90)");
                 continue;
             }
             // SAFETY: set before the launch reads it; tests read this variable nowhere else.

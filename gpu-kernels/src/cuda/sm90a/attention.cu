@@ -3,7 +3,7 @@
 // O += P V as in sm80/attention.cu (mma.sync, P from registers, V through ldmatrix.trans).
 // Compiled after sm80/attention.cu (its helpers: cp_async16, ldsm_x4_t, mma_bf16, ATT_BN).
 //
-// One warpgroup (4 warps) per block, 128 query rows: m-tile mt (64 rows) is one wgmma chain;
+// One warpgroup (4 warps) per block, 64*MT query rows: m-tile mt (64 rows) is one wgmma chain;
 // warp w owns rows 64*mt + 16*w + {g, g+8}, the accumulator layout wgmma and mma.sync share.
 // Q and K live in shared memory in the no-swizzle core-matrix layout (8 rows x 16 bytes per core
 // matrix; core matrices along K 128 bytes apart (LBO), 8-row groups D*16 bytes apart (SBO)).
@@ -71,12 +71,12 @@ __device__ __forceinline__ void load_tile_cm(bf16_t* s, const bf16_t* g, int r0,
     }
 }
 
-template <int D, bool PV_WG>
+template <int D, bool PV_WG, int MT>
 __device__ __forceinline__ void attn_fwd_wg(const bf16_t* __restrict__ Q, const bf16_t* __restrict__ K,
                                             const bf16_t* __restrict__ V, bf16_t* __restrict__ O,
                                             float* __restrict__ LSE, int Hq, int Hkv, int Nq, int Nkv,
                                             float scale_log2, int causal) {
-    constexpr int MT = 2, BM = 128, BN = 64, NT = 128, SV = D + 8;
+    constexpr int BM = 64 * MT, BN = 64, NT = 128, SV = D + 8;
     constexpr int KD = D / 16, NN = BN / 8, ND = D / 8;
     constexpr unsigned LBO = 128, SBO = D * 16;
     extern __shared__ __align__(128) unsigned char att_smem[];
@@ -257,26 +257,39 @@ extern "C" __global__ void __launch_bounds__(128) mha_bf16_fwd_d64_wg(
         const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
         bf16_t* __restrict__ o, float* __restrict__ lse, int Hq, int Hkv, int Nq, int Nkv,
         float scale_log2, int causal) {
-    attn_fwd_wg<64, false>(q, k, v, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal);
+    attn_fwd_wg<64, false, 2>(q, k, v, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal);
 }
 
 extern "C" __global__ void __launch_bounds__(128) mha_bf16_fwd_d128_wg(
         const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
         bf16_t* __restrict__ o, float* __restrict__ lse, int Hq, int Hkv, int Nq, int Nkv,
         float scale_log2, int causal) {
-    attn_fwd_wg<128, false>(q, k, v, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal);
+    attn_fwd_wg<128, false, 2>(q, k, v, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal);
 }
 
 extern "C" __global__ void __launch_bounds__(128) mha_bf16_fwd_d64_wg2(
         const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
         bf16_t* __restrict__ o, float* __restrict__ lse, int Hq, int Hkv, int Nq, int Nkv,
         float scale_log2, int causal) {
-    attn_fwd_wg<64, true>(q, k, v, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal);
+    attn_fwd_wg<64, true, 2>(q, k, v, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal);
 }
 
 extern "C" __global__ void __launch_bounds__(128) mha_bf16_fwd_d128_wg2(
         const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
         bf16_t* __restrict__ o, float* __restrict__ lse, int Hq, int Hkv, int Nq, int Nkv,
         float scale_log2, int causal) {
-    attn_fwd_wg<128, true>(q, k, v, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal);
+    attn_fwd_wg<128, true, 2>(q, k, v, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal);
 }
+
+// One m-tile per block (64 query rows): about half the registers, so more blocks share an SM.
+#define WG_ENTRY(NAME, D, PV, MT)                                                                    \
+    extern "C" __global__ void __launch_bounds__(128) NAME(                                          \
+            const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v, \
+            bf16_t* __restrict__ o, float* __restrict__ lse, int Hq, int Hkv, int Nq, int Nkv,       \
+            float scale_log2, int causal) {                                                          \
+        attn_fwd_wg<D, PV, MT>(q, k, v, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal);              \
+    }
+WG_ENTRY(mha_bf16_fwd_d64_wgs, 64, false, 1)
+WG_ENTRY(mha_bf16_fwd_d128_wgs, 128, false, 1)
+WG_ENTRY(mha_bf16_fwd_d64_wg2s, 64, true, 1)
+WG_ENTRY(mha_bf16_fwd_d128_wg2s, 128, true, 1)

@@ -22,10 +22,14 @@ pub enum Variant {
     Wg,
     /// Hopper (sm_90 only): both products on wgmma (P from registers, V N-major in shared memory).
     Wg2,
+    /// As Wg with 64-row blocks (fewer registers, more blocks per SM).
+    Wgs,
+    /// As Wg2 with 64-row blocks.
+    Wg2s,
 }
 
 impl Variant {
-    /// From `TANDEM_ATTN_VARIANT` (w4, w8, m2, m2n32, wg, wg2); default m2.
+    /// From `TANDEM_ATTN_VARIANT` (w4, w8, m2, m2n32, wg, wg2, wgs, wg2s); default m2.
     pub fn from_env() -> Self {
         match std::env::var("TANDEM_ATTN_VARIANT").ok().as_deref() {
             Some("w4") => Variant::W4,
@@ -33,6 +37,8 @@ impl Variant {
             Some("m2n32") => Variant::M2N32,
             Some("wg") => Variant::Wg,
             Some("wg2") => Variant::Wg2,
+            Some("wgs") => Variant::Wgs,
+            Some("wg2s") => Variant::Wg2s,
             _ => Variant::M2,
         }
     }
@@ -40,7 +46,7 @@ impl Variant {
     /// Query rows per block.
     pub fn block_m(self) -> usize {
         match self {
-            Variant::W4 => 64,
+            Variant::W4 | Variant::Wgs | Variant::Wg2s => 64,
             Variant::W8 | Variant::M2 | Variant::M2N32 | Variant::Wg | Variant::Wg2 => 128,
         }
     }
@@ -57,13 +63,22 @@ impl Variant {
     pub fn threads(self) -> usize {
         match self {
             Variant::W8 => 256,
-            Variant::W4 | Variant::M2 | Variant::M2N32 | Variant::Wg | Variant::Wg2 => 128,
+            Variant::W4
+            | Variant::M2
+            | Variant::M2N32
+            | Variant::Wg
+            | Variant::Wg2
+            | Variant::Wgs
+            | Variant::Wg2s => 128,
         }
     }
 
     /// Whether this build needs sm_90 (wgmma).
     pub fn hopper_only(self) -> bool {
-        matches!(self, Variant::Wg | Variant::Wg2)
+        matches!(
+            self,
+            Variant::Wg | Variant::Wg2 | Variant::Wgs | Variant::Wg2s
+        )
     }
 
     /// Entry point for a head dim (64 or 128).
@@ -78,6 +93,10 @@ impl Variant {
             (_, Variant::Wg) => "mha_bf16_fwd_d128_wg",
             (64, Variant::Wg2) => "mha_bf16_fwd_d64_wg2",
             (_, Variant::Wg2) => "mha_bf16_fwd_d128_wg2",
+            (64, Variant::Wgs) => "mha_bf16_fwd_d64_wgs",
+            (_, Variant::Wgs) => "mha_bf16_fwd_d128_wgs",
+            (64, Variant::Wg2s) => "mha_bf16_fwd_d64_wg2s",
+            (_, Variant::Wg2s) => "mha_bf16_fwd_d128_wg2s",
             (_, Variant::W4) => "mha_bf16_fwd_d128",
             (_, Variant::W8) => "mha_bf16_fwd_d128_w8",
             (_, Variant::M2) => "mha_bf16_fwd_d128_m2",
@@ -105,9 +124,9 @@ pub fn attention(
     let bn = var.block_n();
     // Q tile, one K tile, one V tile; rows padded by 8 bf16 (conflict-free ldmatrix), except Q
     // and K of the wgmma build (core-matrix layout, unpadded)
-    let smem = if var == Variant::Wg2 {
+    let smem = if matches!(var, Variant::Wg2 | Variant::Wg2s) {
         (bm + 2 * bn) * s.d * 2
-    } else if var == Variant::Wg {
+    } else if matches!(var, Variant::Wg | Variant::Wgs) {
         ((bm + bn) * s.d + bn * (s.d + 8)) * 2
     } else {
         (bm + 2 * bn) * (s.d + 8) * 2
