@@ -188,9 +188,12 @@ fn attention_on_the_simulated_card_matches_the_reference() -> TestResult {
     case(&*b, true, [1, 2, 1, 7, 50, 64], 3.0, 4)?;
     // not causal Nq > Nkv
     case(&*b, false, [1, 2, 2, 33, 9, 8], 2.0, 5)?;
-    // the two shapes of the conformance suite the d_max = 64 build takes
+    // the shapes of the conformance suite (d 128 runs on the d_max = 128 build)
     case(&*b, true, [1, 4, 2, 37, 53, 64], 1.0, 6)?;
-    case(&*b, true, [1, 4, 1, 80, 17, 64], 1.0, 7)?;
+    case(&*b, false, [2, 2, 2, 65, 65, 128], 1.0, 7)?;
+    case(&*b, true, [1, 4, 1, 80, 17, 64], 1.0, 8)?;
+    // head dim 72 (d_max 128 build, lanes 72..127 idle), causal, GQA
+    case(&*b, true, [1, 2, 1, 24, 30, 72], 1.0, 10)?;
     Ok(())
 }
 
@@ -199,7 +202,7 @@ fn attention_beyond_the_build_is_declined() {
     let Some(b) = fpga_sim() else { return };
     let op = Op::Attention(AttentionParams::default());
     let m = |h, n, d| TensorMeta::new(vec![1, h, n, d], DType::F32);
-    for (d, nkv) in [(128, 16), (64, 600)] {
+    for (d, nkv) in [(136, 16), (256, 16), (64, 600), (128, 513)] {
         let metas = [m(2, 8, d), m(2, nkv, d), m(2, nkv, d)];
         match b.supports(&op, &metas) {
             Support::No(why) => println!("declined d={d} nkv={nkv}: {why}"),

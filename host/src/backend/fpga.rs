@@ -3,7 +3,7 @@
 //! trait.
 //!
 //! Ops: `moe_route` (renormalised top-k, E <= e_max, k <= k_max of the loaded build) on the
-//! router kernel, `attention` (head dim <= 64, Nkv <= 512; one launch per (batch, query
+//! router kernel, `attention` (head dim <= 128, Nkv <= 512; one launch per (batch, query
 //! head), int8 per-tensor quantisation, o and lse from the kernel: see [`attention`]) on the
 //! streaming attention kernel, and `linear` (no activation or ReLU; N, K <= 4096; at most 2^26 MACs so the
 //! simulation stays quick) on the GEMM kernel (`linear_int8_gemm`: x per tensor and w per
@@ -90,7 +90,7 @@ pub struct FpgaSimBackend {
     router: RouterCore,
     clock_mhz: f64,
     gemm: GemmCore,
-    attention: AttentionCore,
+    attention: [(&'static str, AttentionCore); 2],
     /// One card per kernel, opened and loaded at its first launch (the first Verilator build
     /// of a kernel takes a while; later ones load from the cache).
     cards: Mutex<HashMap<&'static str, SimCard>>,
@@ -105,7 +105,7 @@ impl FpgaSimBackend {
             k_max: 4096,
             n_max: 4096,
         };
-        let attention = attention::default_core();
+        let attention = attention::builds();
         let clock_mhz = clock_mhz();
         let clock = clock_mhz * 1e6;
         let mem = tandem_sim::MemConfig::default();
@@ -127,15 +127,16 @@ impl FpgaSimBackend {
                     "kernels".into(),
                     format!(
                         "router (e_max={}, k_max={}), gemm (rows={}, k_max={}, n_max={}), \
-                         attention (d_max={}, nkv_max={}, kv_tile={})",
+                         attention (d_max={} and {}, nkv_max={}, kv_tile={})",
                         router.e_max,
                         router.k_max,
                         gemm.rows,
                         gemm.k_max,
                         gemm.n_max,
-                        attention.d_max,
-                        attention.nkv_max,
-                        attention.kv_tile
+                        attention[0].1.d_max,
+                        attention[1].1.d_max,
+                        attention[0].1.nkv_max,
+                        attention[0].1.kv_tile
                     ),
                 ),
             ],
@@ -421,8 +422,12 @@ impl Backend for FpgaSimBackend {
                     .iter()
                     .map(|s| host_tensor(s))
                     .collect::<Result<Vec<_>>>()?;
+                let d = metas.first().and_then(|m| m.shape.last()).copied();
+                let (name, core) = d
+                    .and_then(|d| attention::pick(&self.attention, d))
+                    .ok_or_else(|| Error::Internal("no attention build for this shape".into()))?;
                 let (o, c) = attention::run(p, &t, RUN_TIMEOUT, |f| {
-                    self.with_card("attention", &self.attention, |card| f(card))
+                    self.with_card(name, &core, |card| f(card))
                 })?;
                 (o, c, attention::ATTENTION_KERNEL)
             }

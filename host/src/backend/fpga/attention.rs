@@ -30,17 +30,37 @@ use crate::tensor::{Tensor, TensorMeta};
 pub const ATTENTION_KERNEL: &str = "attention_int8_stream";
 
 /// Largest attention the simulated card takes, in estimated kernel cycles summed over the
-/// heads ([`estimate_cycles`]): a few seconds of simulation of the `d_max = 64` build.
+/// heads ([`estimate_cycles`]): a few seconds of simulation.
 pub const MAX_SIM_CYCLES: u64 = 1 << 22;
 
-/// The attention build the backend loads: 64 + 64 MAC lanes (head dim up to 64), 512 keys
-/// on chip, 16-key softmax tiles.
-pub fn default_core() -> AttentionCore {
-    AttentionCore {
-        d_max: 64,
+/// The attention builds the backend loads (each on its own card, at its first launch),
+/// smallest first: 64 + 64 and 128 + 128 MAC lanes (head dim up to 64 and 128), both with
+/// 512 keys on chip and 16-key softmax tiles. A launch uses the smallest that takes its
+/// (padded) head dimension, so the MAC arrays stay as busy as the shape allows.
+pub fn builds() -> [(&'static str, AttentionCore); 2] {
+    let core = |d_max| AttentionCore {
+        d_max,
         nkv_max: 512,
         kv_tile: 16,
-    }
+    };
+    [("attention_d64", core(64)), ("attention_d128", core(128))]
+}
+
+/// The build head dims up to 64 (the default layer's) run on.
+pub fn default_core() -> AttentionCore {
+    builds()[0].1
+}
+
+/// The smallest build of `builds` whose `d_max` takes head dim `d` (padded to 8).
+pub fn pick(
+    builds: &[(&'static str, AttentionCore)],
+    d: usize,
+) -> Option<(&'static str, AttentionCore)> {
+    builds
+        .iter()
+        .filter(|(_, c)| pad8(d) <= c.d_max as usize)
+        .min_by_key(|(_, c)| c.d_max)
+        .copied()
 }
 
 /// (query, key) pairs a query row set sees: all of them, or the bottom-right causal ones.
@@ -65,19 +85,25 @@ pub fn estimate_cycles(causal: bool, s: &AttentionShape) -> u64 {
     (s.b * s.hq) as u64 * head_cycles(causal, s.nq, s.nkv, pad8(s.d))
 }
 
-/// Whether the loaded build takes this attention.
-pub fn support(core: &AttentionCore, p: &AttentionParams, inputs: &[TensorMeta]) -> Support {
+/// Whether one of `builds` takes this attention.
+pub fn support(
+    builds: &[(&'static str, AttentionCore)],
+    p: &AttentionParams,
+    inputs: &[TensorMeta],
+) -> Support {
     let s = match p.shape(inputs) {
         Ok(s) => s,
         Err(e) => return Support::No(format!("invalid attention inputs: {e}")),
     };
     let dp = pad8(s.d);
-    if dp > core.d_max as usize {
+    let Some((_, core)) = pick(builds, s.d) else {
+        let largest = builds.iter().map(|(_, c)| c.d_max).max().unwrap_or(0);
         return Support::No(format!(
-            "head dim {} (padded to {dp}) exceeds the attention build's d_max = {}",
-            s.d, core.d_max
+            "head dim {} (padded to {dp}) exceeds the largest attention build's d_max = \
+             {largest}",
+            s.d
         ));
-    }
+    };
     if s.nkv > core.nkv_max as usize || s.nkv > MAX_NKV {
         return Support::No(format!(
             "kv length {} exceeds the attention build's nkv_max = {}",
@@ -347,12 +373,15 @@ mod tests {
     #[test]
     fn support_checks_the_build() {
         use crate::dtype::DType;
-        let core = default_core();
+        let core = builds();
+        assert_eq!(pick(&core, 20).map(|b| b.1.d_max), Some(64));
+        assert_eq!(pick(&core, 72).map(|b| b.1.d_max), Some(128));
+        assert_eq!(pick(&core, 130), None);
         let p = AttentionParams::default();
         let m = |b, h, n, d| TensorMeta::new(vec![b, h, n, d], DType::F32);
         let ok = [m(1, 4, 24, 16), m(1, 2, 24, 16), m(1, 2, 24, 16)];
         assert_eq!(support(&core, &p, &ok), Support::Native);
-        let wide = [m(1, 2, 8, 128), m(1, 2, 8, 128), m(1, 2, 8, 128)];
+        let wide = [m(1, 2, 8, 136), m(1, 2, 8, 136), m(1, 2, 8, 136)];
         assert!(matches!(support(&core, &p, &wide), Support::No(_)));
         let long = [m(1, 2, 8, 16), m(1, 2, 600, 16), m(1, 2, 600, 16)];
         assert!(matches!(support(&core, &p, &long), Support::No(_)));
