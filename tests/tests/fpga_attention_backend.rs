@@ -225,8 +225,15 @@ fn default_layer_attention_cycles() -> TestResult {
     let q = Tensor::from_f32(uniform(&mut r, &[c.batch, hq, n, d], 1.0));
     let k = Tensor::from_f32(uniform(&mut r, &[c.batch, hkv, n, d], 1.0));
     let v = Tensor::from_f32(uniform(&mut r, &[c.batch, hkv, n, d], 1.0));
-    let (_, info) = launch(&*b, &Op::Attention(AttentionParams::default()), &[q, k, v])?;
+    let op = Op::Attention(AttentionParams::default());
+    let metas: Vec<TensorMeta> = [&q, &k, &v].iter().map(|t| t.meta()).collect();
+    let (_, info) = launch(&*b, &op, &[q, k, v])?;
     let cycles = info.cycles.ok_or("no cycles")?;
+    // the planner's estimate (the cycle model) is close to the simulated time
+    let est = b.estimate(&op, &metas).as_secs_f64();
+    let dt = info.device_time.ok_or("no device time")?.as_secs_f64();
+    println!("estimate {:.1} us, simulated {:.1} us", est * 1e6, dt * 1e6);
+    assert!((est / dt - 1.0).abs() < 0.15, "estimate {est} vs {dt}");
     let heads = (c.batch * hq) as u64;
     let pairs: u64 = (0..n).map(|i| i as u64 + 1).sum::<u64>() * heads;
     let d_max = tandem::backend::fpga::attention::default_core().d_max as f64;

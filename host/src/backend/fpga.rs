@@ -453,6 +453,22 @@ impl Backend for FpgaSimBackend {
         })
     }
 
+    /// Attention: the kernel's cycle model (`attention::estimate_cycles`, within a few percent
+    /// of the simulated cycles) at the clock; other ops: the op's cost at the device's rates.
+    fn estimate(&self, op: &Op, inputs: &[TensorMeta]) -> Duration {
+        if let Op::Attention(p) = op
+            && let Ok(s) = p.shape(inputs)
+        {
+            let cycles = attention::estimate_cycles(p.causal, &s);
+            return Duration::from_secs_f64(cycles as f64 / (self.clock_mhz * 1e6))
+                + self.launch_overhead();
+        }
+        let c = op.cost(inputs);
+        let t = (c.flops / self.info.peak_flops.max(1.0))
+            .max(c.bytes / self.info.peak_bandwidth.max(1.0));
+        Duration::from_secs_f64(t) + self.launch_overhead()
+    }
+
     fn launch_overhead(&self) -> Duration {
         Duration::from_micros(20)
     }
