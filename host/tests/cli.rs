@@ -301,12 +301,32 @@ fn trace_has_a_slice_per_node() -> TestResult {
 
 #[test]
 fn compare_runs_every_device_kind_found() {
-    let o = tandem(&["compare", "--seq-len", "8", "--d-model", "64", "--ffn", "32"]);
+    let o = tandem(&[
+        "compare",
+        "--seq-len",
+        "8",
+        "--d-model",
+        "64",
+        "--ffn",
+        "32",
+    ]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     assert!(out.contains("cpu ms / rel.err"), "{out}");
-    assert_eq!(out.lines().filter(|l| l.starts_with("attention ")).count(), 1);
-    let o = tandem(&["compare", "--json", "--seq-len", "8", "--d-model", "64", "--ffn", "32"]);
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("attention ")).count(),
+        1
+    );
+    let o = tandem(&[
+        "compare",
+        "--json",
+        "--seq-len",
+        "8",
+        "--d-model",
+        "64",
+        "--ffn",
+        "32",
+    ]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("compare --json is JSON");
     assert!(v["runs"].as_array().is_some_and(|r| !r.is_empty()));
 }
