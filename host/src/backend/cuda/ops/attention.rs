@@ -29,16 +29,20 @@ pub enum Variant {
 }
 
 impl Variant {
-    /// From `TANDEM_ATTN_VARIANT` (w4, w8, m2, m2n32, wg, wg2, wgs, wg2s); default m2.
-    pub fn from_env() -> Self {
+    /// The build for a device of compute capability `arch` and head dim `d`:
+    /// `TANDEM_ATTN_VARIANT` (w4, w8, m2, m2n32, wg, wg2, wgs, wg2s) when set, else the fastest
+    /// measured (docs/PERF.md): `wg` for d128 on sm_90, `m2` otherwise.
+    pub fn select(arch: u32, d: usize) -> Self {
         match std::env::var("TANDEM_ATTN_VARIANT").ok().as_deref() {
             Some("w4") => Variant::W4,
             Some("w8") => Variant::W8,
+            Some("m2") => Variant::M2,
             Some("m2n32") => Variant::M2N32,
             Some("wg") => Variant::Wg,
             Some("wg2") => Variant::Wg2,
             Some("wgs") => Variant::Wgs,
             Some("wg2s") => Variant::Wg2s,
+            _ if arch == 90 && d == 128 => Variant::Wg,
             _ => Variant::M2,
         }
     }
@@ -112,7 +116,7 @@ pub fn attention(
     outs: &[CudaStorage],
 ) -> Result<String> {
     let s = p.shape(metas)?;
-    let var = Variant::from_env();
+    let var = Variant::select(cx.be.dev.arch, s.d);
     let name = var.kernel(s.d);
     let q = cx.bf16(ins[0], metas[0].numel())?;
     let k = cx.bf16(ins[1], metas[1].numel())?;

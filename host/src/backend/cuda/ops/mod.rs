@@ -120,9 +120,11 @@ pub fn supports(arch: u32, op: &Op, inputs: &[TensorMeta]) -> Support {
     }
     match op {
         Op::Attention(p) => match p.shape(inputs) {
-            Ok(_) if attention::Variant::from_env().hopper_only() && arch != 90 => Support::No(
-                format!("the wgmma attention builds need sm_90 (this device is sm_{arch})"),
-            ),
+            Ok(s) if attention::Variant::select(arch, s.d).hopper_only() && arch != 90 => {
+                Support::No(format!(
+                    "the wgmma attention builds need sm_90 (this device is sm_{arch})"
+                ))
+            }
             Ok(s) if s.d == 64 || s.d == 128 => Support::Native,
             Ok(s) => Support::No(format!("head dim {} (64 and 128 are supported)", s.d)),
             Err(e) => Support::No(e.to_string()),
@@ -182,8 +184,8 @@ pub fn alloc_outputs(cx: &Cx<'_>, op: &Op, metas: &[TensorMeta]) -> Result<Vec<C
 pub fn prepare(cx: &Cx<'_>, op: &Op) -> Result<()> {
     let first: &[&'static str] = match op {
         Op::Attention(_) => {
-            if attention::Variant::from_env().hopper_only() {
-                &["mha_bf16_fwd_d64_wg", "fill_u16"]
+            if cx.be.dev.arch == 90 {
+                &["mha_bf16_fwd_d64", "mha_bf16_fwd_d64_wg", "fill_u16"]
             } else {
                 &["mha_bf16_fwd_d64", "fill_u16"]
             }
