@@ -3,7 +3,7 @@
 //! The host's CUDA backend compiles these with NVRTC at first use. Kernel entry points are
 //! named `{op}_{precision}[_{variant}]` (for example `mha_bf16_fwd_d128`, `rmsnorm_bf16`).
 //! Sources are laid out per architecture: `common/` (helpers and kernels any sm_80+ runs),
-//! `sm80/` (mma.sync main loops), `sm90a/` (Hopper-only main loops; none yet).
+//! `sm80/` (mma.sync main loops), `sm90a/` (Hopper-only main loops: wgmma attention).
 //!
 //! Each [`Module`] is compiled as one NVRTC program: the shared header `common/common.cuh`
 //! followed by the module's own file, so no kernel needs a system header.

@@ -86,7 +86,9 @@ impl Device {
             kind: DeviceKind::Cuda,
             index: ordinal,
         };
-        let kernels = if arch >= 80 {
+        let kernels = if arch == 90 {
+            "sm90a (wgmma attention) + sm80 (mma.sync, cp.async)"
+        } else if arch >= 80 {
             "sm80 (mma.sync, cp.async)"
         } else {
             "none (needs sm_80+)"
