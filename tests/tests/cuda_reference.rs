@@ -57,8 +57,13 @@ fn run(be: &CudaBackend, op: &Op, ins: &[Tensor]) -> Vec<Tensor> {
     let st: Vec<DeviceStorage> = ins.iter().map(|t| be.upload(t).expect("upload")).collect();
     let refs: Vec<&DeviceStorage> = st.iter().collect();
     let l = be.launch(op, &refs).expect("launch");
-    l.done.wait(Duration::from_secs(60), op.name()).expect("done");
-    l.outputs.iter().map(|s| be.download(s).expect("download")).collect()
+    l.done
+        .wait(Duration::from_secs(60), op.name())
+        .expect("done");
+    l.outputs
+        .iter()
+        .map(|s| be.download(s).expect("download"))
+        .collect()
 }
 
 #[test]
@@ -81,7 +86,10 @@ fn cuda_attention_matches_reference_files() {
         let eo = rel_error(&out[0].to_f64(), &o);
         let el = rel_error(&out[1].to_f64(), &lse);
         println!("attention_{i}: o rel err {eo:.2e}, lse rel err {el:.2e}");
-        assert!(eo < 1e-2 && el < 1e-2, "attention_{i}: o {eo:.2e} lse {el:.2e}");
+        assert!(
+            eo < 1e-2 && el < 1e-2,
+            "attention_{i}: o {eo:.2e} lse {el:.2e}"
+        );
     }
 }
 
@@ -108,7 +116,11 @@ fn cuda_routing_matches_reference_files() {
         let rounded = Tensor::from_f32(logits.mapv(|x| half::bf16::from_f64(x).to_f32()));
         let ref_rounded = op.reference(&[rounded.to_f64()]).expect("reference");
         let out = run(&be, &op, &[lt]);
-        assert_eq!(out[0].to_f64(), ref_rounded[0], "moe_route_{i}: ids vs bf16-logit reference");
+        assert_eq!(
+            out[0].to_f64(),
+            ref_rounded[0],
+            "moe_route_{i}: ids vs bf16-logit reference"
+        );
         if ref_rounded[0] == ids {
             assert_eq!(out[0].to_f64(), ids, "moe_route_{i}: ids vs file");
             assert_eq!(out[2].to_f64(), counts, "moe_route_{i}: counts vs file");
@@ -116,7 +128,9 @@ fn cuda_routing_matches_reference_files() {
             println!("moe_route_{i}: weights rel err {ew:.2e}");
             assert!(ew < 1e-2);
         } else {
-            println!("moe_route_{i}: bf16 rounding changes the file's choice; ids checked against the rounded reference");
+            println!(
+                "moe_route_{i}: bf16 rounding changes the file's choice; ids checked against the rounded reference"
+            );
         }
         let ea = rel_error(&out[5].to_f64(), &aux);
         let ez = rel_error(&out[6].to_f64(), &z);
