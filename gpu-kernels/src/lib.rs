@@ -154,6 +154,8 @@ impl Module {
                 "mha_bf16_fwd_d128_wgs",
                 "mha_bf16_fwd_d64_wg2s",
                 "mha_bf16_fwd_d128_wg2s",
+                "mha_bf16_fwd_d64_wgx2",
+                "mha_bf16_fwd_d128_wgx2",
             ],
         }
     }
@@ -199,7 +201,8 @@ mod tests {
             for e in m.entry_points() {
                 let defined = src.contains(&format!(" {e}("))
                     || src.contains(&format!("ATT_ENTRY({e},"))
-                    || src.contains(&format!("WG_ENTRY({e},"));
+                    || src.contains(&format!("WG_ENTRY({e},"))
+                    || src.contains(&format!("WG2_ENTRY({e},"));
                 assert!(defined, "{e} not found in {}", m.path());
                 assert_eq!(Module::of_kernel(e), Some(m));
             }

@@ -272,7 +272,9 @@ fn cuda_attention() {
         (1, 6, 3, 200, 133, 64, true),
         (1, 2, 1, 256, 256, 128, true),
     ] {
-        for variant in ["w4", "w8", "m2", "m2n32", "wg", "wg2", "wgs", "wg2s"] {
+        for variant in [
+            "w4", "w8", "m2", "m2n32", "wg", "wg2", "wgs", "wg2s", "wgx2",
+        ] {
             if variant.starts_with("wg")
                 && be
                     .info()

@@ -71,12 +71,12 @@ __device__ __forceinline__ void load_tile_cm(bf16_t* s, const bf16_t* g, int r0,
     }
 }
 
-template <int D, bool PV_WG, int MT>
+template <int D, bool PV_WG, int MT, int NWG = 1>
 __device__ __forceinline__ void attn_fwd_wg(const bf16_t* __restrict__ Q, const bf16_t* __restrict__ K,
                                             const bf16_t* __restrict__ V, bf16_t* __restrict__ O,
                                             float* __restrict__ LSE, int Hq, int Hkv, int Nq, int Nkv,
                                             float scale_log2, int causal) {
-    constexpr int BM = 64 * MT, BN = 64, NT = 128, SV = D + 8;
+    constexpr int BM = 64 * MT * NWG, BN = 64, NT = 128 * NWG, SV = D + 8;
     constexpr int KD = D / 16, NN = BN / 8, ND = D / 8;
     constexpr unsigned LBO = 128, SBO = D * 16;
     extern __shared__ __align__(128) unsigned char att_smem[];
@@ -98,7 +98,8 @@ __device__ __forceinline__ void attn_fwd_wg(const bf16_t* __restrict__ Q, const 
     const int n_end = causal ? min(Nkv, m0 + BM + diag) : Nkv;
     const int n_blocks = n_end > 0 ? (n_end + BN - 1) / BN : 0;
     const int g = lane >> 2, tq = lane & 3;
-    const int row0 = m0 + warp * 16 + g;  // rows row0 + 64*mt + {0, 8}
+    const int wgi = warp >> 2;            // warpgroup: rows [m0 + 64*MT*wgi, +64*MT)
+    const int row0 = m0 + wgi * 64 * MT + (warp & 3) * 16 + g;  // rows row0 + 64*mt + {0, 8}
 
     float acc_o[MT][ND][4];
 #pragma unroll
@@ -129,7 +130,7 @@ __device__ __forceinline__ void attn_fwd_wg(const bf16_t* __restrict__ Q, const 
         for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
             for (int kk = 0; kk < KD; ++kk) {
-                const u64_t da = wg_desc(sQ + (mt * 8 * (D / 8) + kk * 2) * 64, LBO, SBO);
+                const u64_t da = wg_desc(sQ + ((wgi * MT + mt) * 8 * (D / 8) + kk * 2) * 64, LBO, SBO);
                 const u64_t db = wg_desc(sK + kk * 2 * 64, LBO, SBO);
                 wgmma_m64n64k16(acc_s[mt], da, db, kk > 0);
             }
@@ -293,3 +294,15 @@ WG_ENTRY(mha_bf16_fwd_d64_wgs, 64, false, 1)
 WG_ENTRY(mha_bf16_fwd_d128_wgs, 128, false, 1)
 WG_ENTRY(mha_bf16_fwd_d64_wg2s, 64, true, 1)
 WG_ENTRY(mha_bf16_fwd_d128_wg2s, 128, true, 1)
+
+// Two consumer warpgroups per block (256 query rows): K and V are read once for twice the rows,
+// and one warpgroup's softmax can run while the other's wgmma does.
+#define WG2_ENTRY(NAME, D, PV)                                                                       \
+    extern "C" __global__ void __launch_bounds__(256) NAME(                                          \
+            const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v, \
+            bf16_t* __restrict__ o, float* __restrict__ lse, int Hq, int Hkv, int Nq, int Nkv,       \
+            float scale_log2, int causal) {                                                          \
+        attn_fwd_wg<D, PV, 2, 2>(q, k, v, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal);            \
+    }
+WG2_ENTRY(mha_bf16_fwd_d64_wgx2, 64, false)
+WG2_ENTRY(mha_bf16_fwd_d128_wgx2, 128, false)

@@ -26,11 +26,13 @@ pub enum Variant {
     Wgs,
     /// As Wg2 with 64-row blocks.
     Wg2s,
+    /// As Wg with two consumer warpgroups per block (256 rows, 256 threads).
+    Wgx2,
 }
 
 impl Variant {
     /// The build for a device of compute capability `arch` and head dim `d`:
-    /// `TANDEM_ATTN_VARIANT` (w4, w8, m2, m2n32, wg, wg2, wgs, wg2s) when set, else the fastest
+    /// `TANDEM_ATTN_VARIANT` (w4, w8, m2, m2n32, wg, wg2, wgs, wg2s, wgx2) when set, else the fastest
     /// measured (docs/PERF.md): `wg` for d128 on sm_90, `m2` otherwise.
     pub fn select(arch: u32, d: usize) -> Self {
         match std::env::var("TANDEM_ATTN_VARIANT").ok().as_deref() {
@@ -42,6 +44,7 @@ impl Variant {
             Some("wg2") => Variant::Wg2,
             Some("wgs") => Variant::Wgs,
             Some("wg2s") => Variant::Wg2s,
+            Some("wgx2") => Variant::Wgx2,
             _ if arch == 90 && d == 128 => Variant::Wg,
             _ => Variant::M2,
         }
@@ -51,6 +54,7 @@ impl Variant {
     pub fn block_m(self) -> usize {
         match self {
             Variant::W4 | Variant::Wgs | Variant::Wg2s => 64,
+            Variant::Wgx2 => 256,
             Variant::W8 | Variant::M2 | Variant::M2N32 | Variant::Wg | Variant::Wg2 => 128,
         }
     }
@@ -66,7 +70,7 @@ impl Variant {
     /// Threads per block.
     pub fn threads(self) -> usize {
         match self {
-            Variant::W8 => 256,
+            Variant::W8 | Variant::Wgx2 => 256,
             Variant::W4
             | Variant::M2
             | Variant::M2N32
@@ -81,7 +85,7 @@ impl Variant {
     pub fn hopper_only(self) -> bool {
         matches!(
             self,
-            Variant::Wg | Variant::Wg2 | Variant::Wgs | Variant::Wg2s
+            Variant::Wg | Variant::Wg2 | Variant::Wgs | Variant::Wg2s | Variant::Wgx2
         )
     }
 
@@ -101,6 +105,8 @@ impl Variant {
             (_, Variant::Wgs) => "mha_bf16_fwd_d128_wgs",
             (64, Variant::Wg2s) => "mha_bf16_fwd_d64_wg2s",
             (_, Variant::Wg2s) => "mha_bf16_fwd_d128_wg2s",
+            (64, Variant::Wgx2) => "mha_bf16_fwd_d64_wgx2",
+            (_, Variant::Wgx2) => "mha_bf16_fwd_d128_wgx2",
             (_, Variant::W4) => "mha_bf16_fwd_d128",
             (_, Variant::W8) => "mha_bf16_fwd_d128_w8",
             (_, Variant::M2) => "mha_bf16_fwd_d128_m2",
@@ -130,7 +136,7 @@ pub fn attention(
     // and K of the wgmma build (core-matrix layout, unpadded)
     let smem = if matches!(var, Variant::Wg2 | Variant::Wg2s) {
         (bm + 2 * bn) * s.d * 2
-    } else if matches!(var, Variant::Wg | Variant::Wgs) {
+    } else if matches!(var, Variant::Wg | Variant::Wgs | Variant::Wgx2) {
         ((bm + bn) * s.d + bn * (s.d + 8)) * 2
     } else {
         (bm + 2 * bn) * (s.d + 8) * 2
