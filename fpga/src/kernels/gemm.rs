@@ -248,7 +248,7 @@ fn gemm_verilog(p: &GemmCore) -> String {
         );
         let _ = writeln!(
             seq,
-            "always @(posedge clock) begin\n    if (pb_we && c_widx[2:0] == 3'd{c}) pb_{c}[c_widx[{hi}:3]] <= rd_data[53:0];\n    if (ro_st == RO_PRM) prm_{c} <= pb_{c}[ro_nt[{hn}:0]];\nend",
+            "always @(posedge clock) begin\n    if (pb_we && c_widx[2:0] == 3'd{c}) pb_{c}[c_widx[{hi}:3]] <= rd_data[53:0];\n    if (ro_prm) prm_{c} <= pb_{c}[ro_nt[{hn}:0]];\nend",
             hi = ant + 2,
             hn = ant - 1
         );
@@ -356,9 +356,9 @@ fn gemm_verilog(p: &GemmCore) -> String {
         );
         let _ = writeln!(
             lanes,
-            "            if (ro_st == RO_ADD) v_{c} <= (relu_q && vb_{c}[31]) ? 32'sd0 : vb_{c};\n\
-             \x20           if (ro_st == RO_MUL) pm_{c} <= v_{c} * $signed({{1'b0, prm_{c}[47:32]}});\n\
-             \x20           if (ro_st == RO_RND) y_{c} <= (rd_{c} > 49'sd127) ? 8'd127 : ((rd_{c} < -49'sd128) ? 8'h80 : rd_{c}[7:0]);"
+            "            if (ro_issue) v_{c} <= (relu_q && vb_{c}[31]) ? 32'sd0 : vb_{c};\n\
+             \x20           if (pipe_adv) pm_{c} <= v_{c} * $signed({{1'b0, prm_{c}[47:32]}});\n\
+             \x20           if (pipe_adv) y_{c} <= (rd_{c} > 49'sd127) ? 8'd127 : ((rd_{c} < -49'sd128) ? 8'h80 : rd_{c}[7:0]);"
         );
         ywords.push(format!("y_{c}"));
     }
@@ -375,7 +375,7 @@ localparam [31:0] ROWS = 32'd{rows};
 localparam [31:0] K_MAX = 32'd{k_max};
 localparam [31:0] N_MAX = 32'd{n_max};
 localparam [2:0] P_PRM = 3'd0, P_X = 3'd1, P_W = 3'd2, P_FLUSH = 3'd3, P_END = 3'd4, P_IDLE = 3'd7;
-localparam [2:0] RO_IDLE = 3'd0, RO_PRM = 3'd1, RO_ADD = 3'd2, RO_MUL = 3'd3, RO_RND = 3'd4, RO_WREQ = 3'd5, RO_WDAT = 3'd6;
+localparam [1:0] W_IDLE = 2'd0, W_REQ = 2'd1, W_DAT = 2'd2;
 
 // ---- run control and arguments ----
 reg running;
@@ -437,10 +437,17 @@ reg [31:0] prev_m0, prev_nt, cap_m0, cap_nt;
 reg [63:0] prev_ybase, cap_ybase;
 
 // ---- read-out ----
-reg [2:0] ro_st;
+// rows flow through add -> multiply -> round (one row per stage), then a one-word writer
+reg ro_prm, ro_iss;
 reg [{arh}:0] ro_r;
 reg [31:0] ro_m0, ro_nt;
-reg [63:0] ro_addr;
+reg [63:0] ro_addr, a_addr, m_addr, r_addr, w_addr;
+reg a_v, m_v, r_v;
+reg [1:0] w_st;
+reg [63:0] w_word;
+wire wb_take = r_v && (w_st == W_IDLE || (w_st == W_DAT && wr_data_ready));
+wire pipe_adv = !r_v || wb_take;
+wire ro_issue = ro_busy && !ro_prm && ro_iss && pipe_adv;
 wire ro_last = ({{{pad}'d0, ro_r}} + 32'd1 == ROWS) || (ro_m0 + {{{pad}'d0, ro_r}} + 32'd1 >= m_q);
 
 {decl}
@@ -459,9 +466,9 @@ always @(posedge clock) begin
     done <= 1'b0;
     if (reset) begin
         running <= 1'b0;
-        g_ph <= P_IDLE; c_ph <= P_IDLE; ro_st <= RO_IDLE;
+        g_ph <= P_IDLE; c_ph <= P_IDLE; ro_prm <= 1'b0; ro_iss <= 1'b0;
         cap_pending <= 1'b0; ro_busy <= 1'b0; has_prev <= 1'b0; cap_has <= 1'b0;
-        wr_req_valid <= 1'b0; wr_data_valid <= 1'b0;
+        a_v <= 1'b0; m_v <= 1'b0; r_v <= 1'b0; w_st <= W_IDLE;
     end else begin
         if (start && !running) begin
             if (args_ok) begin
@@ -473,7 +480,8 @@ always @(posedge clock) begin
                 g_m0 <= 32'd0; g_nt <= 32'd0; g_r <= 0; g_xa <= ptr0; g_wa <= ptr1;
                 c_m0 <= 32'd0; c_nt <= 32'd0; c_r <= 0; c_widx <= 32'd0; c_yrow <= ptr3;
                 cap_pending <= 1'b0; ro_busy <= 1'b0; has_prev <= 1'b0; cap_has <= 1'b0;
-                fl_sent <= 1'b0; fl_cnt <= 8'd0; ro_st <= RO_IDLE;
+                fl_sent <= 1'b0; fl_cnt <= 8'd0; ro_prm <= 1'b0; ro_iss <= 1'b0;
+                a_v <= 1'b0; m_v <= 1'b0; r_v <= 1'b0; w_st <= W_IDLE;
             end else begin
                 done <= 1'b1;
             end
@@ -529,7 +537,7 @@ always @(posedge clock) begin
                 end
                 if (fl_sent && fl_cnt == 8'd0 && !cap_pending && !ro_busy) c_ph <= P_END;
             end
-            P_END: if (!ro_busy && !wr_req_valid && !wr_data_valid) begin
+            P_END: if (!ro_busy && w_st == W_IDLE) begin
                 running <= 1'b0; done <= 1'b1; c_ph <= P_IDLE; g_ph <= P_IDLE;
             end
             default: ;
@@ -544,35 +552,38 @@ always @(posedge clock) begin
         if (adv && {last_flag}) begin
             cap_pending <= 1'b0;
             if (cap_has) begin
-                ro_busy <= 1'b1; ro_st <= RO_PRM; ro_r <= 0;
+                ro_busy <= 1'b1; ro_prm <= 1'b1; ro_iss <= 1'b1; ro_r <= 0;
                 ro_m0 <= cap_m0; ro_nt <= cap_nt; ro_addr <= cap_ybase;
             end
         end
         // read-out
-        case (ro_st)
-            RO_PRM: ro_st <= RO_ADD;
-            RO_ADD: ro_st <= RO_MUL;
-            RO_MUL: ro_st <= RO_RND;
-            RO_RND: begin ro_st <= RO_WREQ; wr_req_valid <= 1'b1; end
-            RO_WREQ: if (wr_req_ready) begin
-                wr_req_valid <= 1'b0; wr_data_valid <= 1'b1; ro_st <= RO_WDAT;
-            end
-            RO_WDAT: if (wr_data_ready) begin
-                wr_data_valid <= 1'b0;
-                if (ro_last) begin ro_st <= RO_IDLE; ro_busy <= 1'b0; end
-                else begin ro_st <= RO_ADD; ro_r <= ro_r + 1'b1; ro_addr <= ro_addr + {{32'd0, n_q}}; end
-            end
-            default: ;
-        endcase
+        if (ro_prm) ro_prm <= 1'b0;
+        if (ro_issue) begin
+            ro_r <= ro_r + 1'b1;
+            ro_addr <= ro_addr + {{32'd0, n_q}};
+            if (ro_last) ro_iss <= 1'b0;
+        end
+        if (pipe_adv) begin
+            a_v <= ro_issue; a_addr <= ro_addr;
+            m_v <= a_v; m_addr <= a_addr;
+            r_v <= m_v; r_addr <= m_addr;
+        end
+        if (wb_take) begin
+            w_st <= W_REQ; w_addr <= r_addr; w_word <= {{{yword}}};
+        end else if (w_st == W_REQ && wr_req_ready) w_st <= W_DAT;
+        else if (w_st == W_DAT && wr_data_ready) w_st <= W_IDLE;
+        if (ro_busy && !ro_prm && !ro_iss && !a_v && !m_v && !r_v && w_st == W_IDLE) ro_busy <= 1'b0;
     end
     if (!reset) begin
 {lanes}    end
 end
 
 always @* begin
-    wr_req_addr = ro_addr;
+    wr_req_valid = (w_st == W_REQ);
+    wr_req_addr = w_addr;
     wr_req_len = 32'd1;
-    wr_data = {{{yword}}};
+    wr_data_valid = (w_st == W_DAT);
+    wr_data = w_word;
     wr_strb = 8'hFF;
 end
 
