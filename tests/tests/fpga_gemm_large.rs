@@ -27,16 +27,20 @@ fn gemm_16x8_array_utilisation() {
         k_max: 1024,
         n_max: 512,
     };
-    gemm_utilisation(core, (64, 512, 512), 0.90);
+    gemm_utilisation(core, &[(64, 512, 512)], 0.90);
 }
 
 #[test]
 #[ignore = "U55C-sized array: many minutes of Verilator build"]
 fn gemm_64x8_u55c_array_utilisation() {
-    gemm_utilisation(GemmCore::u55c(), (128, 1024, 1024), 0.90);
+    gemm_utilisation(
+        GemmCore::u55c(),
+        &[(128, 1024, 1024), (128, 1024, 256)],
+        0.90,
+    );
 }
 
-fn gemm_utilisation(core: GemmCore, (m, n, k): (usize, usize, usize), min_busy: f64) {
+fn gemm_utilisation(core: GemmCore, problems: &[(usize, usize, usize)], min_busy: f64) {
     if let Err(e) = verilator_available() {
         println!("skipped: {e}");
         return;
@@ -49,63 +53,65 @@ fn gemm_utilisation(core: GemmCore, (m, n, k): (usize, usize, usize), min_busy: 
     )
     .expect("build");
     let mut rng = ChaCha8Rng::seed_from_u64(41);
-    let x: Vec<i8> = (0..m * k).map(|_| rng.r#gen()).collect();
-    let w: Vec<i8> = (0..n * k).map(|_| rng.r#gen()).collect();
-    let bias: Vec<i32> = (0..n).map(|_| rng.gen_range(-5000..5000)).collect();
-    let rq: Vec<Requant> = (0..n)
-        .map(|_| Requant {
-            mult: rng.r#gen(),
-            shift: rng.gen_range(23..=27),
-        })
-        .collect();
-    let mut mem = Vec::new();
-    let px = push(&mut mem, &x.iter().map(|&v| v as u8).collect::<Vec<_>>());
-    let pw = push(
-        &mut mem,
-        &pack_w(&w, n, k)
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect::<Vec<_>>(),
-    );
-    let pp = push(
-        &mut mem,
-        &pack_params(&bias, &rq)
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect::<Vec<_>>(),
-    );
-    let py = push(&mut mem, &vec![0u8; m * n]);
-    let mut job = CoreJob::default();
-    job.ptrs[..4].copy_from_slice(&[px, pw, pp, py]);
-    job.args[..4].copy_from_slice(&[m as u32, n as u32, k as u32, 1]);
-    let r = s
-        .run(
+    for &(m, n, k) in problems {
+        let x: Vec<i8> = (0..m * k).map(|_| rng.r#gen()).collect();
+        let w: Vec<i8> = (0..n * k).map(|_| rng.r#gen()).collect();
+        let bias: Vec<i32> = (0..n).map(|_| rng.gen_range(-5000..5000)).collect();
+        let rq: Vec<Requant> = (0..n)
+            .map(|_| Requant {
+                mult: rng.r#gen(),
+                shift: rng.gen_range(23..=27),
+            })
+            .collect();
+        let mut mem = Vec::new();
+        let px = push(&mut mem, &x.iter().map(|&v| v as u8).collect::<Vec<_>>());
+        let pw = push(
             &mut mem,
-            &[job],
-            MemModel {
-                latency: 30,
-                ..MemModel::default()
-            },
-            10_000_000,
-        )
-        .expect("run");
-    assert!(r.jobs[0].done);
-    let want = ggemm::gemm(&x, &w, &bias, &rq, true, GemmDims { m, n, k }).expect("golden");
-    let got: Vec<i8> = mem[py as usize..py as usize + m * n]
-        .iter()
-        .map(|&b| b as i8)
-        .collect();
-    assert_eq!(got, want);
-    let ideal = core.ideal_cycles(m, n, k);
-    let util = ideal as f64 / r.jobs[0].cycles as f64;
-    println!(
-        "gemm rows={} M={m} N={n} K={k}: {} cycles, ideal {ideal}, busy {:.1}%, {:.0} cycles/s",
-        core.rows,
-        r.jobs[0].cycles,
-        util * 100.0,
-        r.cycles_per_sec
-    );
-    assert!(util >= min_busy, "busy {:.1}%", util * 100.0);
+            &pack_w(&w, n, k)
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<_>>(),
+        );
+        let pp = push(
+            &mut mem,
+            &pack_params(&bias, &rq)
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<_>>(),
+        );
+        let py = push(&mut mem, &vec![0u8; m * n]);
+        let mut job = CoreJob::default();
+        job.ptrs[..4].copy_from_slice(&[px, pw, pp, py]);
+        job.args[..4].copy_from_slice(&[m as u32, n as u32, k as u32, 1]);
+        let r = s
+            .run(
+                &mut mem,
+                &[job],
+                MemModel {
+                    latency: 30,
+                    ..MemModel::default()
+                },
+                10_000_000,
+            )
+            .expect("run");
+        assert!(r.jobs[0].done);
+        let want = ggemm::gemm(&x, &w, &bias, &rq, true, GemmDims { m, n, k }).expect("golden");
+        let got: Vec<i8> = mem[py as usize..py as usize + m * n]
+            .iter()
+            .map(|&b| b as i8)
+            .collect();
+        assert_eq!(got, want);
+        let ideal = core.ideal_cycles(m, n, k);
+        let util = ideal as f64 / r.jobs[0].cycles as f64;
+        println!(
+            "gemm rows={} M={m} N={n} K={k}: {} cycles, ideal {ideal}, busy {:.1}%, {:.0} cycles/s",
+            core.rows,
+            r.jobs[0].cycles,
+            util * 100.0,
+            r.cycles_per_sec
+        );
+        assert!(util >= min_busy, "busy {:.1}%", util * 100.0);
+    }
 }
 
 #[test]

@@ -13,7 +13,8 @@
 //!   each PE move its finished sum into a shadow register and restart, so tiles follow each
 //!   other without a bubble.
 //! - *read-out*, while the next tile streams: row by row, the 8 shadows get bias, ReLU and
-//!   requantisation (3 pipeline steps) and are written as one 64-bit word of y.
+//!   requantisation (a 3-stage pipeline, one row per stage) and are written as one 64-bit word
+//!   of y (a request and a data handshake per row).
 //!
 //! Arguments: `x` (ptr0, int8 `[M][K]`), `w` (ptr1, packed), `params` (ptr2, packed), `y`
 //! (ptr3, int8 `[M][N]`), `m` (arg0), `n` (arg1, a multiple of 8), `k` (arg2, a multiple of
@@ -22,8 +23,8 @@
 //! once without touching memory.
 //!
 //! Cycle count: `N/8 * K` array cycles per M tile plus `rows * K / 8` cycles to read its x
-//! rows, `N` cycles of params, and a drain of about `rows + 8 + 7 rows` cycles. The read-out
-//! (about 7 cycles per row) hides behind the next tile only when `K >= ~7 rows`.
+//! rows, `N` cycles of params, and a drain of about `rows + 8 + 2 rows` cycles. The read-out
+//! (about 2 cycles per row) hides behind the next tile when `K >= ~2 rows + 8`.
 
 use std::fmt::Write as _;
 
