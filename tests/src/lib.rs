@@ -130,3 +130,60 @@ pub fn assert_invalid<T: std::fmt::Debug>(result: tandem::Result<T>, needles: &[
         }
     }
 }
+
+/// Every device on this machine, discovered once per test binary.
+pub fn registry() -> &'static tandem::DeviceRegistry {
+    static REG: std::sync::OnceLock<tandem::DeviceRegistry> = std::sync::OnceLock::new();
+    REG.get_or_init(tandem::DeviceRegistry::discover)
+}
+
+/// The first device of `kind`, or `None` after printing why the test is skipped.
+pub fn device_or_skip(kind: tandem::DeviceKind) -> Option<std::sync::Arc<dyn tandem::Backend>> {
+    let reg = registry();
+    if let Some(b) = reg.of_kind(kind).into_iter().next() {
+        return Some(b);
+    }
+    let why = reg
+        .missing()
+        .iter()
+        .find(|m| m.kind == kind)
+        .map_or_else(|| "not found".to_string(), |m| m.reason.clone());
+    println!("skipped: {} is unavailable: {why}", kind.name());
+    None
+}
+
+/// `verilator --lint-only -Wall` of `verilog` (top module `top`) must be clean, and yosys
+/// `synth_xilinx` must map it; returns the resource counts (`None`, printed, where yosys is
+/// missing). Lint is skipped, printed, where verilator is missing.
+pub fn lint_and_synth(
+    verilog: &str,
+    top: &str,
+) -> TestResult<Option<tandem_fpga::synth::Resources>> {
+    let dir = std::env::temp_dir().join(format!("tandem-lint-{top}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join(format!("{top}.v"));
+    std::fs::write(&path, verilog)?;
+    match std::process::Command::new("verilator")
+        .args(["--lint-only", "-Wall", "--top-module", top])
+        .arg(&path)
+        .output()
+    {
+        Ok(out) => {
+            let err = String::from_utf8_lossy(&out.stderr);
+            if !out.status.success() || err.contains("%Warning") {
+                return Err(format!("verilator lint of {top}: {err}").into());
+            }
+        }
+        Err(e) => println!("skipped lint: verilator not found ({e})"),
+    }
+    let r = match tandem_fpga::synth::synth(&path, top) {
+        Ok(r) => Some(r),
+        Err(tandem_fpga::synth::SynthError::NotFound(e)) => {
+            println!("skipped synthesis: yosys not found ({e})");
+            None
+        }
+        Err(e) => return Err(format!("yosys failed on {top}: {e}").into()),
+    };
+    std::fs::remove_dir_all(&dir).ok();
+    Ok(r)
+}

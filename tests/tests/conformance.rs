@@ -4,7 +4,6 @@
 //! the device's precision. A device that is missing, or lacks an op, says so (printed) and
 //! the case returns: it never passes silently.
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use ndarray::{ArrayD, IxDyn};
@@ -15,28 +14,11 @@ use tandem::ops::{
     RopeParams, SplitHeadsParams,
 };
 use tandem::tensor::rel_error;
-use tandem::{DType, DeviceRegistry, Tensor};
-use tandem_tests::{TestResult, rng, uniform};
+use tandem::{DType, Tensor};
+use tandem_tests::{TestResult, device_or_skip, rng, uniform};
 
-fn registry() -> &'static DeviceRegistry {
-    static REG: OnceLock<DeviceRegistry> = OnceLock::new();
-    REG.get_or_init(DeviceRegistry::discover)
-}
-
-/// The first device of `kind`, or `None` after printing why the case is skipped.
 fn device(kind: DeviceKind) -> Option<std::sync::Arc<dyn Backend>> {
-    let reg = registry();
-    if let Some(b) = reg.of_kind(kind).into_iter().next() {
-        return Some(b);
-    }
-    let why = reg
-        .missing()
-        .iter()
-        .find(|m| m.kind == kind)
-        .map(|m| m.reason.clone())
-        .unwrap_or_else(|| "not found".into());
-    println!("skipped: {} is unavailable: {why}", kind.name());
-    None
+    device_or_skip(kind)
 }
 
 /// Relative-error bound for floating-point outputs on a device: f32 math on the CPU, bf16

@@ -285,28 +285,11 @@ fn attention_core_lints_and_synthesizes() {
         nkv_max: 32,
         kv_tile: 4,
     };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("attention_core.v");
-    std::fs::write(&path, small.core_verilog().expect("verilog")).expect("write");
-    if verilator_available().is_ok() {
-        let out = std::process::Command::new("verilator")
-            .args(["--lint-only", "-Wall", "--top-module", "attention_core"])
-            .arg(&path)
-            .output()
-            .expect("verilator");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success() && !err.contains("%Warning"), "{err}");
-    } else {
-        println!("skipped lint: verilator not found");
-    }
-    match tandem_fpga::synth::synth(&path, "attention_core") {
-        Ok(r) => {
-            println!("attention d_max=8: {r:?}");
-            assert!(r.dsp >= 8 && r.ff > 500 && r.lut > 500, "{r:?}");
-        }
-        Err(tandem_fpga::synth::SynthError::NotFound(e)) => {
-            println!("skipped: yosys not found ({e})")
-        }
-        Err(e) => panic!("yosys failed: {e}"),
+    let verilog = small.core_verilog().expect("verilog");
+    if let Some(r) =
+        tandem_tests::lint_and_synth(&verilog, "attention_core").expect("lint and synthesis")
+    {
+        println!("attention d_max=8: {r:?}");
+        assert!(r.dsp >= 8 && r.ff > 500 && r.lut > 500, "{r:?}");
     }
 }

@@ -11,7 +11,6 @@
 //!   every element within `0.01 max|v| + sv / 256` of its kv plane;
 //! - lse (natural log) within 0.05 absolute per row; -inf exactly where the row sees no key.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use ndarray::{ArrayD, IxDyn};
@@ -24,22 +23,8 @@ use tandem::{DType, DeviceRegistry, Tensor, TensorMeta};
 use tandem_fpga::golden::gemm::quantize_per_tensor;
 use tandem_tests::{TestResult, rng, uniform};
 
-fn fpga_sim() -> Option<Arc<dyn Backend>> {
-    let (found, missing) = tandem::backend::fpga::discover();
-    match found
-        .into_iter()
-        .find(|b| b.id().kind == DeviceKind::FpgaSim)
-    {
-        Some(b) => Some(b),
-        None => {
-            let why = missing
-                .iter()
-                .find(|m| m.kind == DeviceKind::FpgaSim)
-                .map_or("not found".to_string(), |m| m.reason.clone());
-            println!("skipped: {why}");
-            None
-        }
-    }
+fn fpga_sim() -> Option<std::sync::Arc<dyn Backend>> {
+    tandem_tests::device_or_skip(DeviceKind::FpgaSim)
 }
 
 /// Runs `op` on `b`: outputs and launch info.

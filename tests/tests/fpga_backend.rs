@@ -10,21 +10,7 @@ use tandem::ops::{AttentionParams, MoeRouteParams, Op};
 use tandem::{DType, Tensor, TensorMeta};
 
 fn fpga_sim() -> Option<std::sync::Arc<dyn Backend>> {
-    let (found, missing) = tandem::backend::fpga::discover();
-    match found
-        .into_iter()
-        .find(|b| b.id().kind == DeviceKind::FpgaSim)
-    {
-        Some(b) => Some(b),
-        None => {
-            let why = missing
-                .iter()
-                .find(|m| m.kind == DeviceKind::FpgaSim)
-                .map_or("not found".to_string(), |m| m.reason.clone());
-            println!("skipped: {why}");
-            None
-        }
-    }
+    tandem_tests::device_or_skip(DeviceKind::FpgaSim)
 }
 
 /// Logits whose values in a row are a permutation of a grid 0.05 apart (well above the

@@ -280,28 +280,11 @@ fn gemm_core_lints_and_synthesizes() {
         k_max: 64,
         n_max: 16,
     };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("gemm_core.v");
-    std::fs::write(&path, small.core_verilog().expect("verilog")).expect("write");
-    if verilator_available().is_ok() {
-        let out = std::process::Command::new("verilator")
-            .args(["--lint-only", "-Wall", "--top-module", "gemm_core"])
-            .arg(&path)
-            .output()
-            .expect("verilator");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success() && !err.contains("%Warning"), "{err}");
-    } else {
-        println!("skipped lint: verilator not found");
-    }
-    match tandem_fpga::synth::synth(&path, "gemm_core") {
-        Ok(r) => {
-            println!("gemm rows=2: {r:?}");
-            assert!(r.dsp >= 16 && r.ff > 500 && r.lut > 500, "{r:?}");
-        }
-        Err(tandem_fpga::synth::SynthError::NotFound(e)) => {
-            println!("skipped: yosys not found ({e})")
-        }
-        Err(e) => panic!("yosys failed: {e}"),
+    let verilog = small.core_verilog().expect("verilog");
+    if let Some(r) =
+        tandem_tests::lint_and_synth(&verilog, "gemm_core").expect("lint and synthesis")
+    {
+        println!("gemm rows=2: {r:?}");
+        assert!(r.dsp >= 16 && r.ff > 500 && r.lut > 500, "{r:?}");
     }
 }
