@@ -23,6 +23,9 @@ pub struct RunOptions {
     pub check: bool,
     /// Name of the workload, for the report.
     pub workload: String,
+    /// Untimed executions before the measured one (first-use costs: kernel compilation, plan
+    /// and handle creation, simulator model loads stay out of the figures).
+    pub warmup: usize,
     /// Measured times: used by the planner, and the run's own times are added to it.
     pub history: Option<std::sync::Arc<std::sync::Mutex<History>>>,
 }
@@ -48,6 +51,9 @@ pub fn run_graph(graph: &Graph, reg: &DeviceRegistry, opts: &RunOptions) -> Resu
         }
         None => plan_with_history(graph, reg, opts.backend, None)?,
     };
+    for _ in 0..opts.warmup {
+        execute(graph, &plan, reg, &opts.exec)?;
+    }
     let exec = execute(graph, &plan, reg, &opts.exec)?;
     if let Some(h) = &opts.history {
         let mut h = h.lock().unwrap_or_else(|e| e.into_inner());

@@ -209,6 +209,8 @@ fn op_moe_route_ids_exact() -> TestResult {
         "--top-k",
         "4",
         "--renormalize",
+        "--backend",
+        "cpu",
         "--save",
         save.to_str().ok_or("path")?,
     ]);
@@ -253,6 +255,8 @@ fn run_with_reference_weights_saves_transformers_output() -> TestResult {
         w.to_str().ok_or("path")?,
         "--heads",
         "4",
+        "--backend",
+        "cpu",
         "--save",
         save.to_str().ok_or("path")?,
     ]);

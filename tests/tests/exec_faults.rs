@@ -137,6 +137,7 @@ fn opts(timeout: Duration) -> RunOptions {
         check: true,
         workload: "faults".into(),
         history: None,
+        warmup: 0,
     }
 }
 

@@ -262,6 +262,7 @@ fn small_layer_runs_attention_on_the_card() -> TestResult {
         check: true,
         workload: "default".into(),
         history: None,
+        warmup: 0,
     };
     let plan = tandem::plan::plan(&g, &reg, choice)?;
     let att: Vec<usize> = g

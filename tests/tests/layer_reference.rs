@@ -16,6 +16,7 @@ fn cpu_opts(name: &str) -> RunOptions {
         check: true,
         workload: name.into(),
         history: None,
+        warmup: 0,
     }
 }
 

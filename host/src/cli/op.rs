@@ -144,6 +144,7 @@ pub fn run(args: &OpArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
         },
         check: true,
         history: Some(super::history()),
+        warmup: 1,
         workload: format!("{} on {}", op.name(), args.inputs.display()),
     };
     let out = run_graph(&g, reg, &opts)?;

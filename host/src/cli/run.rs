@@ -29,6 +29,10 @@ pub struct RunArgs {
     /// Skip the comparison with the f64 reference.
     #[arg(long)]
     pub no_check: bool,
+    /// Untimed runs of the workload before the measured one (keeps kernel compilation and
+    /// other first-use costs out of the figures).
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
     /// Longest wait for one op, in seconds.
     #[arg(long, default_value_t = 300)]
     pub timeout: u64,
@@ -202,6 +206,7 @@ pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
         check: !args.no_check,
         workload: label,
         history: Some(super::history()),
+        warmup: args.warmup,
     };
     let out = run_graph(&graph, reg, &opts)?;
     if let Some(path) = &args.save {
