@@ -343,6 +343,7 @@ pub fn run(args: &BenchArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     let _ = t0;
     let mut times = Vec::with_capacity(args.iters);
     let mut cycles = Vec::new();
+    let host_t0 = Instant::now();
     if device_timed {
         let mut pending = Vec::with_capacity(args.iters);
         for i in 0..args.iters {
@@ -375,6 +376,8 @@ pub fn run(args: &BenchArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
         }
     }
     be.synchronize()?;
+    // Host time per launch: for a simulated device, what the simulator itself costs.
+    let host_per_launch = host_t0.elapsed().as_secs_f64() / args.iters.max(1) as f64;
     let runs = times.len();
     let mut sorted = times.clone();
     let med = median(&mut sorted);
@@ -407,6 +410,8 @@ pub fn run(args: &BenchArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
             "tflops": tflops,
             "gbps": gbs,
             "cycles": cyc,
+            "host_s_per_launch": host_per_launch,
+            "sim_cycles_per_s": cyc.map(|c| c / host_per_launch),
         });
         println!("{v}");
     } else {
@@ -440,7 +445,11 @@ pub fn run(args: &BenchArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
             storage
         );
         if let Some(c) = cyc {
-            println!("  {c:.0} cycles (median)");
+            println!(
+                "  {c:.0} cycles (median); host time {:.3} ms per launch, so the simulator runs {:.2} M cycles/s",
+                host_per_launch * 1e3,
+                c / host_per_launch / 1e6
+            );
         }
     }
     Ok(())
