@@ -34,6 +34,26 @@ fn reference(name: &str) -> PathBuf {
     Path::new("../tests/data/reference").join(name)
 }
 
+type Tensors = std::collections::BTreeMap<String, ndarray::ArrayD<f64>>;
+
+/// Runs `tandem ARGS --save TMP` (which must succeed) and returns the saved tensors and the
+/// tensors of the reference file `reference`.
+fn run_saved(
+    args: &[&str],
+    reference: &Path,
+) -> Result<(Tensors, Tensors), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let save = dir.path().join("out.safetensors");
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(["--save", save.to_str().ok_or("path")?]);
+    let o = tandem(&all);
+    assert!(o.status.success(), "{}", text(&o).1);
+    Ok((
+        tandem::io::read_safetensors_f64(&save)?,
+        tandem::io::read_safetensors_f64(reference)?,
+    ))
+}
+
 #[test]
 fn devices_lists_cpu_and_says_why_others_are_missing() {
     let o = tandem(&["devices"]);
@@ -172,23 +192,20 @@ fn missing_device_falls_back_to_cpu_with_a_warning() {
 
 #[test]
 fn op_attention_matches_reference_file_and_saves() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let save = dir.path().join("o.safetensors");
     let input = reference("attention_2.safetensors");
-    let o = tandem(&[
-        "op",
-        "attention",
-        "--inputs",
-        input.to_str().ok_or("path")?,
-        "--causal",
-        "--backend",
-        "cpu",
-        "--save",
-        save.to_str().ok_or("path")?,
-    ]);
-    assert!(o.status.success(), "{}", text(&o).1);
-    let got = tandem::io::read_safetensors_f64(&save)?;
-    let want = tandem::io::read_safetensors_f64(&input)?;
+    let path = input.to_str().ok_or("path")?;
+    let (got, want) = run_saved(
+        &[
+            "op",
+            "attention",
+            "--inputs",
+            path,
+            "--causal",
+            "--backend",
+            "cpu",
+        ],
+        &input,
+    )?;
     for k in ["o", "lse"] {
         let e = tandem::tensor::rel_error(&got[k], &want[k]);
         assert!(e < 1e-5, "{k}: {e:.3e}");
@@ -198,25 +215,22 @@ fn op_attention_matches_reference_file_and_saves() -> TestResult {
 
 #[test]
 fn op_moe_route_ids_exact() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let save = dir.path().join("r.safetensors");
     let input = reference("moe_route_1.safetensors");
-    let o = tandem(&[
-        "op",
-        "moe-route",
-        "--inputs",
-        input.to_str().ok_or("path")?,
-        "--top-k",
-        "4",
-        "--renormalize",
-        "--backend",
-        "cpu",
-        "--save",
-        save.to_str().ok_or("path")?,
-    ]);
-    assert!(o.status.success(), "{}", text(&o).1);
-    let got = tandem::io::read_safetensors_f64(&save)?;
-    let want = tandem::io::read_safetensors_f64(&input)?;
+    let path = input.to_str().ok_or("path")?;
+    let (got, want) = run_saved(
+        &[
+            "op",
+            "moe-route",
+            "--inputs",
+            path,
+            "--top-k",
+            "4",
+            "--renormalize",
+            "--backend",
+            "cpu",
+        ],
+        &input,
+    )?;
     assert_eq!(got["topk_ids"], want["topk_ids"]);
     assert_eq!(got["expert_counts"], want["expert_counts"]);
     let e = tandem::tensor::rel_error(&got["topk_weights"], &want["topk_weights_renorm"]);
@@ -246,23 +260,12 @@ fn op_with_missing_tensor_names_what_is_needed() {
 
 #[test]
 fn run_with_reference_weights_saves_transformers_output() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let save = dir.path().join("layer.safetensors");
     let w = reference("mixtral_layer_0.safetensors");
-    let o = tandem(&[
-        "run",
-        "--weights",
-        w.to_str().ok_or("path")?,
-        "--heads",
-        "4",
-        "--backend",
-        "cpu",
-        "--save",
-        save.to_str().ok_or("path")?,
-    ]);
-    assert!(o.status.success(), "{}", text(&o).1);
-    let got = tandem::io::read_safetensors_f64(&save)?;
-    let want = tandem::io::read_safetensors_f64(&w)?;
+    let path = w.to_str().ok_or("path")?;
+    let (got, want) = run_saved(
+        &["run", "--weights", path, "--heads", "4", "--backend", "cpu"],
+        &w,
+    )?;
     let e = tandem::tensor::rel_error(&got["output"], &want["output"]);
     assert!(e < 1e-5, "{e:.3e}");
     // A file that is not a Mixtral layer gets an error naming what is missing.
