@@ -146,7 +146,8 @@ impl BlasLt {
         }
         .ctx(l, "cublasLtMatmulPreferenceSetAttribute")?;
         if epi.has_bias() {
-            // a placeholder bias pointer so the heuristic sees the bias epilogue's needs
+            // The heuristic must see a bias pointer to pick an algorithm for the bias epilogue;
+            // the workspace address stands in at planning time (the real bias is set per call).
             self.set_bias(desc, self.workspace.ptr())?;
         }
         // SAFETY: every descriptor is live.
