@@ -28,17 +28,21 @@ pub enum Module {
     AttentionSm80,
     /// Hopper forward (sm_90a only): S = QK^T on wgmma (`_wg`), and PV too (`_wg2`).
     AttentionSm90a,
+    /// Hopper forward in FlashAttention-3's structure (sm_90a only): a TMA producer warp and
+    /// two consumer warpgroups taking turns on wgmma (`_ws`).
+    AttentionSm90aWs,
 }
 
 impl Module {
     /// Every module.
-    pub const ALL: [Module; 6] = [
+    pub const ALL: [Module; 7] = [
         Module::Elementwise,
         Module::Norm,
         Module::Rope,
         Module::MoeRoute,
         Module::AttentionSm80,
         Module::AttentionSm90a,
+        Module::AttentionSm90aWs,
     ];
 
     /// Short name (used in cache file names and logs).
@@ -50,6 +54,7 @@ impl Module {
             Module::MoeRoute => "moe_route",
             Module::AttentionSm80 => "attention_sm80",
             Module::AttentionSm90a => "attention_sm90a",
+            Module::AttentionSm90aWs => "attention_sm90a_ws",
         }
     }
 
@@ -62,6 +67,7 @@ impl Module {
             Module::MoeRoute => "common/moe_route.cu",
             Module::AttentionSm80 => "sm80/attention.cu",
             Module::AttentionSm90a => "sm90a/attention.cu",
+            Module::AttentionSm90aWs => "sm90a/attention_ws.cu",
         }
     }
 
@@ -74,7 +80,21 @@ impl Module {
             Module::MoeRoute => include_str!("cuda/common/moe_route.cu"),
             Module::AttentionSm80 => include_str!("cuda/sm80/attention.cu"),
             Module::AttentionSm90a => include_str!("cuda/sm90a/attention.cu"),
+            Module::AttentionSm90aWs => include_str!("cuda/sm90a/attention_ws.cu"),
         }
+    }
+
+    /// The module's source as compiled: the embedded text, or, when the environment variable
+    /// `TANDEM_KERNEL_DIR` names a folder laid out like `gpu-kernels/src/cuda/`, the file there
+    /// (for working on a kernel without rebuilding the host; the disk cache is keyed by the
+    /// text, so an edited file is recompiled).
+    pub fn text(self) -> std::borrow::Cow<'static, str> {
+        if let Some(dir) = std::env::var_os("TANDEM_KERNEL_DIR") {
+            if let Ok(s) = std::fs::read_to_string(std::path::Path::new(&dir).join(self.path())) {
+                return std::borrow::Cow::Owned(s);
+            }
+        }
+        std::borrow::Cow::Borrowed(self.body())
     }
 
     /// Modules whose source this one is compiled after (shared device helpers).
@@ -87,18 +107,25 @@ impl Module {
 
     /// The full source handed to NVRTC: the common header, then the module's file.
     pub fn source(self) -> String {
-        let mut s = format!("// common/common.cuh\n{COMMON_HEADER}\n");
+        let header = match std::env::var_os("TANDEM_KERNEL_DIR") {
+            Some(dir) => std::fs::read_to_string(
+                std::path::Path::new(&dir).join("common/common.cuh"),
+            )
+            .unwrap_or_else(|_| COMMON_HEADER.to_string()),
+            None => COMMON_HEADER.to_string(),
+        };
+        let mut s = format!("// common/common.cuh\n{header}\n");
         for m in self.prelude() {
-            s.push_str(&format!("// {}\n{}\n", m.path(), m.body()));
+            s.push_str(&format!("// {}\n{}\n", m.path(), m.text()));
         }
-        s.push_str(&format!("// {}\n{}", self.path(), self.body()));
+        s.push_str(&format!("// {}\n{}", self.path(), self.text()));
         s
     }
 
     /// The lowest compute capability (major * 10 + minor) the module runs on.
     pub fn min_arch(self) -> u32 {
         match self {
-            Module::AttentionSm90a => 90,
+            Module::AttentionSm90a | Module::AttentionSm90aWs => 90,
             _ => 80,
         }
     }
@@ -107,7 +134,7 @@ impl Module {
     /// sm_90 only).
     pub fn runs_on(self, arch: u32) -> bool {
         match self {
-            Module::AttentionSm90a => arch == 90,
+            Module::AttentionSm90a | Module::AttentionSm90aWs => arch == 90,
             _ => arch >= 80,
         }
     }
@@ -157,6 +184,12 @@ impl Module {
                 "mha_bf16_fwd_d64_wgx2",
                 "mha_bf16_fwd_d128_wgx2",
             ],
+            Module::AttentionSm90aWs => &[
+                "mha_bf16_fwd_d64_ws",
+                "mha_bf16_fwd_d128_ws",
+                "mha_f16_fwd_d64_ws",
+                "mha_f16_fwd_d128_ws",
+            ],
         }
     }
 
@@ -187,6 +220,19 @@ pub const ROUTE_MAX_EXPERTS: usize = 256;
 /// Key rows per attention tile of the default builds (ATT_BN in attention.cu; `_n32` builds
 /// use 32).
 pub const ATTENTION_BLOCK_N: usize = 64;
+/// Query rows per block of the `_ws` attention builds (WS_BM in sm90a/attention_ws.cu).
+pub const ATTENTION_WS_BLOCK_M: usize = 128;
+/// Key rows per tile of the `_ws` builds (WS_BN), also the rows of their TMA boxes.
+pub const ATTENTION_WS_BLOCK_N: usize = 128;
+/// Threads per block of the `_ws` builds (WS_THREADS): a producer and two consumer warpgroups.
+pub const ATTENTION_WS_THREADS: u32 = 384;
+
+/// Dynamic shared memory of a `_ws` build for head dim `d` (WsLayout in attention_ws.cu): Q,
+/// two K and two V stages, the mbarriers, and slack for 1024-byte alignment.
+pub fn attention_ws_smem(d: usize) -> usize {
+    ATTENTION_WS_BLOCK_M * d * 2 + 4 * ATTENTION_WS_BLOCK_N * d * 2 + 128 + 1024
+}
+
 /// 16-byte vectors per thread of `rmsnorm_bf16` (RMS_VPT in norm.cu).
 pub const RMSNORM_VECTORS_PER_THREAD: usize = 4;
 
@@ -202,7 +248,8 @@ mod tests {
                 let defined = src.contains(&format!(" {e}("))
                     || src.contains(&format!("ATT_ENTRY({e},"))
                     || src.contains(&format!("WG_ENTRY({e},"))
-                    || src.contains(&format!("WG2_ENTRY({e},"));
+                    || src.contains(&format!("WG2_ENTRY({e},"))
+                    || src.contains(&format!("WS_ENTRY({e},"));
                 assert!(defined, "{e} not found in {}", m.path());
                 assert_eq!(Module::of_kernel(e), Some(m));
             }
@@ -218,6 +265,11 @@ mod tests {
         assert_eq!(ROUTE_TOKENS_PER_BLOCK, 8 * 8);
         assert!(Module::AttentionSm80.body().contains("#define ATT_BN 64"));
         assert!(Module::Norm.body().contains("#define RMS_VPT 4"));
+        let ws = Module::AttentionSm90aWs.body();
+        assert!(ws.contains("#define WS_BM 128"));
+        assert!(ws.contains("#define WS_BN 128"));
+        assert!(ws.contains("#define WS_THREADS 384"));
+        assert!(ws.contains("BYTES = BARS + 128 + 1024"));
     }
 
     #[test]

@@ -271,11 +271,14 @@ fn cuda_attention() {
         (2, 4, 2, 1, 200, 64, true),
         (1, 6, 3, 200, 133, 64, true),
         (1, 2, 1, 256, 256, 128, true),
+        (1, 4, 2, 300, 700, 128, true),
+        (2, 2, 2, 513, 390, 64, true),
+        (1, 2, 2, 1000, 1000, 128, false),
     ] {
         for variant in [
-            "w4", "w8", "m2", "m2n32", "wg", "wg2", "wgs", "wg2s", "wgx2",
+            "w4", "w8", "m2", "m2n32", "wg", "wg2", "wgs", "wg2s", "wgx2", "ws",
         ] {
-            if variant.starts_with("wg")
+            if (variant.starts_with("wg") || variant == "ws")
                 && be
                     .info()
                     .details

@@ -25,6 +25,8 @@ pub enum Arg {
     F32(f32),
     /// unsigned short.
     U16(u16),
+    /// A tensor map for the TMA (`CUtensorMap`, 128 bytes; `__grid_constant__` in the kernel).
+    TensorMap(sys::CUtensorMap),
 }
 
 #[derive(Clone, Copy)]
@@ -178,6 +180,7 @@ impl Kernels {
                 Arg::U64(v) => v as *mut u64 as *mut c_void,
                 Arg::F32(v) => v as *mut f32 as *mut c_void,
                 Arg::U16(v) => v as *mut u16 as *mut c_void,
+                Arg::TensorMap(m) => m as *mut sys::CUtensorMap as *mut c_void,
             })
             .collect();
         // SAFETY: the argument list matches the kernel's signature (each call site mirrors its

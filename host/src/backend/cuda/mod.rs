@@ -19,6 +19,7 @@ mod memory;
 mod ops;
 mod probe;
 mod timing;
+mod tma;
 
 use std::sync::{Arc, Mutex};
 

@@ -1,8 +1,12 @@
-//! Attention forward: the FlashAttention-2-style mma.sync kernel (sm80/attention.cu).
+//! Attention forward: the FlashAttention-2-style mma.sync kernels (sm80/attention.cu), the
+//! first Hopper builds (sm90a/attention.cu) and the warp-specialized Hopper build with TMA
+//! (sm90a/attention_ws.cu).
 
 use super::{Arg, Cx};
 use crate::backend::cuda::CudaStorage;
 use crate::backend::cuda::kernels::Dims;
+use crate::backend::cuda::tma;
+use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::AttentionParams;
 use crate::tensor::TensorMeta;
@@ -28,12 +32,15 @@ pub enum Variant {
     Wg2s,
     /// As Wg with two consumer warpgroups per block (256 rows, 256 threads).
     Wgx2,
+    /// Hopper (sm_90 only), FlashAttention-3's structure: a TMA producer warp and two consumer
+    /// warpgroups taking turns on wgmma (128-row blocks, 128-key tiles, 384 threads).
+    Ws,
 }
 
 impl Variant {
     /// The build for a device of compute capability `arch` and head dim `d`:
-    /// `TANDEM_ATTN_VARIANT` (w4, w8, m2, m2n32, wg, wg2, wgs, wg2s, wgx2) when set, else the fastest
-    /// measured (docs/PERF.md): `wg` for d128 on sm_90, `m2` otherwise.
+    /// `TANDEM_ATTN_VARIANT` (w4, w8, m2, m2n32, wg, wg2, wgs, wg2s, wgx2, ws) when set, else the
+    /// fastest measured (docs/PERF.md): `ws` on sm_90, `m2` otherwise.
     pub fn select(arch: u32, d: usize) -> Self {
         match std::env::var("TANDEM_ATTN_VARIANT").ok().as_deref() {
             Some("w4") => Variant::W4,
@@ -45,7 +52,8 @@ impl Variant {
             Some("wgs") => Variant::Wgs,
             Some("wg2s") => Variant::Wg2s,
             Some("wgx2") => Variant::Wgx2,
-            _ if arch == 90 && d == 128 => Variant::Wg,
+            Some("ws") => Variant::Ws,
+            _ if arch == 90 && (d == 64 || d == 128) => Variant::Ws,
             _ => Variant::M2,
         }
     }
@@ -53,6 +61,7 @@ impl Variant {
     /// Query rows per block.
     pub fn block_m(self) -> usize {
         match self {
+            Variant::Ws => tandem_gpu_kernels::ATTENTION_WS_BLOCK_M,
             Variant::W4 | Variant::Wgs | Variant::Wg2s => 64,
             Variant::Wgx2 => 256,
             Variant::W8 | Variant::M2 | Variant::M2N32 | Variant::Wg | Variant::Wg2 => 128,
@@ -63,6 +72,7 @@ impl Variant {
     pub fn block_n(self) -> usize {
         match self {
             Variant::M2N32 => 32,
+            Variant::Ws => tandem_gpu_kernels::ATTENTION_WS_BLOCK_N,
             _ => tandem_gpu_kernels::ATTENTION_BLOCK_N,
         }
     }
@@ -70,6 +80,7 @@ impl Variant {
     /// Threads per block.
     pub fn threads(self) -> usize {
         match self {
+            Variant::Ws => tandem_gpu_kernels::ATTENTION_WS_THREADS as usize,
             Variant::W8 | Variant::Wgx2 => 256,
             Variant::W4
             | Variant::M2
@@ -85,7 +96,7 @@ impl Variant {
     pub fn hopper_only(self) -> bool {
         matches!(
             self,
-            Variant::Wg | Variant::Wg2 | Variant::Wgs | Variant::Wg2s | Variant::Wgx2
+            Variant::Wg | Variant::Wg2 | Variant::Wgs | Variant::Wg2s | Variant::Wgx2 | Variant::Ws
         )
     }
 
@@ -107,6 +118,8 @@ impl Variant {
             (_, Variant::Wg2s) => "mha_bf16_fwd_d128_wg2s",
             (64, Variant::Wgx2) => "mha_bf16_fwd_d64_wgx2",
             (_, Variant::Wgx2) => "mha_bf16_fwd_d128_wgx2",
+            (64, Variant::Ws) => "mha_bf16_fwd_d64_ws",
+            (_, Variant::Ws) => "mha_bf16_fwd_d128_ws",
             (_, Variant::W4) => "mha_bf16_fwd_d128",
             (_, Variant::W8) => "mha_bf16_fwd_d128_w8",
             (_, Variant::M2) => "mha_bf16_fwd_d128_m2",
@@ -122,12 +135,47 @@ pub fn attention(
     outs: &[CudaStorage],
 ) -> Result<String> {
     let s = p.shape(metas)?;
-    let var = Variant::select(cx.be.dev.arch, s.d);
+    let mut var = Variant::select(cx.be.dev.arch, s.d);
+    if var == Variant::Ws && s.nkv == 0 {
+        // no keys: nothing for the TMA to map; the mma.sync build writes the empty result
+        var = Variant::M2;
+    }
     let name = var.kernel(s.d);
     let q = cx.bf16(ins[0], metas[0].numel())?;
     let k = cx.bf16(ins[1], metas[1].numel())?;
     let v = cx.bf16(ins[2], metas[2].numel())?;
     if s.nq == 0 {
+        return Ok(name.into());
+    }
+    let scale_log2 = p.scale_for(s.d) * std::f32::consts::LOG2_E;
+    if var == Variant::Ws {
+        let label = &cx.be.dev.label;
+        let bn = var.block_n() as u32;
+        let mq = tma::tiled_3d_sw128(label, q.ptr, DType::BF16, [s.b * s.hq, s.nq, s.d], bn, 64)?;
+        let mk = tma::tiled_3d_sw128(label, k.ptr, DType::BF16, [s.b * s.hkv, s.nkv, s.d], bn, 64)?;
+        let mv = tma::tiled_3d_sw128(label, v.ptr, DType::BF16, [s.b * s.hkv, s.nkv, s.d], bn, 64)?;
+        let dims = Dims {
+            grid: (s.nq.div_ceil(var.block_m()) as u32, s.hq as u32, s.b as u32),
+            block: (var.threads() as u32, 1, 1),
+            smem: tandem_gpu_kernels::attention_ws_smem(s.d) as u32,
+        };
+        cx.k(
+            name,
+            dims,
+            &[
+                Arg::TensorMap(mq),
+                Arg::TensorMap(mk),
+                Arg::TensorMap(mv),
+                Arg::Ptr(outs[0].ptr()),
+                Arg::Ptr(outs[1].ptr()),
+                Arg::I32(s.hq as i32),
+                Arg::I32(s.hkv as i32),
+                Arg::I32(s.nq as i32),
+                Arg::I32(s.nkv as i32),
+                Arg::F32(scale_log2),
+                Arg::I32(p.causal as i32),
+            ],
+        )?;
         return Ok(name.into());
     }
     let bm = var.block_m();
@@ -141,7 +189,6 @@ pub fn attention(
     } else {
         (bm + 2 * bn) * (s.d + 8) * 2
     };
-    let scale_log2 = p.scale_for(s.d) * std::f32::consts::LOG2_E;
     let dims = Dims {
         grid: (s.nq.div_ceil(bm) as u32, s.hq as u32, s.b as u32),
         block: (var.threads() as u32, 1, 1),

@@ -185,7 +185,7 @@ pub fn prepare(cx: &Cx<'_>, op: &Op) -> Result<()> {
     let first: &[&'static str] = match op {
         Op::Attention(_) => {
             if cx.be.dev.arch == 90 {
-                &["mha_bf16_fwd_d64", "mha_bf16_fwd_d64_wg", "fill_u16"]
+                &["mha_bf16_fwd_d64", "mha_bf16_fwd_d64_wg", "mha_bf16_fwd_d64_ws", "fill_u16"]
             } else {
                 &["mha_bf16_fwd_d64", "fill_u16"]
             }

@@ -1,0 +1,355 @@
+// Hopper (sm_90a) attention forward in FlashAttention-3's structure: a producer warp feeds
+// K and V tiles through the tensor memory accelerator (TMA, `cp.async.bulk.tensor`) into a
+// two-stage ring of shared-memory buffers guarded by mbarriers, and two consumer warpgroups
+// (64 query rows each) run both products on wgmma:
+//   S = Q K^T   wgmma m64n128k16, Q and K K-major in shared memory (128-byte swizzle);
+//   O += P V    wgmma m64n{D}k16, P from registers, V N-major in shared memory.
+// Each consumer overlaps its own softmax of tile j with its P V product of tile j-1 (issued
+// together, waited apart), and the two consumers take turns issuing their products (named
+// barriers 1 and 2), so one warpgroup's exponentials run under the other's matrix work.
+// The producer gives its registers to the consumers (setmaxnreg).
+//
+// Shared memory (1024-byte aligned, as the 128-byte swizzle needs): Q [BM x D], K[2][BN x D],
+// V[2][BN x D], each as D/64 column halves of [rows][64] bf16 rows of 128 bytes, swizzled by
+// the TMA (16-byte chunk c of row r lands at chunk c ^ (r % 8)); then the mbarriers.
+// Tensor maps (built by the host, passed by value): dims {D, N, B*H}, box {64, 128, 1}.
+
+#define WS_BM 128
+#define WS_BN 128
+#define WS_THREADS 384
+
+struct __align__(128) tma_map_t { u64_t v[16]; };
+
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nWS_WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra WS_WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(unsigned dst, const tma_map_t* map, unsigned bar, int c0, int c1, int c2) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n"
+        ::"r"(dst), "l"((u64_t)map), "r"(bar), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+__device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void named_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+
+__device__ __forceinline__ void ws_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void ws_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void ws_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+
+// Pins registers that an asynchronous wgmma reads or writes, so the compiler neither moves
+// their uses across the wait nor reuses them while the tensor cores own them.
+template <int N>
+__device__ __forceinline__ void pin(float (&a)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(a[i][e])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void pin(unsigned (&a)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
+}
+
+// A wgmma matrix descriptor for a 128-byte-swizzled operand at shared address `a`.
+__device__ __forceinline__ u64_t desc_sw128(unsigned a, unsigned lbo, unsigned sbo) {
+    return (u64_t)((a & 0x3FFFF) >> 4) | ((u64_t)(lbo >> 4) << 16) | ((u64_t)(sbo >> 4) << 32) | (1ull << 62);
+}
+
+template <bool F16>
+__device__ __forceinline__ unsigned ws_pack(float lo, float hi) {
+    unsigned r;
+    if (F16) asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    else asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// d[64x128] (+)= A[64x16] * B[128x16]^T, A and B K-major in shared memory (bf16).
+__device__ __forceinline__ void ws_ss_n128_bf16(float (&d)[16][4], u64_t da, u64_t db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// d[64x64] += A[64x16] (registers) * B[16x64], B N-major in shared memory (bf16).
+__device__ __forceinline__ void ws_rs_n64_bf16(float (&d)[8][4], const unsigned (&a)[4], u64_t db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, 1, 1, 1, 1;\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+// d[64x128] += A[64x16] (registers) * B[16x128], B N-major in shared memory (bf16).
+__device__ __forceinline__ void ws_rs_n128_bf16(float (&d)[16][4], const unsigned (&a)[4], u64_t db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, 1, 1, 1, 1;\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+// d[64x128] (+)= A[64x16] * B[128x16]^T, A and B K-major in shared memory (f16).
+__device__ __forceinline__ void ws_ss_n128_f16(float (&d)[16][4], u64_t da, u64_t db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// d[64x64] += A[64x16] (registers) * B[16x64], B N-major in shared memory (f16).
+__device__ __forceinline__ void ws_rs_n64_f16(float (&d)[8][4], const unsigned (&a)[4], u64_t db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, 1, 1, 1, 1;\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+// d[64x128] += A[64x16] (registers) * B[16x128], B N-major in shared memory (f16).
+__device__ __forceinline__ void ws_rs_n128_f16(float (&d)[16][4], const unsigned (&a)[4], u64_t db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, 1, 1, 1, 1;\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+template <bool F16, int NT>
+__device__ __forceinline__ void ws_qk(float (&d)[NT][4], u64_t da, u64_t db, int acc) {
+    if (F16) ws_ss_n128_f16(d, da, db, acc);
+    else ws_ss_n128_bf16(d, da, db, acc);
+}
+template <bool F16, int D>
+__device__ __forceinline__ void ws_pv(float (&d)[D / 8][4], const unsigned (&a)[4], u64_t db) {
+    if constexpr (D == 128) {
+        if (F16) ws_rs_n128_f16(d, a, db);
+        else ws_rs_n128_bf16(d, a, db);
+    } else {
+        if (F16) ws_rs_n64_f16(d, a, db);
+        else ws_rs_n64_bf16(d, a, db);
+    }
+}
+
+// The shared-memory bytes a build needs (the host mirrors this: attention.rs).
+template <int D>
+struct WsLayout {
+    static constexpr unsigned TILE = WS_BN * D * 2;  // one K or V stage
+    static constexpr unsigned Q = 0, K = WS_BM * D * 2, V = K + 2 * TILE, BARS = V + 2 * TILE;
+    static constexpr unsigned BYTES = BARS + 128 + 1024;  // + mbarriers + alignment slack
+};
+
+template <int D, bool F16>
+__device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t* mk, const tma_map_t* mv,
+                                            unsigned short* __restrict__ O, float* __restrict__ LSE, int Hq,
+                                            int Hkv, int Nq, int Nkv, float scale_log2, int causal) {
+    constexpr int BM = WS_BM, BN = WS_BN, HALVES = D / 64, NS = BN / 8, ND = D / 8;
+    using L = WsLayout<D>;
+    extern __shared__ __align__(1024) unsigned char ws_smem[];
+    const unsigned base = (smem_addr(ws_smem) + 1023u) & ~1023u;
+    const unsigned sQ = base + L::Q, sK = base + L::K, sV = base + L::V, bars = base + L::BARS;
+    // mbarriers: Q full; K full[2], V full[2] (producer arrives + TMA bytes); K empty[2], V
+    // empty[2] (the 8 consumer warps arrive once they no longer read the stage).
+    const unsigned full_q = bars, full_k = bars + 8, full_v = bars + 24, empty_k = bars + 40, empty_v = bars + 56;
+
+    const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest causal blocks first
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int bh_q = b * Hq + h, bh_kv = b * Hkv + h / (Hq / Hkv);
+    const int m0 = m_block * BM;
+    const int diag = Nkv - Nq;  // causal: key j is visible to query i when j <= i + diag
+    const int n_end = causal ? min(Nkv, m0 + BM + diag) : Nkv;
+    const int n_blocks = n_end > 0 ? (n_end + BN - 1) / BN : 0;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wg = warp >> 2;
+
+    if (threadIdx.x == 0) {
+        mbar_init(full_q, 1);
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+            mbar_init(full_k + 8 * s, 1);
+            mbar_init(full_v + 8 * s, 1);
+            mbar_init(empty_k + 8 * s, 8);
+            mbar_init(empty_v + 8 * s, 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        // Producer: one thread issues every copy.
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+        if (threadIdx.x == 0 && n_blocks > 0) {
+            mbar_expect_tx(full_q, BM * D * 2);
+#pragma unroll
+            for (int hh = 0; hh < HALVES; ++hh) tma_load_3d(sQ + hh * BM * 128, mq, full_q, hh * 64, m0, bh_q);
+            for (int j = 0; j < n_blocks; ++j) {
+                const int s = j & 1;
+                const unsigned ph = ((j >> 1) & 1) ^ 1;  // the first use of a stage does not wait
+                mbar_wait(empty_k + 8 * s, ph);
+                mbar_expect_tx(full_k + 8 * s, L::TILE);
+#pragma unroll
+                for (int hh = 0; hh < HALVES; ++hh)
+                    tma_load_3d(sK + s * L::TILE + hh * BN * 128, mk, full_k + 8 * s, hh * 64, j * BN, bh_kv);
+                mbar_wait(empty_v + 8 * s, ph);
+                mbar_expect_tx(full_v + 8 * s, L::TILE);
+#pragma unroll
+                for (int hh = 0; hh < HALVES; ++hh)
+                    tma_load_3d(sV + s * L::TILE + hh * BN * 128, mv, full_v + 8 * s, hh * 64, j * BN, bh_kv);
+            }
+        }
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+        const int cw = wg - 1;  // consumer 0 or 1: query rows m0 + 64 * cw + [0, 64)
+        const int g = lane >> 2, tq = lane & 3;
+        const int row0 = m0 + cw * 64 + (warp & 3) * 16 + g;  // this thread's rows: row0, row0 + 8
+        float acc_o[ND][4], acc_s[NS][4];
+        unsigned pa[BN / 16][4];
+#pragma unroll
+        for (int i = 0; i < ND; ++i) acc_o[i][0] = acc_o[i][1] = acc_o[i][2] = acc_o[i][3] = 0.f;
+#pragma unroll
+        for (int i = 0; i < BN / 16; ++i) pa[i][0] = pa[i][1] = pa[i][2] = pa[i][3] = 0u;
+        float m_r[2] = {TANDEM_NEG_INF, TANDEM_NEG_INF}, l_r[2] = {0.f, 0.f};
+#pragma unroll
+        for (int i = 0; i < NS; ++i) acc_s[i][0] = acc_s[i][1] = acc_s[i][2] = acc_s[i][3] = 0.f;
+        if (n_blocks > 0) {
+            // Turn-taking: barrier 1 + c is consumer c's turn to issue; consumer 0 starts.
+            if (cw == 1) named_arrive(1, 256);
+            mbar_wait(full_q, 0);
+            const unsigned qa = sQ + cw * 64 * 128;
+            for (int j = 0; j <= n_blocks; ++j) {
+                const bool has_s = j < n_blocks, has_pv = j > 0;
+                const int s = j & 1, sp = (j + 1) & 1;
+                if (has_s) mbar_wait(full_k + 8 * s, (j >> 1) & 1);
+                if (has_pv) mbar_wait(full_v + 8 * sp, ((j - 1) >> 1) & 1);
+                named_sync(1 + cw, 256);
+                ws_fence();
+                if (has_s) {
+#pragma unroll
+                    for (int kk = 0; kk < D / 16; ++kk) {
+                        const unsigned off = (kk >> 2) * 128 * 128 + (kk & 3) * 32;
+                        ws_qk<F16>(acc_s, desc_sw128(qa + off, 16, 1024),
+                                   desc_sw128(sK + s * L::TILE + off, 16, 1024), kk > 0);
+                    }
+                    ws_commit();
+                }
+                if (has_pv) {
+#pragma unroll
+                    for (int kk = 0; kk < BN / 16; ++kk)
+                        ws_pv<F16, D>(acc_o, pa[kk], desc_sw128(sV + sp * L::TILE + kk * 16 * 128, BN * 128, 1024));
+                    ws_commit();
+                }
+                // Hand the turn over (consumer 1's last hand-over would have no taker).
+                if (cw == 0 || has_s) named_arrive(2 - cw, 256);
+                float alpha[2] = {1.f, 1.f};
+                if (has_s) {
+                    if (has_pv) ws_wait<1>();
+                    else ws_wait<0>();
+                    pin(acc_s);
+                    if (lane == 0) mbar_arrive(empty_k + 8 * s);
+                    const int n0 = j * BN;
+                    if (n0 + BN > Nkv || (causal && n0 + BN - 1 > m0 + cw * 64 + diag)) {
+#pragma unroll
+                        for (int nt = 0; nt < NS; ++nt)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) {
+                                const int key = n0 + nt * 8 + tq * 2 + (e & 1);
+                                const int i = row0 + (e >> 1) * 8;
+                                if (key >= Nkv || (causal && key > i + diag)) acc_s[nt][e] = TANDEM_NEG_INF;
+                            }
+                    }
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        float mx = m_r[r];
+#pragma unroll
+                        for (int nt = 0; nt < NS; ++nt) mx = fmaxf(mx, fmaxf(acc_s[nt][2 * r], acc_s[nt][2 * r + 1]));
+                        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                        const float m_use = mx == TANDEM_NEG_INF ? 0.f : mx;
+                        alpha[r] = fast_exp2((m_r[r] - m_use) * scale_log2);
+                        m_r[r] = mx;
+                        const float mb = m_use * scale_log2;
+                        float rs = 0.f;
+#pragma unroll
+                        for (int nt = 0; nt < NS; ++nt) {
+                            acc_s[nt][2 * r] = fast_exp2(fmaf(acc_s[nt][2 * r], scale_log2, -mb));
+                            acc_s[nt][2 * r + 1] = fast_exp2(fmaf(acc_s[nt][2 * r + 1], scale_log2, -mb));
+                            rs += acc_s[nt][2 * r] + acc_s[nt][2 * r + 1];
+                        }
+                        l_r[r] = l_r[r] * alpha[r] + rs;
+                    }
+                }
+                if (has_pv) {
+                    ws_wait<0>();
+                    pin(acc_o);
+                    pin(pa);
+                    if (lane == 0) mbar_arrive(empty_v + 8 * sp);
+                }
+                if (has_s) {
+#pragma unroll
+                    for (int dt = 0; dt < ND; ++dt) {
+                        acc_o[dt][0] *= alpha[0];
+                        acc_o[dt][1] *= alpha[0];
+                        acc_o[dt][2] *= alpha[1];
+                        acc_o[dt][3] *= alpha[1];
+                    }
+#pragma unroll
+                    for (int kk = 0; kk < BN / 16; ++kk) {
+                        pa[kk][0] = ws_pack<F16>(acc_s[2 * kk][0], acc_s[2 * kk][1]);
+                        pa[kk][1] = ws_pack<F16>(acc_s[2 * kk][2], acc_s[2 * kk][3]);
+                        pa[kk][2] = ws_pack<F16>(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]);
+                        pa[kk][3] = ws_pack<F16>(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3]);
+                    }
+                }
+            }
+        }
+        unsigned short* o = O + (u64_t)bh_q * Nq * D;
+        float* lse = LSE + (u64_t)bh_q * Nq;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float l = l_r[r];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const int i = row0 + r * 8;
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            if (i < Nq) {
+                unsigned short* orow = o + (u64_t)i * D;
+#pragma unroll
+                for (int dt = 0; dt < ND; ++dt)
+                    *(unsigned*)(orow + dt * 8 + tq * 2) =
+                        ws_pack<F16>(acc_o[dt][2 * r] * inv, acc_o[dt][2 * r + 1] * inv);
+                if (tq == 0)
+                    lse[i] = l > 0.f ? (m_r[r] * scale_log2 + __log2f(l)) * 0.69314718055994531f : TANDEM_NEG_INF;
+            }
+        }
+    }
+}
+
+#define WS_ENTRY(NAME, D, F16)                                                                        \
+    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) NAME(                                  \
+            const __grid_constant__ tma_map_t mq, const __grid_constant__ tma_map_t mk,                \
+            const __grid_constant__ tma_map_t mv, unsigned short* __restrict__ o, float* __restrict__ lse, \
+            int Hq, int Hkv, int Nq, int Nkv, float scale_log2, int causal) {                          \
+        attn_fwd_ws<D, F16>(&mq, &mk, &mv, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal);              \
+    }
+WS_ENTRY(mha_bf16_fwd_d64_ws, 64, false)
+WS_ENTRY(mha_bf16_fwd_d128_ws, 128, false)
+WS_ENTRY(mha_f16_fwd_d64_ws, 64, true)
+WS_ENTRY(mha_f16_fwd_d128_ws, 128, true)
