@@ -391,7 +391,8 @@ fn changed_weights_are_uploaded_again_never_served_stale() -> TestResult {
     let first = run_graph_with(&ex, &g, &reg, &o)?;
     ran_right(&first, &dev)?;
 
-    // Replace one weight through the graph.
+    // Replace one weight through the graph, keeping the old graph (and its data) alive.
+    let before = g.clone();
     let wq_bytes = g.constants["wq"].meta().bytes() as u64;
     let wq = g.constants["wq"].to_f32().mapv(|v| -2.0 * v);
     g.param("wq", Tensor::from_f32(wq));
@@ -403,6 +404,12 @@ fn changed_weights_are_uploaded_again_never_served_stale() -> TestResult {
     // The same as a run that never saw the old weights.
     let cold = run_graph_with(&Executor::new(), &g, &reg, &o)?;
     assert_eq!(output(&second, &reg)?, output(&cold, &reg)?);
+    // Both versions are resident side by side (as two layers with the same names would be).
+    let old_again = run_graph_with(&ex, &before, &reg, &o)?;
+    ran_right(&old_again, &dev)?;
+    assert_eq!(old_again.exec.resident_bytes(), 0);
+    assert_eq!(output(&old_again, &reg)?, output(&first, &reg)?);
+    drop(before);
 
     // Change another in place: Arc::make_mut moves the data to a new allocation.
     let down_bytes = g.constants["down"].meta().bytes() as u64;
