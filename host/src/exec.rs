@@ -67,7 +67,8 @@ pub struct NodeRun {
 /// The result of executing a graph.
 #[derive(Debug)]
 pub struct Execution {
-    /// Every tensor of the run, by name.
+    /// Every tensor of the run, by name. The parameters' buffers are the executor's resident
+    /// ones, shared with later executions: read them, never write them.
     pub buffers: BTreeMap<String, Arc<Buffer>>,
     /// Node runs in graph order.
     pub runs: Vec<NodeRun>,
