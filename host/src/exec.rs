@@ -52,8 +52,10 @@ pub struct NodeRun {
     pub start: Duration,
     /// Wall time of the launch and its wait (excludes input transfers).
     pub wall: Duration,
-    /// Wall time of moving its inputs to the device.
+    /// Wall time of moving its inputs to the device, resident parameters (weights) excluded.
     pub transfer: Duration,
+    /// Wall time of making its parameters resident on the device (zero where they were).
+    pub resident_transfer: Duration,
     /// Bytes moved to the device for its inputs, resident parameters (weights) excluded.
     pub transfer_bytes: u64,
     /// Bytes moved to the device to make its parameters (weights) resident there: non-zero
@@ -343,21 +345,22 @@ fn run_node(
             .get(n)
             .ok_or_else(|| Error::Internal(format!("no buffer '{n}'")))
     };
-    let t_in = Instant::now();
-    let mut transfer_bytes = 0u64;
-    let mut resident_bytes = 0u64;
+    let (mut transfer, mut resident_transfer) = (Duration::ZERO, Duration::ZERO);
+    let (mut transfer_bytes, mut resident_bytes) = (0u64, 0u64);
     let mut inputs = Vec::with_capacity(node.inputs.len());
     for name in &node.inputs {
+        let t_in = Instant::now();
         let (s, moved) = buf(name)?.acquire_counted(reg, device, Access::Read)?;
         let s = s.ok_or_else(|| Error::Internal(format!("'{name}' has no data on {device}")))?;
         if graph.is_param(name) {
+            resident_transfer += t_in.elapsed();
             resident_bytes += moved.uploaded + moved.peer;
         } else {
+            transfer += t_in.elapsed();
             transfer_bytes += moved.uploaded + moved.peer;
         }
         inputs.push(s);
     }
-    let transfer = t_in.elapsed();
     let refs: Vec<_> = inputs.iter().collect();
     let t0 = Instant::now();
     let launch = backend.launch(&node.op, &refs)?;
@@ -390,6 +393,7 @@ fn run_node(
         start: Duration::ZERO,
         wall,
         transfer,
+        resident_transfer,
         transfer_bytes,
         resident_bytes,
         fallback: None,

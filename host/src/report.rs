@@ -133,6 +133,7 @@ fn resident_line(r: &RunReport) -> Option<String> {
     let mb = |b: u64| b as f64 / 1e6;
     let timed: u64 = r.nodes.iter().map(|n| n.run.resident_bytes).sum();
     let up = r.weights_uploaded_bytes;
+    let timed_ms: f64 = r.nodes.iter().map(|n| ms(n.run.resident_transfer)).sum();
     if up == 0 {
         return (r.weights_resident_bytes > 0).then(|| {
             format!(
@@ -144,9 +145,9 @@ fn resident_line(r: &RunReport) -> Option<String> {
     let when = if timed == 0 {
         "during warm-up"
     } else if timed == up {
-        "in the timed run"
+        &format!("in the timed run, {timed_ms:.3} ms")
     } else {
-        "during warm-up and the timed run"
+        &format!("during warm-up and the timed run, {timed_ms:.3} ms of it")
     };
     Some(format!(
         "weights resident: {:.2} MB uploaded once ({when}; not in the transfers above)\n",
@@ -176,14 +177,15 @@ pub fn chrome_trace(r: &RunReport) -> serde_json::Value {
             events.push(serde_json::json!({
                 "ph": "X", "pid": 1, "tid": tid(&dev), "cat": "transfer",
                 "name": format!("{} inputs", n.run.node),
-                "ts": us(n.run.start), "dur": us(n.run.transfer),
+                "ts": us(n.run.start), "dur": us(n.run.transfer + n.run.resident_transfer),
                 "args": {"bytes": n.run.transfer_bytes, "weight_bytes": n.run.resident_bytes},
             }));
         }
         events.push(serde_json::json!({
             "ph": "X", "pid": 1, "tid": tid(&dev), "cat": n.run.op,
             "name": n.run.node,
-            "ts": us(n.run.start + n.run.transfer), "dur": us(n.run.wall),
+            "ts": us(n.run.start + n.run.transfer + n.run.resident_transfer),
+            "dur": us(n.run.wall),
             "args": {
                 "kernel": n.run.launch.kernel,
                 "device_ms": n.run.launch.device_time.map(|d| d.as_secs_f64() * 1e3),

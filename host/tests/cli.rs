@@ -126,7 +126,11 @@ fn run_json_has_every_node() {
     assert!(v["weights_uploaded_bytes"].as_u64().is_some());
     assert!(v["weights_resident_bytes"].as_u64().is_some());
     assert!(nodes.iter().all(|n| n["transfer_bytes"].as_u64().is_some()));
-    assert!(nodes.iter().all(|n| n["resident_bytes"].as_u64() == Some(0)));
+    assert!(
+        nodes
+            .iter()
+            .all(|n| n["resident_bytes"].as_u64() == Some(0))
+    );
 }
 
 #[test]
