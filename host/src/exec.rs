@@ -1,6 +1,7 @@
 //! The executor: a worker thread per device, nodes dispatched as their inputs become ready,
 //! transfers done by the worker of the device that needs the data (so they overlap with
-//! compute on the other devices), and failures re-planned onto the CPU.
+//! compute on the other devices), and failures re-planned onto the CPU. An [`Executor`] keeps
+//! the graph's parameters (weights) resident on the devices from one execution to the next.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::graph::Graph;
 use crate::memory::{Access, Buffer};
 use crate::plan::Plan;
+use crate::resident::ResidentCache;
 use crate::tensor::Tensor;
 
 /// Options of a run.
@@ -50,10 +52,16 @@ pub struct NodeRun {
     pub start: Duration,
     /// Wall time of the launch and its wait (excludes input transfers).
     pub wall: Duration,
-    /// Wall time of moving its inputs to the device.
+    /// Wall time of moving its inputs to the device, resident parameters (weights) excluded.
     pub transfer: Duration,
-    /// Bytes moved to the device for its inputs.
+    /// Wall time of making its parameters resident on the device (zero where they were).
+    pub resident_transfer: Duration,
+    /// Bytes moved to the device for its inputs, resident parameters (weights) excluded.
     pub transfer_bytes: u64,
+    /// Bytes moved to the device to make its parameters (weights) resident there: non-zero
+    /// only where a weight was not resident yet (first use on the device, changed weights, or
+    /// after the device failed).
+    pub resident_bytes: u64,
     /// Why it ran elsewhere than planned, if it did.
     pub fallback: Option<String>,
 }
@@ -61,12 +69,65 @@ pub struct NodeRun {
 /// The result of executing a graph.
 #[derive(Debug)]
 pub struct Execution {
-    /// Every tensor of the run, by name.
+    /// Every tensor of the run, by name. The parameters' buffers are the executor's resident
+    /// ones, shared with later executions: read them, never write them.
     pub buffers: BTreeMap<String, Arc<Buffer>>,
     /// Node runs in graph order.
     pub runs: Vec<NodeRun>,
     /// Wall time of the whole run.
     pub wall: Duration,
+}
+
+impl Execution {
+    /// Bytes uploaded in this execution to make parameters resident (see
+    /// [`NodeRun::resident_bytes`]).
+    pub fn resident_bytes(&self) -> u64 {
+        self.runs.iter().map(|r| r.resident_bytes).sum()
+    }
+
+    /// Bytes moved to devices for inputs other than resident parameters.
+    pub fn transfer_bytes(&self) -> u64 {
+        self.runs.iter().map(|r| r.transfer_bytes).sum()
+    }
+}
+
+/// Runs graphs, keeping their parameters (weights, [`Graph::params`]) resident on the devices
+/// across executions: the first execution that needs a weight on a device uploads it, later
+/// ones reuse that replica as long as the graph holds the same host data (replaced weights are
+/// uploaded again). Inputs and activations are moved on every execution. A device that fails
+/// (lost, or past its timeout) loses its resident replicas.
+#[derive(Debug, Default)]
+pub struct Executor {
+    resident: ResidentCache,
+}
+
+impl Executor {
+    /// An executor with nothing resident.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The resident parameter buffers (how many, how many bytes on devices).
+    pub fn resident(&self) -> &ResidentCache {
+        &self.resident
+    }
+
+    /// Drops every resident parameter: the next execution uploads the weights again. Device
+    /// memory is freed once no [`Execution`] still holds the buffers.
+    pub fn evict_resident(&self) {
+        self.resident.clear();
+    }
+
+    /// Runs `graph` as `plan` places it.
+    pub fn execute(
+        &self,
+        graph: &Graph,
+        plan: &Plan,
+        reg: &DeviceRegistry,
+        opts: &ExecOptions,
+    ) -> Result<Execution> {
+        execute_with(graph, plan, reg, opts, &self.resident)
+    }
 }
 
 struct Job {
@@ -79,17 +140,34 @@ struct Done {
     result: Result<NodeRun>,
 }
 
-/// Runs `graph` as `plan` places it.
+/// Runs `graph` as `plan` places it, on an [`Executor`] of its own: nothing stays resident
+/// afterwards, so every call uploads the weights again.
 pub fn execute(
     graph: &Graph,
     plan: &Plan,
     reg: &DeviceRegistry,
     opts: &ExecOptions,
 ) -> Result<Execution> {
+    Executor::new().execute(graph, plan, reg, opts)
+}
+
+fn execute_with(
+    graph: &Graph,
+    plan: &Plan,
+    reg: &DeviceRegistry,
+    opts: &ExecOptions,
+    resident: &ResidentCache,
+) -> Result<Execution> {
     let metas = graph.validate()?;
+    resident.prune();
     let mut buffers: BTreeMap<String, Arc<Buffer>> = BTreeMap::new();
     for (name, t) in &graph.constants {
-        buffers.insert(name.clone(), Arc::new(Buffer::from_host(name, t.clone())));
+        let b = if graph.is_param(name) {
+            resident.buffer(name, t)
+        } else {
+            Arc::new(Buffer::from_host(name, (**t).clone()))
+        };
+        buffers.insert(name.clone(), b);
     }
     for node in &graph.nodes {
         for o in &node.outputs {
@@ -168,6 +246,15 @@ pub fn execute(
                 }
                 Err(e) => {
                     let dev = device_of[d.index];
+                    let lost = matches!(
+                        e.kind(),
+                        ErrorKind::DeviceLost | ErrorKind::DeadlineExceeded
+                    );
+                    if lost && dev != DeviceId::CPU {
+                        // Its resident replicas may be gone or half-written: upload again.
+                        let n = resident.forget_device(dev);
+                        tracing::debug!(%dev, replicas = n, "dropped resident weights");
+                    }
                     let recoverable = matches!(
                         e.kind(),
                         ErrorKind::Unavailable
@@ -178,10 +265,7 @@ pub fn execute(
                     );
                     if opts.fallback && recoverable && dev != DeviceId::CPU {
                         tracing::warn!(node = %graph.nodes[d.index].name, %dev, error = %e, "re-planning onto the CPU");
-                        if matches!(
-                            e.kind(),
-                            ErrorKind::DeviceLost | ErrorKind::DeadlineExceeded
-                        ) {
+                        if lost {
                             failed_devices.insert(dev, e.to_string());
                         }
                         fallback_note.insert(d.index, format!("{dev} failed: {e}"));
@@ -261,20 +345,22 @@ fn run_node(
             .get(n)
             .ok_or_else(|| Error::Internal(format!("no buffer '{n}'")))
     };
-    let t_in = Instant::now();
-    let mut transfer_bytes = 0u64;
+    let (mut transfer, mut resident_transfer) = (Duration::ZERO, Duration::ZERO);
+    let (mut transfer_bytes, mut resident_bytes) = (0u64, 0u64);
     let mut inputs = Vec::with_capacity(node.inputs.len());
     for name in &node.inputs {
-        let b = buf(name)?;
-        let before = b.stats();
-        let s = b
-            .acquire(reg, device, Access::Read)?
-            .ok_or_else(|| Error::Internal(format!("'{name}' has no data on {device}")))?;
-        let after = b.stats();
-        transfer_bytes += (after.uploaded - before.uploaded) + (after.peer - before.peer);
+        let t_in = Instant::now();
+        let (s, moved) = buf(name)?.acquire_counted(reg, device, Access::Read)?;
+        let s = s.ok_or_else(|| Error::Internal(format!("'{name}' has no data on {device}")))?;
+        if graph.is_param(name) {
+            resident_transfer += t_in.elapsed();
+            resident_bytes += moved.uploaded + moved.peer;
+        } else {
+            transfer += t_in.elapsed();
+            transfer_bytes += moved.uploaded + moved.peer;
+        }
         inputs.push(s);
     }
-    let transfer = t_in.elapsed();
     let refs: Vec<_> = inputs.iter().collect();
     let t0 = Instant::now();
     let launch = backend.launch(&node.op, &refs)?;
@@ -307,7 +393,9 @@ fn run_node(
         start: Duration::ZERO,
         wall,
         transfer,
+        resident_transfer,
         transfer_bytes,
+        resident_bytes,
         fallback: None,
     })
 }

@@ -1,6 +1,7 @@
 //! The workload DAG: ops over named tensors.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::ops::Op;
@@ -24,8 +25,14 @@ pub struct Node {
 pub struct Graph {
     /// Nodes in execution order.
     pub nodes: Vec<Node>,
-    /// Tensors given from outside (inputs and weights).
-    pub constants: BTreeMap<String, Tensor>,
+    /// Tensors given from outside: the per-run inputs and the parameters (weights). Held in an
+    /// `Arc`, so a graph clones cheaply and an executor can tell whether a parameter's host data
+    /// is the very data it uploaded before (see [`crate::resident`]).
+    pub constants: BTreeMap<String, Arc<Tensor>>,
+    /// Names of the constants that are parameters (weights): never written by any node and the
+    /// same from run to run, so an [`crate::exec::Executor`] keeps them resident on the devices.
+    /// The other constants are inputs, uploaded on every run.
+    pub params: BTreeSet<String>,
     /// Names of the tensors the workload produces.
     pub outputs: Vec<String>,
 }
@@ -47,15 +54,40 @@ impl Graph {
         outputs
     }
 
-    /// Adds a constant tensor.
+    /// Adds (or replaces) a per-run input tensor.
     pub fn constant(&mut self, name: &str, t: Tensor) -> String {
-        self.constants.insert(name.to_string(), t);
+        self.constants.insert(name.to_string(), Arc::new(t));
+        self.params.remove(name);
         name.to_string()
     }
 
-    /// Checks that every node reads only tensors defined before it, that names are unique,
-    /// and that every op accepts its inputs; returns the meta of every tensor.
+    /// Adds (or replaces) a parameter (a weight), which executors keep resident on devices.
+    /// Replacing it gives it a new identity, so a resident copy of the old data is never used.
+    pub fn param(&mut self, name: &str, t: Tensor) -> String {
+        self.constants.insert(name.to_string(), Arc::new(t));
+        self.params.insert(name.to_string());
+        name.to_string()
+    }
+
+    /// Whether `name` is a parameter (a weight) rather than an input or an op's output.
+    pub fn is_param(&self, name: &str) -> bool {
+        self.params.contains(name)
+    }
+
+    /// Checks that every parameter has data, that every node reads only tensors defined before
+    /// it, that names are unique, and that every op accepts its inputs; returns the meta of
+    /// every tensor.
     pub fn validate(&self) -> Result<BTreeMap<String, TensorMeta>> {
+        if let Some(p) = self
+            .params
+            .iter()
+            .find(|p| !self.constants.contains_key(*p))
+        {
+            return Err(Error::invalid(
+                "workload",
+                format!("parameter '{p}' has no data (it is not among the constants)"),
+            ));
+        }
         let mut metas: BTreeMap<String, TensorMeta> = self
             .constants
             .iter()

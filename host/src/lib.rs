@@ -5,8 +5,9 @@
 //! The layers, bottom up: [`dtype`] and [`tensor`] (host data), [`ops`] (validation, CPU and
 //! f64 reference of each op), [`backend`] (one module per device kind behind the
 //! [`backend::Backend`] trait), [`memory`] (buffers with per-device replicas), [`graph`] and
-//! [`workload`] (the DAG of ops), [`plan`] (where each op runs), [`exec`] (running the plan),
-//! [`verify`] (errors against the f64 reference) and [`report`].
+//! [`workload`] (the DAG of ops), [`plan`] (where each op runs), [`exec`] (running the plan;
+//! [`resident`] keeps weights on the devices between runs), [`verify`] (errors against the
+//! f64 reference) and [`report`].
 
 pub mod backend;
 pub mod dtype;
@@ -18,6 +19,7 @@ pub mod memory;
 pub mod ops;
 pub mod plan;
 pub mod report;
+pub mod resident;
 pub mod run;
 pub mod sync;
 pub mod tensor;

@@ -123,10 +123,22 @@ impl Buffer {
         device: DeviceId,
         access: Access,
     ) -> Result<Option<DeviceStorage>> {
+        self.acquire_counted(reg, device, access).map(|(s, _)| s)
+    }
+
+    /// [`Buffer::acquire`], also returning the copies this call made (and only this call:
+    /// other threads acquiring the same buffer at the same time are not counted in it).
+    pub fn acquire_counted(
+        &self,
+        reg: &DeviceRegistry,
+        device: DeviceId,
+        access: Access,
+    ) -> Result<(Option<DeviceStorage>, TransferStats)> {
+        let mut moved = TransferStats::default();
         let mut s = self.lock();
         if access == Access::Write {
             s.valid = vec![device];
-            return Ok(s.by_device.get(&device).cloned());
+            return Ok((s.by_device.get(&device).cloned(), moved));
         }
         if s.valid.is_empty() {
             return Err(Error::Internal(format!(
@@ -135,14 +147,33 @@ impl Buffer {
             )));
         }
         if !s.valid.contains(&device) {
-            let storage = self.migrate(reg, &s, device)?;
-            s.by_device.insert(device, storage);
+            let storage = self.migrate(reg, &s, device, &mut moved);
+            {
+                // Copies that completed are counted even when a later step failed.
+                let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+                stats.uploaded += moved.uploaded;
+                stats.downloaded += moved.downloaded;
+                stats.peer += moved.peer;
+            }
+            s.by_device.insert(device, storage?);
             s.valid.push(device);
         }
         if access == Access::ReadWrite {
             s.valid = vec![device];
         }
-        Ok(s.by_device.get(&device).cloned())
+        Ok((s.by_device.get(&device).cloned(), moved))
+    }
+
+    /// Forgets the replica on `device` (after the device failed, or to free its memory), unless
+    /// it is the only valid one. Returns whether a replica was dropped. The device memory is
+    /// freed once no launch in flight holds the storage any more.
+    pub fn drop_replica(&self, device: DeviceId) -> bool {
+        let mut s = self.lock();
+        if s.valid.iter().all(|d| *d == device) {
+            return false;
+        }
+        s.valid.retain(|d| *d != device);
+        s.by_device.remove(&device).is_some()
     }
 
     /// The current data as a host tensor (downloading if no host replica is valid).
@@ -153,20 +184,26 @@ impl Buffer {
         reg.cpu().download(&st)
     }
 
-    fn migrate(&self, reg: &DeviceRegistry, s: &Replicas, to: DeviceId) -> Result<DeviceStorage> {
+    /// Makes a replica on `to` from a valid one; `moved` counts each copy once it completed.
+    fn migrate(
+        &self,
+        reg: &DeviceRegistry,
+        s: &Replicas,
+        to: DeviceId,
+        moved: &mut TransferStats,
+    ) -> Result<DeviceStorage> {
         let backend = |id: DeviceId| {
             reg.get(id)
                 .ok_or_else(|| Error::Internal(format!("device {id} is not in the registry")))
         };
         let dst = backend(to)?;
         let bytes = self.meta.bytes() as u64;
-        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
         // Direct peer copy between devices of one kind, where the backend offers it.
         for v in &s.valid {
             if v.kind == to.kind && *v != to {
                 if let Some(src) = s.by_device.get(v) {
                     if let Some(out) = dst.copy_peer(src)? {
-                        stats.peer += bytes;
+                        moved.peer += bytes;
                         return Ok(out);
                     }
                 }
@@ -181,14 +218,16 @@ impl Buffer {
                     .by_device
                     .get(&from)
                     .ok_or_else(|| Error::Internal(format!("no replica on {from}")))?;
-                stats.downloaded += bytes;
-                backend(from)?.download(src)?
+                let host = backend(from)?.download(src)?;
+                moved.downloaded += bytes;
+                host
             }
         };
         if to == DeviceId::CPU {
             return reg.cpu().upload(&host);
         }
-        stats.uploaded += bytes;
-        dst.upload(&host)
+        let out = dst.upload(&host)?;
+        moved.uploaded += bytes;
+        Ok(out)
     }
 }

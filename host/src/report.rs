@@ -33,6 +33,12 @@ pub struct RunReport {
     pub nodes: Vec<NodeReport>,
     /// Wall time of the whole run, seconds.
     pub wall_s: f64,
+    /// Weight bytes uploaded to devices by the warm-up and timed executions to make them
+    /// resident (once per device; the nodes' `transfer_bytes` leave them out, their
+    /// `resident_bytes` say which of them the timed execution moved).
+    pub weights_uploaded_bytes: u64,
+    /// Weight bytes resident on devices other than the host after the run.
+    pub weights_resident_bytes: u64,
     /// The layer output against the f64 reference chain.
     pub output_rel_error: Option<f64>,
     /// Router load-balancing loss of the run.
@@ -99,6 +105,9 @@ pub fn table(r: &RunReport) -> String {
         xfer,
         xfer_b as f64 / 1e6
     ));
+    if let Some(w) = resident_line(r) {
+        s.push_str(&w);
+    }
     if let Some(e) = r.output_rel_error {
         s.push_str(&format!("layer output vs f64 reference: {e:.2e}\n"));
     }
@@ -119,6 +128,33 @@ pub fn table(r: &RunReport) -> String {
     s
 }
 
+/// The line on resident weights, where there are any.
+fn resident_line(r: &RunReport) -> Option<String> {
+    let mb = |b: u64| b as f64 / 1e6;
+    let timed: u64 = r.nodes.iter().map(|n| n.run.resident_bytes).sum();
+    let up = r.weights_uploaded_bytes;
+    let timed_ms: f64 = r.nodes.iter().map(|n| ms(n.run.resident_transfer)).sum();
+    if up == 0 {
+        return (r.weights_resident_bytes > 0).then(|| {
+            format!(
+                "weights resident: {:.2} MB, uploaded before this run\n",
+                mb(r.weights_resident_bytes)
+            )
+        });
+    }
+    let when = if timed == 0 {
+        "during warm-up"
+    } else if timed == up {
+        &format!("in the timed run, {timed_ms:.3} ms")
+    } else {
+        &format!("during warm-up and the timed run, {timed_ms:.3} ms of it")
+    };
+    Some(format!(
+        "weights resident: {:.2} MB uploaded once ({when}; not in the transfers above)\n",
+        mb(up)
+    ))
+}
+
 /// The run as a Chrome / Perfetto trace (JSON "traceEvents"): one track per device, a slice
 /// per op and per input transfer. Open it in ui.perfetto.dev or chrome://tracing.
 pub fn chrome_trace(r: &RunReport) -> serde_json::Value {
@@ -137,18 +173,19 @@ pub fn chrome_trace(r: &RunReport) -> serde_json::Value {
         .collect();
     for n in &r.nodes {
         let dev = n.run.device.to_string();
-        if n.run.transfer_bytes > 0 {
+        if n.run.transfer_bytes + n.run.resident_bytes > 0 {
             events.push(serde_json::json!({
                 "ph": "X", "pid": 1, "tid": tid(&dev), "cat": "transfer",
                 "name": format!("{} inputs", n.run.node),
-                "ts": us(n.run.start), "dur": us(n.run.transfer),
-                "args": {"bytes": n.run.transfer_bytes},
+                "ts": us(n.run.start), "dur": us(n.run.transfer + n.run.resident_transfer),
+                "args": {"bytes": n.run.transfer_bytes, "weight_bytes": n.run.resident_bytes},
             }));
         }
         events.push(serde_json::json!({
             "ph": "X", "pid": 1, "tid": tid(&dev), "cat": n.run.op,
             "name": n.run.node,
-            "ts": us(n.run.start + n.run.transfer), "dur": us(n.run.wall),
+            "ts": us(n.run.start + n.run.transfer + n.run.resident_transfer),
+            "dur": us(n.run.wall),
             "args": {
                 "kernel": n.run.launch.kernel,
                 "device_ms": n.run.launch.device_time.map(|d| d.as_secs_f64() * 1e3),

@@ -3,7 +3,7 @@
 
 use crate::backend::DeviceRegistry;
 use crate::error::Result;
-use crate::exec::{ExecOptions, Execution, execute};
+use crate::exec::{ExecOptions, Execution, Executor};
 use crate::graph::Graph;
 use crate::plan::{BackendChoice, History, Plan, plan_with_history};
 use crate::report::{NodeReport, RunReport};
@@ -24,7 +24,8 @@ pub struct RunOptions {
     /// Name of the workload, for the report.
     pub workload: String,
     /// Untimed executions before the measured one (first-use costs: kernel compilation, plan
-    /// and handle creation, simulator model loads stay out of the figures).
+    /// and handle creation, simulator model loads, and the upload of the weights, which stay
+    /// resident, are kept out of the figures).
     pub warmup: usize,
     /// Measured times: used by the planner, and the run's own times are added to it.
     pub history: Option<std::sync::Arc<std::sync::Mutex<History>>>,
@@ -42,7 +43,19 @@ pub struct RunOutcome {
 }
 
 /// Plans `graph` over `reg`, executes it, checks it against the f64 reference and reports.
+/// The weights are uploaded once, by the first (warm-up) execution, and stay resident for the
+/// others; they are dropped when the call returns (see [`run_graph_with`] to keep them).
 pub fn run_graph(graph: &Graph, reg: &DeviceRegistry, opts: &RunOptions) -> Result<RunOutcome> {
+    run_graph_with(&Executor::new(), graph, reg, opts)
+}
+
+/// [`run_graph`] on `executor`, whose resident weights are used and kept for later calls.
+pub fn run_graph_with(
+    executor: &Executor,
+    graph: &Graph,
+    reg: &DeviceRegistry,
+    opts: &RunOptions,
+) -> Result<RunOutcome> {
     let metas = graph.validate()?;
     let plan = match &opts.history {
         Some(h) => {
@@ -51,10 +64,14 @@ pub fn run_graph(graph: &Graph, reg: &DeviceRegistry, opts: &RunOptions) -> Resu
         }
         None => plan_with_history(graph, reg, opts.backend, None)?,
     };
+    let mut weights_uploaded = 0u64;
     for _ in 0..opts.warmup {
-        execute(graph, &plan, reg, &opts.exec)?;
+        weights_uploaded += executor
+            .execute(graph, &plan, reg, &opts.exec)?
+            .resident_bytes();
     }
-    let exec = execute(graph, &plan, reg, &opts.exec)?;
+    let exec = executor.execute(graph, &plan, reg, &opts.exec)?;
+    weights_uploaded += exec.resident_bytes();
     if let Some(h) = &opts.history {
         let mut h = h.lock().unwrap_or_else(|e| e.into_inner());
         for (node, run) in graph.nodes.iter().zip(&exec.runs) {
@@ -133,6 +150,8 @@ pub fn run_graph(graph: &Graph, reg: &DeviceRegistry, opts: &RunOptions) -> Resu
         devices,
         nodes,
         wall_s: exec.wall.as_secs_f64(),
+        weights_uploaded_bytes: weights_uploaded,
+        weights_resident_bytes: executor.resident().device_bytes(),
         output_rel_error,
         aux_loss: scalar(".aux_loss")?,
         z_loss: scalar(".z_loss")?,

@@ -456,7 +456,7 @@ pub fn mixtral_layer(
     let mut g = Graph::default();
     g.constant("x", round(&x));
     for (name, t) in w.all() {
-        g.constant(name, round(t));
+        g.param(name, round(t));
     }
     let lin = Op::Linear(LinearParams {
         act: Activation::None,

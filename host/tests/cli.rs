@@ -122,6 +122,15 @@ fn run_json_has_every_node() {
     assert_eq!(nodes.len(), 17);
     assert!(v["output_rel_error"].as_f64().is_some_and(|e| e < 1e-5));
     assert!(nodes.iter().all(|n| n["kernel"].as_str().is_some()));
+    // The warm-up run made the weights resident wherever they went: the timed run moved none.
+    assert!(v["weights_uploaded_bytes"].as_u64().is_some());
+    assert!(v["weights_resident_bytes"].as_u64().is_some());
+    assert!(nodes.iter().all(|n| n["transfer_bytes"].as_u64().is_some()));
+    assert!(
+        nodes
+            .iter()
+            .all(|n| n["resident_bytes"].as_u64() == Some(0))
+    );
 }
 
 #[test]

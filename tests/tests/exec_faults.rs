@@ -1,6 +1,8 @@
 //! The executor and `Buffer` with devices that misbehave: a device that fails every launch,
 //! one that never completes (timeout), and a healthy second device (data migrates through
-//! host memory and is counted). Results must stay right and say where they ran.
+//! host memory and is counted). Results must stay right and say where they ran. Weights stay
+//! resident on the device between executions of one `Executor`, are uploaded again when their
+//! host data changes, and a device failure leaves no replica from before it in use.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -8,10 +10,10 @@ use std::time::Duration;
 use tandem::backend::{
     Backend, DeviceId, DeviceInfo, DeviceKind, DeviceStorage, Launch, LaunchInfo, Support,
 };
-use tandem::exec::ExecOptions;
+use tandem::exec::{ExecOptions, Executor};
 use tandem::memory::{Access, Buffer};
 use tandem::plan::BackendChoice;
-use tandem::run::{RunOptions, run_graph};
+use tandem::run::{RunOptions, RunOutcome, run_graph, run_graph_with};
 use tandem::sync::{Completion, Fence};
 use tandem::workload::{self, MixtralConfig};
 use tandem::{DType, DeviceRegistry, Error, Op, Result, Tensor, TensorMeta};
@@ -21,21 +23,47 @@ use tandem_tests::TestResult;
 enum Mode {
     /// Runs ops with the CPU code, storing tensors as its own replicas.
     Healthy,
-    /// Every launch fails as a lost device would.
+    /// Every launch fails as a lost device would, and the device is reset: data stored on it
+    /// before is gone.
     Fails,
+    /// Every upload fails as a lost device would (launches work).
+    UploadFails,
     /// Launches never complete.
     Hangs,
+}
+
+/// What the test device stores: the data and the reset epoch it was stored in.
+#[derive(Debug)]
+struct Stored {
+    epoch: u64,
+    tensor: Tensor,
 }
 
 /// A test device that claims to be very fast, so the planner gives it every op.
 #[derive(Debug)]
 struct TestDevice {
     info: DeviceInfo,
-    mode: Mode,
+    mode: Mutex<Mode>,
     launches: Mutex<usize>,
+    /// Bytes the device received from the host.
+    uploaded: Mutex<u64>,
+    /// Resets so far; storage from an earlier epoch is gone.
+    epoch: Mutex<u64>,
+}
+
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl TestDevice {
+    fn set_mode(&self, mode: Mode) {
+        *locked(&self.mode) = mode;
+    }
+
+    fn uploaded(&self) -> u64 {
+        *locked(&self.uploaded)
+    }
+
     fn new(mode: Mode) -> Arc<Self> {
         Arc::new(Self {
             info: DeviceInfo {
@@ -50,9 +78,18 @@ impl TestDevice {
                 compute_dtype: DType::F32,
                 details: Vec::new(),
             },
-            mode,
+            mode: Mutex::new(mode),
             launches: Mutex::new(0),
+            uploaded: Mutex::new(0),
+            epoch: Mutex::new(0),
         })
+    }
+
+    fn lost(&self) -> Error {
+        Error::Device {
+            device: self.id().to_string(),
+            msg: "test error 'LOST' (1): the device fell off the bus".into(),
+        }
     }
 }
 
@@ -64,29 +101,48 @@ impl Backend for TestDevice {
         Support::Native
     }
     fn upload(&self, host: &Tensor) -> Result<DeviceStorage> {
-        Ok(DeviceStorage::new(self.id(), host.meta(), host.clone()))
+        if *locked(&self.mode) == Mode::UploadFails {
+            return Err(self.lost());
+        }
+        *locked(&self.uploaded) += host.meta().bytes() as u64;
+        let stored = Stored {
+            epoch: *locked(&self.epoch),
+            tensor: host.clone(),
+        };
+        Ok(DeviceStorage::new(self.id(), host.meta(), stored))
     }
     fn download(&self, s: &DeviceStorage) -> Result<Tensor> {
-        s.downcast::<Tensor>()
-            .cloned()
-            .ok_or_else(|| Error::Internal("foreign storage".into()))
+        let stored = s
+            .downcast::<Stored>()
+            .ok_or_else(|| Error::Internal("foreign storage".into()))?;
+        let epoch = *locked(&self.epoch);
+        if stored.epoch != epoch {
+            // A real device would hand back garbage; make the use of lost data a hard error.
+            return Err(Error::Internal(format!(
+                "{} read storage from before its reset (epoch {} != {epoch})",
+                self.id(),
+                stored.epoch
+            )));
+        }
+        Ok(stored.tensor.clone())
     }
     fn launch(&self, op: &Op, inputs: &[&DeviceStorage]) -> Result<Launch> {
         *self
             .launches
             .lock()
             .map_err(|_| Error::Internal("lock".into()))? += 1;
-        match self.mode {
-            Mode::Fails => Err(Error::Device {
-                device: self.id().to_string(),
-                msg: "test error 'LOST' (1): the device fell off the bus".into(),
-            }),
+        let mode = *locked(&self.mode);
+        match mode {
+            Mode::Fails => {
+                *locked(&self.epoch) += 1;
+                Err(self.lost())
+            }
             Mode::Hangs => Ok(Launch {
                 outputs: Vec::new(),
                 done: Completion::new(Fence::new(), 1),
                 info: Arc::new(Mutex::new(LaunchInfo::default())),
             }),
-            Mode::Healthy => {
+            Mode::Healthy | Mode::UploadFails => {
                 let ts: Vec<Tensor> = inputs
                     .iter()
                     .map(|s| self.download(s))
@@ -96,7 +152,10 @@ impl Backend for TestDevice {
                 Ok(Launch {
                     outputs: outs
                         .into_iter()
-                        .map(|t| DeviceStorage::new(self.id(), t.meta(), t))
+                        .map(|t| {
+                            let epoch = *locked(&self.epoch);
+                            DeviceStorage::new(self.id(), t.meta(), Stored { epoch, tensor: t })
+                        })
                         .collect(),
                     done: Completion::done(),
                     info: Arc::new(Mutex::new(LaunchInfo {
@@ -220,11 +279,227 @@ fn healthy_second_device_runs_everything_and_data_migrates() -> TestResult {
             .iter()
             .all(|n| n.run.launch.kernel.ends_with("_test"))
     );
-    // Constants were uploaded once each; intermediate tensors never came back to the host
-    // until the check read them.
-    let uploaded: u64 = out.report.nodes.iter().map(|n| n.run.transfer_bytes).sum();
-    let constants: u64 = g.constants.values().map(|t| t.meta().bytes() as u64).sum();
-    assert_eq!(uploaded, constants);
+    // Constants were uploaded once each (the weights counted apart, as made resident);
+    // intermediate tensors never came back to the host until the check read them.
+    assert_eq!(out.exec.transfer_bytes(), input_bytes(&g));
+    assert_eq!(out.exec.resident_bytes(), weight_bytes(&g));
+    assert_eq!(dev.uploaded(), input_bytes(&g) + weight_bytes(&g));
+    assert!(out.report.output_rel_error.unwrap_or(1.0) < 1e-5);
+    Ok(())
+}
+
+/// Bytes of the graph's weights.
+fn weight_bytes(g: &tandem::graph::Graph) -> u64 {
+    g.params
+        .iter()
+        .map(|p| g.constants[p].meta().bytes() as u64)
+        .sum()
+}
+
+/// Bytes of the graph's per-run inputs.
+fn input_bytes(g: &tandem::graph::Graph) -> u64 {
+    g.constants
+        .iter()
+        .filter(|(n, _)| !g.is_param(n))
+        .map(|(_, t)| t.meta().bytes() as u64)
+        .sum()
+}
+
+fn output(out: &RunOutcome, reg: &DeviceRegistry) -> Result<Tensor> {
+    out.exec.buffers[workload::OUTPUT].to_host(reg)
+}
+
+/// Every node ran on `dev`, and the layer output is within f32 rounding of the f64 chain.
+fn ran_right(out: &RunOutcome, dev: &TestDevice) -> TestResult {
+    for n in &out.report.nodes {
+        assert_eq!(n.run.device, dev.id(), "{} ran elsewhere", n.run.node);
+    }
+    let e = out.report.output_rel_error.ok_or("no output error")?;
+    assert!(e < 1e-5, "layer output rel. error {e:.2e}");
+    Ok(())
+}
+
+#[test]
+fn weights_stay_resident_between_executions() -> TestResult {
+    let dev = TestDevice::new(Mode::Healthy);
+    let reg = with(dev.clone());
+    let g = small_layer()?;
+    assert_eq!(g.params.len(), 9);
+    assert!(!g.is_param("x"));
+    let ex = Executor::new();
+    let o = opts(Duration::from_secs(10));
+    let first = run_graph_with(&ex, &g, &reg, &o)?;
+    ran_right(&first, &dev)?;
+    assert_eq!(first.exec.resident_bytes(), weight_bytes(&g));
+    assert_eq!(first.report.weights_uploaded_bytes, weight_bytes(&g));
+    assert_eq!(first.report.weights_resident_bytes, weight_bytes(&g));
+    assert_eq!(ex.resident().device_bytes(), weight_bytes(&g));
+    let after_first = dev.uploaded();
+
+    // The second execution moves the input again, and no weight byte.
+    let second = run_graph_with(&ex, &g, &reg, &o)?;
+    ran_right(&second, &dev)?;
+    assert_eq!(second.exec.resident_bytes(), 0);
+    assert_eq!(second.report.weights_uploaded_bytes, 0);
+    assert_eq!(second.exec.transfer_bytes(), input_bytes(&g));
+    assert_eq!(dev.uploaded() - after_first, input_bytes(&g));
+    assert_eq!(output(&second, &reg)?, output(&first, &reg)?);
+    assert!(tandem::report::table(&second.report).contains("uploaded before this run"));
+
+    // Evicting drops them: the next execution uploads them again.
+    ex.evict_resident();
+    assert!(ex.resident().is_empty());
+    let third = run_graph_with(&ex, &g, &reg, &o)?;
+    ran_right(&third, &dev)?;
+    assert_eq!(third.exec.resident_bytes(), weight_bytes(&g));
+    Ok(())
+}
+
+#[test]
+fn warmup_uploads_the_weights_and_the_timed_run_does_not() -> TestResult {
+    let dev = TestDevice::new(Mode::Healthy);
+    let reg = with(dev.clone());
+    let g = small_layer()?;
+    let mut o = opts(Duration::from_secs(10));
+    o.warmup = 1;
+    let out = run_graph(&g, &reg, &o)?;
+    ran_right(&out, &dev)?;
+    assert_eq!(out.exec.resident_bytes(), 0);
+    assert_eq!(out.exec.transfer_bytes(), input_bytes(&g));
+    assert_eq!(out.report.weights_uploaded_bytes, weight_bytes(&g));
+    // Two executions, the weights uploaded by the first only.
+    assert_eq!(dev.uploaded(), 2 * input_bytes(&g) + weight_bytes(&g));
+    let table = tandem::report::table(&out.report);
+    let line = format!(
+        "weights resident: {:.2} MB uploaded once (during warm-up",
+        weight_bytes(&g) as f64 / 1e6
+    );
+    assert!(table.contains(&line), "{table}");
+    let json = serde_json::to_value(&out.report)?;
+    assert_eq!(json["weights_uploaded_bytes"], weight_bytes(&g));
+    assert_eq!(json["nodes"][1]["resident_bytes"], 0);
+    Ok(())
+}
+
+#[test]
+fn changed_weights_are_uploaded_again_never_served_stale() -> TestResult {
+    let dev = TestDevice::new(Mode::Healthy);
+    let reg = with(dev.clone());
+    let mut g = small_layer()?;
+    let ex = Executor::new();
+    let o = opts(Duration::from_secs(10));
+    let first = run_graph_with(&ex, &g, &reg, &o)?;
+    ran_right(&first, &dev)?;
+
+    // Replace one weight through the graph, keeping the old graph (and its data) alive.
+    let before = g.clone();
+    let wq_bytes = g.constants["wq"].meta().bytes() as u64;
+    let wq = g.constants["wq"].to_f32().mapv(|v| -2.0 * v);
+    g.param("wq", Tensor::from_f32(wq));
+    let second = run_graph_with(&ex, &g, &reg, &o)?;
+    // ran_right checks against the f64 chain of the new weights: stale ones would be far off.
+    ran_right(&second, &dev)?;
+    assert_eq!(second.exec.resident_bytes(), wq_bytes);
+    assert_ne!(output(&second, &reg)?, output(&first, &reg)?);
+    // The same as a run that never saw the old weights.
+    let cold = run_graph_with(&Executor::new(), &g, &reg, &o)?;
+    assert_eq!(output(&second, &reg)?, output(&cold, &reg)?);
+    // Both versions are resident side by side (as two layers with the same names would be).
+    let old_again = run_graph_with(&ex, &before, &reg, &o)?;
+    ran_right(&old_again, &dev)?;
+    assert_eq!(old_again.exec.resident_bytes(), 0);
+    assert_eq!(output(&old_again, &reg)?, output(&first, &reg)?);
+    drop(before);
+
+    // Change another in place: Arc::make_mut moves the data to a new allocation.
+    let down_bytes = g.constants["down"].meta().bytes() as u64;
+    let down = Arc::make_mut(g.constants.get_mut("down").ok_or("no down")?);
+    *down = Tensor::from_f32(down.to_f32().mapv(|v| v * 0.5));
+    let third = run_graph_with(&ex, &g, &reg, &o)?;
+    ran_right(&third, &dev)?;
+    assert_eq!(third.exec.resident_bytes(), down_bytes);
+    // The replaced weights' entries are gone, not kept on the device.
+    assert_eq!(ex.resident().len(), g.params.len());
+    assert_eq!(ex.resident().device_bytes(), weight_bytes(&g));
+
+    // A clone of the graph shares the host data, and so the resident weights.
+    let fourth = run_graph_with(&ex, &g.clone(), &reg, &o)?;
+    assert_eq!(fourth.exec.resident_bytes(), 0);
+    Ok(())
+}
+
+#[test]
+fn a_device_failure_leaves_no_stale_resident_weights() -> TestResult {
+    let dev = TestDevice::new(Mode::Healthy);
+    let reg = with(dev.clone());
+    let g = small_layer()?;
+    let ex = Executor::new();
+    let o = opts(Duration::from_secs(10));
+    let first = run_graph_with(&ex, &g, &reg, &o)?;
+    ran_right(&first, &dev)?;
+
+    // The device is lost on its first launch and reset: what it held is gone. The run
+    // falls back to the CPU and stays right.
+    dev.set_mode(Mode::Fails);
+    let lost = run_graph_with(&ex, &g, &reg, &o)?;
+    assert!(
+        lost.report
+            .nodes
+            .iter()
+            .all(|n| n.run.device == DeviceId::CPU)
+    );
+    assert!(lost.report.output_rel_error.unwrap_or(1.0) < 1e-5);
+    assert_eq!(ex.resident().device_bytes(), 0);
+
+    // Back to health: the weights are uploaded again (the old replicas would fail to read).
+    dev.set_mode(Mode::Healthy);
+    let again = run_graph_with(&ex, &g, &reg, &o)?;
+    ran_right(&again, &dev)?;
+    assert_eq!(again.exec.resident_bytes(), weight_bytes(&g));
+    assert_eq!(output(&again, &reg)?, output(&first, &reg)?);
+    Ok(())
+}
+
+#[test]
+fn a_failed_upload_leaves_no_resident_entry_behind() -> TestResult {
+    let dev = TestDevice::new(Mode::UploadFails);
+    let reg = with(dev.clone());
+    let g = small_layer()?;
+    let ex = Executor::new();
+    let o = opts(Duration::from_secs(10));
+    let failed = run_graph_with(&ex, &g, &reg, &o)?;
+    assert!(
+        failed
+            .report
+            .nodes
+            .iter()
+            .all(|n| n.run.device == DeviceId::CPU)
+    );
+    assert!(failed.report.output_rel_error.unwrap_or(1.0) < 1e-5);
+    assert_eq!(failed.report.weights_uploaded_bytes, 0);
+    assert_eq!(ex.resident().device_bytes(), 0);
+
+    dev.set_mode(Mode::Healthy);
+    let ok = run_graph_with(&ex, &g, &reg, &o)?;
+    ran_right(&ok, &dev)?;
+    assert_eq!(ok.exec.resident_bytes(), weight_bytes(&g));
+    assert_eq!(dev.uploaded(), input_bytes(&g) + weight_bytes(&g));
+    Ok(())
+}
+
+#[test]
+fn without_a_second_device_nothing_is_resident_off_the_host() -> TestResult {
+    let reg = DeviceRegistry::cpu_only();
+    let g = small_layer()?;
+    let ex = Executor::new();
+    let mut o = opts(Duration::from_secs(10));
+    o.backend = BackendChoice::Only(tandem::DeviceKind::Cpu);
+    o.warmup = 1;
+    let out = run_graph_with(&ex, &g, &reg, &o)?;
+    assert_eq!(out.exec.transfer_bytes(), 0);
+    assert_eq!(out.report.weights_uploaded_bytes, 0);
+    assert_eq!(out.report.weights_resident_bytes, 0);
+    assert!(!tandem::report::table(&out.report).contains("weights resident"));
     assert!(out.report.output_rel_error.unwrap_or(1.0) < 1e-5);
     Ok(())
 }
