@@ -161,8 +161,9 @@ int main() {
         {1, 72, 24, 4, 1, 16, 0, 0},     // T = 1
         {70, 136, 88, 3, 1, 16, 1, 0},   // one expert takes every token (k = 1)
         {33, 64, 48, 4, 4, 5, 0, 0},     // k = E, block size 5 (tiles straddle blocks)
-        {300, 64, 72, 8, 2, 16, 0, 3},   // several m-tiles per expert, idle experts likely no; drops
+        {300, 64, 72, 8, 2, 16, 0, 3},   // several m-tiles per expert; 3 slots dropped
         {9, 48, 136, 16, 2, 1, 0, 0},    // idle experts, block size 1, F > one n-tile
+        {45, 80, 56, 4, 2, 64, 0, 0},    // block 64: tiles of padding only (tile s: BM 32)
     };
     int fails = 0;
     const char* lim = std::getenv("EMU_CASES");

@@ -7,6 +7,7 @@
 // result in one of the two modes.
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -34,6 +35,18 @@ alignas(16) unsigned char moe_smem[256 * 1024];
 std::barrier<>* emu_block_bar = nullptr;
 std::barrier<>* emu_warp_bar[32] = {};
 inline void __syncthreads() { emu_block_bar->arrive_and_wait(); }
+std::atomic<int> emu_count{0};
+// Number of threads with pred != 0 (two barriers: everyone added, then everyone read, before
+// thread 0 resets the counter for the next call).
+inline int __syncthreads_count(int pred) {
+    if (pred) emu_count.fetch_add(1);
+    emu_block_bar->arrive_and_wait();
+    const int n = emu_count.load();
+    emu_block_bar->arrive_and_wait();
+    if (threadIdx.x == 0) emu_count.store(0);
+    emu_block_bar->arrive_and_wait();
+    return n;
+}
 
 inline unsigned short bf16_bits(float f) {  // round to nearest even
     unsigned u;

@@ -187,6 +187,7 @@ __device__ __forceinline__ void moe_gemm(const typename Tr::T* __restrict__ A, c
     const int row0 = soff[e] + (local % cnt) * BM;
     const int row_end = min(row0 + BM, soff[e + 1]);
 
+    int real = 0;  // rows of this tile holding a slot, counted per thread
     for (int r = threadIdx.x; r < BM; r += NT) {
         const int p = row0 + r;
         int s = -1;
@@ -194,6 +195,7 @@ __device__ __forceinline__ void moe_gemm(const typename Tr::T* __restrict__ A, c
             const int v = sorted[p];
             if (v >= 0 && v < slots) s = v;
         }
+        real += s >= 0;
         if (SWIGLU) {
             s_arow[r] = s >= 0 ? s / topk : -1;
             s_crow[r] = s >= 0 ? p : -1;
@@ -202,7 +204,8 @@ __device__ __forceinline__ void moe_gemm(const typename Tr::T* __restrict__ A, c
             s_crow[r] = s;
         }
     }
-    __syncthreads();
+    // a tile of padding only (routing blocks longer than BM) has nothing to compute or store
+    if (__syncthreads_count(real) == 0) return;
 
     // this thread's 16-byte chunks: the same rows and column in every k-tile
     const int kc = (threadIdx.x % CPR) * 8;
