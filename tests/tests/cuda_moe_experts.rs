@@ -245,7 +245,10 @@ fn run_cases(tag: &str, cases: &[Case]) {
                     );
                     assert!(!kernel.contains("cublaslt"), "{kernel}");
                 }
-                _ => assert!(kernel.contains("cublaslt"), "expected cuBLASLt, ran {kernel}"),
+                _ => assert!(
+                    kernel.contains("cublaslt"),
+                    "expected cuBLASLt, ran {kernel}"
+                ),
             }
             check("y", &out[0], &want[0], BF16_TOL);
         }

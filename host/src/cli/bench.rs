@@ -340,7 +340,11 @@ fn make_inputs(op: &Op, metas: &[TensorMeta], seed: u64) -> anyhow::Result<Vec<T
 fn counted_bytes(op: &Op, metas: &[TensorMeta], storage: DType) -> (f64, &'static str) {
     match op {
         Op::MoeExperts(_) => {
-            let size = if storage.size() < 4 { storage.size() } else { 4 };
+            let size = if storage.size() < 4 {
+                storage.size()
+            } else {
+                4
+            };
             let w = metas[5].numel() + metas[6].numel();
             ((w * size) as f64, "expert weights")
         }

@@ -155,7 +155,9 @@ fn grouped_fits(s: &ExpertsShape) -> std::result::Result<(), String> {
     }
     for t in MOE_TILES {
         let (g1, g2) = grids(s, t);
-        if g1.max(g2) > i32::MAX as usize || s.t * s.k > i32::MAX as usize || s.p > i32::MAX as usize
+        if g1.max(g2) > i32::MAX as usize
+            || s.t * s.k > i32::MAX as usize
+            || s.p > i32::MAX as usize
         {
             return Err(format!(
                 "{} tokens x top-{} need more than 2^31 blocks for the grouped kernels",
