@@ -25,6 +25,8 @@
 // expert's tokens. Blocks past the last tile return at once (the grid is sized for the worst
 // case, P/BM + E tiles, because the host does not read the offsets).
 // Requirements (checked by the host): H % 8 == 0 and F % 8 == 0 (16-byte rows for cp.async).
+// gpu-kernels/emu/run.sh runs these kernels on the CPU (threads and barriers standing in for the
+// PTX between "element types" and "1. tile map") against an f64 reference.
 
 #define MOE_MAP_THREADS 256
 

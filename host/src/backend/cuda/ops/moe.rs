@@ -454,3 +454,59 @@ fn experts_blaslt(
         "moe_gather_bf16+cublaslt_bf16_gemm(x{gemms})+moe_swiglu_bf16+cublaslt_bf16_gemm(x{gemms})+moe_inverse_i32+moe_combine_bf16"
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(t: usize, h: usize, f: usize, e: usize, k: usize) -> ExpertsShape {
+        let p = MoeRouteParams {
+            top_k: k,
+            renormalize: true,
+            block_size: 16,
+        }
+        .padded_len(t, e);
+        ExpertsShape { t, h, e, k, f, p }
+    }
+
+    #[test]
+    fn grids_cover_the_worst_case_tiles() {
+        let s = shape(4096, 4096, 14336, 8, 2);
+        assert_eq!(s.p, 8320);
+        let l = tile("l").expect("tile l");
+        // 65 full tiles of 128 rows + one partial tile per expert; 64 SwiGLU columns and 128
+        // down columns per block
+        assert_eq!(grids(&s, l), (73 * 224, 73 * 32));
+        let st = tile("s").expect("tile s");
+        assert_eq!(grids(&s, st), ((260 + 8) * 224, (260 + 8) * 32));
+    }
+
+    #[test]
+    fn shapes_off_multiples_of_8_take_the_cublaslt_path() {
+        assert!(grouped_fits(&shape(64, 4096, 14336, 8, 2)).is_ok());
+        let why = grouped_fits(&shape(20, 60, 36, 4, 2)).expect_err("H 60 is not a multiple of 8");
+        assert!(why.contains("multiples of 8"), "{why}");
+        if std::env::var_os("TANDEM_MOE_EXPERTS").is_none() {
+            assert_eq!(
+                ExpertsPath::select(&shape(20, 60, 36, 4, 2)).0,
+                ExpertsPath::Blaslt
+            );
+        }
+    }
+
+    #[test]
+    fn the_default_tile_follows_the_rows_per_expert() {
+        if std::env::var_os("TANDEM_MOE_EXPERTS").is_some()
+            || std::env::var_os("TANDEM_MOE_TILE").is_some()
+        {
+            return;
+        }
+        let pick = |t| match ExpertsPath::select(&shape(t, 4096, 14336, 8, 2)).0 {
+            ExpertsPath::Grouped(tile) => tile.name,
+            ExpertsPath::Blaslt => "blaslt",
+        };
+        assert_eq!(pick(64), "s");
+        assert_eq!(pick(256), "m");
+        assert_eq!(pick(4096), "l");
+    }
+}
