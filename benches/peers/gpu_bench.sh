@@ -2,6 +2,9 @@
 # One device call: `tandem bench` and PyTorch (torch_peers.py) on the same shapes, side by side.
 # Usage on the GPU machine, from the repo root:  benches/peers/gpu_bench.sh [quick]
 # Writes the tandem JSON to /tmp/tandem-bench and prints a table of RESULT lines last.
+# ONLY=moe runs the MoE experts pairs alone; MOE_PATHS (default "grouped blaslt") picks the
+# experts paths timed (TANDEM_MOE_EXPERTS), MOE_TILES (default "default") the grouped tiles
+# (TANDEM_MOE_TILE: l, m, s, or default for the op's own choice).
 set -o pipefail
 T=${TANDEM:-.gpu/bin/tandem}
 W=/tmp/tandem-bench
@@ -17,6 +20,23 @@ pair() { # label, then the bench arguments shared by both
     echo "tandem bench $label failed:"; tail -5 "$W/$label.err"
   fi
 }
+moe_pairs() {
+  local X="moe-experts --hidden 4096 --ffn 14336 --experts 8 --top-k 2"
+  for path in ${MOE_PATHS:-grouped blaslt}; do
+    export TANDEM_MOE_EXPERTS=$path
+    for tile in ${MOE_TILES:-default}; do
+      if [ "$path" = blaslt ] && [ "$tile" != default ]; then continue; fi
+      if [ "$tile" = default ]; then unset TANDEM_MOE_TILE; else export TANDEM_MOE_TILE=$tile; fi
+      local tag=$path; [ "$tile" != default ] && tag="$path-$tile"
+      pair "moe-x-t4096-$tag" $X --tokens 4096
+      pair "moe-x-t64-$tag" $X --tokens 64
+    done
+  done
+  unset TANDEM_MOE_EXPERTS TANDEM_MOE_TILE
+}
+if [ "${ONLY:-}" = moe ]; then
+  moe_pairs
+else
 A="attention --batch 4 --heads 32 --head-dim 128"
 for v in ${ATTN_VARIANTS:-m2}; do
   export TANDEM_ATTN_VARIANT=$v
@@ -32,13 +52,15 @@ pair linear linear --m 8192 --n 8192 --k 8192 --act gelu
 pair moe-route moe-route --tokens 16384 --experts 64 --top-k 8
 pair rmsnorm rmsnorm --rows 16384 --cols 8192
 pair rope rope --batch 4 --heads 32 --seq-len 4096 --head-dim 128
+moe_pairs
+fi
 echo "== summary (ratio = torch time / tandem time)"
 python3 - "$W/results" <<'PY'
 import json, sys
 for line in open(sys.argv[1]):
     label, js = line.split(" ", 1)
     r = json.loads(js)
-    print(f"{label:18} {r['shape']:40} tandem {r['tandem_ms']:8.3f} ms  torch {r['torch_ms']:8.3f} ms  "
+    print(f"{label:22} {r['shape']:40} tandem {r['tandem_ms']:8.3f} ms  torch {r['torch_ms']:8.3f} ms  "
           f"ratio {r['ratio']:5.2f}  TF/s {r['tandem_tflops']:6.1f} vs {r['torch_tflops']:6.1f}  "
           f"GB/s {r['tandem_gbps']:7.1f} vs {r['torch_gbps']:7.1f}")
 PY

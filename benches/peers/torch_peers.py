@@ -6,7 +6,11 @@
 
 Peers: attention = F.scaled_dot_product_attention (bf16, the backend PyTorch picks, bottom-right
 causal mask); linear = F.linear + GELU(tanh) (or relu/silu); moe-route = softmax, topk,
-renormalise, bincount, stable argsort, block-padded offsets, aux and z losses; rmsnorm =
+renormalise, bincount, stable argsort, block-padded offsets, aux and z losses; moe-experts =
+gather x by the expert-sorted slots, grouped GEMM gate/up (F.grouped_mm / torch._grouped_mm, the
+CUTLASS grouped kernel on sm_90; a loop of F.linear over the experts where it is missing), SiLU *
+up, grouped GEMM down, scale by the routing weights and un-permute, sum of each token's k rows
+(routing made before the timed region, as tandem's op takes it as input); rmsnorm =
 F.rms_norm; rope = x*cos + rotate_half(x)*sin with cos/sin precomputed. Timing: CUDA events
 around each call after warm-up, inputs rotated among several sets, median. The ratio printed is
 PyTorch time / tandem time (above 1: tandem is faster).
@@ -23,7 +27,7 @@ import torch.nn.functional as F
 
 def parse():
     p = argparse.ArgumentParser()
-    p.add_argument("op", choices=["attention", "moe-route", "linear", "rmsnorm", "rope"])
+    p.add_argument("op", choices=["attention", "moe-route", "moe-experts", "linear", "rmsnorm", "rope"])
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int)
@@ -31,9 +35,11 @@ def parse():
     p.add_argument("--kv-len", type=int)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--causal", action="store_true")
-    p.add_argument("--tokens", type=int, default=16384)
-    p.add_argument("--experts", type=int, default=64)
-    p.add_argument("--top-k", type=int, default=8)
+    p.add_argument("--tokens", type=int)
+    p.add_argument("--experts", type=int)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--ffn", type=int, default=14336)
     p.add_argument("--m", type=int, default=8192)
     p.add_argument("--n", type=int, default=8192)
     p.add_argument("--k", type=int, default=8192)
@@ -46,6 +52,77 @@ def parse():
     p.add_argument("--sets", type=int)
     p.add_argument("--tandem-json", help="output of `tandem bench ... --json` to compare with")
     return p.parse_args()
+
+
+def grouped_mm_fn():
+    """(function, name): F.grouped_mm (public in recent torch) or torch._grouped_mm, else (None, None)."""
+    if hasattr(F, "grouped_mm"):
+        return F.grouped_mm, "F.grouped_mm"
+    if hasattr(torch, "_grouped_mm"):
+        return torch._grouped_mm, "torch._grouped_mm"
+    return None, None
+
+
+def moe_experts_peer(a, dev, bf, rnd, g):
+    t, h, f, e, k = a.tokens, a.hidden, a.ffn, a.experts, a.top_k
+    in_bytes = 2 * (t * h + e * 3 * h * f)
+
+    def make_set():
+        x = rnd(t, h)
+        logits = torch.rand(t, e, device=dev, generator=g) * 6 - 3
+        w, ids = torch.topk(torch.softmax(logits, -1), k, dim=-1)
+        w = (w / w.sum(-1, keepdim=True)).to(bf)
+        flat = ids.flatten()
+        order = torch.argsort(flat, stable=True)          # slots sorted by expert
+        counts = torch.bincount(flat, minlength=e)
+        offs = torch.cumsum(counts, 0).to(torch.int32)    # group ends
+        tok = (order // k).contiguous()                   # token of each sorted slot
+        wsorted = w.flatten()[order].contiguous()
+        gate_up = rnd(e, 2 * f, h, scale=1 / math.sqrt(h))
+        down = rnd(e, h, f, scale=1 / math.sqrt(f))
+        return (x, tok, order, wsorted, offs, counts.tolist(), gate_up, down)
+
+    sets = [make_set() for _ in range(n_sets(a, in_bytes))]
+    gmm, gmm_name = grouped_mm_fn()
+
+    def unpermute(o, order, wsorted):
+        slots = torch.empty(t * k, h, dtype=bf, device=dev)
+        slots[order] = o * wsorted[:, None]
+        return slots.view(t, k, h).sum(1)
+
+    def fn_grouped(x, tok, order, wsorted, offs, counts, gate_up, down):
+        xs = x.index_select(0, tok)
+        gu = gmm(xs, gate_up.transpose(-2, -1), offs=offs)
+        act = F.silu(gu[:, :f]) * gu[:, f:]
+        o = gmm(act, down.transpose(-2, -1), offs=offs)
+        return unpermute(o, order, wsorted)
+
+    def fn_loop(x, tok, order, wsorted, offs, counts, gate_up, down):
+        xs = x.index_select(0, tok)
+        o = torch.empty(t * k, h, dtype=bf, device=dev)
+        s = 0
+        for i, c in enumerate(counts):
+            if c:
+                gu = F.linear(xs[s:s + c], gate_up[i])
+                o[s:s + c] = F.linear(F.silu(gu[:, :f]) * gu[:, f:], down[i])
+            s += c
+        return unpermute(o, order, wsorted)
+
+    fn, what = fn_loop, "loop over experts: F.linear, silu, F.linear"
+    if gmm is not None:
+        try:
+            yg = fn_grouped(*sets[0])
+            yl = fn_loop(*sets[0])
+            err = ((yg.float() - yl.float()).norm() / yl.float().norm()).item()
+            print(f"  peer check: grouped_mm vs loop rel err {err:.2e}")
+            if err < 2e-2:
+                fn, what = fn_grouped, f"{gmm_name} (grouped GEMM), silu, un-permute"
+        except Exception as ex:  # report, then use the loop
+            print(f"  grouped_mm unavailable here ({type(ex).__name__}: {ex}); using the loop")
+    flops = 2.0 * t * k * 3 * h * f
+    nbytes = 2.0 * e * 3 * h * f  # expert weights, as tandem counts for this op
+    shape = f"T{t} H{h} F{f} E{e} k{k}"
+    return fn, sets, flops, nbytes, shape, what
 
 
 def bench(fn, sets, iters, warmup):
@@ -105,8 +182,13 @@ def main():
         nbytes = in_bytes + 2 * m * n
         shape = f"M{m} N{n} K{k} {a.act}{'' if a.no_bias else '+bias'}"
         what = f"F.linear + {a.act}"
+    elif a.op == "moe-experts":
+        a.tokens = a.tokens or 4096
+        a.experts = a.experts or 8
+        a.top_k = a.top_k or 2
+        fn, sets, flops, nbytes, shape, what = moe_experts_peer(a, dev, bf, rnd, g)
     elif a.op == "moe-route":
-        t, e, k = a.tokens, a.experts, a.top_k
+        t, e, k = a.tokens or 16384, a.experts or 64, a.top_k or 8
         bs = 16
         in_bytes = 2 * t * e
         sets = [(rnd(t, e, scale=3.0),) for _ in range(n_sets(a, in_bytes))]

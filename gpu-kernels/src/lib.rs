@@ -31,11 +31,14 @@ pub enum Module {
     /// Hopper forward in FlashAttention-3's structure (sm_90a only): a TMA producer warp and
     /// two consumer warpgroups taking turns on wgmma (`_ws`).
     AttentionSm90aWs,
+    /// MoE experts as grouped GEMMs on mma.sync over the routing's padded permutation: tile
+    /// map, gate/up GEMM with fused SwiGLU, down GEMM, weighted combine (bf16 and f16).
+    MoeExpertsSm80,
 }
 
 impl Module {
     /// Every module.
-    pub const ALL: [Module; 7] = [
+    pub const ALL: [Module; 8] = [
         Module::Elementwise,
         Module::Norm,
         Module::Rope,
@@ -43,6 +46,7 @@ impl Module {
         Module::AttentionSm80,
         Module::AttentionSm90a,
         Module::AttentionSm90aWs,
+        Module::MoeExpertsSm80,
     ];
 
     /// Short name (used in cache file names and logs).
@@ -55,6 +59,7 @@ impl Module {
             Module::AttentionSm80 => "attention_sm80",
             Module::AttentionSm90a => "attention_sm90a",
             Module::AttentionSm90aWs => "attention_sm90a_ws",
+            Module::MoeExpertsSm80 => "moe_experts_sm80",
         }
     }
 
@@ -68,6 +73,7 @@ impl Module {
             Module::AttentionSm80 => "sm80/attention.cu",
             Module::AttentionSm90a => "sm90a/attention.cu",
             Module::AttentionSm90aWs => "sm90a/attention_ws.cu",
+            Module::MoeExpertsSm80 => "sm80/moe_experts.cu",
         }
     }
 
@@ -81,6 +87,7 @@ impl Module {
             Module::AttentionSm80 => include_str!("cuda/sm80/attention.cu"),
             Module::AttentionSm90a => include_str!("cuda/sm90a/attention.cu"),
             Module::AttentionSm90aWs => include_str!("cuda/sm90a/attention_ws.cu"),
+            Module::MoeExpertsSm80 => include_str!("cuda/sm80/moe_experts.cu"),
         }
     }
 
@@ -190,6 +197,23 @@ impl Module {
                 "mha_f16_fwd_d64_ws",
                 "mha_f16_fwd_d128_ws",
             ],
+            Module::MoeExpertsSm80 => &[
+                "moe_tile_map",
+                "moe_gemm_swiglu_bf16_l",
+                "moe_gemm_swiglu_bf16_m",
+                "moe_gemm_swiglu_bf16_s",
+                "moe_gemm_down_bf16_l",
+                "moe_gemm_down_bf16_m",
+                "moe_gemm_down_bf16_s",
+                "moe_gemm_swiglu_f16_l",
+                "moe_gemm_swiglu_f16_m",
+                "moe_gemm_swiglu_f16_s",
+                "moe_gemm_down_f16_l",
+                "moe_gemm_down_f16_m",
+                "moe_gemm_down_f16_s",
+                "moe_combine_slots_bf16",
+                "moe_combine_slots_f16",
+            ],
         }
     }
 
@@ -235,6 +259,68 @@ pub fn attention_ws_smem(d: usize) -> usize {
 
 /// 16-byte vectors per thread of `rmsnorm_bf16` (RMS_VPT in norm.cu).
 pub const RMSNORM_VECTORS_PER_THREAD: usize = 4;
+/// Threads of the one block of `moe_tile_map` (MOE_MAP_THREADS in moe_experts.cu).
+pub const MOE_TILE_MAP_THREADS: u32 = 256;
+
+/// A tile shape of the grouped MoE GEMMs (one `MOE_GEMM_ENTRY` line per GEMM and precision in
+/// moe_experts.cu; a test checks they agree).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeTile {
+    /// Suffix of the entry points (`moe_gemm_swiglu_bf16_{name}`, `moe_gemm_down_bf16_{name}`).
+    pub name: &'static str,
+    /// Permuted rows per block (one expert's).
+    pub block_m: usize,
+    /// Weight rows per block: output columns for the down GEMM; gate and up rows (half each)
+    /// for the SwiGLU GEMM, so `block_n / 2` output columns there.
+    pub block_n: usize,
+    /// Depth of a k-tile.
+    pub block_k: usize,
+    /// Warps along M and along N.
+    pub warps: (usize, usize),
+    /// k-tiles in flight (cp.async stages).
+    pub stages: usize,
+}
+
+impl MoeTile {
+    /// Threads per block.
+    pub const fn threads(&self) -> u32 {
+        (32 * self.warps.0 * self.warps.1) as u32
+    }
+
+    /// Dynamic shared memory per block, bytes (rows padded to block_k + 8 elements).
+    pub const fn shared_bytes(&self) -> usize {
+        self.stages * (self.block_m + self.block_n) * (self.block_k + 8) * 2
+    }
+}
+
+/// The tiles of the grouped MoE GEMMs: `l` for many tokens per expert, `m`, and `s` for
+/// decode-sized batches (few rows per expert: the weights stream through deep k-tiles).
+pub const MOE_TILES: [MoeTile; 3] = [
+    MoeTile {
+        name: "l",
+        block_m: 128,
+        block_n: 128,
+        block_k: 32,
+        warps: (2, 2),
+        stages: 4,
+    },
+    MoeTile {
+        name: "m",
+        block_m: 64,
+        block_n: 128,
+        block_k: 32,
+        warps: (2, 2),
+        stages: 4,
+    },
+    MoeTile {
+        name: "s",
+        block_m: 32,
+        block_n: 128,
+        block_k: 64,
+        warps: (1, 4),
+        stages: 4,
+    },
+];
 
 #[cfg(test)]
 mod tests {
@@ -249,7 +335,8 @@ mod tests {
                     || src.contains(&format!("ATT_ENTRY({e},"))
                     || src.contains(&format!("WG_ENTRY({e},"))
                     || src.contains(&format!("WG2_ENTRY({e},"))
-                    || src.contains(&format!("WS_ENTRY({e},"));
+                    || src.contains(&format!("WS_ENTRY({e},"))
+                    || src.contains(&format!("MOE_GEMM_ENTRY({e},"));
                 assert!(defined, "{e} not found in {}", m.path());
                 assert_eq!(Module::of_kernel(e), Some(m));
             }
@@ -270,6 +357,28 @@ mod tests {
         assert!(ws.contains("#define WS_BN 128"));
         assert!(ws.contains("#define WS_THREADS 384"));
         assert!(ws.contains("BYTES = BARS + 128 + 1024"));
+        assert!(
+            Module::MoeExpertsSm80
+                .body()
+                .contains(&format!("#define MOE_MAP_THREADS {MOE_TILE_MAP_THREADS}"))
+        );
+    }
+
+    #[test]
+    fn moe_tiles_match_the_entry_points() {
+        let src = Module::MoeExpertsSm80.body();
+        for t in MOE_TILES {
+            for (prec, traits) in [("bf16", "MoeBf16"), ("f16", "MoeF16")] {
+                for (gemm, swiglu) in [("swiglu", true), ("down", false)] {
+                    let line = format!(
+                        "MOE_GEMM_ENTRY(moe_gemm_{gemm}_{prec}_{}, {traits}, {}, {}, {}, {}, {}, {}, {swiglu})",
+                        t.name, t.block_m, t.block_n, t.block_k, t.warps.0, t.warps.1, t.stages
+                    );
+                    assert!(src.contains(&line), "missing: {line}");
+                }
+            }
+            assert!(t.shared_bytes() <= 227 * 1024);
+        }
     }
 
     #[test]

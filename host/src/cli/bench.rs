@@ -18,7 +18,8 @@ use rayon::prelude::*;
 use serde_json::json;
 use tandem::backend::{Backend, DeviceKind, DeviceStorage};
 use tandem::ops::{
-    Activation, AttentionParams, LinearParams, MoeRouteParams, RmsNormParams, RopeParams,
+    Activation, AttentionParams, LinearParams, MoeExpertsParams, MoeRouteParams, RmsNormParams,
+    RopeParams,
 };
 use tandem::{DType, DeviceRegistry, Op, Tensor, TensorMeta};
 
@@ -29,6 +30,9 @@ pub enum BenchOp {
     Attention,
     /// MoE routing: top-k softmax and the align/permute.
     MoeRoute,
+    /// MoE experts: SwiGLU FFN of each token's top-k experts, weighted sum (routing made on the
+    /// host beforehand, block size 16).
+    MoeExperts,
     /// Fused linear: act(x W^T + b).
     Linear,
     /// RMSNorm.
@@ -67,15 +71,21 @@ pub struct BenchArgs {
     /// Attention: bottom-right causal mask.
     #[arg(long)]
     pub causal: bool,
-    /// MoE routing: tokens.
-    #[arg(long, default_value_t = 16384)]
-    pub tokens: usize,
-    /// MoE routing: experts.
-    #[arg(long, default_value_t = 64)]
-    pub experts: usize,
-    /// MoE routing: experts per token.
-    #[arg(long, default_value_t = 8)]
-    pub top_k: usize,
+    /// MoE: tokens (default 16384 for moe-route, 4096 for moe-experts).
+    #[arg(long)]
+    pub tokens: Option<usize>,
+    /// MoE: experts (default 64 for moe-route, 8 for moe-experts).
+    #[arg(long)]
+    pub experts: Option<usize>,
+    /// MoE: experts per token (default 8 for moe-route, 2 for moe-experts).
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// MoE experts: hidden size.
+    #[arg(long, default_value_t = 4096)]
+    pub hidden: usize,
+    /// MoE experts: FFN size of one expert.
+    #[arg(long, default_value_t = 14336)]
+    pub ffn: usize,
     /// Linear: rows of x.
     #[arg(long, default_value_t = 8192)]
     pub m: usize,
@@ -111,7 +121,31 @@ pub struct BenchArgs {
     pub json: bool,
 }
 
+/// Routing block size of the MoE benches (the workload's and vLLM's default).
+const MOE_BLOCK: usize = 16;
+
 impl BenchArgs {
+    /// (tokens, experts, top-k) with the op's defaults.
+    fn moe(&self) -> (usize, usize, usize) {
+        let (t, e, k) = match self.op {
+            BenchOp::MoeExperts => (4096, 8, 2),
+            _ => (16384, 64, 8),
+        };
+        (
+            self.tokens.unwrap_or(t),
+            self.experts.unwrap_or(e),
+            self.top_k.unwrap_or(k),
+        )
+    }
+
+    fn route_params(&self) -> MoeRouteParams {
+        MoeRouteParams {
+            top_k: self.moe().2,
+            renormalize: true,
+            block_size: MOE_BLOCK,
+        }
+    }
+
     /// The op and its input metas.
     pub fn problem(&self) -> (Op, Vec<TensorMeta>) {
         let f = |s: Vec<usize>| TensorMeta::new(s, DType::F32);
@@ -132,14 +166,27 @@ impl BenchArgs {
                     ],
                 )
             }
-            BenchOp::MoeRoute => (
-                Op::MoeRoute(MoeRouteParams {
-                    top_k: self.top_k,
-                    renormalize: true,
-                    block_size: 16,
-                }),
-                vec![f(vec![self.tokens, self.experts])],
-            ),
+            BenchOp::MoeRoute => {
+                let (t, e, _) = self.moe();
+                (Op::MoeRoute(self.route_params()), vec![f(vec![t, e])])
+            }
+            BenchOp::MoeExperts => {
+                let (t, e, k) = self.moe();
+                let (h, ffn) = (self.hidden, self.ffn);
+                let i = |s: Vec<usize>| TensorMeta::new(s, DType::I32);
+                (
+                    Op::MoeExperts(MoeExpertsParams {}),
+                    vec![
+                        f(vec![t, h]),
+                        i(vec![t, k]),
+                        f(vec![t, k]),
+                        i(vec![self.route_params().padded_len(t, e)]),
+                        i(vec![e + 1]),
+                        f(vec![e, 2 * ffn, h]),
+                        f(vec![e, h, ffn]),
+                    ],
+                )
+            }
             BenchOp::Linear => {
                 let mut v = vec![f(vec![self.m, self.k]), f(vec![self.n, self.k])];
                 if !self.no_bias {
@@ -180,7 +227,14 @@ impl BenchArgs {
                 self.head_dim,
                 if self.causal { " causal" } else { "" }
             ),
-            BenchOp::MoeRoute => format!("T{} E{} k{}", self.tokens, self.experts, self.top_k),
+            BenchOp::MoeRoute => {
+                let (t, e, k) = self.moe();
+                format!("T{t} E{e} k{k}")
+            }
+            BenchOp::MoeExperts => {
+                let (t, e, k) = self.moe();
+                format!("T{t} H{} F{} E{e} k{k}", self.hidden, self.ffn)
+            }
             BenchOp::Linear => format!(
                 "M{} N{} K{} {:?}{}",
                 self.m,
@@ -226,29 +280,76 @@ fn pick(name: Option<&str>, reg: &DeviceRegistry) -> anyhow::Result<std::sync::A
     bail!("backend {} is not available: {why}", kind.name())
 }
 
-/// Random inputs for one set: floats uniform in [-1, 1) (scaled for matrix operands), made in
-/// parallel chunks so large problems are quick to set up.
+/// A random f32 tensor uniform in [-scale, scale), made in parallel chunks so large problems
+/// are quick to set up.
+fn random(shape: &[usize], scale: f32, seed: u64) -> anyhow::Result<Tensor> {
+    let n: usize = shape.iter().product();
+    let mut v = vec![0f32; n];
+    v.par_chunks_mut(1 << 16).enumerate().for_each(|(c, ch)| {
+        let mut r = ChaCha8Rng::seed_from_u64(seed ^ c as u64);
+        for x in ch {
+            *x = r.gen_range(-1.0f32..1.0) * scale;
+        }
+    });
+    Tensor::from_vec_f32(shape, v).context("making inputs")
+}
+
+/// Random inputs for one set: floats uniform in [-1, 1) (scaled for matrix operands, 1/sqrt of
+/// the reduced size). The experts' routing inputs come from routing random logits on the host.
 fn make_inputs(op: &Op, metas: &[TensorMeta], seed: u64) -> anyhow::Result<Vec<Tensor>> {
+    let seed_of = |i: usize| seed ^ ((i as u64) << 40);
+    if let Op::MoeExperts(_) = op {
+        let (t, k) = (metas[1].shape[0], metas[1].shape[1]);
+        let e = metas[5].shape[0];
+        let route = MoeRouteParams {
+            top_k: k,
+            renormalize: true,
+            block_size: MOE_BLOCK,
+        };
+        let logits = random(&[t, e], 3.0, seed_of(9))?;
+        let r = Op::MoeRoute(route)
+            .run_cpu(&[&logits])
+            .context("routing the bench tokens")?;
+        let (h, f) = (metas[0].shape[1], metas[6].shape[2]);
+        return Ok(vec![
+            random(&metas[0].shape, 1.0, seed_of(0))?,
+            r[0].clone(),
+            r[1].clone(),
+            r[3].clone(),
+            r[4].clone(),
+            random(&metas[5].shape, 1.0 / (h as f32).sqrt(), seed_of(5))?,
+            random(&metas[6].shape, 1.0 / (f as f32).sqrt(), seed_of(6))?,
+        ]);
+    }
     metas
         .iter()
         .enumerate()
         .map(|(i, m)| {
-            let n = m.numel();
             let scale = match (op, i) {
                 (Op::Linear(_), 1) => 1.0 / (m.shape[1] as f32).sqrt(),
                 (Op::MoeRoute(_), _) => 3.0,
                 _ => 1.0,
             };
-            let mut v = vec![0f32; n];
-            v.par_chunks_mut(1 << 16).enumerate().for_each(|(c, ch)| {
-                let mut r = ChaCha8Rng::seed_from_u64(seed ^ ((i as u64) << 40) ^ c as u64);
-                for x in ch {
-                    *x = r.gen_range(-1.0f32..1.0) * scale;
-                }
-            });
-            Tensor::from_vec_f32(&m.shape, v).context("making inputs")
+            random(&m.shape, scale, seed_of(i))
         })
         .collect()
+}
+
+/// Bytes the figure of merit counts: the expert weights for moe-experts (what a decode step
+/// must stream), else every input and output once at the device's storage precision.
+fn counted_bytes(op: &Op, metas: &[TensorMeta], storage: DType) -> (f64, &'static str) {
+    match op {
+        Op::MoeExperts(_) => {
+            let size = if storage.size() < 4 {
+                storage.size()
+            } else {
+                4
+            };
+            let w = metas[5].numel() + metas[6].numel();
+            ((w * size) as f64, "expert weights")
+        }
+        _ => (device_bytes(op, metas, storage), "inputs and outputs"),
+    }
 }
 
 /// Bytes an op moves at the device's storage precision (floats as bf16 on a bf16 device).
@@ -296,7 +397,7 @@ pub fn run(args: &BenchArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     } else {
         info.compute_dtype
     };
-    let bytes = device_bytes(&op, &metas, storage);
+    let (bytes, bytes_what) = counted_bytes(&op, &metas, storage);
     let in_bytes: f64 = metas
         .iter()
         .map(|m| (m.numel() * storage.size().min(m.dtype.size())) as f64)
@@ -407,6 +508,7 @@ pub fn run(args: &BenchArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
             "max_s": max,
             "flops": cost.flops,
             "bytes": bytes,
+            "bytes_counted": bytes_what,
             "tflops": tflops,
             "gbps": gbs,
             "cycles": cyc,
@@ -437,7 +539,7 @@ pub fn run(args: &BenchArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
             }
         );
         println!(
-            "  {:.1} TFLOP/s, {:.1} GB/s ({:.3} GFLOP, {:.1} MB at {} storage)",
+            "  {:.1} TFLOP/s, {:.1} GB/s ({:.3} GFLOP, {:.1} MB of {bytes_what} at {} storage)",
             tflops,
             gbs,
             cost.flops / 1e9,
@@ -506,6 +608,60 @@ mod tests {
             "2",
         ]);
         assert_eq!(t.b.problem().1[0].shape, vec![9, 4]);
+        let t = T::parse_from([
+            "x",
+            "moe-experts",
+            "--tokens",
+            "5",
+            "--hidden",
+            "16",
+            "--ffn",
+            "24",
+            "--experts",
+            "4",
+            "--top-k",
+            "2",
+        ]);
+        let (op, metas) = t.b.problem();
+        assert_eq!(op.name(), "moe_experts");
+        op.validate(&metas).expect("valid experts shape");
+        assert_eq!(metas[5].shape, vec![4, 48, 16]);
+        assert_eq!(metas[6].shape, vec![4, 16, 24]);
+        assert_eq!(t.b.shape_label(), "T5 H16 F24 E4 k2");
+        let t = T::parse_from(["x", "moe-route"]);
+        assert_eq!(t.b.problem().1[0].shape, vec![16384, 64]);
+    }
+
+    #[test]
+    fn moe_experts_bench_runs_on_the_cpu() {
+        let reg = DeviceRegistry::cpu_only();
+        let t = T::parse_from([
+            "x",
+            "moe-experts",
+            "--backend",
+            "cpu",
+            "--tokens",
+            "7",
+            "--hidden",
+            "16",
+            "--ffn",
+            "8",
+            "--experts",
+            "4",
+            "--top-k",
+            "2",
+            "--iters",
+            "2",
+            "--warmup",
+            "1",
+            "--sets",
+            "2",
+        ]);
+        run(&t.b, &reg).expect("moe-experts bench on cpu");
+        let (op, metas) = t.b.problem();
+        let (bytes, what) = counted_bytes(&op, &metas, DType::BF16);
+        assert_eq!(what, "expert weights");
+        assert_eq!(bytes, (2 * (4 * 16 * 16 + 4 * 16 * 8)) as f64);
     }
 
     #[test]

@@ -117,7 +117,8 @@ extern "C" __global__ void moe_inverse_i32(const int* __restrict__ sorted, int* 
     }
 }
 
-// MoE experts, step 4: y[t, :] = sum_j w[t, j] * out[inv[t*k + j], :]. One block per token.
+// MoE experts, step 4: y[t, :] = sum_j w[t, j] * out[inv[t*k + j], :] over the slots in the
+// permutation (inv >= 0). One block per token.
 extern "C" __global__ void moe_combine_bf16(const bf16_t* __restrict__ out, const int* __restrict__ inv,
                                             const float* __restrict__ w, bf16_t* __restrict__ y,
                                             int T, int H, int k) {
@@ -127,7 +128,7 @@ extern "C" __global__ void moe_combine_bf16(const bf16_t* __restrict__ out, cons
         float acc = 0.f;
         for (int j = 0; j < k; ++j) {
             int p = inv[t * k + j];
-            acc += w[t * k + j] * bf2f(out[(u64_t)p * H + i]);
+            if (p >= 0) acc += w[t * k + j] * bf2f(out[(u64_t)p * H + i]);
         }
         y[(u64_t)t * H + i] = f2bf(acc);
     }

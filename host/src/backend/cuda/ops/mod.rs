@@ -140,6 +140,9 @@ pub fn supports(arch: u32, op: &Op, inputs: &[TensorMeta]) -> Support {
                 Support::Native
             }
         }
+        // Every shape: the grouped kernels take hidden and ffn multiples of 8 (16-byte rows);
+        // other sizes run the cuBLASLt path (moe::ExpertsPath::select says which and why).
+        Op::MoeExperts(_) => Support::Native,
         _ => Support::Native,
     }
 }
@@ -193,6 +196,7 @@ pub fn prepare(cx: &Cx<'_>, op: &Op) -> Result<()> {
         Op::MoeRoute(_) => &["moe_topk_softmax_f32", "fill_u16"],
         Op::RmsNorm(_) => &["rmsnorm_bf16", "fill_u16"],
         Op::Rope(_) => &["rope_bf16", "fill_u16"],
+        Op::MoeExperts(_) => &["moe_tile_map", "moe_gather_bf16", "fill_u16"],
         _ => &["fill_u16"],
     };
     for k in first {

@@ -1,7 +1,16 @@
-//! MoE routing (three fused kernels) and experts (gather, per-expert cuBLASLt GEMMs over the
-//! permuted tokens, fused SwiGLU, weighted combine).
+//! MoE routing (three fused kernels) and experts, two ways:
+//! - `grouped` (default): sm80/moe_experts.cu's grouped GEMMs over the routing's padded
+//!   permutation (tile map, gate/up GEMM with the SwiGLU in its epilogue and the token gather in
+//!   its operand load, down GEMM writing one row per slot, weighted combine). Nothing waits for
+//!   the host: each block reads its expert and rows from device memory.
+//! - `blaslt`: gather, one cuBLASLt GEMM per expert (twice), SwiGLU, combine; reads the expert
+//!   offsets on the host first (a stream synchronisation).
+//!
+//! `TANDEM_MOE_EXPERTS=blaslt|grouped` picks one (default grouped), `TANDEM_MOE_TILE=l|m|s` the
+//! grouped GEMMs' tile (default by the mean rows per expert, T*k/E).
 
 use cudarc::driver::result as drv;
+use tandem_gpu_kernels::{MOE_TILE_MAP_THREADS, MOE_TILES, MoeTile};
 
 use super::{Arg, Cx, Dims};
 use crate::backend::cuda::CudaStorage;
@@ -9,6 +18,7 @@ use crate::backend::cuda::blaslt::Epilogue;
 use crate::backend::cuda::error::DrvResultExt;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::ops::moe::ExpertsShape;
 use crate::ops::{MoeExpertsParams, MoeRouteParams};
 use crate::tensor::TensorMeta;
 
@@ -87,6 +97,110 @@ pub fn route(
     Ok("moe_topk_softmax_f32+moe_align_scan+moe_align_scatter".into())
 }
 
+/// How the experts op runs on a CUDA device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertsPath {
+    /// Grouped GEMMs over the padded permutation with this tile (no host synchronisation).
+    Grouped(MoeTile),
+    /// Gather + cuBLASLt per expert + SwiGLU + combine (reads the offsets on the host).
+    Blaslt,
+}
+
+/// Mean rows per expert up to which the `s` tile is picked (decode-sized batches).
+const SMALL_TILE_MAX_ROWS: usize = 32;
+/// Mean rows per expert up to which the `m` tile is picked; above it, `l`.
+const MEDIUM_TILE_MAX_ROWS: usize = 96;
+
+fn tile(name: &str) -> Option<MoeTile> {
+    MOE_TILES.into_iter().find(|t| t.name == name)
+}
+
+impl ExpertsPath {
+    /// The path for this shape: `TANDEM_MOE_EXPERTS` (blaslt, grouped; default grouped) and
+    /// `TANDEM_MOE_TILE` (l, m, s; default by the mean rows per expert). Grouped needs H and F
+    /// to be multiples of 8 (16-byte rows for cp.async) and a grid under 2^31 blocks; otherwise
+    /// the cuBLASLt path runs and the second value says why.
+    pub fn select(s: &ExpertsShape) -> (Self, Option<String>) {
+        if std::env::var("TANDEM_MOE_EXPERTS").is_ok_and(|v| v == "blaslt") {
+            return (ExpertsPath::Blaslt, None);
+        }
+        if let Err(why) = grouped_fits(s) {
+            return (ExpertsPath::Blaslt, Some(why));
+        }
+        let rows = (s.t * s.k).div_ceil(s.e.max(1));
+        let default = if rows <= SMALL_TILE_MAX_ROWS {
+            "s"
+        } else if rows <= MEDIUM_TILE_MAX_ROWS {
+            "m"
+        } else {
+            "l"
+        };
+        let named = std::env::var("TANDEM_MOE_TILE").ok();
+        let t = named
+            .as_deref()
+            .and_then(tile)
+            .or_else(|| tile(default))
+            .unwrap_or(MOE_TILES[0]);
+        (ExpertsPath::Grouped(t), None)
+    }
+}
+
+/// Whether the grouped kernels take this shape (every tile), else why not.
+fn grouped_fits(s: &ExpertsShape) -> std::result::Result<(), String> {
+    if s.h % 8 != 0 || s.f % 8 != 0 {
+        return Err(format!(
+            "hidden {} and ffn {} must be multiples of 8 for the grouped kernels (16-byte rows)",
+            s.h, s.f
+        ));
+    }
+    for t in MOE_TILES {
+        let (g1, g2) = grids(s, t);
+        if g1.max(g2) > i32::MAX as usize
+            || s.t * s.k > i32::MAX as usize
+            || s.p > i32::MAX as usize
+        {
+            return Err(format!(
+                "{} tokens x top-{} need more than 2^31 blocks for the grouped kernels",
+                s.t, s.k
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Blocks of the two grouped GEMMs: the most tiles the segments can need (P/BM + E, one partial
+/// tile per expert) times the n-tiles.
+fn grids(s: &ExpertsShape, t: MoeTile) -> (usize, usize) {
+    let tiles = s.p.div_ceil(t.block_m) + s.e;
+    (
+        tiles * s.f.div_ceil(t.block_n / 2),
+        tiles * s.h.div_ceil(t.block_n),
+    )
+}
+
+/// The element type of the grouped kernels for an output stored as `phys`.
+fn precision(phys: DType) -> Result<&'static str> {
+    match phys {
+        DType::BF16 => Ok("bf16"),
+        DType::F16 => Ok("f16"),
+        other => Err(Error::Internal(format!(
+            "moe_experts: no grouped kernels for {other} storage (bf16 and f16 have them)"
+        ))),
+    }
+}
+
+/// The entry point `{gemm}_{prec}_{tile}` (`gemm` is moe_gemm_swiglu or moe_gemm_down).
+fn gemm_kernel(gemm: &str, prec: &str, tile: &str) -> Result<&'static str> {
+    let name = format!("{gemm}_{prec}_{tile}");
+    tandem_gpu_kernels::Module::MoeExpertsSm80
+        .entry_points()
+        .iter()
+        .find(|k| **k == name)
+        .copied()
+        .ok_or_else(|| Error::Internal(format!("no kernel {name}")))
+}
+
+/// The experts op (see the module doc for the two paths).
 pub fn experts(
     cx: &Cx<'_>,
     p: &MoeExpertsParams,
@@ -95,7 +209,123 @@ pub fn experts(
     outs: &[CudaStorage],
 ) -> Result<String> {
     let s = p.shape(metas)?;
+    match ExpertsPath::select(&s) {
+        (ExpertsPath::Grouped(t), _) => experts_grouped(cx, &s, t, ins, outs),
+        (ExpertsPath::Blaslt, why) => {
+            if let Some(why) = why {
+                tracing::debug!(%why, "moe_experts: cuBLASLt path");
+            }
+            experts_blaslt(cx, &s, ins, outs)
+        }
+    }
+}
+
+/// Grouped GEMMs: tile map, gate/up + SwiGLU, down (one row per slot), combine.
+fn experts_grouped(
+    cx: &Cx<'_>,
+    s: &ExpertsShape,
+    tile: MoeTile,
+    ins: &[&CudaStorage],
+    outs: &[CudaStorage],
+) -> Result<String> {
     let (t, h, e, k, f) = (s.t, s.h, s.e, s.k, s.f);
+    let phys = outs[0].phys;
+    let prec = precision(phys)?;
+    let up = gemm_kernel("moe_gemm_swiglu", prec, tile.name)?;
+    let down_k = gemm_kernel("moe_gemm_down", prec, tile.name)?;
+    let combine = match phys {
+        DType::F16 => "moe_combine_slots_f16",
+        _ => "moe_combine_slots_bf16",
+    };
+    let names = format!("moe_tile_map+{up}+memset_d8+{down_k}+{combine}");
+    if t == 0 {
+        return Ok(names);
+    }
+    let x = cx.cast(ins[0], t * h, phys)?;
+    let w = cx.f32(ins[2], t * k)?;
+    let sorted = ins[3];
+    let offsets = ins[4];
+    let gate_up = cx.cast(ins[5], e * 2 * f * h, phys)?;
+    let down = cx.cast(ins[6], e * h * f, phys)?;
+    let map = cx.scratch(2 * (e + 1) * 4)?;
+    let (soff, tstart) = (map.ptr(), map.ptr() + ((e + 1) * 4) as u64);
+    let hbuf = cx.alloc(s.p * f, phys)?;
+    let rows = cx.alloc(t * k * h, phys)?;
+    let (g1, g2) = grids(s, tile);
+    let slots = (t * k) as i32;
+    cx.k(
+        "moe_tile_map",
+        Dims::linear(1, MOE_TILE_MAP_THREADS),
+        &[
+            Arg::Ptr(offsets.ptr()),
+            Arg::I32(e as i32),
+            Arg::I32(s.p as i32),
+            Arg::I32(tile.block_m as i32),
+            Arg::Ptr(soff),
+            Arg::Ptr(tstart),
+        ],
+    )?;
+    let gemm = |name: &'static str, grid: usize, a: u64, wt: u64, c: u64, n: usize, kd: usize| {
+        cx.k(
+            name,
+            Dims::linear(grid as u32, tile.threads()).smem(tile.shared_bytes()),
+            &[
+                Arg::Ptr(a),
+                Arg::Ptr(wt),
+                Arg::Ptr(c),
+                Arg::Ptr(sorted.ptr()),
+                Arg::Ptr(soff),
+                Arg::Ptr(tstart),
+                Arg::I32(e as i32),
+                Arg::I32(n as i32),
+                Arg::I32(kd as i32),
+                Arg::I32(k as i32),
+                Arg::I32(slots),
+            ],
+        )
+    };
+    gemm(up, g1, x.ptr, gate_up.ptr, hbuf.ptr(), f, h)?;
+    // Slots missing from the permutation (dropped by a capacity limit) must add nothing.
+    let label = &cx.be.dev.label;
+    // SAFETY: rows holds t*k*h elements of phys; the memset is ordered on the compute stream
+    // after the allocation and before the kernels that use rows.
+    unsafe { drv::memset_d8_async(rows.ptr(), 0, t * k * h * phys.size(), cx.stream()) }
+        .ctx(label, "cuMemsetD8Async(moe rows)")?;
+    gemm(down_k, g2, hbuf.ptr(), down.ptr, rows.ptr(), h, f)?;
+    cx.k(
+        combine,
+        Dims::stride((t * h / 8) as u64, 256, cx.sms()),
+        &[
+            Arg::Ptr(rows.ptr()),
+            Arg::Ptr(w.ptr),
+            Arg::Ptr(outs[0].ptr()),
+            Arg::I32(t as i32),
+            Arg::I32(h as i32),
+            Arg::I32(k as i32),
+        ],
+    )?;
+    Ok(names)
+}
+
+/// Gather, per-expert cuBLASLt GEMMs, SwiGLU, combine (bf16 only; synchronises the stream to
+/// read the expert offsets).
+fn experts_blaslt(
+    cx: &Cx<'_>,
+    s: &ExpertsShape,
+    ins: &[&CudaStorage],
+    outs: &[CudaStorage],
+) -> Result<String> {
+    let (t, h, e, k, f) = (s.t, s.h, s.e, s.k, s.f);
+    if outs[0].phys != DType::BF16 {
+        return Err(Error::Unsupported {
+            op: "moe_experts".into(),
+            device: cx.be.dev.label.clone(),
+            why: format!(
+                "the cuBLASLt experts path runs on bf16 storage only (this output is {})",
+                outs[0].phys
+            ),
+        });
+    }
     let x = cx.bf16(ins[0], t * h)?;
     let w = cx.f32(ins[2], t * k)?;
     let sorted = ins[3];
@@ -188,6 +418,11 @@ pub fn experts(
             ob.ptr() + (a * h * 2) as u64,
         )?;
     }
+    // Slots missing from the permutation (dropped by a capacity limit) keep inv = -1 and add
+    // nothing in the combine.
+    // SAFETY: inv holds t*k i32; ordered on the compute stream before its users.
+    unsafe { drv::memset_d8_async(inv.ptr(), 0xFF, t * k * 4, cx.stream()) }
+        .ctx(label, "cuMemsetD8Async(moe inverse)")?;
     if pu > 0 {
         cx.k(
             "moe_inverse_i32",
@@ -218,4 +453,60 @@ pub fn experts(
     Ok(format!(
         "moe_gather_bf16+cublaslt_bf16_gemm(x{gemms})+moe_swiglu_bf16+cublaslt_bf16_gemm(x{gemms})+moe_inverse_i32+moe_combine_bf16"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(t: usize, h: usize, f: usize, e: usize, k: usize) -> ExpertsShape {
+        let p = MoeRouteParams {
+            top_k: k,
+            renormalize: true,
+            block_size: 16,
+        }
+        .padded_len(t, e);
+        ExpertsShape { t, h, e, k, f, p }
+    }
+
+    #[test]
+    fn grids_cover_the_worst_case_tiles() {
+        let s = shape(4096, 4096, 14336, 8, 2);
+        assert_eq!(s.p, 8320);
+        let l = tile("l").expect("tile l");
+        // 65 full tiles of 128 rows + one partial tile per expert; 64 SwiGLU columns and 128
+        // down columns per block
+        assert_eq!(grids(&s, l), (73 * 224, 73 * 32));
+        let st = tile("s").expect("tile s");
+        assert_eq!(grids(&s, st), ((260 + 8) * 224, (260 + 8) * 32));
+    }
+
+    #[test]
+    fn shapes_off_multiples_of_8_take_the_cublaslt_path() {
+        assert!(grouped_fits(&shape(64, 4096, 14336, 8, 2)).is_ok());
+        let why = grouped_fits(&shape(20, 60, 36, 4, 2)).expect_err("H 60 is not a multiple of 8");
+        assert!(why.contains("multiples of 8"), "{why}");
+        if std::env::var_os("TANDEM_MOE_EXPERTS").is_none() {
+            assert_eq!(
+                ExpertsPath::select(&shape(20, 60, 36, 4, 2)).0,
+                ExpertsPath::Blaslt
+            );
+        }
+    }
+
+    #[test]
+    fn the_default_tile_follows_the_rows_per_expert() {
+        if std::env::var_os("TANDEM_MOE_EXPERTS").is_some()
+            || std::env::var_os("TANDEM_MOE_TILE").is_some()
+        {
+            return;
+        }
+        let pick = |t| match ExpertsPath::select(&shape(t, 4096, 14336, 8, 2)).0 {
+            ExpertsPath::Grouped(tile) => tile.name,
+            ExpertsPath::Blaslt => "blaslt",
+        };
+        assert_eq!(pick(64), "s");
+        assert_eq!(pick(256), "m");
+        assert_eq!(pick(4096), "l");
+    }
 }

@@ -1,0 +1,174 @@
+// CPU stand-ins for the CUDA built-ins and PTX wrappers moe_experts.cu uses, so its kernels run
+// on the host (one std::thread per CUDA thread, std::barrier for __syncthreads and for the
+// warp-collective ldmatrix / mma.sync). Semantics follow the PTX ISA fragment layouts of
+// ldmatrix.m8n8.x4.b16 and mma.m16n8k16.row.col. cp.async copies are either done at once
+// (EMU_EAGER=1) or deferred until the cp.async.wait_group that must cover them (default), so
+// reading a stage before its wait, or refilling a stage others still read, shows up as a wrong
+// result in one of the two modes.
+#pragma once
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+using std::max;
+using std::min;
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __align__(n) alignas(n)
+
+typedef unsigned short bf16_t;
+typedef unsigned long long u64_t;
+struct uint4 { unsigned x, y, z, w; };
+struct emu_dim3 { unsigned x = 0, y = 1, z = 1; };
+thread_local emu_dim3 threadIdx, blockIdx;
+emu_dim3 blockDim, gridDim;
+alignas(16) unsigned char moe_smem[256 * 1024];
+
+std::barrier<>* emu_block_bar = nullptr;
+std::barrier<>* emu_warp_bar[32] = {};
+inline void __syncthreads() { emu_block_bar->arrive_and_wait(); }
+std::atomic<int> emu_count{0};
+// Number of threads with pred != 0 (two barriers: everyone added, then everyone read, before
+// thread 0 resets the counter for the next call).
+inline int __syncthreads_count(int pred) {
+    if (pred) emu_count.fetch_add(1);
+    emu_block_bar->arrive_and_wait();
+    const int n = emu_count.load();
+    emu_block_bar->arrive_and_wait();
+    if (threadIdx.x == 0) emu_count.store(0);
+    emu_block_bar->arrive_and_wait();
+    return n;
+}
+
+inline unsigned short bf16_bits(float f) {  // round to nearest even
+    unsigned u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u) return (unsigned short)(u >> 16);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+inline float bf16_float(unsigned short h) {
+    unsigned u = (unsigned)h << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+inline unsigned short f16_bits(float f) {
+    _Float16 h = (_Float16)f;
+    unsigned short b;
+    std::memcpy(&b, &h, 2);
+    return b;
+}
+inline float f16_float(unsigned short b) {
+    _Float16 h;
+    std::memcpy(&h, &b, 2);
+    return (float)h;
+}
+inline unsigned pack_bf16x2(float lo, float hi) { return bf16_bits(lo) | ((unsigned)bf16_bits(hi) << 16); }
+inline float bf_lo(unsigned w) { return bf16_float((unsigned short)(w & 0xffffu)); }
+inline float bf_hi(unsigned w) { return bf16_float((unsigned short)(w >> 16)); }
+inline float fast_exp2(float x) { return std::exp2(x); }
+
+// ---- warp collectives ----
+thread_local int emu_lane, emu_warp;
+struct EmuWarp {
+    const unsigned short* addr[32];
+    unsigned a[32][4], b[32][2];
+    float c[32][4];
+};
+EmuWarp emu_wx[32];
+
+inline void moe_ldsm_x4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const void* p) {
+    EmuWarp& x = emu_wx[emu_warp];
+    x.addr[emu_lane] = (const unsigned short*)p;
+    emu_warp_bar[emu_warp]->arrive_and_wait();
+    unsigned r[4];
+    for (int i = 0; i < 4; ++i) {
+        const unsigned short* row = x.addr[i * 8 + emu_lane / 4];
+        const int c = 2 * (emu_lane % 4);
+        r[i] = row[c] | ((unsigned)row[c + 1] << 16);
+    }
+    emu_warp_bar[emu_warp]->arrive_and_wait();
+    r0 = r[0]; r1 = r[1]; r2 = r[2]; r3 = r[3];
+}
+
+// d = a b + c for m16n8k16, a row-major 16x16, b "col" 16x8; `dec` decodes one 16-bit value.
+template <float (*dec)(unsigned short)>
+inline void emu_mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    EmuWarp& x = emu_wx[emu_warp];
+    const int l = emu_lane;
+    for (int i = 0; i < 4; ++i) { x.a[l][i] = a[i]; x.c[l][i] = c[i]; }
+    x.b[l][0] = b0; x.b[l][1] = b1;
+    emu_warp_bar[emu_warp]->arrive_and_wait();
+    auto A = [&](int m, int k) {
+        const unsigned w = x.a[(m % 8) * 4 + (k % 8) / 2][(m >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)];
+        return dec((unsigned short)((k & 1) ? (w >> 16) : (w & 0xffffu)));
+    };
+    auto B = [&](int k, int n) {
+        const unsigned w = x.b[n * 4 + (k % 8) / 2][k >= 8 ? 1 : 0];
+        return dec((unsigned short)((k & 1) ? (w >> 16) : (w & 0xffffu)));
+    };
+    const int g = l >> 2, tq = l & 3;
+    float out[4];
+    for (int i = 0; i < 4; ++i) {
+        const int m = g + (i >> 1) * 8, n = 2 * tq + (i & 1);
+        float s = x.c[l][i];
+        for (int k = 0; k < 16; ++k) s += A(m, k) * B(k, n);
+        out[i] = s;
+    }
+    emu_warp_bar[emu_warp]->arrive_and_wait();
+    for (int i = 0; i < 4; ++i) c[i] = out[i];
+}
+
+struct MoeBf16 {
+    typedef bf16_t T;
+    static void mma(float* c, const unsigned* a, unsigned b0, unsigned b1) { emu_mma<bf16_float>(c, a, b0, b1); }
+    static unsigned pack2(float lo, float hi) { return pack_bf16x2(lo, hi); }
+    static float lo(unsigned w) { return bf_lo(w); }
+    static float hi(unsigned w) { return bf_hi(w); }
+};
+struct MoeF16 {
+    typedef unsigned short T;
+    static void mma(float* c, const unsigned* a, unsigned b0, unsigned b1) { emu_mma<f16_float>(c, a, b0, b1); }
+    static unsigned pack2(float lo, float hi) { return f16_bits(lo) | ((unsigned)f16_bits(hi) << 16); }
+    static float lo(unsigned w) { return f16_float((unsigned short)(w & 0xffffu)); }
+    static float hi(unsigned w) { return f16_float((unsigned short)(w >> 16)); }
+};
+
+// ---- cp.async ----
+bool emu_eager = false;
+struct EmuCopy { void* dst; const void* src; int n; int group; };
+thread_local std::vector<EmuCopy> emu_pending;
+thread_local int emu_groups = 0;
+inline void emu_do(const EmuCopy& c) {
+    std::memset(c.dst, 0, 16);
+    if (c.n) std::memcpy(c.dst, c.src, 16);
+}
+inline void moe_cp_async16(void* smem, const void* gmem, bool pred) {
+    if ((reinterpret_cast<uintptr_t>(smem) & 15) || (pred && (reinterpret_cast<uintptr_t>(gmem) & 15))) {
+        std::fprintf(stderr, "misaligned cp.async\n");
+        std::abort();
+    }
+    EmuCopy c{smem, gmem, pred ? 16 : 0, emu_groups};
+    if (emu_eager) emu_do(c);
+    else emu_pending.push_back(c);
+}
+inline void moe_cp_async_commit() { ++emu_groups; }
+template <int N>
+inline void moe_cp_async_wait() {
+    std::vector<EmuCopy> keep;
+    for (const auto& c : emu_pending) {
+        if (c.group < emu_groups - N) emu_do(c);
+        else keep.push_back(c);
+    }
+    emu_pending.swap(keep);
+}
+inline float moe_silu(float g) { return g / (1.f + fast_exp2(-1.4426950408889634f * g)); }

@@ -1,0 +1,293 @@
+//! The CUDA experts op on every path against the f64 reference (`Op::reference`) on fresh
+//! random inputs: the grouped kernels with each tile (`TANDEM_MOE_TILE` = s, m, l) and the
+//! cuBLASLt path (`TANDEM_MOE_EXPERTS=blaslt`). Cases: idle experts, one expert taking every
+//! token, T = 1, T off the routing block, k = 1, 2 and E, hidden/ffn off the tile sizes (and off
+//! multiples of 8, where the grouped request falls back to cuBLASLt), routing block sizes 1 to
+//! 64, several m-, n- and k-tiles per expert, slots dropped from the permutation. Routing runs
+//! on the GPU (its outputs feed the experts as in a layer). Outputs are poisoned (NaN) before
+//! every launch; bf16 results must be within 1e-2 relative (Frobenius) error. Without a usable
+//! GPU each test prints "skipped: <reason>" and returns.
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use half::bf16;
+use ndarray::ArrayD;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tandem::backend::cuda::{CudaBackend, CudaOptions, unavailable_reason};
+use tandem::backend::{Backend, DeviceStorage};
+use tandem::ops::{MoeExpertsParams, MoeRouteParams};
+use tandem::tensor::rel_error;
+use tandem::{Op, Tensor};
+
+const BF16_TOL: f64 = 1e-2;
+
+/// The path variables are process-wide: tests of this file take turns.
+static ENV: Mutex<()> = Mutex::new(());
+
+fn gpu() -> Option<Arc<CudaBackend>> {
+    static GPU: OnceLock<Result<Arc<CudaBackend>, String>> = OnceLock::new();
+    let g = GPU.get_or_init(|| {
+        if let Some(r) = unavailable_reason() {
+            return Err(r);
+        }
+        CudaBackend::open(0, CudaOptions { poison: true })
+            .map(Arc::new)
+            .map_err(|e| format!("CUDA present but device 0 failed to open: {e}"))
+    });
+    match g {
+        Ok(b) => Some(b.clone()),
+        Err(r) if r.starts_with("CUDA present") => panic!("{r}"),
+        Err(r) => {
+            println!("skipped: {r}");
+            None
+        }
+    }
+}
+
+fn rng(tag: &str) -> ChaCha8Rng {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(7);
+    println!("{tag}: seed {seed}");
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+fn bfr(x: f32) -> f32 {
+    bf16::from_f32(x).to_f32()
+}
+
+/// A random f32 tensor, already rounded to bf16 (what the GPU will hold).
+fn rand_t(r: &mut ChaCha8Rng, shape: &[usize], scale: f32) -> Tensor {
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n)
+        .map(|_| bfr(r.gen_range(-1.0f32..1.0) * scale))
+        .collect();
+    Tensor::from_vec_f32(shape, v).expect("shape")
+}
+
+/// Runs `op` on the GPU; returns the outputs and the kernels that ran.
+fn run_gpu(be: &CudaBackend, op: &Op, inputs: &[Tensor]) -> (Vec<Tensor>, String) {
+    let st: Vec<DeviceStorage> = inputs
+        .iter()
+        .map(|t| be.upload(t).expect("upload"))
+        .collect();
+    let refs: Vec<&DeviceStorage> = st.iter().collect();
+    let l = be.launch(op, &refs).expect("launch");
+    l.done
+        .wait(Duration::from_secs(120), op.name())
+        .expect("kernel finished");
+    let info = l.info.lock().expect("info").clone();
+    assert!(!info.kernel.is_empty());
+    let t = info.device_time.expect("event-timed device time");
+    println!(
+        "  {} ran {} in {:.1} us",
+        op.name(),
+        info.kernel,
+        t.as_secs_f64() * 1e6
+    );
+    let outs = l
+        .outputs
+        .iter()
+        .map(|s| be.download(s).expect("download"))
+        .collect();
+    (outs, info.kernel)
+}
+
+/// Relative error of a float output; NaN (poison left behind) fails.
+fn check(name: &str, out: &Tensor, want: &ArrayD<f64>, tol: f64) {
+    let got = out.to_f64();
+    assert_eq!(got.shape(), want.shape(), "{name}: shape");
+    let nan = got.iter().filter(|v| v.is_nan()).count();
+    assert_eq!(nan, 0, "{name}: {nan} elements NaN (unwritten or overflow)");
+    let e = rel_error(&got, want);
+    println!("  {name}: rel err {e:.2e}");
+    assert!(e < tol, "{name}: rel err {e:.3e} >= {tol:.0e}");
+}
+
+/// How the case routes its tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Routing {
+    /// Random logits.
+    Random,
+    /// Expert 0's logit far above the others for every token: it takes every token (as the
+    /// first choice; with k > 1 the others share the rest).
+    AllToExpert0,
+    /// Random, then this many slots replaced by the sentinel in the permutation (a capacity
+    /// drop): they must add nothing.
+    Drop(usize),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    t: usize,
+    h: usize,
+    e: usize,
+    k: usize,
+    f: usize,
+    block: usize,
+    routing: Routing,
+}
+
+const fn case(
+    t: usize,
+    h: usize,
+    e: usize,
+    k: usize,
+    f: usize,
+    block: usize,
+    routing: Routing,
+) -> Case {
+    Case {
+        t,
+        h,
+        e,
+        k,
+        f,
+        block,
+        routing,
+    }
+}
+
+/// (TANDEM_MOE_EXPERTS, TANDEM_MOE_TILE) of each path the cases run on.
+const PATHS: [(&str, Option<&str>); 4] = [
+    ("grouped", Some("s")),
+    ("grouped", Some("m")),
+    ("grouped", Some("l")),
+    ("blaslt", None),
+];
+
+fn set_path(path: &str, tile: Option<&str>) {
+    // SAFETY: tests of this file hold ENV while they set and read these variables; nothing
+    // else in this process reads them.
+    unsafe {
+        std::env::set_var("TANDEM_MOE_EXPERTS", path);
+        match tile {
+            Some(t) => std::env::set_var("TANDEM_MOE_TILE", t),
+            None => std::env::remove_var("TANDEM_MOE_TILE"),
+        }
+    }
+}
+
+/// Routes random logits on the GPU and makes the experts' inputs for `c`.
+fn inputs(be: &CudaBackend, r: &mut ChaCha8Rng, c: &Case) -> Vec<Tensor> {
+    let route = Op::MoeRoute(MoeRouteParams {
+        top_k: c.k,
+        renormalize: true,
+        block_size: c.block,
+    });
+    let mut logits = rand_t(r, &[c.t, c.e], 2.0);
+    if c.routing == Routing::AllToExpert0 {
+        let mut l = logits.as_f32().expect("f32").clone();
+        l.index_axis_mut(ndarray::Axis(1), 0).fill(8.0);
+        logits = Tensor::from_f32(l);
+    }
+    let (routed, _) = run_gpu(be, &route, &[logits]);
+    let counts: Vec<i32> = routed[2].as_i32().expect("i32").iter().copied().collect();
+    println!("  expert counts {counts:?}");
+    match c.routing {
+        Routing::AllToExpert0 => assert_eq!(counts[0] as usize, c.t, "expert 0 takes all"),
+        Routing::Random if c.t * c.k < c.e => {
+            assert!(counts.contains(&0), "some expert is idle")
+        }
+        _ => {}
+    }
+    let mut sorted = routed[3].clone();
+    if let Routing::Drop(n) = c.routing {
+        let sentinel = (c.t * c.k) as i32;
+        let mut s: Vec<i32> = sorted.as_i32().expect("i32").iter().copied().collect();
+        let real: Vec<usize> = (0..s.len()).filter(|&i| s[i] != sentinel).collect();
+        for &i in real.iter().step_by((real.len() / n.max(1)).max(1)).take(n) {
+            s[i] = sentinel;
+        }
+        sorted = Tensor::from_vec_i32(&[s.len()], s).expect("1-D");
+    }
+    // the routing weights as the GPU stores them (bf16)
+    let w = Tensor::from_f32(routed[1].as_f32().expect("f32").mapv(bfr));
+    vec![
+        rand_t(r, &[c.t, c.h], 1.0),
+        routed[0].clone(),
+        w,
+        sorted,
+        routed[4].clone(),
+        rand_t(r, &[c.e, 2 * c.f, c.h], 1.0 / (c.h as f32).sqrt()),
+        rand_t(r, &[c.e, c.h, c.f], 1.0 / (c.f as f32).sqrt()),
+    ]
+}
+
+/// Runs every case on every path and checks each against the reference.
+fn run_cases(tag: &str, cases: &[Case]) {
+    let Some(be) = gpu() else { return };
+    let _g = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let mut r = rng(tag);
+    let op = Op::MoeExperts(MoeExpertsParams {});
+    for c in cases {
+        println!(
+            " T{} H{} E{} k{} F{} block {} {:?}",
+            c.t, c.h, c.e, c.k, c.f, c.block, c.routing
+        );
+        let ins = inputs(&be, &mut r, c);
+        let f64s: Vec<ArrayD<f64>> = ins.iter().map(|t| t.to_f64()).collect();
+        let want = op.reference(&f64s).expect("reference");
+        let aligned = c.h % 8 == 0 && c.f % 8 == 0;
+        for (path, tile) in PATHS {
+            set_path(path, tile);
+            println!("  path {path} tile {tile:?}");
+            let (out, kernel) = run_gpu(&be, &op, &ins);
+            match tile {
+                Some(t) if aligned => {
+                    assert!(
+                        kernel.contains(&format!("moe_gemm_swiglu_bf16_{t}"))
+                            && kernel.contains(&format!("moe_gemm_down_bf16_{t}")),
+                        "expected the grouped kernels with tile {t}, ran {kernel}"
+                    );
+                    assert!(!kernel.contains("cublaslt"), "{kernel}");
+                }
+                _ => assert!(
+                    kernel.contains("cublaslt"),
+                    "expected cuBLASLt, ran {kernel}"
+                ),
+            }
+            check("y", &out[0], &want[0], BF16_TOL);
+        }
+    }
+    set_path("grouped", None);
+}
+
+#[test]
+fn cuda_moe_experts_edge_cases() {
+    use Routing::*;
+    run_cases(
+        "moe_experts edges",
+        &[
+            case(64, 128, 8, 2, 96, 16, Random),
+            case(37, 64, 4, 3, 40, 16, Random), // T off the block, F off every tile
+            case(1, 72, 4, 1, 24, 16, Random),  // T = 1, k = 1
+            case(1, 64, 8, 8, 16, 16, Random),  // T = 1, k = E
+            case(5, 64, 16, 2, 48, 16, Random), // 10 slots over 16 experts: idle experts
+            case(70, 136, 4, 1, 88, 16, AllToExpert0), // one expert takes every token
+            case(50, 64, 4, 2, 64, 16, AllToExpert0),
+            case(33, 64, 4, 4, 48, 5, Random), // k = E, block 5: tiles straddle blocks
+            case(40, 96, 6, 2, 40, 1, Random), // block 1: unpadded segments
+            case(45, 80, 4, 2, 56, 64, Random), // block 64: padding > the s tile's 32 rows
+            case(300, 200, 8, 2, 136, 16, Drop(7)), // dropped slots; H, F off the tiles
+            case(20, 60, 4, 2, 36, 16, Random), // H, F not multiples of 8: cuBLASLt fallback
+        ],
+    );
+}
+
+#[test]
+fn cuda_moe_experts_many_tiles() {
+    use Routing::*;
+    // several m-tiles per expert for every tile (up to ~290 rows an expert), several n-tiles
+    // (F 1000 -> 16 of the SwiGLU GEMM's 64 columns; H 520 -> 5 of 128) and k-tiles (K up to 1000).
+    run_cases(
+        "moe_experts tiles",
+        &[
+            case(577, 520, 4, 2, 1000, 16, Random),
+            case(512, 256, 8, 2, 512, 16, AllToExpert0),
+        ],
+    );
+}
