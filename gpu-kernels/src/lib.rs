@@ -246,15 +246,25 @@ pub const ROUTE_MAX_EXPERTS: usize = 256;
 pub const ATTENTION_BLOCK_N: usize = 64;
 /// Query rows per block of the `_ws` attention builds (WS_BM in sm90a/attention_ws.cu).
 pub const ATTENTION_WS_BLOCK_M: usize = 128;
-/// Key rows per tile of the `_ws` builds (WS_BN), also the rows of their TMA boxes.
-pub const ATTENTION_WS_BLOCK_N: usize = 128;
+/// Key rows per tile of the `_ws` builds for head dims 128 and 64 (WS_BN_D128, WS_BN_D64),
+/// also the rows of their K and V TMA boxes.
+pub const ATTENTION_WS_BLOCK_N: [(usize, usize); 2] = [(128, 128), (64, 128)];
 /// Threads per block of the `_ws` builds (WS_THREADS): a producer and two consumer warpgroups.
 pub const ATTENTION_WS_THREADS: u32 = 384;
 
-/// Dynamic shared memory of a `_ws` build for head dim `d` (WsLayout in attention_ws.cu): Q,
-/// two K and two V stages, the mbarriers, and slack for 1024-byte alignment.
-pub fn attention_ws_smem(d: usize) -> usize {
-    ATTENTION_WS_BLOCK_M * d * 2 + 4 * ATTENTION_WS_BLOCK_N * d * 2 + 128 + 1024
+/// Key rows per tile of the `_ws` build for head dim `d`.
+pub fn attention_ws_block_n(d: usize) -> usize {
+    ATTENTION_WS_BLOCK_N
+        .iter()
+        .find(|(hd, _)| *hd == d)
+        .map_or(128, |(_, bn)| *bn)
+}
+
+/// Dynamic shared memory of a `_ws` build for head dim `d` and `bn`-key tiles (WsLayout in
+/// attention_ws.cu): Q, two K and two V stages, the mbarriers, and slack for 1024-byte
+/// alignment.
+pub fn attention_ws_smem(d: usize, bn: usize) -> usize {
+    ATTENTION_WS_BLOCK_M * d * 2 + 4 * bn * d * 2 + 128 + 1024
 }
 
 /// 16-byte vectors per thread of `rmsnorm_bf16` (RMS_VPT in norm.cu).
@@ -354,7 +364,10 @@ mod tests {
         assert!(Module::Norm.body().contains("#define RMS_VPT 4"));
         let ws = Module::AttentionSm90aWs.body();
         assert!(ws.contains("#define WS_BM 128"));
-        assert!(ws.contains("#define WS_BN 128"));
+        for (d, bn) in ATTENTION_WS_BLOCK_N {
+            assert!(ws.contains(&format!("#define WS_BN_D{d} {bn}")));
+            assert!(attention_ws_smem(d, bn) <= 227 * 1024);
+        }
         assert!(ws.contains("#define WS_THREADS 384"));
         assert!(ws.contains("BYTES = BARS + 128 + 1024"));
         assert!(

@@ -15,8 +15,21 @@
 // Tensor maps (built by the host, passed by value): dims {D, N, B*H}, box {64, 128, 1}.
 
 #define WS_BM 128
-#define WS_BN 128
 #define WS_THREADS 384
+// Key rows per tile (and K/V TMA box rows) per head dim; the host mirrors these
+// (tandem_gpu_kernels::attention_ws_block_n).
+#ifndef WS_BN_D128
+#define WS_BN_D128 128
+#endif
+#ifndef WS_BN_D64
+#define WS_BN_D64 128
+#endif
+// 1: rescale O by the previous tile's factor between issuing S_j and P_{j-1} V_{j-1}
+// (FlashAttention-3's order: the multiply runs while S_j is on the tensor cores); 0: after
+// waiting for P_{j-1} V_{j-1}.
+#ifndef WS_RESCALE_EARLY
+#define WS_RESCALE_EARLY 0
+#endif
 
 struct __align__(128) tma_map_t { u64_t v[16]; };
 
@@ -88,6 +101,16 @@ __device__ __forceinline__ void ws_ss_n128_bf16(float (&d)[16][4], u64_t da, u64
         : "l"(da), "l"(db), "r"(accumulate));
 }
 
+// d[64x176] (+)= A[64x16] * B[176x16]^T, A and B K-major in shared memory (bf16).
+__device__ __forceinline__ void ws_ss_n176_bf16(float (&d)[22][4], u64_t da, u64_t db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n176k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87}, %88, %89, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
 // d[64x64] += A[64x16] (registers) * B[16x64], B N-major in shared memory (bf16).
 __device__ __forceinline__ void ws_rs_n64_bf16(float (&d)[8][4], const unsigned (&a)[4], u64_t db) {
     asm volatile(
@@ -116,6 +139,16 @@ __device__ __forceinline__ void ws_ss_n128_f16(float (&d)[16][4], u64_t da, u64_
         : "l"(da), "l"(db), "r"(accumulate));
 }
 
+// d[64x176] (+)= A[64x16] * B[176x16]^T, A and B K-major in shared memory (f16).
+__device__ __forceinline__ void ws_ss_n176_f16(float (&d)[22][4], u64_t da, u64_t db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n176k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87}, %88, %89, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
 // d[64x64] += A[64x16] (registers) * B[16x64], B N-major in shared memory (f16).
 __device__ __forceinline__ void ws_rs_n64_f16(float (&d)[8][4], const unsigned (&a)[4], u64_t db) {
     asm volatile(
@@ -136,8 +169,13 @@ __device__ __forceinline__ void ws_rs_n128_f16(float (&d)[16][4], const unsigned
 
 template <bool F16, int NT>
 __device__ __forceinline__ void ws_qk(float (&d)[NT][4], u64_t da, u64_t db, int acc) {
-    if (F16) ws_ss_n128_f16(d, da, db, acc);
-    else ws_ss_n128_bf16(d, da, db, acc);
+    if constexpr (NT == 22) {
+        if (F16) ws_ss_n176_f16(d, da, db, acc);
+        else ws_ss_n176_bf16(d, da, db, acc);
+    } else {
+        if (F16) ws_ss_n128_f16(d, da, db, acc);
+        else ws_ss_n128_bf16(d, da, db, acc);
+    }
 }
 template <bool F16, int D>
 __device__ __forceinline__ void ws_pv(float (&d)[D / 8][4], const unsigned (&a)[4], u64_t db) {
@@ -151,19 +189,19 @@ __device__ __forceinline__ void ws_pv(float (&d)[D / 8][4], const unsigned (&a)[
 }
 
 // The shared-memory bytes a build needs (the host mirrors this: attention.rs).
-template <int D>
+template <int D, int BN>
 struct WsLayout {
-    static constexpr unsigned TILE = WS_BN * D * 2;  // one K or V stage
+    static constexpr unsigned TILE = BN * D * 2;  // one K or V stage
     static constexpr unsigned Q = 0, K = WS_BM * D * 2, V = K + 2 * TILE, BARS = V + 2 * TILE;
     static constexpr unsigned BYTES = BARS + 128 + 1024;  // + mbarriers + alignment slack
 };
 
-template <int D, bool F16>
+template <int D, int BN, bool F16>
 __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t* mk, const tma_map_t* mv,
                                             unsigned short* __restrict__ O, float* __restrict__ LSE, int Hq,
                                             int Hkv, int Nq, int Nkv, float scale_log2, int causal) {
-    constexpr int BM = WS_BM, BN = WS_BN, HALVES = D / 64, NS = BN / 8, ND = D / 8;
-    using L = WsLayout<D>;
+    constexpr int BM = WS_BM, HALVES = D / 64, NS = BN / 8, ND = D / 8;
+    using L = WsLayout<D, BN>;
     extern __shared__ __align__(1024) unsigned char ws_smem[];
     const unsigned base = (smem_addr(ws_smem) + 1023u) & ~1023u;
     const unsigned sQ = base + L::Q, sK = base + L::K, sV = base + L::V, bars = base + L::BARS;
@@ -227,6 +265,7 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
 #pragma unroll
         for (int i = 0; i < BN / 16; ++i) pa[i][0] = pa[i][1] = pa[i][2] = pa[i][3] = 0u;
         float m_r[2] = {TANDEM_NEG_INF, TANDEM_NEG_INF}, l_r[2] = {0.f, 0.f};
+        float alpha[2] = {1.f, 1.f};  // O's rescale factor from the latest softmax
 #pragma unroll
         for (int i = 0; i < NS; ++i) acc_s[i][0] = acc_s[i][1] = acc_s[i][2] = acc_s[i][3] = 0.f;
         if (n_blocks > 0) {
@@ -244,13 +283,23 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
                 if (has_s) {
 #pragma unroll
                     for (int kk = 0; kk < D / 16; ++kk) {
-                        const unsigned off = (kk >> 2) * 128 * 128 + (kk & 3) * 32;
-                        ws_qk<F16>(acc_s, desc_sw128(qa + off, 16, 1024),
-                                   desc_sw128(sK + s * L::TILE + off, 16, 1024), kk > 0);
+                        const unsigned col = (kk & 3) * 32;
+                        ws_qk<F16>(acc_s, desc_sw128(qa + (kk >> 2) * BM * 128 + col, 16, 1024),
+                                   desc_sw128(sK + s * L::TILE + (kk >> 2) * BN * 128 + col, 16, 1024), kk > 0);
                     }
                     ws_commit();
                 }
                 if (has_pv) {
+                    if (WS_RESCALE_EARLY) {
+#pragma unroll
+                        for (int dt = 0; dt < ND; ++dt) {
+                            acc_o[dt][0] *= alpha[0];
+                            acc_o[dt][1] *= alpha[0];
+                            acc_o[dt][2] *= alpha[1];
+                            acc_o[dt][3] *= alpha[1];
+                        }
+                        ws_fence();
+                    }
 #pragma unroll
                     for (int kk = 0; kk < BN / 16; ++kk)
                         ws_pv<F16, D>(acc_o, pa[kk], desc_sw128(sV + sp * L::TILE + kk * 16 * 128, BN * 128, 1024));
@@ -258,7 +307,6 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
                 }
                 // Hand the turn over (consumer 1's last hand-over would have no taker).
                 if (cw == 0 || has_s) named_arrive(2 - cw, 256);
-                float alpha[2] = {1.f, 1.f};
                 if (has_s) {
                     if (has_pv) ws_wait<1>();
                     else ws_wait<0>();
@@ -304,7 +352,7 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
                 }
                 if (has_s) {
 #pragma unroll
-                    for (int dt = 0; dt < ND; ++dt) {
+                    for (int dt = 0; dt < ND && !WS_RESCALE_EARLY; ++dt) {
                         acc_o[dt][0] *= alpha[0];
                         acc_o[dt][1] *= alpha[0];
                         acc_o[dt][2] *= alpha[1];
@@ -347,7 +395,8 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
             const __grid_constant__ tma_map_t mq, const __grid_constant__ tma_map_t mk,                \
             const __grid_constant__ tma_map_t mv, unsigned short* __restrict__ o, float* __restrict__ lse, \
             int Hq, int Hkv, int Nq, int Nkv, float scale_log2, int causal) {                          \
-        attn_fwd_ws<D, F16>(&mq, &mk, &mv, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal);              \
+        attn_fwd_ws<D, D == 128 ? WS_BN_D128 : WS_BN_D64, F16>(&mq, &mk, &mv, o, lse, Hq, Hkv, Nq, Nkv,  \
+                                                               scale_log2, causal);                  \
     }
 WS_ENTRY(mha_bf16_fwd_d64_ws, 64, false)
 WS_ENTRY(mha_bf16_fwd_d128_ws, 128, false)

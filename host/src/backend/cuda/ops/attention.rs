@@ -72,9 +72,19 @@ impl Variant {
     pub fn block_n(self) -> usize {
         match self {
             Variant::M2N32 => 32,
-            Variant::Ws => tandem_gpu_kernels::ATTENTION_WS_BLOCK_N,
+            Variant::Ws => 128,
             _ => tandem_gpu_kernels::ATTENTION_BLOCK_N,
         }
+    }
+
+    /// Key rows per tile of the `ws` build for head dim `d`: the kernel's own
+    /// (`attention_ws_block_n`), or `TANDEM_ATTN_WS_BN` when set, for tuning with a kernel
+    /// source built with the same `WS_BN_D*` (`TANDEM_KERNEL_DIR`).
+    fn ws_block_n(d: usize) -> usize {
+        std::env::var("TANDEM_ATTN_WS_BN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| tandem_gpu_kernels::attention_ws_block_n(d))
     }
 
     /// Threads per block.
@@ -150,14 +160,16 @@ pub fn attention(
     let scale_log2 = p.scale_for(s.d) * std::f32::consts::LOG2_E;
     if var == Variant::Ws {
         let label = &cx.be.dev.label;
-        let bn = var.block_n() as u32;
-        let mq = tma::tiled_3d_sw128(label, q.ptr, DType::BF16, [s.b * s.hq, s.nq, s.d], bn, 64)?;
-        let mk = tma::tiled_3d_sw128(label, k.ptr, DType::BF16, [s.b * s.hkv, s.nkv, s.d], bn, 64)?;
-        let mv = tma::tiled_3d_sw128(label, v.ptr, DType::BF16, [s.b * s.hkv, s.nkv, s.d], bn, 64)?;
+        let bm = var.block_m() as u32;
+        let bn = Variant::ws_block_n(s.d);
+        let kv = [s.b * s.hkv, s.nkv, s.d];
+        let mq = tma::tiled_3d_sw128(label, q.ptr, DType::BF16, [s.b * s.hq, s.nq, s.d], bm, 64)?;
+        let mk = tma::tiled_3d_sw128(label, k.ptr, DType::BF16, kv, bn as u32, 64)?;
+        let mv = tma::tiled_3d_sw128(label, v.ptr, DType::BF16, kv, bn as u32, 64)?;
         let dims = Dims {
             grid: (s.nq.div_ceil(var.block_m()) as u32, s.hq as u32, s.b as u32),
             block: (var.threads() as u32, 1, 1),
-            smem: tandem_gpu_kernels::attention_ws_smem(s.d) as u32,
+            smem: tandem_gpu_kernels::attention_ws_smem(s.d, bn) as u32,
         };
         cx.k(
             name,
