@@ -12,6 +12,7 @@ use tandem::ops::{
     Activation, AttentionParams, LinearParams, MoeExpertsParams, MoeRouteParams, Op, RmsNormParams,
     RopeParams,
 };
+use tandem::backend::CudaDType;
 use tandem::plan::BackendChoice;
 use tandem::run::{RunOptions, run_graph};
 use tandem::{DType, DeviceRegistry, Tensor};
@@ -48,6 +49,10 @@ pub struct OpArgs {
     /// Device: auto, cpu, cuda, fpga-sim, fpga.
     #[arg(long, default_value = "auto")]
     pub backend: String,
+    /// Precision CUDA devices store tensors in (f32 accumulation either way); default:
+    /// $TANDEM_CUDA_DTYPE, else bf16.
+    #[arg(long, value_name = "DTYPE", value_parser = super::cuda_dtype_parser())]
+    pub cuda_dtype: Option<CudaDType>,
     /// attention: apply the bottom-right causal mask.
     #[arg(long)]
     pub causal: bool,

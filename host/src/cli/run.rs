@@ -9,6 +9,7 @@ use clap::Args;
 use tandem::exec::ExecOptions;
 use tandem::plan::{self, BackendChoice};
 use tandem::run::{RunOptions, run_graph};
+use tandem::backend::CudaDType;
 use tandem::workload::{self, MixtralConfig, WorkloadFile};
 use tandem::{DType, DeviceRegistry, Tensor};
 
@@ -46,6 +47,10 @@ pub struct RunArgs {
     /// Write a Chrome/Perfetto trace of the run (one track per device) here.
     #[arg(long)]
     pub trace: Option<PathBuf>,
+    /// Precision CUDA devices store tensors in (f32 accumulation either way); default:
+    /// $TANDEM_CUDA_DTYPE, else bf16.
+    #[arg(long, value_name = "DTYPE", value_parser = super::cuda_dtype_parser())]
+    pub cuda_dtype: Option<CudaDType>,
     #[command(flatten)]
     pub sizes: SizeArgs,
 }

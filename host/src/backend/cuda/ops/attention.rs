@@ -1,7 +1,7 @@
 //! Attention forward: the FlashAttention-2-style mma.sync kernel (sm80/attention.cu).
 
 use super::{Arg, Cx};
-use crate::backend::cuda::CudaStorage;
+use crate::backend::cuda::{CudaDType, CudaStorage};
 use crate::backend::cuda::kernels::Dims;
 use crate::error::Result;
 use crate::ops::AttentionParams;
@@ -114,6 +114,27 @@ impl Variant {
     }
 }
 
+/// The build for storage `dtype`: bf16 as [`Variant::select`] says; f16 has the sm80 (mma.sync)
+/// builds only, so where that choice is a Hopper build (the default `wg` for d128 on sm_90, or
+/// `TANDEM_ATTN_VARIANT=wg*`) f16 runs `m2`, which runs on sm_90 too.
+pub fn select_for(arch: u32, d: usize, dtype: CudaDType) -> Variant {
+    let v = Variant::select(arch, d);
+    if dtype == CudaDType::F16 && v.hopper_only() {
+        Variant::M2
+    } else {
+        v
+    }
+}
+
+/// The entry point of build `var` for head dim `d` in storage `dtype`: `mha_bf16_fwd_*`, or its
+/// `mha_f16_fwd_*` twin.
+pub fn kernel_for(var: Variant, d: usize, dtype: CudaDType) -> Result<&'static str> {
+    match dtype {
+        CudaDType::Bf16 => Ok(var.kernel(d)),
+        CudaDType::F16 => super::kernel_for(&var.kernel(d).replacen("mha_bf16_", "mha_{s}_", 1), dtype),
+    }
+}
+
 pub fn attention(
     cx: &Cx<'_>,
     p: &AttentionParams,
@@ -122,11 +143,11 @@ pub fn attention(
     outs: &[CudaStorage],
 ) -> Result<String> {
     let s = p.shape(metas)?;
-    let var = Variant::select(cx.be.dev.arch, s.d);
-    let name = var.kernel(s.d);
-    let q = cx.bf16(ins[0], metas[0].numel())?;
-    let k = cx.bf16(ins[1], metas[1].numel())?;
-    let v = cx.bf16(ins[2], metas[2].numel())?;
+    let var = select_for(cx.be.dev.arch, s.d, cx.dtype());
+    let name = kernel_for(var, s.d, cx.dtype())?;
+    let q = cx.half(ins[0], metas[0].numel())?;
+    let k = cx.half(ins[1], metas[1].numel())?;
+    let v = cx.half(ins[2], metas[2].numel())?;
     if s.nq == 0 {
         return Ok(name.into());
     }

@@ -7,7 +7,7 @@ mod moe;
 
 use super::kernels::{Arg, Dims};
 use super::memory::DevBuf;
-use super::{CudaBackend, CudaStorage};
+use super::{CudaBackend, CudaDType, CudaStorage};
 use crate::backend::Support;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -20,7 +20,8 @@ pub struct Cx<'a> {
     pub be: &'a CudaBackend,
 }
 
-/// A bf16 (or f32) view of an input, converted on the device when stored otherwise.
+/// A view of an input in the storage precision (or f32), converted on the device when stored
+/// otherwise.
 pub struct View {
     /// Device address.
     pub ptr: u64,
@@ -28,6 +29,22 @@ pub struct View {
 }
 
 impl Cx<'_> {
+    /// The precision float tensors are stored in on this device.
+    pub fn dtype(&self) -> CudaDType {
+        self.be.opts.dtype
+    }
+
+    /// The storage precision as a tensor dtype (BF16 or F16), for allocations.
+    pub fn phys(&self) -> DType {
+        self.dtype().dtype()
+    }
+
+    /// The entry point `pattern` names in this device's storage precision: `{s}` is replaced
+    /// by `bf16` or `f16` (`cx.kernel("rmsnorm_{s}_scalar")`).
+    pub fn kernel(&self, pattern: &str) -> Result<&'static str> {
+        kernel_for(pattern, self.dtype())
+    }
+
     /// Storage for `numel` elements of `phys`.
     pub fn alloc(&self, numel: usize, phys: DType) -> Result<CudaStorage> {
         Ok(CudaStorage {
@@ -79,7 +96,9 @@ impl Cx<'_> {
         let t = self.alloc(n, to)?;
         let name = match (s.phys, to) {
             (DType::F32, DType::BF16) => "cast_f32_bf16",
+            (DType::F32, DType::F16) => "cast_f32_f16",
             (DType::BF16, DType::F32) => "cast_bf16_f32",
+            (DType::F16, DType::F32) => "cast_f16_f32",
             (a, b) => {
                 return Err(Error::Internal(format!(
                     "no cast from {a} to {b} on the device"
@@ -97,9 +116,9 @@ impl Cx<'_> {
         })
     }
 
-    /// The input as bf16.
-    pub fn bf16(&self, s: &CudaStorage, n: usize) -> Result<View> {
-        self.cast(s, n, DType::BF16)
+    /// The input in the storage precision (bf16 or f16: [`Cx::dtype`]).
+    pub fn half(&self, s: &CudaStorage, n: usize) -> Result<View> {
+        self.cast(s, n, self.phys())
     }
 
     /// The input as f32.
@@ -108,8 +127,27 @@ impl Cx<'_> {
     }
 }
 
-/// Whether the device runs `op` on these inputs.
-pub fn supports(arch: u32, op: &Op, inputs: &[TensorMeta]) -> Support {
+/// The entry point `pattern` names for storage `dtype` (`{s}` -> `bf16` / `f16`).
+pub fn kernel_for(pattern: &str, dtype: CudaDType) -> Result<&'static str> {
+    tandem_gpu_kernels::kernel(pattern, storage(dtype)).ok_or_else(|| {
+        Error::Internal(format!(
+            "no kernel {} in the catalog",
+            pattern.replace("{s}", dtype.name())
+        ))
+    })
+}
+
+/// The kernels' name for a storage precision.
+fn storage(dtype: CudaDType) -> tandem_gpu_kernels::Storage {
+    match dtype {
+        CudaDType::Bf16 => tandem_gpu_kernels::Storage::Bf16,
+        CudaDType::F16 => tandem_gpu_kernels::Storage::F16,
+    }
+}
+
+/// Whether the device (compute capability `arch`, storing in `dtype`) runs `op` on these
+/// inputs.
+pub fn supports(arch: u32, dtype: CudaDType, op: &Op, inputs: &[TensorMeta]) -> Support {
     if arch < 80 {
         return Support::No(format!(
             "tandem's CUDA kernels need sm_80 or later (this device is sm_{arch})"
@@ -120,7 +158,7 @@ pub fn supports(arch: u32, op: &Op, inputs: &[TensorMeta]) -> Support {
     }
     match op {
         Op::Attention(p) => match p.shape(inputs) {
-            Ok(s) if attention::Variant::select(arch, s.d).hopper_only() && arch != 90 => {
+            Ok(s) if attention::select_for(arch, s.d, dtype).hopper_only() && arch != 90 => {
                 Support::No(format!(
                     "the wgmma attention builds need sm_90 (this device is sm_{arch})"
                 ))
@@ -144,10 +182,10 @@ pub fn supports(arch: u32, op: &Op, inputs: &[TensorMeta]) -> Support {
     }
 }
 
-/// Device precision of each output of `op`.
-fn output_precisions(op: &Op, metas: &[TensorMeta]) -> Vec<DType> {
+/// Device precision of each output of `op`, floats stored as `half`.
+fn output_precisions(op: &Op, metas: &[TensorMeta], half: DType) -> Vec<DType> {
     match op {
-        Op::Attention(_) => vec![DType::BF16, DType::F32],
+        Op::Attention(_) => vec![half, DType::F32],
         Op::MoeRoute(_) => vec![
             DType::I32,
             DType::F32,
@@ -163,7 +201,7 @@ fn output_precisions(op: &Op, metas: &[TensorMeta]) -> Vec<DType> {
                 if m.dtype == DType::I32 {
                     DType::I32
                 } else {
-                    DType::BF16
+                    half
                 }
             })
             .collect(),
@@ -174,7 +212,7 @@ fn output_precisions(op: &Op, metas: &[TensorMeta]) -> Vec<DType> {
 pub fn alloc_outputs(cx: &Cx<'_>, op: &Op, metas: &[TensorMeta]) -> Result<Vec<CudaStorage>> {
     metas
         .iter()
-        .zip(output_precisions(op, metas))
+        .zip(output_precisions(op, metas, cx.phys()))
         .map(|(m, p)| cx.alloc(m.numel(), p))
         .collect()
 }
@@ -182,18 +220,19 @@ pub fn alloc_outputs(cx: &Cx<'_>, op: &Op, metas: &[TensorMeta]) -> Result<Vec<C
 /// Loads (compiling at first use) every module `op` needs, so compile time stays out of the
 /// event-timed region.
 pub fn prepare(cx: &Cx<'_>, op: &Op) -> Result<()> {
-    let first: &[&'static str] = match op {
+    // One entry point per module the op launches from.
+    let first: Vec<&'static str> = match op {
         Op::Attention(_) => {
-            if cx.be.dev.arch == 90 {
-                &["mha_bf16_fwd_d64", "mha_bf16_fwd_d64_wg", "fill_u16"]
-            } else {
-                &["mha_bf16_fwd_d64", "fill_u16"]
+            let mut v = vec![cx.kernel("mha_{s}_fwd_d64")?, "fill_u16"];
+            if cx.be.dev.arch == 90 && cx.dtype() == CudaDType::Bf16 {
+                v.push("mha_bf16_fwd_d64_wg");
             }
+            v
         }
-        Op::MoeRoute(_) => &["moe_topk_softmax_f32", "fill_u16"],
-        Op::RmsNorm(_) => &["rmsnorm_bf16", "fill_u16"],
-        Op::Rope(_) => &["rope_bf16", "fill_u16"],
-        _ => &["fill_u16"],
+        Op::MoeRoute(_) => vec![moe::topk_kernel(cx.dtype()), "fill_u16"],
+        Op::RmsNorm(_) => vec![cx.kernel("rmsnorm_{s}")?, "fill_u16"],
+        Op::Rope(_) => vec![cx.kernel("rope_{s}")?, "fill_u16"],
+        _ => vec!["fill_u16"],
     };
     for k in first {
         cx.be.kernels.preload(k)?;

@@ -4,13 +4,21 @@
 use cudarc::driver::result as drv;
 
 use super::{Arg, Cx, Dims};
-use crate::backend::cuda::CudaStorage;
+use crate::backend::cuda::{CudaDType, CudaStorage};
 use crate::backend::cuda::blaslt::Epilogue;
 use crate::backend::cuda::error::DrvResultExt;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::{MoeExpertsParams, MoeRouteParams};
 use crate::tensor::TensorMeta;
+
+/// The routing top-k kernel for logits stored as `dtype` (f32 math either way).
+pub fn topk_kernel(dtype: CudaDType) -> &'static str {
+    match dtype {
+        CudaDType::Bf16 => "moe_topk_softmax_f32",
+        CudaDType::F16 => "moe_topk_softmax_f32_f16",
+    }
+}
 
 pub fn route(
     cx: &Cx<'_>,
@@ -24,16 +32,17 @@ pub fn route(
     let plen = p.padded_len(t, e);
     let tpb = tandem_gpu_kernels::ROUTE_TOKENS_PER_BLOCK;
     let nb = t.div_ceil(tpb);
-    let logits = cx.bf16(ins[0], t * e)?;
+    let logits = cx.half(ins[0], t * e)?;
     let cells = (nb * e).max(1);
     let counts = cx.scratch(cells * 4)?;
     let psum = cx.scratch(cells * 4)?;
     let zs = cx.scratch(nb.max(1) * 4)?;
     let base = cx.scratch(cells * 4)?;
     let o: Vec<u64> = outs.iter().map(|s| s.ptr()).collect();
+    let topk = topk_kernel(cx.dtype());
     if nb > 0 {
         cx.k(
-            "moe_topk_softmax_f32",
+            topk,
             Dims::linear(nb as u32, tandem_gpu_kernels::ROUTE_THREADS).smem(8 * e),
             &[
                 Arg::Ptr(logits.ptr),
@@ -84,7 +93,7 @@ pub fn route(
             ],
         )?;
     }
-    Ok("moe_topk_softmax_f32+moe_align_scan+moe_align_scatter".into())
+    Ok(format!("{topk}+moe_align_scan+moe_align_scatter"))
 }
 
 pub fn experts(
@@ -96,11 +105,11 @@ pub fn experts(
 ) -> Result<String> {
     let s = p.shape(metas)?;
     let (t, h, e, k, f) = (s.t, s.h, s.e, s.k, s.f);
-    let x = cx.bf16(ins[0], t * h)?;
+    let x = cx.half(ins[0], t * h)?;
     let w = cx.f32(ins[2], t * k)?;
     let sorted = ins[3];
-    let gate_up = cx.bf16(ins[5], e * 2 * f * h)?;
-    let down = cx.bf16(ins[6], e * h * f)?;
+    let gate_up = cx.half(ins[5], e * 2 * f * h)?;
+    let down = cx.half(ins[6], e * h * f)?;
     // The segment bounds decide the GEMM shapes: read them (this waits for queued work).
     let mut off = vec![0i32; e + 1];
     let label = &cx.be.dev.label;
@@ -120,14 +129,14 @@ pub fn experts(
         ));
     }
     let sentinel = (t * k) as i32;
-    let xg = cx.alloc(pu * h, DType::BF16)?;
-    let hb = cx.alloc(pu * 2 * f, DType::BF16)?;
-    let act = cx.alloc(pu * f, DType::BF16)?;
-    let ob = cx.alloc(pu * h, DType::BF16)?;
+    let xg = cx.alloc(pu * h, cx.phys())?;
+    let hb = cx.alloc(pu * 2 * f, cx.phys())?;
+    let act = cx.alloc(pu * f, cx.phys())?;
+    let ob = cx.alloc(pu * h, cx.phys())?;
     let inv = cx.alloc(t * k, DType::I32)?;
     if pu > 0 {
         cx.k(
-            "moe_gather_bf16",
+            cx.kernel("moe_gather_{s}")?,
             Dims::linear(pu as u32, 128),
             &[
                 Arg::Ptr(x.ptr),
@@ -148,6 +157,7 @@ pub fn experts(
         }
         cx.be.blas.matmul(
             cx.stream(),
+            cx.dtype(),
             len,
             2 * f,
             h,
@@ -161,7 +171,7 @@ pub fn experts(
     }
     if pu > 0 {
         cx.k(
-            "moe_swiglu_bf16",
+            cx.kernel("moe_swiglu_{s}")?,
             Dims::stride((pu * f) as u64, 256, cx.sms()),
             &[
                 Arg::Ptr(hb.ptr()),
@@ -178,6 +188,7 @@ pub fn experts(
         }
         cx.be.blas.matmul(
             cx.stream(),
+            cx.dtype(),
             len,
             h,
             f,
@@ -202,7 +213,7 @@ pub fn experts(
     }
     if t > 0 {
         cx.k(
-            "moe_combine_bf16",
+            cx.kernel("moe_combine_{s}")?,
             Dims::linear(t as u32, (h.div_ceil(32) * 32).clamp(32, 256) as u32),
             &[
                 Arg::Ptr(ob.ptr()),
@@ -215,7 +226,8 @@ pub fn experts(
             ],
         )?;
     }
+    let s = cx.dtype();
     Ok(format!(
-        "moe_gather_bf16+cublaslt_bf16_gemm(x{gemms})+moe_swiglu_bf16+cublaslt_bf16_gemm(x{gemms})+moe_inverse_i32+moe_combine_bf16"
+        "moe_gather_{s}+cublaslt_{s}_gemm(x{gemms})+moe_swiglu_{s}+cublaslt_{s}_gemm(x{gemms})+moe_inverse_i32+moe_combine_{s}"
     ))
 }
