@@ -145,7 +145,12 @@ impl Module {
                 "rmsnorm_bf16_scalar",
                 "rmsnorm_f16_scalar",
             ],
-            Module::Rope => &["rope_bf16", "rope_f16", "rope_bf16_scalar", "rope_f16_scalar"],
+            Module::Rope => &[
+                "rope_bf16",
+                "rope_f16",
+                "rope_bf16_scalar",
+                "rope_f16_scalar",
+            ],
             Module::MoeRoute => &[
                 "moe_topk_softmax_f32",
                 "moe_topk_softmax_f32_f16",
@@ -301,7 +306,10 @@ mod tests {
         // the Hopper builds are bf16 only
         assert_eq!(kernel("mha_{s}_fwd_d128_wg", Storage::F16), None);
         // outside the Hopper module, every bf16 entry point has an f16 twin in its module
-        for m in Module::ALL.into_iter().filter(|&m| m != Module::AttentionSm90a) {
+        for m in Module::ALL
+            .into_iter()
+            .filter(|&m| m != Module::AttentionSm90a)
+        {
             for e in m.entry_points().iter().filter(|e| e.contains("bf16")) {
                 let twin = e.replace("bf16", "f16");
                 assert_eq!(Module::of_kernel(&twin), Some(m), "{twin}");

@@ -353,7 +353,14 @@ fn compare_runs_every_device_kind_found() {
 fn cuda_dtype_flag_is_checked_and_used() {
     // Not a storage precision: a usage error listing the accepted values.
     for cmd in [
-        vec!["bench", "rmsnorm", "--backend", "cuda", "--cuda-dtype", "f8"],
+        vec![
+            "bench",
+            "rmsnorm",
+            "--backend",
+            "cuda",
+            "--cuda-dtype",
+            "f8",
+        ],
         vec!["run", "--cuda-dtype", "fp16"],
     ] {
         let o = tandem(&cmd);
@@ -422,7 +429,9 @@ fn cuda_dtype_environment_is_checked_and_the_flag_wins() {
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("TANDEM_CUDA_DTYPE: 'f8' is not a CUDA storage precision (accepted: bf16, f16)"),
+        err.contains(
+            "TANDEM_CUDA_DTYPE: 'f8' is not a CUDA storage precision (accepted: bf16, f16)"
+        ),
         "{err}"
     );
     assert!(!err.contains("panicked"), "{err}");

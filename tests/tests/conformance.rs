@@ -31,7 +31,12 @@ fn device(t: Target) -> Option<std::sync::Arc<dyn Backend>> {
         Target::Kind(kind) => device_or_skip(kind),
         Target::Cuda(dtype) => {
             let b = cuda_or_skip(dtype)?;
-            assert_eq!(b.info().compute_dtype, dtype.dtype(), "storage of {}", b.id());
+            assert_eq!(
+                b.info().compute_dtype,
+                dtype.dtype(),
+                "storage of {}",
+                b.id()
+            );
             Some(b)
         }
     }
@@ -143,7 +148,9 @@ fn attention(b: &dyn Backend, causal: bool, shape: [usize; 6]) -> TestResult {
 }
 
 fn conformance_attention(target: Target) -> TestResult {
-    let Some(b) = device(target) else { return Ok(()) };
+    let Some(b) = device(target) else {
+        return Ok(());
+    };
     attention(&*b, true, [1, 4, 2, 37, 53, 64])?;
     attention(&*b, false, [2, 2, 2, 65, 65, 128])?;
     attention(&*b, true, [1, 4, 1, 80, 17, 64])?;
@@ -151,7 +158,9 @@ fn conformance_attention(target: Target) -> TestResult {
 }
 
 fn conformance_moe_route(target: Target) -> TestResult {
-    let Some(b) = device(target) else { return Ok(()) };
+    let Some(b) = device(target) else {
+        return Ok(());
+    };
     for (tokens, experts, k) in [(45, 8, 2), (33, 16, 4), (7, 8, 8)] {
         let op = Op::MoeRoute(MoeRouteParams {
             top_k: k,
@@ -168,7 +177,9 @@ fn conformance_moe_route(target: Target) -> TestResult {
 }
 
 fn conformance_moe_experts(target: Target) -> TestResult {
-    let Some(b) = device(target) else { return Ok(()) };
+    let Some(b) = device(target) else {
+        return Ok(());
+    };
     let (tokens, h, f, e, k) = (21, 64, 48, 4, 2);
     let route = Op::MoeRoute(MoeRouteParams {
         top_k: k,
@@ -195,7 +206,9 @@ fn conformance_moe_experts(target: Target) -> TestResult {
 }
 
 fn conformance_linear(target: Target) -> TestResult {
-    let Some(b) = device(target) else { return Ok(()) };
+    let Some(b) = device(target) else {
+        return Ok(());
+    };
     let mut r = rng(3);
     for (m, n, kk, act, bias) in [
         (33, 70, 96, Activation::Gelu, true),
@@ -216,7 +229,9 @@ fn conformance_linear(target: Target) -> TestResult {
 }
 
 fn conformance_norm_rope_layout(target: Target) -> TestResult {
-    let Some(b) = device(target) else { return Ok(()) };
+    let Some(b) = device(target) else {
+        return Ok(());
+    };
     let mut r = rng(9);
     let x = t(uniform(&mut r, &[17, 256], 1.0));
     let w = t(uniform(&mut r, &[256], 1.0));
@@ -262,7 +277,9 @@ fn conformance_norm_rope_layout(target: Target) -> TestResult {
 }
 
 fn conformance_round_trip(target: Target) -> TestResult {
-    let Some(b) = device(target) else { return Ok(()) };
+    let Some(b) = device(target) else {
+        return Ok(());
+    };
     let mut r = rng(1);
     let f = t(uniform(&mut r, &[3, 5, 7], 2.0));
     let back = b.download(&b.upload(&f)?)?;

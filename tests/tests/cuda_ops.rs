@@ -209,20 +209,44 @@ fn cuda_device_is_described(be: &CudaBackend, dt: CudaDType) {
 fn cuda_round_trip(be: &CudaBackend, dt: CudaDType) {
     let mut r = rng("round_trip");
     let exact = rand_t(&mut r, dt, &[3, 17, 5], 4.0);
-    let back = be.download(&be.upload(&exact).expect("upload")).expect("download");
+    let back = be
+        .download(&be.upload(&exact).expect("upload"))
+        .expect("download");
     assert_eq!(back, exact, "{dt}: stored values come back exactly");
     let raw = Tensor::from_vec_f32(&[4], vec![1.0 + 1.0 / 1024.0, 0.1, -3.3, 1e-3]).expect("shape");
-    let back = be.download(&be.upload(&raw).expect("upload")).expect("download");
-    let want: Vec<f32> = raw.as_f32().expect("f32").iter().map(|&x| rnd(dt, x)).collect();
-    assert_eq!(back.as_f32().expect("f32").iter().copied().collect::<Vec<_>>(), want);
+    let back = be
+        .download(&be.upload(&raw).expect("upload"))
+        .expect("download");
+    let want: Vec<f32> = raw
+        .as_f32()
+        .expect("f32")
+        .iter()
+        .map(|&x| rnd(dt, x))
+        .collect();
+    assert_eq!(
+        back.as_f32()
+            .expect("f32")
+            .iter()
+            .copied()
+            .collect::<Vec<_>>(),
+        want
+    );
     for host in [raw.cast(tandem::DType::BF16), raw.cast(tandem::DType::F16)] {
-        let back = be.download(&be.upload(&host).expect("upload")).expect("download");
+        let back = be
+            .download(&be.upload(&host).expect("upload"))
+            .expect("download");
         assert_eq!(back.dtype(), host.dtype());
         let e = rel_error(&back.to_f64(), &host.to_f64());
-        assert!(e < 4e-3, "{dt}: {} round trip rel err {e:.2e}", host.dtype());
+        assert!(
+            e < 4e-3,
+            "{dt}: {} round trip rel err {e:.2e}",
+            host.dtype()
+        );
     }
     let ids = Tensor::from_vec_i32(&[3], vec![-7, 0, 1 << 30]).expect("shape");
-    let back = be.download(&be.upload(&ids).expect("upload")).expect("download");
+    let back = be
+        .download(&be.upload(&ids).expect("upload"))
+        .expect("download");
     assert_eq!(back, ids);
 }
 

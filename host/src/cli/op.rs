@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
+use tandem::backend::CudaDType;
 use tandem::exec::ExecOptions;
 use tandem::graph::Graph;
 use tandem::ops::{
     Activation, AttentionParams, LinearParams, MoeExpertsParams, MoeRouteParams, Op, RmsNormParams,
     RopeParams,
 };
-use tandem::backend::CudaDType;
 use tandem::plan::BackendChoice;
 use tandem::run::{RunOptions, run_graph};
 use tandem::{DType, DeviceRegistry, Tensor};

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use tandem::backend::CudaDType;
 use tandem::exec::ExecOptions;
 use tandem::plan::{self, BackendChoice};
 use tandem::run::{RunOptions, run_graph};
-use tandem::backend::CudaDType;
 use tandem::workload::{self, MixtralConfig, WorkloadFile};
 use tandem::{DType, DeviceRegistry, Tensor};
 

@@ -170,7 +170,14 @@ impl BlasLt {
         // SAFETY: created above.
         let _ = unsafe { lt::destroy_matmul_pref(pref) };
         let heur = heur?;
-        tracing::debug!(dtype = dt.name(), m, n, k, epilogue = epi.name(), "cuBLASLt plan");
+        tracing::debug!(
+            dtype = dt.name(),
+            m,
+            n,
+            k,
+            epilogue = epi.name(),
+            "cuBLASLt plan"
+        );
         Ok(Plan {
             desc,
             a,
@@ -216,9 +223,7 @@ impl BlasLt {
         let key = (dt, m, n, k, epi);
         let p = match plans.entry(key) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(self.plan(dt, m, n, k, epi)?)
-            }
+            std::collections::hash_map::Entry::Vacant(v) => v.insert(self.plan(dt, m, n, k, epi)?),
         };
         if epi.has_bias() {
             self.set_bias(p.desc, bias)?;

@@ -306,7 +306,9 @@ impl Backend for CudaBackend {
                     HostData::F16(a) => {
                         let dst: &mut [u16] = bytemuck::cast_slice_mut(stage);
                         match half {
-                            CudaDType::Bf16 => encode(dst, a, |x| bf16::from_f32(x.into()).to_bits()),
+                            CudaDType::Bf16 => {
+                                encode(dst, a, |x| bf16::from_f32(x.into()).to_bits())
+                            }
                             CudaDType::F16 => encode(dst, a, |x| x.to_bits()),
                         }
                     }
@@ -365,7 +367,9 @@ impl Backend for CudaBackend {
                     let v: Vec<bf16> = if st.phys == DType::BF16 {
                         src.iter().map(|&b| bf16::from_bits(b)).collect()
                     } else {
-                        src.iter().map(|&b| bf16::from_f32(half_to_f32(b))).collect()
+                        src.iter()
+                            .map(|&b| bf16::from_f32(half_to_f32(b)))
+                            .collect()
                     };
                     Tensor::new(HostData::BF16(
                         ndarray::ArrayD::from_shape_vec(shape, v).map_err(bad)?,

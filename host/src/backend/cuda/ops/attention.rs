@@ -1,8 +1,8 @@
 //! Attention forward: the FlashAttention-2-style mma.sync kernel (sm80/attention.cu).
 
 use super::{Arg, Cx};
-use crate::backend::cuda::{CudaDType, CudaStorage};
 use crate::backend::cuda::kernels::Dims;
+use crate::backend::cuda::{CudaDType, CudaStorage};
 use crate::error::Result;
 use crate::ops::AttentionParams;
 use crate::tensor::TensorMeta;
@@ -131,7 +131,9 @@ pub fn select_for(arch: u32, d: usize, dtype: CudaDType) -> Variant {
 pub fn kernel_for(var: Variant, d: usize, dtype: CudaDType) -> Result<&'static str> {
     match dtype {
         CudaDType::Bf16 => Ok(var.kernel(d)),
-        CudaDType::F16 => super::kernel_for(&var.kernel(d).replacen("mha_bf16_", "mha_{s}_", 1), dtype),
+        CudaDType::F16 => {
+            super::kernel_for(&var.kernel(d).replacen("mha_bf16_", "mha_{s}_", 1), dtype)
+        }
     }
 }
 

@@ -260,3 +260,122 @@ pub fn run(
         Op::MoeExperts(p) => moe::experts(cx, p, ins, metas, outs),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::attention::{Variant, kernel_for as attention_kernel, select_for};
+    use super::*;
+    use crate::ops::{AttentionParams, MoeRouteParams};
+
+    /// Every kernel name pattern the ops launch, in both precisions.
+    #[test]
+    fn every_storage_kernel_exists_in_both_precisions() {
+        let patterns = [
+            "add_{s}",
+            "split_heads_{s}",
+            "merge_heads_{s}",
+            "rmsnorm_{s}",
+            "rmsnorm_{s}_scalar",
+            "rope_{s}",
+            "rope_{s}_scalar",
+            "silu_{s}",
+            "moe_gather_{s}",
+            "moe_swiglu_{s}",
+            "moe_combine_{s}",
+            "mha_{s}_fwd_d64",
+        ];
+        for dt in CudaDType::ALL {
+            for p in patterns {
+                let k = kernel_for(p, dt).unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(k, p.replace("{s}", dt.name()));
+            }
+            let topk = moe::topk_kernel(dt);
+            assert!(
+                tandem_gpu_kernels::Module::of_kernel(topk).is_some(),
+                "{topk}"
+            );
+        }
+        assert_eq!(moe::topk_kernel(CudaDType::Bf16), "moe_topk_softmax_f32");
+        assert!(kernel_for("nope_{s}", CudaDType::F16).is_err());
+    }
+
+    #[test]
+    fn f16_attention_runs_the_sm80_builds() {
+        if std::env::var_os("TANDEM_ATTN_VARIANT").is_some() {
+            println!("skipped: TANDEM_ATTN_VARIANT is set");
+            return;
+        }
+        // the default on sm_90 is the bf16-only wgmma build for d128; f16 takes m2
+        assert_eq!(select_for(90, 128, CudaDType::Bf16), Variant::Wg);
+        assert_eq!(select_for(90, 128, CudaDType::F16), Variant::M2);
+        assert_eq!(select_for(80, 64, CudaDType::F16), Variant::M2);
+        for (var, d, want) in [
+            (Variant::M2, 128, "mha_f16_fwd_d128_m2"),
+            (Variant::W4, 64, "mha_f16_fwd_d64"),
+            (Variant::W8, 128, "mha_f16_fwd_d128_w8"),
+            (Variant::M2N32, 64, "mha_f16_fwd_d64_m2n32"),
+        ] {
+            assert_eq!(attention_kernel(var, d, CudaDType::F16).ok(), Some(want));
+            assert_eq!(
+                attention_kernel(var, d, CudaDType::Bf16).ok(),
+                Some(var.kernel(d))
+            );
+        }
+        // there is no f16 wgmma build: asking for one is an error, never a bf16 launch
+        assert!(attention_kernel(Variant::Wg, 128, CudaDType::F16).is_err());
+        let f = |s: Vec<usize>| TensorMeta::new(s, DType::F32);
+        let op = Op::Attention(AttentionParams {
+            causal: true,
+            scale: None,
+        });
+        let ins = [
+            f(vec![1, 4, 32, 128]),
+            f(vec![1, 2, 32, 128]),
+            f(vec![1, 2, 32, 128]),
+        ];
+        for arch in [80, 89, 90] {
+            for dt in CudaDType::ALL {
+                assert_eq!(
+                    supports(arch, dt, &op, &ins),
+                    Support::Native,
+                    "sm_{arch} {dt}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn outputs_are_stored_in_the_storage_precision() {
+        let op = Op::MoeRoute(MoeRouteParams {
+            top_k: 2,
+            renormalize: true,
+            block_size: 16,
+        });
+        let metas = op
+            .validate(&[TensorMeta::new(vec![5, 4], DType::F32)])
+            .unwrap_or_else(|e| panic!("{e}"));
+        // routing: ids and counts i32, weights and losses f32, whatever the storage
+        assert!(
+            output_precisions(&op, &metas, DType::F16)
+                .iter()
+                .all(|&p| p == DType::I32 || p == DType::F32)
+        );
+        let op = Op::Attention(AttentionParams {
+            causal: false,
+            scale: None,
+        });
+        assert_eq!(
+            output_precisions(&op, &[], DType::F16),
+            vec![DType::F16, DType::F32]
+        );
+        let add = [TensorMeta::new(vec![3, 8], DType::F32)];
+        assert_eq!(
+            output_precisions(&Op::Add, &add, DType::F16),
+            vec![DType::F16]
+        );
+        assert_eq!(
+            output_precisions(&Op::Add, &add, DType::BF16),
+            vec![DType::BF16]
+        );
+    }
+}

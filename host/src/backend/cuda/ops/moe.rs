@@ -4,9 +4,9 @@
 use cudarc::driver::result as drv;
 
 use super::{Arg, Cx, Dims};
-use crate::backend::cuda::{CudaDType, CudaStorage};
 use crate::backend::cuda::blaslt::Epilogue;
 use crate::backend::cuda::error::DrvResultExt;
+use crate::backend::cuda::{CudaDType, CudaStorage};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::{MoeExpertsParams, MoeRouteParams};
