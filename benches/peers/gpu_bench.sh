@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # One device call: `tandem bench` and PyTorch (torch_peers.py) on the same shapes, side by side.
-# Usage on the GPU machine, from the repo root:  benches/peers/gpu_bench.sh [quick]
-# Writes the tandem JSON to /tmp/tandem-bench and prints a table of RESULT lines last.
+# Usage on the GPU machine, from the repo root:  [DTYPE=f16] benches/peers/gpu_bench.sh [quick]
+# DTYPE (bf16 or f16, default bf16) is the storage precision of both: tandem gets
+# `--cuda-dtype $DTYPE`, torch_peers.py `--dtype $DTYPE`.
+# Writes the tandem JSON to /tmp/tandem-bench/$DTYPE and prints a table of RESULT lines last.
 set -o pipefail
 T=${TANDEM:-.gpu/bin/tandem}
-W=/tmp/tandem-bench
+DTYPE=${DTYPE:-bf16}
+case "$DTYPE" in bf16|f16) ;; *) echo "DTYPE must be bf16 or f16, not '$DTYPE'" >&2; exit 2;; esac
+W=/tmp/tandem-bench/$DTYPE
 mkdir -p "$W"
 : > "$W/results"
 pair() { # label, then the bench arguments shared by both
   local label=$1
   shift
-  if "$T" bench "$@" --json > "$W/$label.json" 2> "$W/$label.err"; then
-    python3 benches/peers/torch_peers.py "$@" --tandem-json "$W/$label.json" | tee "$W/$label.txt"
+  if "$T" bench "$@" --cuda-dtype "$DTYPE" --json > "$W/$label.json" 2> "$W/$label.err"; then
+    python3 benches/peers/torch_peers.py "$@" --dtype "$DTYPE" --tandem-json "$W/$label.json" | tee "$W/$label.txt"
     grep '^RESULT' "$W/$label.txt" | sed "s/^RESULT /$label /" >> "$W/results"
   else
     echo "tandem bench $label failed:"; tail -5 "$W/$label.err"
@@ -32,7 +36,7 @@ pair linear linear --m 8192 --n 8192 --k 8192 --act gelu
 pair moe-route moe-route --tokens 16384 --experts 64 --top-k 8
 pair rmsnorm rmsnorm --rows 16384 --cols 8192
 pair rope rope --batch 4 --heads 32 --seq-len 4096 --head-dim 128
-echo "== summary (ratio = torch time / tandem time)"
+echo "== summary, $DTYPE storage (ratio = torch time / tandem time)"
 python3 - "$W/results" <<'PY'
 import json, sys
 for line in open(sys.argv[1]):
