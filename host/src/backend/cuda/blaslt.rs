@@ -65,6 +65,9 @@ impl Epilogue {
     }
 }
 
+/// What a plan is built for: storage, M, N, K and epilogue.
+type PlanKey = (CudaDType, usize, usize, usize, Epilogue);
+
 struct Plan {
     desc: ltsys::cublasLtMatmulDesc_t,
     a: ltsys::cublasLtMatrixLayout_t,
@@ -78,7 +81,7 @@ pub struct BlasLt {
     label: String,
     handle: ltsys::cublasLtHandle_t,
     workspace: DevBuf,
-    plans: Mutex<HashMap<(CudaDType, usize, usize, usize, Epilogue), Plan>>,
+    plans: Mutex<HashMap<PlanKey, Plan>>,
 }
 
 // SAFETY: cuBLASLt handles and descriptors may be used from any thread; plans are only touched
