@@ -503,6 +503,33 @@ mod tests {
         }
     }
 
+    /// Every module, bf16 and f16 entry points alike, compiles to CUBIN for sm_80 and sm_90a
+    /// wherever NVRTC is installed (no GPU needed).
+    #[test]
+    fn every_module_compiles_for_sm80_and_sm90a_where_nvrtc_is_present() {
+        if !probe::nvrtc_present() {
+            println!("skipped: NVRTC not found");
+            return;
+        }
+        let (a, b) = compile::nvrtc_version();
+        for m in tandem_gpu_kernels::Module::ALL {
+            for arch in [80, 90] {
+                if !m.runs_on(arch) {
+                    continue;
+                }
+                let bin = compile::compile(m, &compile::options(arch))
+                    .unwrap_or_else(|e| panic!("NVRTC {a}.{b}, {} for sm_{arch}: {e}", m.path()));
+                assert!(!bin.is_empty());
+                let flag = compile::arch_flag(arch);
+                println!(
+                    "NVRTC {a}.{b}: {} {flag}: {} bytes of CUBIN",
+                    m.name(),
+                    bin.len()
+                );
+            }
+        }
+    }
+
     #[test]
     fn cache_keys_depend_on_arch_and_options() {
         use tandem_gpu_kernels::Module;
