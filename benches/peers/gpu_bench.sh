@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # One device call: `tandem bench` and PyTorch (torch_peers.py) on the same shapes, side by side.
-# Usage on the GPU machine, from the repo root:  benches/peers/gpu_bench.sh [quick]
-# Writes the tandem JSON to /tmp/tandem-bench and prints a table of RESULT lines last.
+# Usage on the GPU machine, from the repo root:  [DTYPE=f16] benches/peers/gpu_bench.sh [quick]
+# DTYPE (bf16 or f16, default bf16) is the storage precision of both: tandem gets
+# `--cuda-dtype $DTYPE`, torch_peers.py `--dtype $DTYPE`.
+# Writes the tandem JSON to /tmp/tandem-bench/$DTYPE and prints a table of RESULT lines last.
 # ONLY=moe runs the MoE experts pairs alone; MOE_PATHS (default "grouped blaslt") picks the
 # experts paths timed (TANDEM_MOE_EXPERTS), MOE_TILES (default "default") the grouped tiles
 # (TANDEM_MOE_TILE: l, m, s, or default for the op's own choice).
 set -o pipefail
 T=${TANDEM:-.gpu/bin/tandem}
-W=/tmp/tandem-bench
+DTYPE=${DTYPE:-bf16}
+case "$DTYPE" in bf16|f16) ;; *) echo "DTYPE must be bf16 or f16, not '$DTYPE'" >&2; exit 2;; esac
+W=/tmp/tandem-bench/$DTYPE
 mkdir -p "$W"
 : > "$W/results"
 pair() { # label, then the bench arguments shared by both
   local label=$1
   shift
-  if "$T" bench "$@" --json > "$W/$label.json" 2> "$W/$label.err"; then
-    python3 benches/peers/torch_peers.py "$@" --tandem-json "$W/$label.json" | tee "$W/$label.txt"
+  if "$T" bench "$@" --cuda-dtype "$DTYPE" --json > "$W/$label.json" 2> "$W/$label.err"; then
+    python3 benches/peers/torch_peers.py "$@" --dtype "$DTYPE" --tandem-json "$W/$label.json" | tee "$W/$label.txt"
     grep '^RESULT' "$W/$label.txt" | sed "s/^RESULT /$label /" >> "$W/results"
   else
     echo "tandem bench $label failed:"; tail -5 "$W/$label.err"
@@ -54,7 +58,7 @@ pair rmsnorm rmsnorm --rows 16384 --cols 8192
 pair rope rope --batch 4 --heads 32 --seq-len 4096 --head-dim 128
 moe_pairs
 fi
-echo "== summary (ratio = torch time / tandem time)"
+echo "== summary, $DTYPE storage (ratio = torch time / tandem time)"
 python3 - "$W/results" <<'PY'
 import json, sys
 for line in open(sys.argv[1]):

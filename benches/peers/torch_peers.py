@@ -4,7 +4,11 @@
     tandem bench attention --batch 4 --heads 32 --seq-len 4096 --causal --json > t.json
     python3 benches/peers/torch_peers.py attention --batch 4 --heads 32 --seq-len 4096 --causal --tandem-json t.json
 
-Peers: attention = F.scaled_dot_product_attention (bf16, the backend PyTorch picks, bottom-right
+`--dtype bf16|f16` (default bf16) is the precision of every tensor PyTorch gets; give it the
+same value as tandem's `--cuda-dtype` so both run the same precision (the tandem JSON's
+"storage" is checked against it).
+
+Peers: attention = F.scaled_dot_product_attention (the backend PyTorch picks, bottom-right
 causal mask); linear = F.linear + GELU(tanh) (or relu/silu); moe-route = softmax, topk,
 renormalise, bincount, stable argsort, block-padded offsets, aux and z losses; moe-experts =
 gather x by the expert-sorted slots, grouped GEMM gate/up (F.grouped_mm / torch._grouped_mm, the
@@ -50,6 +54,8 @@ def parse():
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--sets", type=int)
+    p.add_argument("--dtype", choices=["bf16", "f16"], default="bf16",
+                   help="precision of the inputs and outputs (tandem's --cuda-dtype)")
     p.add_argument("--tandem-json", help="output of `tandem bench ... --json` to compare with")
     return p.parse_args()
 
@@ -147,9 +153,9 @@ def n_sets(args, in_bytes):
 def main():
     a = parse()
     dev = "cuda"
-    bf = torch.bfloat16
+    dt = {"bf16": torch.bfloat16, "f16": torch.float16}[a.dtype]
     g = torch.Generator(device=dev).manual_seed(1)
-    rnd = lambda *s, scale=1.0: ((torch.rand(*s, device=dev, generator=g) * 2 - 1) * scale).to(bf)
+    rnd = lambda *s, scale=1.0: ((torch.rand(*s, device=dev, generator=g) * 2 - 1) * scale).to(dt)
     if a.op == "attention":
         hkv = a.kv_heads or a.heads
         nkv = a.kv_len or a.seq_len
@@ -226,7 +232,7 @@ def main():
         inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, device=dev, dtype=torch.float64) / d))
         ang = torch.arange(t, device=dev, dtype=torch.float64)[:, None] * inv[None, :]
         emb = torch.cat([ang, ang], dim=-1)
-        cos, sin = emb.cos().to(bf), emb.sin().to(bf)
+        cos, sin = emb.cos().to(dt), emb.sin().to(dt)
         sets = [(rnd(b, h, t, d),) for _ in range(n_sets(a, in_bytes))]
 
         def fn(x):
@@ -239,7 +245,7 @@ def main():
         what = "x*cos + rotate_half(x)*sin"
     med = bench(fn, sets, a.iters, a.warmup)
     name = torch.cuda.get_device_name()
-    print(f"torch {torch.__version__} {a.op} {shape} on {name} ({what})")
+    print(f"torch {torch.__version__} {a.op} {shape} {a.dtype} on {name} ({what})")
     print(f"  torch : median {med*1e3:.3f} ms, {flops/med/1e12:.1f} TFLOP/s, {nbytes/med/1e9:.1f} GB/s")
     if a.tandem_json:
         try:
@@ -248,10 +254,13 @@ def main():
         except Exception as ex:  # report, never hide
             print(f"  tandem: no result ({ex})")
             return 1
+        if tj.get("storage", a.dtype) != a.dtype:
+            print(f"  warning: tandem stored {tj['storage']}, torch ran {a.dtype}: not the same precision")
         tm = tj["median_s"]
         print(f"  tandem: median {tm*1e3:.3f} ms, {tj['tflops']:.1f} TFLOP/s, {tj['gbps']:.1f} GB/s ({tj['kernel']})")
         print(f"  ratio torch/tandem time: {med/tm:.2f}x")
-        print("RESULT " + json.dumps({"op": a.op, "shape": shape, "device": name, "torch": torch.__version__,
+        print("RESULT " + json.dumps({"op": a.op, "shape": shape, "dtype": a.dtype, "device": name,
+                                     "torch": torch.__version__, "tandem_storage": tj.get("storage"),
                                      "torch_ms": med * 1e3, "tandem_ms": tm * 1e3, "ratio": med / tm,
                                      "tandem_tflops": tj["tflops"], "torch_tflops": flops / med / 1e12,
                                      "tandem_gbps": tj["gbps"], "torch_gbps": nbytes / med / 1e9}))

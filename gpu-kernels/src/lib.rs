@@ -1,7 +1,9 @@
 //! CUDA C++ sources of tandem's GPU kernels, embedded at build time, and their catalog.
 //!
 //! The host's CUDA backend compiles these with NVRTC at first use. Kernel entry points are
-//! named `{op}_{precision}[_{variant}]` (for example `mha_bf16_fwd_d128`, `rmsnorm_bf16`).
+//! named `{op}_{precision}[_{variant}]` (for example `mha_bf16_fwd_d128`, `rmsnorm_f16`).
+//! Kernels on 16-bit storage are C++ templates over the storage (`BF16` / `F16` of
+//! `common.cuh`) with one entry point per [`Storage`]: [`kernel`] finds the one to launch.
 //! Sources are laid out per architecture: `common/` (helpers and kernels any sm_80+ runs),
 //! `sm80/` (mma.sync main loops), `sm90a/` (Hopper-only main loops: wgmma attention).
 //!
@@ -16,7 +18,7 @@ pub const COMMON_HEADER: &str = include_str!("cuda/common/common.cuh");
 /// A compilation unit: one `.cu` file and the entry points it defines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Module {
-    /// Add, head split/merge, SiLU, poison fill, MoE experts' gather/SwiGLU/combine.
+    /// Add, head split/merge, SiLU, poison fill, MoE experts' gather/SwiGLU/combine, casts.
     Elementwise,
     /// RMSNorm (+ residual).
     Norm,
@@ -24,10 +26,8 @@ pub enum Module {
     Rope,
     /// MoE routing: top-k softmax, align scan and scatter.
     MoeRoute,
-    /// FlashAttention-2-style forward on mma.sync (sm_80 and later).
+    /// FlashAttention-2-style forward on mma.sync (sm_80 and later), bf16 and f16.
     AttentionSm80,
-    /// Hopper forward (sm_90a only): S = QK^T on wgmma (`_wg`), and PV too (`_wg2`).
-    AttentionSm90a,
     /// Hopper forward in FlashAttention-3's structure (sm_90a only): a TMA producer warp and
     /// two consumer warpgroups taking turns on wgmma (`_ws`).
     AttentionSm90aWs,
@@ -38,13 +38,12 @@ pub enum Module {
 
 impl Module {
     /// Every module.
-    pub const ALL: [Module; 8] = [
+    pub const ALL: [Module; 7] = [
         Module::Elementwise,
         Module::Norm,
         Module::Rope,
         Module::MoeRoute,
         Module::AttentionSm80,
-        Module::AttentionSm90a,
         Module::AttentionSm90aWs,
         Module::MoeExpertsSm80,
     ];
@@ -57,7 +56,6 @@ impl Module {
             Module::Rope => "rope",
             Module::MoeRoute => "moe_route",
             Module::AttentionSm80 => "attention_sm80",
-            Module::AttentionSm90a => "attention_sm90a",
             Module::AttentionSm90aWs => "attention_sm90a_ws",
             Module::MoeExpertsSm80 => "moe_experts_sm80",
         }
@@ -71,7 +69,6 @@ impl Module {
             Module::Rope => "common/rope.cu",
             Module::MoeRoute => "common/moe_route.cu",
             Module::AttentionSm80 => "sm80/attention.cu",
-            Module::AttentionSm90a => "sm90a/attention.cu",
             Module::AttentionSm90aWs => "sm90a/attention_ws.cu",
             Module::MoeExpertsSm80 => "sm80/moe_experts.cu",
         }
@@ -85,7 +82,6 @@ impl Module {
             Module::Rope => include_str!("cuda/common/rope.cu"),
             Module::MoeRoute => include_str!("cuda/common/moe_route.cu"),
             Module::AttentionSm80 => include_str!("cuda/sm80/attention.cu"),
-            Module::AttentionSm90a => include_str!("cuda/sm90a/attention.cu"),
             Module::AttentionSm90aWs => include_str!("cuda/sm90a/attention_ws.cu"),
             Module::MoeExpertsSm80 => include_str!("cuda/sm80/moe_experts.cu"),
         }
@@ -96,35 +92,24 @@ impl Module {
     /// (for working on a kernel without rebuilding the host; the disk cache is keyed by the
     /// text, so an edited file is recompiled).
     pub fn text(self) -> std::borrow::Cow<'static, str> {
-        if let Some(dir) = std::env::var_os("TANDEM_KERNEL_DIR") {
-            if let Ok(s) = std::fs::read_to_string(std::path::Path::new(&dir).join(self.path())) {
-                return std::borrow::Cow::Owned(s);
-            }
+        if let Some(dir) = std::env::var_os("TANDEM_KERNEL_DIR")
+            && let Ok(s) = std::fs::read_to_string(std::path::Path::new(&dir).join(self.path()))
+        {
+            return std::borrow::Cow::Owned(s);
         }
         std::borrow::Cow::Borrowed(self.body())
-    }
-
-    /// Modules whose source this one is compiled after (shared device helpers).
-    pub fn prelude(self) -> &'static [Module] {
-        match self {
-            Module::AttentionSm90a => &[Module::AttentionSm80],
-            _ => &[],
-        }
     }
 
     /// The full source handed to NVRTC: the common header, then the module's file.
     pub fn source(self) -> String {
         let header = match std::env::var_os("TANDEM_KERNEL_DIR") {
-            Some(dir) => std::fs::read_to_string(
-                std::path::Path::new(&dir).join("common/common.cuh"),
-            )
-            .unwrap_or_else(|_| COMMON_HEADER.to_string()),
+            Some(dir) => {
+                std::fs::read_to_string(std::path::Path::new(&dir).join("common/common.cuh"))
+                    .unwrap_or_else(|_| COMMON_HEADER.to_string())
+            }
             None => COMMON_HEADER.to_string(),
         };
         let mut s = format!("// common/common.cuh\n{header}\n");
-        for m in self.prelude() {
-            s.push_str(&format!("// {}\n{}\n", m.path(), m.text()));
-        }
         s.push_str(&format!("// {}\n{}", self.path(), self.text()));
         s
     }
@@ -132,7 +117,7 @@ impl Module {
     /// The lowest compute capability (major * 10 + minor) the module runs on.
     pub fn min_arch(self) -> u32 {
         match self {
-            Module::AttentionSm90a | Module::AttentionSm90aWs => 90,
+            Module::AttentionSm90aWs => 90,
             _ => 80,
         }
     }
@@ -141,7 +126,7 @@ impl Module {
     /// sm_90 only).
     pub fn runs_on(self, arch: u32) -> bool {
         match self {
-            Module::AttentionSm90a | Module::AttentionSm90aWs => arch == 90,
+            Module::AttentionSm90aWs => arch == 90,
             _ => arch >= 80,
         }
     }
@@ -151,21 +136,41 @@ impl Module {
         match self {
             Module::Elementwise => &[
                 "add_bf16",
+                "add_f16",
                 "split_heads_bf16",
+                "split_heads_f16",
                 "merge_heads_bf16",
+                "merge_heads_f16",
                 "silu_bf16",
+                "silu_f16",
                 "fill_u16",
                 "moe_gather_bf16",
+                "moe_gather_f16",
                 "moe_swiglu_bf16",
+                "moe_swiglu_f16",
                 "moe_inverse_i32",
                 "moe_combine_bf16",
+                "moe_combine_f16",
                 "cast_f32_bf16",
+                "cast_f32_f16",
                 "cast_bf16_f32",
+                "cast_f16_f32",
             ],
-            Module::Norm => &["rmsnorm_bf16", "rmsnorm_bf16_scalar"],
-            Module::Rope => &["rope_bf16", "rope_bf16_scalar"],
+            Module::Norm => &[
+                "rmsnorm_bf16",
+                "rmsnorm_f16",
+                "rmsnorm_bf16_scalar",
+                "rmsnorm_f16_scalar",
+            ],
+            Module::Rope => &[
+                "rope_bf16",
+                "rope_f16",
+                "rope_bf16_scalar",
+                "rope_f16_scalar",
+            ],
             Module::MoeRoute => &[
                 "moe_topk_softmax_f32",
+                "moe_topk_softmax_f32_f16",
                 "moe_align_scan",
                 "moe_align_scatter",
             ],
@@ -178,18 +183,14 @@ impl Module {
                 "mha_bf16_fwd_d128_m2",
                 "mha_bf16_fwd_d64_m2n32",
                 "mha_bf16_fwd_d128_m2n32",
-            ],
-            Module::AttentionSm90a => &[
-                "mha_bf16_fwd_d64_wg",
-                "mha_bf16_fwd_d128_wg",
-                "mha_bf16_fwd_d64_wg2",
-                "mha_bf16_fwd_d128_wg2",
-                "mha_bf16_fwd_d64_wgs",
-                "mha_bf16_fwd_d128_wgs",
-                "mha_bf16_fwd_d64_wg2s",
-                "mha_bf16_fwd_d128_wg2s",
-                "mha_bf16_fwd_d64_wgx2",
-                "mha_bf16_fwd_d128_wgx2",
+                "mha_f16_fwd_d64",
+                "mha_f16_fwd_d128",
+                "mha_f16_fwd_d64_w8",
+                "mha_f16_fwd_d128_w8",
+                "mha_f16_fwd_d64_m2",
+                "mha_f16_fwd_d128_m2",
+                "mha_f16_fwd_d64_m2n32",
+                "mha_f16_fwd_d128_m2n32",
             ],
             Module::AttentionSm90aWs => &[
                 "mha_bf16_fwd_d64_ws",
@@ -230,6 +231,40 @@ impl Module {
     }
 }
 
+/// A 16-bit storage precision of the kernels: the template argument of the storage-generic
+/// kernels, and the `{s}` in their entry-point names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Storage {
+    /// bfloat16 (`BF16` in common.cuh).
+    Bf16,
+    /// IEEE binary16 (`F16` in common.cuh).
+    F16,
+}
+
+impl Storage {
+    /// Both storages.
+    pub const ALL: [Storage; 2] = [Storage::Bf16, Storage::F16];
+
+    /// The name in entry points: `bf16` or `f16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Storage::Bf16 => "bf16",
+            Storage::F16 => "f16",
+        }
+    }
+}
+
+/// The entry point `pattern` names for storage `s`, with `{s}` replaced by `bf16` or `f16`
+/// (`kernel("rmsnorm_{s}_scalar", Storage::F16)` is `Some("rmsnorm_f16_scalar")`); `None` when
+/// no module defines it.
+pub fn kernel(pattern: &str, s: Storage) -> Option<&'static str> {
+    let name = pattern.replace("{s}", s.name());
+    Module::ALL
+        .into_iter()
+        .flat_map(|m| m.entry_points().iter().copied())
+        .find(|e| *e == name)
+}
+
 /// Lowercase hex of bytes.
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -248,7 +283,7 @@ pub const ATTENTION_BLOCK_N: usize = 64;
 pub const ATTENTION_WS_BLOCK_M: usize = 128;
 /// Key rows per tile of the `_ws` builds for head dims 128 and 64 (WS_BN_D128, WS_BN_D64),
 /// also the rows of their K and V TMA boxes.
-pub const ATTENTION_WS_BLOCK_N: [(usize, usize); 2] = [(128, 128), (64, 128)];
+pub const ATTENTION_WS_BLOCK_N: [(usize, usize); 2] = [(128, 176), (64, 128)];
 /// Threads per block of the `_ws` builds (WS_THREADS): a producer and two consumer warpgroups.
 pub const ATTENTION_WS_THREADS: u32 = 384;
 
@@ -341,16 +376,61 @@ mod tests {
         for m in Module::ALL {
             let src = m.source();
             for e in m.entry_points() {
-                let defined = src.contains(&format!(" {e}("))
-                    || src.contains(&format!("ATT_ENTRY({e},"))
-                    || src.contains(&format!("WG_ENTRY({e},"))
-                    || src.contains(&format!("WG2_ENTRY({e},"))
-                    || src.contains(&format!("WS_ENTRY({e},"))
-                    || src.contains(&format!("MOE_GEMM_ENTRY({e},"));
+                // defined directly, or by one of the modules' `*_ENTRY(name, ...)` macros
+                let defined =
+                    src.contains(&format!(" {e}(")) || src.contains(&format!("_ENTRY({e},"));
                 assert!(defined, "{e} not found in {}", m.path());
                 assert_eq!(Module::of_kernel(e), Some(m));
             }
         }
+    }
+
+    #[test]
+    fn storage_generic_kernels_have_both_entry_points() {
+        let generic = [
+            "add_{s}",
+            "split_heads_{s}",
+            "merge_heads_{s}",
+            "silu_{s}",
+            "moe_gather_{s}",
+            "moe_swiglu_{s}",
+            "moe_combine_{s}",
+            "cast_f32_{s}",
+            "cast_{s}_f32",
+            "rmsnorm_{s}",
+            "rmsnorm_{s}_scalar",
+            "rope_{s}",
+            "rope_{s}_scalar",
+        ];
+        for s in Storage::ALL {
+            for p in generic {
+                let k = kernel(p, s).unwrap_or_else(|| panic!("{p} has no {} entry", s.name()));
+                assert!(k.ends_with(s.name()) || k.contains(&format!("_{}_", s.name())));
+            }
+            for d in [64, 128] {
+                for v in ["", "_w8", "_m2", "_m2n32"] {
+                    let p = format!("mha_{{s}}_fwd_d{d}{v}");
+                    assert!(kernel(&p, s).is_some(), "{p} for {}", s.name());
+                }
+            }
+        }
+        assert_eq!(kernel("rmsnorm_{s}", Storage::F16), Some("rmsnorm_f16"));
+        assert_eq!(kernel("no_such_{s}", Storage::F16), None);
+        assert_eq!(
+            kernel("mha_{s}_fwd_d128_ws", Storage::F16),
+            Some("mha_f16_fwd_d128_ws")
+        );
+        // every bf16 entry point has an f16 twin in its module
+        for m in Module::ALL {
+            for e in m.entry_points().iter().filter(|e| e.contains("bf16")) {
+                let twin = e.replace("bf16", "f16");
+                assert_eq!(Module::of_kernel(&twin), Some(m), "{twin}");
+            }
+        }
+        assert_eq!(
+            Module::of_kernel("moe_topk_softmax_f32_f16"),
+            Some(Module::MoeRoute)
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use tandem::DeviceRegistry;
+use tandem::backend::{CudaDType, Probe};
 use tracing_subscriber::EnvFilter;
 
 /// tandem runs transformer work (attention, MoE, fused linear and norm ops) across the CPU,
@@ -38,6 +39,20 @@ enum Command {
     Fpga(cli::fpga::FpgaCmd),
 }
 
+impl Command {
+    /// The `--cuda-dtype` of the commands that open devices.
+    fn cuda_dtype(&self) -> Option<CudaDType> {
+        match self {
+            Command::Devices(a) => a.cuda_dtype,
+            Command::Run(a) | Command::Plan(a) => a.cuda_dtype,
+            Command::Compare(a) => a.run.cuda_dtype,
+            Command::Op(a) => a.cuda_dtype,
+            Command::Bench(a) => a.cuda_dtype,
+            Command::Fpga(_) => None,
+        }
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -46,7 +61,19 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let reg = DeviceRegistry::discover();
+    let cuda_dtype = cli.command.cuda_dtype();
+    // Without the flag, a CUDA device stores as TANDEM_CUDA_DTYPE says: a value that is not a
+    // precision stops here, before any device is opened.
+    if cuda_dtype.is_none() && !matches!(cli.command, Command::Fpga(_)) {
+        if let Err(e) = CudaDType::from_env() {
+            eprintln!("tandem: {e}");
+            return ExitCode::from(1);
+        }
+    }
+    let reg = DeviceRegistry::discover_with(Probe {
+        cuda_dtype,
+        ..Probe::default()
+    });
     let result = match &cli.command {
         Command::Devices(a) => cli::devices::run(a, &reg),
         Command::Run(a) => cli::run::run(a, &reg),

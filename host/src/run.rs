@@ -137,7 +137,15 @@ pub fn run_graph_with(
     let mut devices: Vec<String> = reg
         .backends()
         .iter()
-        .map(|b| format!("{} ({})", b.id(), b.info().name))
+        .map(|b| {
+            let i = b.info();
+            if i.id.kind == crate::backend::DeviceKind::Cuda {
+                // the GPU's storage precision (bf16 or f16) decides its accuracy
+                format!("{} ({}, {} storage)", i.id, i.name, i.compute_dtype)
+            } else {
+                format!("{} ({})", i.id, i.name)
+            }
+        })
         .collect();
     devices.extend(
         reg.missing()

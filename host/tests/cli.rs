@@ -22,6 +22,17 @@ fn tandem(args: &[&str]) -> Output {
         .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin().display()))
 }
 
+/// `tandem ARGS` with extra environment variables.
+fn tandem_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .env("TANDEM_LOG", "error")
+        .env("TANDEM_HISTORY", "off")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin().display()))
+}
+
 fn text(o: &Output) -> (String, String) {
     (
         String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -345,4 +356,104 @@ fn compare_runs_every_device_kind_found() {
     ]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("compare --json is JSON");
     assert!(v["runs"].as_array().is_some_and(|r| !r.is_empty()));
+}
+
+#[test]
+fn cuda_dtype_flag_is_checked_and_used() {
+    // Not a storage precision: a usage error listing the accepted values.
+    for cmd in [
+        vec![
+            "bench",
+            "rmsnorm",
+            "--backend",
+            "cuda",
+            "--cuda-dtype",
+            "f8",
+        ],
+        vec!["run", "--cuda-dtype", "fp16"],
+    ] {
+        let o = tandem(&cmd);
+        let (_, err) = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{cmd:?}: {err}");
+        assert!(err.contains("--cuda-dtype"), "{err}");
+        assert!(err.contains("bf16") && err.contains("f16"), "{err}");
+    }
+    // f16 is accepted. Without a GPU, bench says the device is missing; with one, it times
+    // the f16 kernel and counts bytes at f16.
+    let o = tandem(&[
+        "bench",
+        "rmsnorm",
+        "--backend",
+        "cuda",
+        "--cuda-dtype",
+        "f16",
+        "--rows",
+        "64",
+        "--cols",
+        "256",
+        "--iters",
+        "3",
+        "--warmup",
+        "1",
+    ]);
+    let (out, err) = text(&o);
+    assert!(!err.contains("panicked"), "{err}");
+    if o.status.success() {
+        assert!(out.contains("kernel rmsnorm_f16"), "{out}");
+        assert!(out.contains("f16 storage"), "{out}");
+    } else {
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(err.contains("backend cuda is not available"), "{err}");
+    }
+    // run, compare and op take the flag too (here on the CPU).
+    let small = ["--seq-len", "8", "--d-model", "64", "--ffn", "32"];
+    for cmd in ["run", "compare"] {
+        let mut args = vec![cmd, "--cuda-dtype", "f16"];
+        if cmd == "run" {
+            args.extend(["--backend", "cpu"]);
+        }
+        args.extend(small);
+        let o = tandem(&args);
+        assert!(o.status.success(), "{cmd}: {}", text(&o).1);
+    }
+    let input = reference("moe_route_1.safetensors");
+    let o = tandem(&[
+        "op",
+        "moe-route",
+        "--inputs",
+        input.to_str().unwrap_or_default(),
+        "--top-k",
+        "4",
+        "--backend",
+        "cpu",
+        "--cuda-dtype",
+        "bf16",
+    ]);
+    assert!(o.status.success(), "{}", text(&o).1);
+}
+
+#[test]
+fn cuda_dtype_environment_is_checked_and_the_flag_wins() {
+    let o = tandem_env(&["devices"], &[("TANDEM_CUDA_DTYPE", "f8")]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(
+            "TANDEM_CUDA_DTYPE: 'f8' is not a CUDA storage precision (accepted: bf16, f16)"
+        ),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    let o = tandem_env(
+        &["devices", "--cuda-dtype", "f16"],
+        &[("TANDEM_CUDA_DTYPE", "f8")],
+    );
+    assert!(o.status.success(), "{}", text(&o).1);
+    // Where a GPU is present, `devices` shows the storage in use.
+    let o = tandem_env(&["devices"], &[("TANDEM_CUDA_DTYPE", "f16")]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    if out.contains("cuda:0") {
+        assert!(out.contains("storage: f16 (f32 accumulate)"), "{out}");
+    }
 }

@@ -152,6 +152,41 @@ pub fn device_or_skip(kind: tandem::DeviceKind) -> Option<std::sync::Arc<dyn tan
     None
 }
 
+/// The devices of this machine with CUDA storing in `dtype` (the FPGA kinds not probed),
+/// discovered once per test binary and precision.
+pub fn cuda_registry(dtype: tandem::backend::CudaDType) -> &'static tandem::DeviceRegistry {
+    use std::sync::OnceLock;
+    static REGS: [OnceLock<tandem::DeviceRegistry>; 2] = [OnceLock::new(), OnceLock::new()];
+    let i = tandem::backend::CudaDType::ALL
+        .iter()
+        .position(|&d| d == dtype)
+        .unwrap_or(0);
+    REGS[i].get_or_init(|| {
+        tandem::DeviceRegistry::discover_with(tandem::backend::Probe {
+            cuda: true,
+            fpga: false,
+            cuda_dtype: Some(dtype),
+        })
+    })
+}
+
+/// The first CUDA device, storing in `dtype`, or `None` after printing why the test is skipped.
+pub fn cuda_or_skip(
+    dtype: tandem::backend::CudaDType,
+) -> Option<std::sync::Arc<dyn tandem::Backend>> {
+    let reg = cuda_registry(dtype);
+    if let Some(b) = reg.of_kind(tandem::DeviceKind::Cuda).into_iter().next() {
+        return Some(b);
+    }
+    let why = reg
+        .missing()
+        .iter()
+        .find(|m| m.kind == tandem::DeviceKind::Cuda)
+        .map_or_else(|| "not found".to_string(), |m| m.reason.clone());
+    println!("skipped: cuda ({dtype}) is unavailable: {why}");
+    None
+}
+
 /// `verilator --lint-only -Wall` of `verilog` (top module `top`) must be clean, and yosys
 /// `synth_xilinx` must map it; returns the resource counts (`None`, printed, where yosys is
 /// missing). Lint is skipped, printed, where verilator is missing.

@@ -1,5 +1,5 @@
 //! The conformance suite every backend runs: written once, instantiated per device kind
-//! (cpu, cuda, fpga-sim). Each case uploads fresh random inputs, launches the op through the
+//! (cpu, cuda in both storage precisions bf16 and f16, fpga-sim). Each case uploads fresh random inputs, launches the op through the
 //! `Backend` trait, waits with a timeout, downloads, and compares with the f64 reference at
 //! the device's precision. A device that is missing, or lacks an op, says so (printed) and
 //! the case returns: it never passes silently.
@@ -8,25 +8,48 @@ use std::time::Duration;
 
 use ndarray::{ArrayD, IxDyn};
 use rand::Rng;
-use tandem::backend::{Backend, DeviceKind, Support};
+use tandem::backend::{Backend, CudaDType, DeviceKind, Support};
 use tandem::ops::{
     Activation, AttentionParams, LinearParams, MoeExpertsParams, MoeRouteParams, Op, RmsNormParams,
     RopeParams, SplitHeadsParams,
 };
 use tandem::tensor::rel_error;
 use tandem::{DType, Tensor};
-use tandem_tests::{TestResult, device_or_skip, rng, uniform};
+use tandem_tests::{TestResult, cuda_or_skip, device_or_skip, rng, uniform};
 
-fn device(kind: DeviceKind) -> Option<std::sync::Arc<dyn Backend>> {
-    device_or_skip(kind)
+/// A device the suite runs on.
+#[derive(Debug, Clone, Copy)]
+enum Target {
+    /// The first device of a kind (the CPU, the FPGA simulation).
+    Kind(DeviceKind),
+    /// The first CUDA device, storing in this precision.
+    Cuda(CudaDType),
 }
 
-/// Relative-error bound for floating-point outputs on a device: f32 math on the CPU, bf16
-/// storage with f32 accumulation on the GPU, int8/int16 fixed point on the FPGA.
+fn device(t: Target) -> Option<std::sync::Arc<dyn Backend>> {
+    match t {
+        Target::Kind(kind) => device_or_skip(kind),
+        Target::Cuda(dtype) => {
+            let b = cuda_or_skip(dtype)?;
+            assert_eq!(
+                b.info().compute_dtype,
+                dtype.dtype(),
+                "storage of {}",
+                b.id()
+            );
+            Some(b)
+        }
+    }
+}
+
+/// Relative-error bound for floating-point outputs on a device: f32 math on the CPU, bf16 or
+/// f16 storage with f32 accumulation on the GPU (1e-2 and 5e-3), int8/int16 fixed point on
+/// the FPGA.
 fn tolerance(b: &dyn Backend) -> f64 {
     match b.info().compute_dtype {
         DType::F32 => 1e-5,
-        DType::BF16 | DType::F16 => 1e-2,
+        DType::BF16 => CudaDType::Bf16.tolerance(),
+        DType::F16 => CudaDType::F16.tolerance(),
         DType::I8 | DType::I32 => 5e-2,
     }
 }
@@ -92,7 +115,7 @@ fn t(a: ArrayD<f32>) -> Tensor {
 }
 
 /// Router logits whose values per token are at least 0.25 apart, so every device's rounding
-/// (bf16, Q7.8) keeps the same ranking: ids must then agree exactly everywhere.
+/// (bf16, f16, Q7.8) keeps the same ranking: ids must then agree exactly everywhere.
 fn separated_logits(seed: u64, tokens: usize, experts: usize) -> Tensor {
     let mut r = rng(seed);
     let mut v = Vec::with_capacity(tokens * experts);
@@ -124,16 +147,20 @@ fn attention(b: &dyn Backend, causal: bool, shape: [usize; 6]) -> TestResult {
     Ok(())
 }
 
-fn conformance_attention(kind: DeviceKind) -> TestResult {
-    let Some(b) = device(kind) else { return Ok(()) };
+fn conformance_attention(target: Target) -> TestResult {
+    let Some(b) = device(target) else {
+        return Ok(());
+    };
     attention(&*b, true, [1, 4, 2, 37, 53, 64])?;
     attention(&*b, false, [2, 2, 2, 65, 65, 128])?;
     attention(&*b, true, [1, 4, 1, 80, 17, 64])?;
     Ok(())
 }
 
-fn conformance_moe_route(kind: DeviceKind) -> TestResult {
-    let Some(b) = device(kind) else { return Ok(()) };
+fn conformance_moe_route(target: Target) -> TestResult {
+    let Some(b) = device(target) else {
+        return Ok(());
+    };
     for (tokens, experts, k) in [(45, 8, 2), (33, 16, 4), (7, 8, 8)] {
         let op = Op::MoeRoute(MoeRouteParams {
             top_k: k,
@@ -149,8 +176,10 @@ fn conformance_moe_route(kind: DeviceKind) -> TestResult {
     Ok(())
 }
 
-fn conformance_moe_experts(kind: DeviceKind) -> TestResult {
-    let Some(b) = device(kind) else { return Ok(()) };
+fn conformance_moe_experts(target: Target) -> TestResult {
+    let Some(b) = device(target) else {
+        return Ok(());
+    };
     let (tokens, h, f, e, k) = (21, 64, 48, 4, 2);
     let route = Op::MoeRoute(MoeRouteParams {
         top_k: k,
@@ -176,8 +205,10 @@ fn conformance_moe_experts(kind: DeviceKind) -> TestResult {
     Ok(())
 }
 
-fn conformance_linear(kind: DeviceKind) -> TestResult {
-    let Some(b) = device(kind) else { return Ok(()) };
+fn conformance_linear(target: Target) -> TestResult {
+    let Some(b) = device(target) else {
+        return Ok(());
+    };
     let mut r = rng(3);
     for (m, n, kk, act, bias) in [
         (33, 70, 96, Activation::Gelu, true),
@@ -197,8 +228,10 @@ fn conformance_linear(kind: DeviceKind) -> TestResult {
     Ok(())
 }
 
-fn conformance_norm_rope_layout(kind: DeviceKind) -> TestResult {
-    let Some(b) = device(kind) else { return Ok(()) };
+fn conformance_norm_rope_layout(target: Target) -> TestResult {
+    let Some(b) = device(target) else {
+        return Ok(());
+    };
     let mut r = rng(9);
     let x = t(uniform(&mut r, &[17, 256], 1.0));
     let w = t(uniform(&mut r, &[256], 1.0));
@@ -243,13 +276,15 @@ fn conformance_norm_rope_layout(kind: DeviceKind) -> TestResult {
     Ok(())
 }
 
-fn conformance_round_trip(kind: DeviceKind) -> TestResult {
-    let Some(b) = device(kind) else { return Ok(()) };
+fn conformance_round_trip(target: Target) -> TestResult {
+    let Some(b) = device(target) else {
+        return Ok(());
+    };
     let mut r = rng(1);
     let f = t(uniform(&mut r, &[3, 5, 7], 2.0));
     let back = b.download(&b.upload(&f)?)?;
     assert_eq!(back.meta(), f.meta());
-    // Storage may be narrower than f32 (bf16: 2^-9 relative per element).
+    // Storage may be narrower than f32 (bf16: 2^-9 relative per element, f16: 2^-12).
     let e = rel_error(&back.to_f64(), &f.to_f64());
     assert!(e < 4e-3, "{}: f32 round trip rel. error {e:.3e}", b.id());
     let ids = Tensor::from_i32(ArrayD::from_shape_fn(IxDyn(&[4, 9]), |i| {
@@ -274,15 +309,19 @@ macro_rules! per_device {
                 use super::*;
                 #[test]
                 fn cpu() -> TestResult {
-                    super::$case(DeviceKind::Cpu)
+                    super::$case(Target::Kind(DeviceKind::Cpu))
                 }
                 #[test]
-                fn cuda() -> TestResult {
-                    super::$case(DeviceKind::Cuda)
+                fn cuda_bf16() -> TestResult {
+                    super::$case(Target::Cuda(CudaDType::Bf16))
+                }
+                #[test]
+                fn cuda_f16() -> TestResult {
+                    super::$case(Target::Cuda(CudaDType::F16))
                 }
                 #[test]
                 fn fpga_sim() -> TestResult {
-                    super::$case(DeviceKind::FpgaSim)
+                    super::$case(Target::Kind(DeviceKind::FpgaSim))
                 }
             }
         )*

@@ -5,36 +5,43 @@
 //! multiples of 8, where the grouped request falls back to cuBLASLt), routing block sizes 1 to
 //! 64, several m-, n- and k-tiles per expert, slots dropped from the permutation. Routing runs
 //! on the GPU (its outputs feed the experts as in a layer). Outputs are poisoned (NaN) before
-//! every launch; bf16 results must be within 1e-2 relative (Frobenius) error. Without a usable
-//! GPU each test prints "skipped: <reason>" and returns.
+//! every launch; every case runs in both storage precisions, within 1e-2 (bf16) and 5e-3 (f16)
+//! relative (Frobenius) error. Without a usable GPU each test prints "skipped: <reason>" and
+//! returns.
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use half::bf16;
+use half::{bf16, f16};
 use ndarray::ArrayD;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use tandem::backend::CudaDType;
 use tandem::backend::cuda::{CudaBackend, CudaOptions, unavailable_reason};
 use tandem::backend::{Backend, DeviceStorage};
 use tandem::ops::{MoeExpertsParams, MoeRouteParams};
 use tandem::tensor::rel_error;
 use tandem::{Op, Tensor};
 
-const BF16_TOL: f64 = 1e-2;
-
 /// The path variables are process-wide: tests of this file take turns.
 static ENV: Mutex<()> = Mutex::new(());
 
-fn gpu() -> Option<Arc<CudaBackend>> {
-    static GPU: OnceLock<Result<Arc<CudaBackend>, String>> = OnceLock::new();
-    let g = GPU.get_or_init(|| {
+fn gpu(dt: CudaDType) -> Option<Arc<CudaBackend>> {
+    static GPU: [OnceLock<Result<Arc<CudaBackend>, String>>; 2] =
+        [OnceLock::new(), OnceLock::new()];
+    let g = GPU[dt as usize].get_or_init(|| {
         if let Some(r) = unavailable_reason() {
             return Err(r);
         }
-        CudaBackend::open(0, CudaOptions { poison: true })
-            .map(Arc::new)
-            .map_err(|e| format!("CUDA present but device 0 failed to open: {e}"))
+        CudaBackend::open(
+            0,
+            CudaOptions {
+                poison: true,
+                dtype: dt,
+            },
+        )
+        .map(Arc::new)
+        .map_err(|e| format!("CUDA present but device 0 failed to open: {e}"))
     });
     match g {
         Ok(b) => Some(b.clone()),
@@ -55,15 +62,19 @@ fn rng(tag: &str) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(seed)
 }
 
-fn bfr(x: f32) -> f32 {
-    bf16::from_f32(x).to_f32()
+/// `x` rounded to the storage precision.
+fn round(dt: CudaDType, x: f32) -> f32 {
+    match dt {
+        CudaDType::Bf16 => bf16::from_f32(x).to_f32(),
+        CudaDType::F16 => f16::from_f32(x).to_f32(),
+    }
 }
 
-/// A random f32 tensor, already rounded to bf16 (what the GPU will hold).
-fn rand_t(r: &mut ChaCha8Rng, shape: &[usize], scale: f32) -> Tensor {
+/// A random f32 tensor, already rounded to the storage (what the GPU will hold).
+fn rand_t(r: &mut ChaCha8Rng, dt: CudaDType, shape: &[usize], scale: f32) -> Tensor {
     let n: usize = shape.iter().product();
     let v: Vec<f32> = (0..n)
-        .map(|_| bfr(r.gen_range(-1.0f32..1.0) * scale))
+        .map(|_| round(dt, r.gen_range(-1.0f32..1.0) * scale))
         .collect();
     Tensor::from_vec_f32(shape, v).expect("shape")
 }
@@ -172,13 +183,13 @@ fn set_path(path: &str, tile: Option<&str>) {
 }
 
 /// Routes random logits on the GPU and makes the experts' inputs for `c`.
-fn inputs(be: &CudaBackend, r: &mut ChaCha8Rng, c: &Case) -> Vec<Tensor> {
+fn inputs(be: &CudaBackend, dt: CudaDType, r: &mut ChaCha8Rng, c: &Case) -> Vec<Tensor> {
     let route = Op::MoeRoute(MoeRouteParams {
         top_k: c.k,
         renormalize: true,
         block_size: c.block,
     });
-    let mut logits = rand_t(r, &[c.t, c.e], 2.0);
+    let mut logits = rand_t(r, dt, &[c.t, c.e], 2.0);
     if c.routing == Routing::AllToExpert0 {
         let mut l = logits.as_f32().expect("f32").clone();
         l.index_axis_mut(ndarray::Axis(1), 0).fill(8.0);
@@ -204,31 +215,37 @@ fn inputs(be: &CudaBackend, r: &mut ChaCha8Rng, c: &Case) -> Vec<Tensor> {
         }
         sorted = Tensor::from_vec_i32(&[s.len()], s).expect("1-D");
     }
-    // the routing weights as the GPU stores them (bf16)
-    let w = Tensor::from_f32(routed[1].as_f32().expect("f32").mapv(bfr));
+    // the routing weights as the GPU stores them once uploaded again
+    let w = Tensor::from_f32(routed[1].as_f32().expect("f32").mapv(|x| round(dt, x)));
     vec![
-        rand_t(r, &[c.t, c.h], 1.0),
+        rand_t(r, dt, &[c.t, c.h], 1.0),
         routed[0].clone(),
         w,
         sorted,
         routed[4].clone(),
-        rand_t(r, &[c.e, 2 * c.f, c.h], 1.0 / (c.h as f32).sqrt()),
-        rand_t(r, &[c.e, c.h, c.f], 1.0 / (c.f as f32).sqrt()),
+        rand_t(r, dt, &[c.e, 2 * c.f, c.h], 1.0 / (c.h as f32).sqrt()),
+        rand_t(r, dt, &[c.e, c.h, c.f], 1.0 / (c.f as f32).sqrt()),
     ]
 }
 
 /// Runs every case on every path and checks each against the reference.
 fn run_cases(tag: &str, cases: &[Case]) {
-    let Some(be) = gpu() else { return };
+    for dt in CudaDType::ALL {
+        run_cases_in(tag, dt, cases);
+    }
+}
+
+fn run_cases_in(tag: &str, dt: CudaDType, cases: &[Case]) {
+    let Some(be) = gpu(dt) else { return };
     let _g = ENV.lock().unwrap_or_else(|e| e.into_inner());
     let mut r = rng(tag);
     let op = Op::MoeExperts(MoeExpertsParams {});
     for c in cases {
         println!(
-            " T{} H{} E{} k{} F{} block {} {:?}",
+            " {dt} T{} H{} E{} k{} F{} block {} {:?}",
             c.t, c.h, c.e, c.k, c.f, c.block, c.routing
         );
-        let ins = inputs(&be, &mut r, c);
+        let ins = inputs(&be, dt, &mut r, c);
         let f64s: Vec<ArrayD<f64>> = ins.iter().map(|t| t.to_f64()).collect();
         let want = op.reference(&f64s).expect("reference");
         let aligned = c.h % 8 == 0 && c.f % 8 == 0;
@@ -239,8 +256,8 @@ fn run_cases(tag: &str, cases: &[Case]) {
             match tile {
                 Some(t) if aligned => {
                     assert!(
-                        kernel.contains(&format!("moe_gemm_swiglu_bf16_{t}"))
-                            && kernel.contains(&format!("moe_gemm_down_bf16_{t}")),
+                        kernel.contains(&format!("moe_gemm_swiglu_{dt}_{t}"))
+                            && kernel.contains(&format!("moe_gemm_down_{dt}_{t}")),
                         "expected the grouped kernels with tile {t}, ran {kernel}"
                     );
                     assert!(!kernel.contains("cublaslt"), "{kernel}");
@@ -250,7 +267,7 @@ fn run_cases(tag: &str, cases: &[Case]) {
                     "expected cuBLASLt, ran {kernel}"
                 ),
             }
-            check("y", &out[0], &want[0], BF16_TOL);
+            check("y", &out[0], &want[0], dt.tolerance());
         }
     }
     set_path("grouped", None);

@@ -1,18 +1,21 @@
 //! Every CUDA kernel against the f64 reference (`Op::reference`) on fresh random inputs:
-//! odd lengths, GQA/MQA ratios, causal with Nq != Nkv, ties in router logits. The reference sees
-//! the bf16-rounded inputs the GPU sees; bf16 results must be within 1e-2 relative error,
-//! routing ids, counts and the permutation exact. Outputs are poisoned (NaN) before every
-//! launch, so an unwritten element fails. Without a usable GPU each test prints
-//! "skipped: <reason>" and returns.
+//! odd lengths, GQA/MQA ratios, causal with Nq != Nkv, ties in router logits. Each test is
+//! written once and runs in both storage precisions (`per_dtype!`: `<test>::bf16` and
+//! `<test>::f16`, each on its own backend of device 0). The reference sees the inputs rounded
+//! as the GPU stores them; float results must be within 1e-2 (bf16) or 5e-3 (f16) relative
+//! error, routing ids, counts and the permutation exact, and the kernels that ran must be
+//! the ones of that precision. Outputs are poisoned (NaN) before every launch, so an
+//! unwritten element fails. Without a usable GPU each test prints "skipped: <reason>" and
+//! returns.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use half::bf16;
+use half::{bf16, f16};
 use ndarray::{ArrayD, IxDyn};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use tandem::backend::cuda::{CudaBackend, CudaOptions, unavailable_reason};
+use tandem::backend::cuda::{CudaBackend, CudaDType, CudaOptions, unavailable_reason};
 use tandem::backend::{Backend, DeviceStorage};
 use tandem::ops::{
     Activation, AttentionParams, LinearParams, MoeExpertsParams, MoeRouteParams, RmsNormParams,
@@ -21,20 +24,29 @@ use tandem::ops::{
 use tandem::tensor::rel_error;
 use tandem::{Op, Tensor};
 
-const BF16_TOL: f64 = 1e-2;
-
-fn gpu() -> Option<Arc<CudaBackend>> {
-    static GPU: OnceLock<Result<Arc<CudaBackend>, String>> = OnceLock::new();
-    let g = GPU.get_or_init(|| {
+/// Device 0 storing in `dt`, with poisoned outputs (one backend per precision, opened once).
+fn gpu(dt: CudaDType) -> Option<Arc<CudaBackend>> {
+    type Slot = OnceLock<Result<Arc<CudaBackend>, String>>;
+    static GPUS: [Slot; 2] = [OnceLock::new(), OnceLock::new()];
+    let g = GPUS[dt as usize].get_or_init(|| {
         if let Some(r) = unavailable_reason() {
             return Err(r);
         }
-        CudaBackend::open(0, CudaOptions { poison: true })
-            .map(Arc::new)
-            .map_err(|e| format!("CUDA present but device 0 failed to open: {e}"))
+        CudaBackend::open(
+            0,
+            CudaOptions {
+                poison: true,
+                dtype: dt,
+            },
+        )
+        .map(Arc::new)
+        .map_err(|e| format!("CUDA present but device 0 failed to open ({dt}): {e}"))
     });
     match g {
-        Ok(b) => Some(b.clone()),
+        Ok(b) => {
+            assert_eq!(b.dtype(), dt);
+            Some(b.clone())
+        }
         Err(r) if r.starts_with("CUDA present") => panic!("{r}"),
         Err(r) => {
             println!("skipped: {r}");
@@ -42,6 +54,41 @@ fn gpu() -> Option<Arc<CudaBackend>> {
         }
     }
 }
+
+/// Each test once per storage precision: `mod <test> { fn bf16(); fn f16(); }`.
+macro_rules! per_dtype {
+    ($($case:ident),* $(,)?) => {
+        $(
+            mod $case {
+                use super::*;
+                #[test]
+                fn bf16() {
+                    if let Some(be) = gpu(CudaDType::Bf16) {
+                        super::$case(&be, CudaDType::Bf16);
+                    }
+                }
+                #[test]
+                fn f16() {
+                    if let Some(be) = gpu(CudaDType::F16) {
+                        super::$case(&be, CudaDType::F16);
+                    }
+                }
+            }
+        )*
+    };
+}
+
+per_dtype!(
+    cuda_device_is_described,
+    cuda_round_trip,
+    cuda_add_split_merge,
+    cuda_rmsnorm,
+    cuda_rope,
+    cuda_linear,
+    cuda_attention,
+    cuda_moe_route,
+    cuda_moe_experts,
+);
 
 fn rng(tag: &str) -> ChaCha8Rng {
     let seed = std::time::SystemTime::now()
@@ -52,21 +99,41 @@ fn rng(tag: &str) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(seed)
 }
 
-fn bfr(x: f32) -> f32 {
-    bf16::from_f32(x).to_f32()
+/// `x` rounded as the GPU stores it in `dt`.
+fn rnd(dt: CudaDType, x: f32) -> f32 {
+    match dt {
+        CudaDType::Bf16 => bf16::from_f32(x).to_f32(),
+        CudaDType::F16 => f16::from_f32(x).to_f32(),
+    }
 }
 
-/// A random f32 tensor, already rounded to bf16 (what the GPU will hold).
-fn rand_t(r: &mut ChaCha8Rng, shape: &[usize], scale: f32) -> Tensor {
+/// A random f32 tensor, already rounded to `dt` (what the GPU will hold).
+fn rand_t(r: &mut ChaCha8Rng, dt: CudaDType, shape: &[usize], scale: f32) -> Tensor {
     let n: usize = shape.iter().product();
     let v: Vec<f32> = (0..n)
-        .map(|_| bfr(r.gen_range(-1.0f32..1.0) * scale))
+        .map(|_| rnd(dt, r.gen_range(-1.0f32..1.0) * scale))
         .collect();
     Tensor::from_vec_f32(shape, v).expect("shape")
 }
 
-/// Runs `op` on the GPU; checks the launch reports a kernel and an event-timed device time.
+/// The kernels that ran (names joined by '+') are those of storage `dt`: f16 runs no bf16
+/// kernel and at least one f16 one; bf16 runs no f16 kernel.
+fn assert_storage(kernel: &str, dt: CudaDType) {
+    let ok = match dt {
+        CudaDType::F16 => !kernel.contains("bf16") && kernel.contains("f16"),
+        CudaDType::Bf16 => !kernel.replace("bf16", "").contains("f16"),
+    };
+    assert!(ok, "{dt} storage ran {kernel}");
+}
+
+/// Runs `op` on the GPU; checks the launch reports a kernel of the backend's precision and an
+/// event-timed device time.
 fn run_gpu(be: &CudaBackend, op: &Op, inputs: &[Tensor]) -> Vec<Tensor> {
+    run_gpu_named(be, op, inputs).0
+}
+
+/// As [`run_gpu`], with the name of the kernel(s) that ran.
+fn run_gpu_named(be: &CudaBackend, op: &Op, inputs: &[Tensor]) -> (Vec<Tensor>, String) {
     let st: Vec<DeviceStorage> = inputs
         .iter()
         .map(|t| be.upload(t).expect("upload"))
@@ -78,6 +145,7 @@ fn run_gpu(be: &CudaBackend, op: &Op, inputs: &[Tensor]) -> Vec<Tensor> {
         .expect("kernel finished");
     let info = l.info.lock().expect("info").clone();
     assert!(!info.kernel.is_empty());
+    assert_storage(&info.kernel, be.dtype());
     let t = info.device_time.expect("event-timed device time");
     println!(
         "  {} ran {} in {:.1} us",
@@ -85,10 +153,12 @@ fn run_gpu(be: &CudaBackend, op: &Op, inputs: &[Tensor]) -> Vec<Tensor> {
         info.kernel,
         t.as_secs_f64() * 1e6
     );
-    l.outputs
+    let outs = l
+        .outputs
         .iter()
         .map(|s| be.download(s).expect("download"))
-        .collect()
+        .collect();
+    (outs, info.kernel)
 }
 
 fn reference(op: &Op, inputs: &[Tensor]) -> Vec<ArrayD<f64>> {
@@ -121,48 +191,94 @@ fn exact(name: &str, out: &Tensor, want: &ArrayD<f64>) {
     assert!(bad.is_empty(), "{name}: differs at flat indices {bad:?}");
 }
 
-#[test]
-fn cuda_device_is_described() {
-    let Some(be) = gpu() else { return };
+fn cuda_device_is_described(be: &CudaBackend, dt: CudaDType) {
     let i = be.info();
     println!("{} {:?} {} GiB", i.name, i.details, i.memory_bytes >> 30);
     assert!(i.memory_bytes > 0 && i.peak_flops > 0.0 && i.peak_bandwidth > 0.0);
+    assert_eq!(i.compute_dtype, dt.dtype());
+    let storage = i.details.iter().find(|(k, _)| k == "storage");
+    assert_eq!(
+        storage.map(|(_, v)| v.as_str()),
+        Some(format!("{dt} (f32 accumulate)").as_str())
+    );
     be.warm_up().expect("every module compiles");
 }
 
-#[test]
-fn cuda_add_split_merge() {
-    let Some(be) = gpu() else { return };
+/// Uploads keep values the storage holds exactly, round others to it, and download gives back
+/// the logical dtype: f32 from f32, bf16/f16 host tensors as themselves.
+fn cuda_round_trip(be: &CudaBackend, dt: CudaDType) {
+    let mut r = rng("round_trip");
+    let exact = rand_t(&mut r, dt, &[3, 17, 5], 4.0);
+    let back = be
+        .download(&be.upload(&exact).expect("upload"))
+        .expect("download");
+    assert_eq!(back, exact, "{dt}: stored values come back exactly");
+    let raw = Tensor::from_vec_f32(&[4], vec![1.0 + 1.0 / 1024.0, 0.1, -3.3, 1e-3]).expect("shape");
+    let back = be
+        .download(&be.upload(&raw).expect("upload"))
+        .expect("download");
+    let want: Vec<f32> = raw
+        .as_f32()
+        .expect("f32")
+        .iter()
+        .map(|&x| rnd(dt, x))
+        .collect();
+    assert_eq!(
+        back.as_f32()
+            .expect("f32")
+            .iter()
+            .copied()
+            .collect::<Vec<_>>(),
+        want
+    );
+    for host in [raw.cast(tandem::DType::BF16), raw.cast(tandem::DType::F16)] {
+        let back = be
+            .download(&be.upload(&host).expect("upload"))
+            .expect("download");
+        assert_eq!(back.dtype(), host.dtype());
+        let e = rel_error(&back.to_f64(), &host.to_f64());
+        assert!(
+            e < 4e-3,
+            "{dt}: {} round trip rel err {e:.2e}",
+            host.dtype()
+        );
+    }
+    let ids = Tensor::from_vec_i32(&[3], vec![-7, 0, 1 << 30]).expect("shape");
+    let back = be
+        .download(&be.upload(&ids).expect("upload"))
+        .expect("download");
+    assert_eq!(back, ids);
+}
+
+fn cuda_add_split_merge(be: &CudaBackend, dt: CudaDType) {
     let mut r = rng("layout");
     for (b, t, h, d) in [
         (2usize, 37usize, 3usize, 64usize),
         (1, 5, 4, 6),
         (3, 1, 2, 8),
     ] {
-        let a = rand_t(&mut r, &[b * t, h * d], 1.0);
-        let c = rand_t(&mut r, &[b * t, h * d], 1.0);
-        let out = run_gpu(&be, &Op::Add, &[a.clone(), c.clone()]);
+        let a = rand_t(&mut r, dt, &[b * t, h * d], 1.0);
+        let c = rand_t(&mut r, dt, &[b * t, h * d], 1.0);
+        let out = run_gpu(be, &Op::Add, &[a.clone(), c.clone()]);
         check(
             "add",
             &out[0],
             &reference(&Op::Add, &[a.clone(), c])[0],
-            BF16_TOL,
+            dt.tolerance(),
         );
         let sp = Op::SplitHeads(SplitHeadsParams { batch: b, heads: h });
-        let s = run_gpu(&be, &sp, std::slice::from_ref(&a));
+        let s = run_gpu(be, &sp, std::slice::from_ref(&a));
         exact(
             "split_heads",
             &s[0],
             &reference(&sp, std::slice::from_ref(&a))[0],
         );
-        let m = run_gpu(&be, &Op::MergeHeads, &s);
+        let m = run_gpu(be, &Op::MergeHeads, &s);
         exact("merge_heads", &m[0], &a.to_f64());
     }
 }
 
-#[test]
-fn cuda_rmsnorm() {
-    let Some(be) = gpu() else { return };
+fn cuda_rmsnorm(be: &CudaBackend, dt: CudaDType) {
     let mut r = rng("rmsnorm");
     for (rows, cols, residual) in [
         (7usize, 4096usize, false),
@@ -176,25 +292,23 @@ fn cuda_rmsnorm() {
             residual,
         });
         let mut ins = vec![
-            rand_t(&mut r, &[rows, cols], 2.0),
-            rand_t(&mut r, &[cols], 1.0),
+            rand_t(&mut r, dt, &[rows, cols], 2.0),
+            rand_t(&mut r, dt, &[cols], 1.0),
         ];
         if residual {
-            ins.push(rand_t(&mut r, &[rows, cols], 2.0));
+            ins.push(rand_t(&mut r, dt, &[rows, cols], 2.0));
         }
         println!(" rows {rows} cols {cols} residual {residual}");
-        let out = run_gpu(&be, &op, &ins);
+        let out = run_gpu(be, &op, &ins);
         let want = reference(&op, &ins);
-        check("y", &out[0], &want[0], BF16_TOL);
+        check("y", &out[0], &want[0], dt.tolerance());
         if residual {
-            check("sum", &out[1], &want[1], BF16_TOL);
+            check("sum", &out[1], &want[1], dt.tolerance());
         }
     }
 }
 
-#[test]
-fn cuda_rope() {
-    let Some(be) = gpu() else { return };
+fn cuda_rope(be: &CudaBackend, dt: CudaDType) {
     let mut r = rng("rope");
     for (b, h, t, d, off) in [
         (2usize, 3usize, 37usize, 128usize, 0usize),
@@ -205,16 +319,14 @@ fn cuda_rope() {
             base: 10000.0,
             position_offset: off,
         });
-        let x = rand_t(&mut r, &[b, h, t, d], 1.0);
+        let x = rand_t(&mut r, dt, &[b, h, t, d], 1.0);
         println!(" [{b},{h},{t},{d}] offset {off}");
-        let out = run_gpu(&be, &op, std::slice::from_ref(&x));
-        check("rope", &out[0], &reference(&op, &[x])[0], BF16_TOL);
+        let out = run_gpu(be, &op, std::slice::from_ref(&x));
+        check("rope", &out[0], &reference(&op, &[x])[0], dt.tolerance());
     }
 }
 
-#[test]
-fn cuda_linear() {
-    let Some(be) = gpu() else { return };
+fn cuda_linear(be: &CudaBackend, dt: CudaDType) {
     let mut r = rng("linear");
     for (m, n, k, act, bias) in [
         (37usize, 96usize, 64usize, Activation::Gelu, true),
@@ -225,15 +337,15 @@ fn cuda_linear() {
     ] {
         let op = Op::Linear(LinearParams { act, bias });
         let mut ins = vec![
-            rand_t(&mut r, &[m, k], 1.0),
-            rand_t(&mut r, &[n, k], 1.0 / (k as f32).sqrt()),
+            rand_t(&mut r, dt, &[m, k], 1.0),
+            rand_t(&mut r, dt, &[n, k], 1.0 / (k as f32).sqrt()),
         ];
         if bias {
-            ins.push(rand_t(&mut r, &[n], 0.5));
+            ins.push(rand_t(&mut r, dt, &[n], 0.5));
         }
         println!(" {m}x{n}x{k} {act:?} bias {bias}");
-        let out = run_gpu(&be, &op, &ins);
-        check("y", &out[0], &reference(&op, &ins)[0], BF16_TOL);
+        let out = run_gpu(be, &op, &ins);
+        check("y", &out[0], &reference(&op, &ins)[0], dt.tolerance());
     }
 }
 
@@ -258,9 +370,14 @@ fn check_lse(out: &Tensor, want: &ArrayD<f64>) {
     assert!(e < 1e-3, "lse rel err {e:.3e}");
 }
 
-#[test]
-fn cuda_attention() {
-    let Some(be) = gpu() else { return };
+/// Serialises the tests that set `TANDEM_ATTN_VARIANT` (the bf16 and f16 attention tests run
+/// in parallel otherwise).
+static ATTN_VARIANT: Mutex<()> = Mutex::new(());
+
+/// Every build of the kernel. f16 has the sm80 builds only: asked for a Hopper build (`wg*`)
+/// it must run `m2` in f16 (`mha_f16_fwd_d*_m2`).
+fn cuda_attention(be: &CudaBackend, dt: CudaDType) {
+    let _only_me = ATTN_VARIANT.lock().unwrap_or_else(|e| e.into_inner());
     let mut r = rng("attention");
     for (b, hq, hkv, nq, nkv, d, causal) in [
         (1usize, 4usize, 4usize, 37usize, 37usize, 64usize, true),
@@ -275,10 +392,8 @@ fn cuda_attention() {
         (2, 2, 2, 513, 390, 64, true),
         (1, 2, 2, 1000, 1000, 128, false),
     ] {
-        for variant in [
-            "w4", "w8", "m2", "m2n32", "wg", "wg2", "wgs", "wg2s", "wgx2", "ws",
-        ] {
-            if (variant.starts_with("wg") || variant == "ws")
+        for variant in ["w4", "w8", "m2", "m2n32", "ws"] {
+            if variant == "ws"
                 && be
                     .info()
                     .details
@@ -295,30 +410,35 @@ fn cuda_attention() {
                 scale: None,
             });
             let ins = vec![
-                rand_t(&mut r, &[b, hq, nq, d], 2.0),
-                rand_t(&mut r, &[b, hkv, nkv, d], 2.0),
-                rand_t(&mut r, &[b, hkv, nkv, d], 1.0),
+                rand_t(&mut r, dt, &[b, hq, nq, d], 2.0),
+                rand_t(&mut r, dt, &[b, hkv, nkv, d], 2.0),
+                rand_t(&mut r, dt, &[b, hkv, nkv, d], 1.0),
             ];
             println!(
                 " B{b} Hq{hq} Hkv{hkv} Nq{nq} Nkv{nkv} D{d} causal {causal} variant {variant}"
             );
-            let out = run_gpu(&be, &op, &ins);
+            let (out, kernel) = run_gpu_named(be, &op, &ins);
+            let want_kernel = match (dt, variant) {
+                (_, "w4") => format!("mha_{dt}_fwd_d{d}"),
+                (_, v) => format!("mha_{dt}_fwd_d{d}_{v}"),
+            };
+            assert_eq!(kernel, want_kernel, "{dt} variant {variant}");
             let want = reference(&op, &ins);
-            check("o", &out[0], &want[0], BF16_TOL);
+            check("o", &out[0], &want[0], dt.tolerance());
             check_lse(&out[1], &want[1]);
         }
     }
 }
 
-/// Logits drawn from a few values, so many ties; rounded to bf16.
-fn tied_logits(r: &mut ChaCha8Rng, t: usize, e: usize) -> Tensor {
+/// Logits drawn from a few values, so many ties; rounded to `dt`.
+fn tied_logits(r: &mut ChaCha8Rng, dt: CudaDType, t: usize, e: usize) -> Tensor {
     let levels = [-1.5f32, -0.25, 0.0, 0.5, 0.75, 1.0, 2.0];
     let v: Vec<f32> = (0..t * e)
         .map(|_| {
             if r.gen_bool(0.5) {
                 levels[r.gen_range(0..levels.len())]
             } else {
-                bfr(r.gen_range(-3.0f32..3.0))
+                rnd(dt, r.gen_range(-3.0f32..3.0))
             }
         })
         .collect();
@@ -335,9 +455,7 @@ fn check_route(out: &[Tensor], want: &[ArrayD<f64>]) {
     check("z_loss", &out[6], &want[6], 1e-4);
 }
 
-#[test]
-fn cuda_moe_route() {
-    let Some(be) = gpu() else { return };
+fn cuda_moe_route(be: &CudaBackend, dt: CudaDType) {
     let mut r = rng("moe_route");
     for (t, e, k, renorm, bs) in [
         (1000usize, 64usize, 8usize, true, 16usize),
@@ -352,16 +470,14 @@ fn cuda_moe_route() {
             renormalize: renorm,
             block_size: bs,
         });
-        let logits = tied_logits(&mut r, t, e);
+        let logits = tied_logits(&mut r, dt, t, e);
         println!(" T{t} E{e} k{k} renorm {renorm} block {bs}");
-        let out = run_gpu(&be, &op, std::slice::from_ref(&logits));
+        let out = run_gpu(be, &op, std::slice::from_ref(&logits));
         check_route(&out, &reference(&op, &[logits]));
     }
 }
 
-#[test]
-fn cuda_moe_experts() {
-    let Some(be) = gpu() else { return };
+fn cuda_moe_experts(be: &CudaBackend, dt: CudaDType) {
     let mut r = rng("moe_experts");
     for (t, h, e, k, f) in [
         (64usize, 128usize, 8usize, 2usize, 96usize),
@@ -372,13 +488,13 @@ fn cuda_moe_experts() {
             renormalize: true,
             block_size: 16,
         });
-        let logits = rand_t(&mut r, &[t, e], 2.0);
-        let routed = run_gpu(&be, &route, &[logits]);
-        let x = rand_t(&mut r, &[t, h], 1.0);
-        let gate_up = rand_t(&mut r, &[e, 2 * f, h], 1.0 / (h as f32).sqrt());
-        let down = rand_t(&mut r, &[e, h, f], 1.0 / (f as f32).sqrt());
-        // the weights as the GPU stores them (bf16)
-        let w = Tensor::from_f32(routed[1].as_f32().expect("f32").mapv(bfr));
+        let logits = rand_t(&mut r, dt, &[t, e], 2.0);
+        let routed = run_gpu(be, &route, &[logits]);
+        let x = rand_t(&mut r, dt, &[t, h], 1.0);
+        let gate_up = rand_t(&mut r, dt, &[e, 2 * f, h], 1.0 / (h as f32).sqrt());
+        let down = rand_t(&mut r, dt, &[e, h, f], 1.0 / (f as f32).sqrt());
+        // the weights as the GPU stores them (bf16 or f16)
+        let w = Tensor::from_f32(routed[1].as_f32().expect("f32").mapv(|x| rnd(dt, x)));
         let ins = vec![
             x,
             routed[0].clone(),
@@ -390,7 +506,7 @@ fn cuda_moe_experts() {
         ];
         let op = Op::MoeExperts(MoeExpertsParams {});
         println!(" T{t} H{h} E{e} k{k} F{f}");
-        let out = run_gpu(&be, &op, &ins);
-        check("y", &out[0], &reference(&op, &ins)[0], BF16_TOL);
+        let out = run_gpu(be, &op, &ins);
+        check("y", &out[0], &reference(&op, &ins)[0], dt.tolerance());
     }
 }

@@ -1,26 +1,37 @@
 //! The CUDA backend against the reference vectors PyTorch and transformers made in float64
-//! (tests/data/reference, read relative to this crate's folder). Attention: o and lse within
-//! bf16 tolerance. Routing: ids, counts and weights against the file where rounding the logits
-//! to bf16 (what the GPU sees) keeps the file's choice, losses within 1e-2. Without a usable GPU
-//! each test prints "skipped: <reason>" and returns.
+//! (tests/data/reference, read relative to this crate's folder), in both storage precisions
+//! (each test loops over bf16 and f16). Attention: o and lse within the precision's tolerance
+//! (bf16 1e-2, f16 5e-3). Routing: ids, counts and weights against the file where rounding the
+//! logits to the storage (what the GPU sees) keeps the file's choice, losses within 1e-2.
+//! Without a usable GPU each test prints "skipped: <reason>" and returns.
 
 use std::path::Path;
 use std::time::Duration;
 
 use ndarray::{ArrayD, IxDyn};
 use safetensors::{Dtype, SafeTensors};
-use tandem::backend::cuda::{CudaBackend, CudaOptions, unavailable_reason};
+use tandem::backend::cuda::{CudaBackend, CudaDType, CudaOptions, unavailable_reason};
 use tandem::backend::{Backend, DeviceStorage};
 use tandem::ops::{AttentionParams, MoeRouteParams};
 use tandem::tensor::rel_error;
 use tandem::{Op, Tensor};
 
-fn gpu() -> Option<CudaBackend> {
+/// Device 0 once per storage precision, outputs poisoned.
+fn gpus() -> Vec<(CudaDType, CudaBackend)> {
     if let Some(r) = unavailable_reason() {
         println!("skipped: {r}");
-        return None;
+        return Vec::new();
     }
-    Some(CudaBackend::open(0, CudaOptions { poison: true }).expect("device 0 opens"))
+    CudaDType::ALL
+        .into_iter()
+        .map(|dtype| {
+            let opts = CudaOptions {
+                poison: true,
+                dtype,
+            };
+            (dtype, CudaBackend::open(0, opts).expect("device 0 opens"))
+        })
+        .collect()
 }
 
 fn load(name: &str) -> Vec<u8> {
@@ -68,7 +79,12 @@ fn run(be: &CudaBackend, op: &Op, ins: &[Tensor]) -> Vec<Tensor> {
 
 #[test]
 fn cuda_attention_matches_reference_files() {
-    let Some(be) = gpu() else { return };
+    for (dt, be) in gpus() {
+        attention_files(&be, dt);
+    }
+}
+
+fn attention_files(be: &CudaBackend, dt: CudaDType) {
     for (i, causal) in [(0, true), (1, false), (2, true)] {
         let bytes = load(&format!("attention_{i}"));
         let st = SafeTensors::deserialize(&bytes).expect("safetensors");
@@ -82,20 +98,26 @@ fn cuda_attention_matches_reference_files() {
             causal,
             scale: None,
         });
-        let out = run(&be, &op, &[t(&q), t(&k), t(&v)]);
+        let out = run(be, &op, &[t(&q), t(&k), t(&v)]);
         let eo = rel_error(&out[0].to_f64(), &o);
         let el = rel_error(&out[1].to_f64(), &lse);
-        println!("attention_{i}: o rel err {eo:.2e}, lse rel err {el:.2e}");
+        println!("{dt} attention_{i}: o rel err {eo:.2e}, lse rel err {el:.2e}");
+        let tol = dt.tolerance();
         assert!(
-            eo < 1e-2 && el < 1e-2,
-            "attention_{i}: o {eo:.2e} lse {el:.2e}"
+            eo < tol && el < tol,
+            "{dt} attention_{i}: o {eo:.2e} lse {el:.2e} (tolerance {tol:.0e})"
         );
     }
 }
 
 #[test]
 fn cuda_routing_matches_reference_files() {
-    let Some(be) = gpu() else { return };
+    for (dt, be) in gpus() {
+        routing_files(&be, dt);
+    }
+}
+
+fn routing_files(be: &CudaBackend, dt: CudaDType) {
     for i in 0..2 {
         let bytes = load(&format!("moe_route_{i}"));
         let st = SafeTensors::deserialize(&bytes).expect("safetensors");
@@ -112,14 +134,18 @@ fn cuda_routing_matches_reference_files() {
             block_size: 16,
         });
         let lt = Tensor::from_f32(logits.mapv(|x| x as f32));
-        // What the GPU sees: bf16 logits. Where that keeps the file's choice, ids must match.
-        let rounded = Tensor::from_f32(logits.mapv(|x| half::bf16::from_f64(x).to_f32()));
+        // What the GPU sees: logits in its storage. Where that keeps the file's choice, ids
+        // must match.
+        let rounded = Tensor::from_f32(logits.mapv(|x| match dt {
+            CudaDType::Bf16 => half::bf16::from_f64(x).to_f32(),
+            CudaDType::F16 => half::f16::from_f64(x).to_f32(),
+        }));
         let ref_rounded = op.reference(&[rounded.to_f64()]).expect("reference");
-        let out = run(&be, &op, &[lt]);
+        let out = run(be, &op, &[lt]);
         assert_eq!(
             out[0].to_f64(),
             ref_rounded[0],
-            "moe_route_{i}: ids vs bf16-logit reference"
+            "{dt} moe_route_{i}: ids vs the reference on {dt} logits"
         );
         if ref_rounded[0] == ids {
             assert_eq!(out[0].to_f64(), ids, "moe_route_{i}: ids vs file");
@@ -129,7 +155,7 @@ fn cuda_routing_matches_reference_files() {
             assert!(ew < 1e-2);
         } else {
             println!(
-                "moe_route_{i}: bf16 rounding changes the file's choice; ids checked against the rounded reference"
+                "{dt} moe_route_{i}: rounding to {dt} changes the file's choice; ids checked against the rounded reference"
             );
         }
         let ea = rel_error(&out[5].to_f64(), &aux);

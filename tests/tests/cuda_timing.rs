@@ -1,5 +1,5 @@
 //! Event-timed figures of the CUDA kernels on benchmark shapes (ignored by default: run with
-//! `--ignored` on the GPU machine). Prints; asserts nothing about time. `tandem bench` is the
+//! `--ignored` on the GPU machine; `TANDEM_CUDA_DTYPE=f16` times the f16 storage). Prints; asserts nothing about time. `tandem bench` is the
 //! tool for measurements; this exists for quick looks from the test bundle.
 
 use std::time::Duration;
@@ -58,10 +58,11 @@ fn time(be: &CudaBackend, label: &str, op: &Op, metas: &[TensorMeta], sets: usiz
     let med = times[times.len() / 2];
     let c = op.cost(metas);
     println!(
-        "TIMING {label}: {:.3} ms, {:.1} TFLOP/s, {:.1} GB/s(bf16) [{kernel}]",
+        "TIMING {label}: {:.3} ms, {:.1} TFLOP/s, {:.1} GB/s({}) [{kernel}]",
         med * 1e3,
         c.flops / med / 1e12,
-        c.bytes / 2.0 / med / 1e9
+        c.bytes / 2.0 / med / 1e9,
+        be.dtype()
     );
 }
 
@@ -72,10 +73,11 @@ fn cuda_timing() {
         println!("skipped: {r}");
         return;
     }
-    let be = CudaBackend::open(0, CudaOptions::default()).expect("open");
+    let opts = CudaOptions::from_env().expect("TANDEM_CUDA_DTYPE is bf16 or f16");
+    let be = CudaBackend::open(0, opts).expect("open");
     let f = |s: &[usize]| TensorMeta::new(s.to_vec(), tandem::DType::F32);
     for causal in [false, true] {
-        for w in ["m2", "wg", "wg2"] {
+        for w in ["m2", "ws"] {
             // SAFETY: single-threaded here; read by the next launch.
             unsafe { std::env::set_var("TANDEM_ATTN_VARIANT", w) };
             let op = Op::Attention(AttentionParams {

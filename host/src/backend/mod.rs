@@ -7,6 +7,7 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod cuda_dtype;
 pub mod fpga;
 mod registry;
 
@@ -17,7 +18,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-pub use registry::{DeviceRegistry, Missing};
+pub use cuda_dtype::CudaDType;
+pub use registry::{DeviceRegistry, Missing, Probe};
 
 use crate::error::Result;
 use crate::ops::Op;

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::{Backend, DeviceId, DeviceKind};
+use super::{Backend, CudaDType, DeviceId, DeviceKind};
 
 /// A device kind that was looked for and not found, with the reason.
 #[derive(Debug, Clone, Serialize)]
@@ -29,6 +29,9 @@ pub struct Probe {
     pub cuda: bool,
     /// Look for simulated and real FPGA cards.
     pub fpga: bool,
+    /// Storage precision of the CUDA devices opened (`--cuda-dtype`); `None`: from
+    /// `TANDEM_CUDA_DTYPE`, else bf16.
+    pub cuda_dtype: Option<CudaDType>,
 }
 
 impl Default for Probe {
@@ -36,6 +39,7 @@ impl Default for Probe {
         Self {
             cuda: true,
             fpga: true,
+            cuda_dtype: None,
         }
     }
 }
@@ -50,7 +54,7 @@ impl DeviceRegistry {
     pub fn discover_with(probe: Probe) -> Self {
         let mut r = Self::cpu_only();
         if probe.cuda {
-            let (found, missing) = discover_cuda();
+            let (found, missing) = discover_cuda(probe.cuda_dtype);
             r.backends.extend(found);
             r.missing.extend(missing);
         }
@@ -110,12 +114,12 @@ impl DeviceRegistry {
 }
 
 #[cfg(feature = "cuda")]
-fn discover_cuda() -> (Vec<Arc<dyn Backend>>, Vec<Missing>) {
-    super::cuda::discover()
+fn discover_cuda(dtype: Option<CudaDType>) -> (Vec<Arc<dyn Backend>>, Vec<Missing>) {
+    super::cuda::discover_with(dtype)
 }
 
 #[cfg(not(feature = "cuda"))]
-fn discover_cuda() -> (Vec<Arc<dyn Backend>>, Vec<Missing>) {
+fn discover_cuda(_dtype: Option<CudaDType>) -> (Vec<Arc<dyn Backend>>, Vec<Missing>) {
     (
         Vec::new(),
         vec![Missing {

@@ -6,7 +6,8 @@
 //! plans); each timed launch is measured by the device (`LaunchInfo::device_time`, CUDA
 //! events) where the backend gives it, else by the wall clock around launch and completion.
 //! The median of the timed runs gives time, TFLOP/s and GB/s from `Op::cost` (bytes counted at
-//! the device's storage precision: bf16 on a GPU), and cycles where the device counts them.
+//! the device's storage precision: bf16 or f16 on a GPU, `--cuda-dtype`), and cycles where the
+//! device counts them.
 
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 use serde_json::json;
-use tandem::backend::{Backend, DeviceKind, DeviceStorage};
+use tandem::backend::{Backend, CudaDType, DeviceKind, DeviceStorage};
 use tandem::ops::{
     Activation, AttentionParams, LinearParams, MoeExpertsParams, MoeRouteParams, RmsNormParams,
     RopeParams,
@@ -50,6 +51,10 @@ pub struct BenchArgs {
     /// Backend: cpu, cuda or fpga-sim (default: cuda if present, else cpu).
     #[arg(long)]
     pub backend: Option<String>,
+    /// Precision CUDA devices store tensors in (f32 accumulation either way); default:
+    /// $TANDEM_CUDA_DTYPE, else bf16.
+    #[arg(long, value_name = "DTYPE", value_parser = super::cuda_dtype_parser())]
+    pub cuda_dtype: Option<CudaDType>,
     /// Attention: batch.
     #[arg(long, default_value_t = 4)]
     pub batch: usize,
@@ -500,6 +505,7 @@ pub fn run(args: &BenchArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
             "backend": be.id().to_string(),
             "device": info.name,
             "kernel": kernel,
+            "storage": storage.name(),
             "timing": if device_timed { "device events" } else { "wall clock" },
             "runs": runs,
             "sets": sets,

@@ -3,6 +3,7 @@
 use clap::Args;
 use serde_json::json;
 use tandem::DeviceRegistry;
+use tandem::backend::CudaDType;
 
 /// Options of `tandem devices`.
 #[derive(Debug, Args)]
@@ -10,6 +11,10 @@ pub struct DevicesArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Precision CUDA devices store tensors in (shown as their storage); default:
+    /// $TANDEM_CUDA_DTYPE, else bf16.
+    #[arg(long, value_name = "DTYPE", value_parser = super::cuda_dtype_parser())]
+    pub cuda_dtype: Option<CudaDType>,
 }
 
 /// Lists devices.

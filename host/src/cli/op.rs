@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
+use tandem::backend::CudaDType;
 use tandem::exec::ExecOptions;
 use tandem::graph::Graph;
 use tandem::ops::{
@@ -48,6 +49,10 @@ pub struct OpArgs {
     /// Device: auto, cpu, cuda, fpga-sim, fpga.
     #[arg(long, default_value = "auto")]
     pub backend: String,
+    /// Precision CUDA devices store tensors in (f32 accumulation either way); default:
+    /// $TANDEM_CUDA_DTYPE, else bf16.
+    #[arg(long, value_name = "DTYPE", value_parser = super::cuda_dtype_parser())]
+    pub cuda_dtype: Option<CudaDType>,
     /// attention: apply the bottom-right causal mask.
     #[arg(long)]
     pub causal: bool,

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use tandem::backend::CudaDType;
 use tandem::exec::ExecOptions;
 use tandem::plan::{self, BackendChoice};
 use tandem::run::{RunOptions, run_graph};
@@ -46,6 +47,10 @@ pub struct RunArgs {
     /// Write a Chrome/Perfetto trace of the run (one track per device) here.
     #[arg(long)]
     pub trace: Option<PathBuf>,
+    /// Precision CUDA devices store tensors in (f32 accumulation either way); default:
+    /// $TANDEM_CUDA_DTYPE, else bf16.
+    #[arg(long, value_name = "DTYPE", value_parser = super::cuda_dtype_parser())]
+    pub cuda_dtype: Option<CudaDType>,
     #[command(flatten)]
     pub sizes: SizeArgs,
 }

@@ -1,7 +1,8 @@
 // MoE routing in three launches:
-//  1. moe_topk_softmax_f32: one warp per token: softmax over E experts in f32, top-k by logit
-//     (equal logits: lower expert index first), optional renormalisation; per block, the
-//     expert histogram, the routing-probability sums and the sum of lse^2 (for the losses).
+//  1. moe_topk_softmax_f32 (bf16 logits; `moe_topk_softmax_f32_f16`: f16 logits): one warp
+//     per token: softmax over E experts in f32, top-k by logit (equal logits: lower expert
+//     index first), optional renormalisation; per block, the expert histogram, the
+//     routing-probability sums and the sum of lse^2 (for the losses).
 //     Block b covers tokens [b*TPB, (b+1)*TPB), so its slots t*k+j are one contiguous range.
 //  2. moe_align_scan: one block: expert counts, block-padded segment offsets, where each
 //     block's slots of each expert start, the padding sentinels, aux and z losses.
@@ -13,8 +14,10 @@
 #define ROUTE_TPB (ROUTE_WARPS * ROUTE_TOKENS_PER_WARP)
 #define ROUTE_MAX_VPL 8  // logits per lane: E <= 256
 
-extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32) moe_topk_softmax_f32(
-        const bf16_t* __restrict__ logits, int T, int E, int k, int renorm,
+// Logits are stored as S (bf16 or f16); the softmax, top-k and sums run in f32.
+template <typename S>
+__device__ __forceinline__ void moe_topk_softmax_impl(
+        const h16_t* __restrict__ logits, int T, int E, int k, int renorm,
         int* __restrict__ topk_ids, float* __restrict__ topk_w,
         int* __restrict__ block_counts, float* __restrict__ block_psum, float* __restrict__ block_z) {
     extern __shared__ float route_smem[];
@@ -28,13 +31,13 @@ extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32) moe_topk_softmax_
     for (int i = 0; i < ROUTE_TOKENS_PER_WARP; ++i) {
         const int t = blockIdx.x * ROUTE_TPB + warp * ROUTE_TOKENS_PER_WARP + i;
         if (t >= T) break;
-        const bf16_t* row = logits + (u64_t)t * E;
+        const h16_t* row = logits + (u64_t)t * E;
         float v[ROUTE_MAX_VPL];
         float mx = TANDEM_NEG_INF;
 #pragma unroll
         for (int j = 0; j < ROUTE_MAX_VPL; ++j) {
             const int e = lane + 32 * j;
-            v[j] = e < E ? bf2f(row[e]) : TANDEM_NEG_INF;
+            v[j] = e < E ? S::to_f(row[e]) : TANDEM_NEG_INF;
             mx = fmaxf(mx, v[j]);
         }
         mx = warp_max(mx);
@@ -101,6 +104,18 @@ extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32) moe_topk_softmax_
     }
     if (threadIdx.x == 0) block_z[blockIdx.x] = zacc;
 }
+
+// f32 math on bf16 logits (`moe_topk_softmax_f32`) and on f16 logits (`_f32_f16`).
+#define TOPK_ENTRY(NAME, S)                                                                     \
+    extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32) NAME(                        \
+            const h16_t* __restrict__ logits, int T, int E, int k, int renorm,                  \
+            int* __restrict__ topk_ids, float* __restrict__ topk_w, int* __restrict__ block_counts, \
+            float* __restrict__ block_psum, float* __restrict__ block_z) {                      \
+        moe_topk_softmax_impl<S>(logits, T, E, k, renorm, topk_ids, topk_w, block_counts,       \
+                                 block_psum, block_z);                                          \
+    }
+TOPK_ENTRY(moe_topk_softmax_f32, BF16)
+TOPK_ENTRY(moe_topk_softmax_f32_f16, F16)
 
 // Exclusive prefix sum over the block (blockDim.x <= 1024); `tmp` holds 32 ints of shared
 // memory; returns the exclusive prefix and writes the total to *total.

@@ -1,8 +1,11 @@
-// FlashAttention-2-style forward for sm_80 and later: bf16 operands on the tensor cores
-// (mma.sync m16n8k16, f32 accumulate), online softmax in registers, K/V tiles double-buffered
-// in shared memory with cp.async. Each warp owns 16 query rows; a block owns 16*NW rows.
+// FlashAttention-2-style forward for sm_80 and later: bf16 or f16 operands on the tensor
+// cores (mma.sync m16n8k16, f32 accumulate), online softmax in registers, K/V tiles
+// double-buffered in shared memory with cp.async. Each warp owns 16 query rows; a block owns
+// 16*NW rows. The storage is the template parameter ST (BF16 or F16 of common.cuh): entry
+// points `mha_bf16_fwd_*` and `mha_f16_fwd_*`. The fragment layouts of m16n8k16 are the same
+// for both types, so only the mma instruction and the P/O packing differ.
 //
-// q [B, Hq, Nq, D], k/v [B, Hkv, Nkv, D] (bf16), o [B, Hq, Nq, D] (bf16), lse [B, Hq, Nq] (f32,
+// q [B, Hq, Nq, D], k/v [B, Hkv, Nkv, D] (ST), o [B, Hq, Nq, D] (ST), lse [B, Hq, Nq] (f32,
 // natural log). Query head h reads kv head h / (Hq / Hkv). Causal masks are bottom-right:
 // query i sees key j iff j <= i + Nkv - Nq; a row that sees nothing gets o = 0, lse = -inf.
 
@@ -32,15 +35,32 @@ __device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, unsigned b
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+__device__ __forceinline__ void mma_f16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// c += a b on the tensor cores in the storage type ST.
+template <typename ST>
+__device__ __forceinline__ void mma_st(float* c, const unsigned* a, unsigned b0, unsigned b1);
+template <>
+__device__ __forceinline__ void mma_st<BF16>(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    mma_bf16(c, a, b0, b1);
+}
+template <>
+__device__ __forceinline__ void mma_st<F16>(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    mma_f16(c, a, b0, b1);
+}
+
 // Loads `rows` x D of a [N, D] matrix starting at row r0 into shared memory (row stride
 // D + 8), zero-filling rows past n.
 template <int D, int NT>
-__device__ __forceinline__ void load_tile(bf16_t* s, const bf16_t* g, int r0, int rows, int n) {
+__device__ __forceinline__ void load_tile(h16_t* s, const h16_t* g, int r0, int rows, int n) {
     constexpr int CPR = D / 8;  // 16-byte chunks per row
     for (int c = threadIdx.x; c < rows * CPR; c += NT) {
         const int r = c / CPR, col = (c % CPR) * 8;
         const bool ok = r0 + r < n;
-        const bf16_t* src = ok ? g + (u64_t)(r0 + r) * D + col : g;
+        const h16_t* src = ok ? g + (u64_t)(r0 + r) * D + col : g;
         cp_async16(s + r * (D + 8) + col, src, ok);
     }
 }
@@ -48,9 +68,9 @@ __device__ __forceinline__ void load_tile(bf16_t* s, const bf16_t* g, int r0, in
 // NW warps, each owning MT 16-row m-tiles (so each K/V fragment read from shared memory feeds
 // MT mma's); QREG keeps the Q fragments in registers for the whole loop, else they are re-read
 // from shared memory each tile (fewer registers).
-template <int D, int NW, int MT, bool QREG, int BN>
-__device__ __forceinline__ void attn_fwd(const bf16_t* __restrict__ Q, const bf16_t* __restrict__ K,
-                                         const bf16_t* __restrict__ V, bf16_t* __restrict__ O,
+template <typename ST, int D, int NW, int MT, bool QREG, int BN>
+__device__ __forceinline__ void attn_fwd(const h16_t* __restrict__ Q, const h16_t* __restrict__ K,
+                                         const h16_t* __restrict__ V, h16_t* __restrict__ O,
                                          float* __restrict__ LSE, int Hq, int Hkv, int Nq, int Nkv,
                                          float scale_log2, int causal) {
     constexpr int BM = 16 * MT * NW, NT = 32 * NW, S = D + 8;
@@ -58,18 +78,18 @@ __device__ __forceinline__ void attn_fwd(const bf16_t* __restrict__ Q, const bf1
     constexpr int NN = BN / 8;   // n-tiles of S
     constexpr int ND = D / 8;    // n-tiles of O
     extern __shared__ __align__(16) unsigned char att_smem[];
-    bf16_t* sQ = (bf16_t*)att_smem;
-    bf16_t* sK = sQ + BM * S;
-    bf16_t* sV = sK + BN * S;
+    h16_t* sQ = (h16_t*)att_smem;
+    h16_t* sK = sQ + BM * S;
+    h16_t* sV = sK + BN * S;
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int m_block = gridDim.x - 1 - blockIdx.x;  // longest (causal) blocks first
     const int h = blockIdx.y, b = blockIdx.z;
     const int hk = h / (Hq / Hkv);
-    const bf16_t* q = Q + ((u64_t)b * Hq + h) * Nq * D;
-    const bf16_t* k = K + ((u64_t)b * Hkv + hk) * Nkv * D;
-    const bf16_t* v = V + ((u64_t)b * Hkv + hk) * Nkv * D;
-    bf16_t* o = O + ((u64_t)b * Hq + h) * Nq * D;
+    const h16_t* q = Q + ((u64_t)b * Hq + h) * Nq * D;
+    const h16_t* k = K + ((u64_t)b * Hkv + hk) * Nkv * D;
+    const h16_t* v = V + ((u64_t)b * Hkv + hk) * Nkv * D;
+    h16_t* o = O + ((u64_t)b * Hq + h) * Nq * D;
     float* lse = LSE + ((u64_t)b * Hq + h) * Nq;
     const int m0 = m_block * BM;
     const int diag = Nkv - Nq;
@@ -110,13 +130,13 @@ __device__ __forceinline__ void attn_fwd(const bf16_t* __restrict__ Q, const bf1
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                 for (int kk = 0; kk < KD; ++kk) {
-                    const bf16_t* p = sQ + (wrow + mt * 16 + (lane & 15)) * S + kk * 16 + (lane >> 4) * 8;
+                    const h16_t* p = sQ + (wrow + mt * 16 + (lane & 15)) * S + kk * 16 + (lane >> 4) * 8;
                     ldsm_x4(qf[QREG ? mt : 0][QREG ? kk : 0][0], qf[QREG ? mt : 0][QREG ? kk : 0][1],
                             qf[QREG ? mt : 0][QREG ? kk : 0][2], qf[QREG ? mt : 0][QREG ? kk : 0][3], p);
                 }
         }
-        const bf16_t* cK = sK;
-        const bf16_t* cV = sV;
+        const h16_t* cK = sK;
+        const h16_t* cV = sV;
         // S = Q K^T for this warp's rows x BN keys
         float acc_s[MT][NN][4];
 #pragma unroll
@@ -132,19 +152,19 @@ __device__ __forceinline__ void attn_fwd(const bf16_t* __restrict__ Q, const bf1
 #pragma unroll
                     for (int j = 0; j < 4; ++j) qa[mt][j] = qf[QREG ? mt : 0][QREG ? kk : 0][j];
                 } else {
-                    const bf16_t* p = sQ + (wrow + mt * 16 + (lane & 15)) * S + kk * 16 + (lane >> 4) * 8;
+                    const h16_t* p = sQ + (wrow + mt * 16 + (lane & 15)) * S + kk * 16 + (lane >> 4) * 8;
                     ldsm_x4(qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3], p);
                 }
             }
 #pragma unroll
             for (int nt = 0; nt < NN; nt += 2) {
                 unsigned b0, b1, b2, b3;
-                const bf16_t* p = cK + (nt * 8 + (lane >> 4) * 8 + (lane & 7)) * S + kk * 16 + ((lane >> 3) & 1) * 8;
+                const h16_t* p = cK + (nt * 8 + (lane >> 4) * 8 + (lane & 7)) * S + kk * 16 + ((lane >> 3) & 1) * 8;
                 ldsm_x4(b0, b1, b2, b3, p);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
-                    mma_bf16(acc_s[mt][nt], qa[mt], b0, b1);
-                    mma_bf16(acc_s[mt][nt + 1], qa[mt], b2, b3);
+                    mma_st<ST>(acc_s[mt][nt], qa[mt], b0, b1);
+                    mma_st<ST>(acc_s[mt][nt + 1], qa[mt], b2, b3);
                 }
             }
         }
@@ -202,20 +222,20 @@ __device__ __forceinline__ void attn_fwd(const bf16_t* __restrict__ Q, const bf1
             unsigned pa[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
-                pa[mt][0] = pack_bf16x2(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
-                pa[mt][1] = pack_bf16x2(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
-                pa[mt][2] = pack_bf16x2(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
-                pa[mt][3] = pack_bf16x2(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+                pa[mt][0] = ST::pack2(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
+                pa[mt][1] = ST::pack2(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
+                pa[mt][2] = ST::pack2(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
+                pa[mt][3] = ST::pack2(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
             }
 #pragma unroll
             for (int dt = 0; dt < ND; dt += 2) {
                 unsigned b0, b1, b2, b3;
-                const bf16_t* p = cV + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * S + (dt + (lane >> 4)) * 8;
+                const h16_t* p = cV + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * S + (dt + (lane >> 4)) * 8;
                 ldsm_x4_t(b0, b1, b2, b3, p);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
-                    mma_bf16(acc_o[mt][dt], pa[mt], b0, b1);
-                    mma_bf16(acc_o[mt][dt + 1], pa[mt], b2, b3);
+                    mma_st<ST>(acc_o[mt][dt], pa[mt], b0, b1);
+                    mma_st<ST>(acc_o[mt][dt + 1], pa[mt], b2, b3);
                 }
             }
         }
@@ -232,31 +252,39 @@ __device__ __forceinline__ void attn_fwd(const bf16_t* __restrict__ Q, const bf1
             const int i = row0 + mt * 16 + r * 8;
             const float inv = l > 0.f ? 1.f / l : 0.f;
             if (i < Nq) {
-                bf16_t* orow = o + (u64_t)i * D;
+                h16_t* orow = o + (u64_t)i * D;
 #pragma unroll
                 for (int dt = 0; dt < ND; ++dt)
                     *(unsigned*)(orow + dt * 8 + tq * 2) =
-                        pack_bf16x2(acc_o[mt][dt][2 * r] * inv, acc_o[mt][dt][2 * r + 1] * inv);
+                        ST::pack2(acc_o[mt][dt][2 * r] * inv, acc_o[mt][dt][2 * r + 1] * inv);
                 if (tq == 0)
                     lse[i] = l > 0.f ? (m_r[mt][r] * scale_log2 + __log2f(l)) * 0.69314718055994531f : TANDEM_NEG_INF;
             }
         }
 }
 
-#define ATT_ENTRY(NAME, D, NW, MT, QREG, BN)                                                            \
+#define ATT_ENTRY(NAME, ST, D, NW, MT, QREG, BN)                                                \
     extern "C" __global__ void __launch_bounds__(32 * NW) NAME(                                      \
-            const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v, \
-            bf16_t* __restrict__ o, float* __restrict__ lse, int Hq, int Hkv, int Nq, int Nkv,       \
+            const h16_t* __restrict__ q, const h16_t* __restrict__ k, const h16_t* __restrict__ v,   \
+            h16_t* __restrict__ o, float* __restrict__ lse, int Hq, int Hkv, int Nq, int Nkv,        \
             float scale_log2, int causal) {                                                          \
-        attn_fwd<D, NW, MT, QREG, BN>(q, k, v, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal);           \
+        attn_fwd<ST, D, NW, MT, QREG, BN>(q, k, v, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal);    \
     }
 
-// name                      D   warps m-tiles/warp Q-in-registers key-tile
-ATT_ENTRY(mha_bf16_fwd_d64, 64, 4, 1, true, 64)
-ATT_ENTRY(mha_bf16_fwd_d128, 128, 4, 1, true, 64)
-ATT_ENTRY(mha_bf16_fwd_d64_w8, 64, 8, 1, true, 64)
-ATT_ENTRY(mha_bf16_fwd_d128_w8, 128, 8, 1, true, 64)
-ATT_ENTRY(mha_bf16_fwd_d64_m2, 64, 4, 2, true, 64)
-ATT_ENTRY(mha_bf16_fwd_d128_m2, 128, 4, 2, false, 64)
-ATT_ENTRY(mha_bf16_fwd_d64_m2n32, 64, 4, 2, true, 32)
-ATT_ENTRY(mha_bf16_fwd_d128_m2n32, 128, 4, 2, true, 32)
+// name                          storage D  warps m-tiles/warp Q-in-registers key-tile
+ATT_ENTRY(mha_bf16_fwd_d64,        BF16, 64, 4, 1, true, 64)
+ATT_ENTRY(mha_bf16_fwd_d128,       BF16, 128, 4, 1, true, 64)
+ATT_ENTRY(mha_bf16_fwd_d64_w8,     BF16, 64, 8, 1, true, 64)
+ATT_ENTRY(mha_bf16_fwd_d128_w8,    BF16, 128, 8, 1, true, 64)
+ATT_ENTRY(mha_bf16_fwd_d64_m2,     BF16, 64, 4, 2, true, 64)
+ATT_ENTRY(mha_bf16_fwd_d128_m2,    BF16, 128, 4, 2, false, 64)
+ATT_ENTRY(mha_bf16_fwd_d64_m2n32,  BF16, 64, 4, 2, true, 32)
+ATT_ENTRY(mha_bf16_fwd_d128_m2n32, BF16, 128, 4, 2, true, 32)
+ATT_ENTRY(mha_f16_fwd_d64,         F16, 64, 4, 1, true, 64)
+ATT_ENTRY(mha_f16_fwd_d128,        F16, 128, 4, 1, true, 64)
+ATT_ENTRY(mha_f16_fwd_d64_w8,      F16, 64, 8, 1, true, 64)
+ATT_ENTRY(mha_f16_fwd_d128_w8,     F16, 128, 8, 1, true, 64)
+ATT_ENTRY(mha_f16_fwd_d64_m2,      F16, 64, 4, 2, true, 64)
+ATT_ENTRY(mha_f16_fwd_d128_m2,     F16, 128, 4, 2, false, 64)
+ATT_ENTRY(mha_f16_fwd_d64_m2n32,   F16, 64, 4, 2, true, 32)
+ATT_ENTRY(mha_f16_fwd_d128_m2n32,  F16, 128, 4, 2, true, 32)

@@ -1,6 +1,7 @@
-//! Fused linear through cuBLASLt: y[M, N] = epilogue(x[M, K] W[N, K]^T + b), bf16 in and out,
-//! f32 accumulate. The matmul descriptor, the three layouts and the heuristic's algorithm are
-//! built once per (M, N, K, epilogue) and cached (cudarc's safe wrapper rebuilds them each call).
+//! Fused linear through cuBLASLt: y[M, N] = epilogue(x[M, K] W[N, K]^T + b), bf16 or f16 in and
+//! out (the bias too), f32 compute and scale. The matmul descriptor, the three layouts and the
+//! heuristic's algorithm are built once per (storage, M, N, K, epilogue) and cached (cudarc's
+//! safe wrapper rebuilds them each call).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -10,6 +11,7 @@ use cudarc::cublaslt::result as lt;
 use cudarc::cublaslt::sys as ltsys;
 use cudarc::driver::sys;
 
+use super::CudaDType;
 use super::error::BlasResultExt;
 use super::memory::{DevBuf, Pool};
 use crate::error::Result;
@@ -63,6 +65,9 @@ impl Epilogue {
     }
 }
 
+/// What a plan is built for: storage, M, N, K and epilogue.
+type PlanKey = (CudaDType, usize, usize, usize, Epilogue);
+
 struct Plan {
     desc: ltsys::cublasLtMatmulDesc_t,
     a: ltsys::cublasLtMatrixLayout_t,
@@ -76,7 +81,7 @@ pub struct BlasLt {
     label: String,
     handle: ltsys::cublasLtHandle_t,
     workspace: DevBuf,
-    plans: Mutex<HashMap<(usize, usize, usize, Epilogue), Plan>>,
+    plans: Mutex<HashMap<PlanKey, Plan>>,
 }
 
 // SAFETY: cuBLASLt handles and descriptors may be used from any thread; plans are only touched
@@ -103,9 +108,13 @@ impl BlasLt {
         })
     }
 
-    fn plan(&self, m: usize, n: usize, k: usize, epi: Epilogue) -> Result<Plan> {
+    fn plan(&self, dt: CudaDType, m: usize, n: usize, k: usize, epi: Epilogue) -> Result<Plan> {
         let l = &self.label;
-        use ltsys::cudaDataType::{CUDA_R_16BF, CUDA_R_32F};
+        use ltsys::cudaDataType::{CUDA_R_16BF, CUDA_R_16F, CUDA_R_32F};
+        let ty = match dt {
+            CudaDType::Bf16 => CUDA_R_16BF,
+            CudaDType::F16 => CUDA_R_16F,
+        };
         let desc =
             lt::create_matmul_desc(ltsys::cublasComputeType_t::CUBLAS_COMPUTE_32F, CUDA_R_32F)
                 .ctx(l, "cublasLtMatmulDescCreate")?;
@@ -125,13 +134,18 @@ impl BlasLt {
         set(D::CUBLASLT_MATMUL_DESC_TRANSA, 1 /* CUBLAS_OP_T */)?;
         set(D::CUBLASLT_MATMUL_DESC_TRANSB, 0 /* CUBLAS_OP_N */)?;
         set(D::CUBLASLT_MATMUL_DESC_EPILOGUE, epi.native() as i32)?;
+        if epi.has_bias() {
+            // The bias is stored like the output (cuBLASLt's default for 16-bit D; set so the
+            // plan says so).
+            set(D::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, ty as i32)?;
+        }
         // Column-major view: D^T[N, M] = W^T[N, K] (W stored [N, K] row-major = [K, N] col-major,
         // transposed) times x^T[K, M] (x row-major [M, K] = col-major [K, M]).
-        let a = lt::create_matrix_layout(CUDA_R_16BF, k as u64, n as u64, k as i64)
+        let a = lt::create_matrix_layout(ty, k as u64, n as u64, k as i64)
             .ctx(l, "cublasLtMatrixLayoutCreate")?;
-        let b = lt::create_matrix_layout(CUDA_R_16BF, k as u64, m as u64, k as i64)
+        let b = lt::create_matrix_layout(ty, k as u64, m as u64, k as i64)
             .ctx(l, "cublasLtMatrixLayoutCreate")?;
-        let d = lt::create_matrix_layout(CUDA_R_16BF, n as u64, m as u64, n as i64)
+        let d = lt::create_matrix_layout(ty, n as u64, m as u64, n as i64)
             .ctx(l, "cublasLtMatrixLayoutCreate")?;
         let pref = lt::create_matmul_pref().ctx(l, "cublasLtMatmulPreferenceCreate")?;
         let ws = WORKSPACE;
@@ -154,12 +168,19 @@ impl BlasLt {
         let heur = unsafe { lt::get_matmul_algo_heuristic(self.handle, desc, a, b, d, d, pref) }
             .ctx(
                 l,
-                &format!("no cuBLASLt algorithm for bf16 {m}x{n}x{k}{}", epi.name()),
+                &format!("no cuBLASLt algorithm for {dt} {m}x{n}x{k}{}", epi.name()),
             );
         // SAFETY: created above.
         let _ = unsafe { lt::destroy_matmul_pref(pref) };
         let heur = heur?;
-        tracing::debug!(m, n, k, epilogue = epi.name(), "cuBLASLt plan");
+        tracing::debug!(
+            dtype = dt.name(),
+            m,
+            n,
+            k,
+            epilogue = epi.name(),
+            "cuBLASLt plan"
+        );
         Ok(Plan {
             desc,
             a,
@@ -182,12 +203,13 @@ impl BlasLt {
         .ctx(&self.label, "cublasLtMatmulDescSetAttribute(bias)")
     }
 
-    /// Queues y = epi(x W^T + b) on `stream`. Pointers are bf16 device arrays: x [M, K],
-    /// w [N, K], bias [N] (when the epilogue has one), y [M, N].
+    /// Queues y = epi(x W^T + b) on `stream`. Pointers are device arrays of `dt` (bf16 or
+    /// f16): x [M, K], w [N, K], bias [N] (when the epilogue has one), y [M, N].
     #[allow(clippy::too_many_arguments)]
     pub fn matmul(
         &self,
         stream: sys::CUstream,
+        dt: CudaDType,
         m: usize,
         n: usize,
         k: usize,
@@ -201,10 +223,10 @@ impl BlasLt {
             return Ok(());
         }
         let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (m, n, k, epi);
+        let key = (dt, m, n, k, epi);
         let p = match plans.entry(key) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => v.insert(self.plan(m, n, k, epi)?),
+            std::collections::hash_map::Entry::Vacant(v) => v.insert(self.plan(dt, m, n, k, epi)?),
         };
         if epi.has_bias() {
             self.set_bias(p.desc, bias)?;
@@ -233,6 +255,6 @@ impl BlasLt {
                 stream as ltsys::cudaStream_t,
             )
         }
-        .ctx(&self.label, &format!("cublasLtMatmul bf16 {m}x{n}x{k}"))
+        .ctx(&self.label, &format!("cublasLtMatmul {dt} {m}x{n}x{k}"))
     }
 }

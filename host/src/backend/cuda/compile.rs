@@ -103,7 +103,12 @@ pub fn cubin(module: Module, arch: u32) -> Result<Vec<u8>> {
     );
     if let Some(dir) = path.parent() {
         if std::fs::create_dir_all(dir).is_ok() {
-            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+            // A name of its own per write: two backends of one process (bf16 and f16 storage,
+            // say) may compile the same module at once, and a reader must never see a
+            // half-written file under the final name.
+            static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
             if std::fs::write(&tmp, &bin).is_ok() {
                 let _ = std::fs::rename(&tmp, &path);
             }

@@ -1,9 +1,9 @@
 //! The CUDA backend: cudarc with dynamic loading, kernels compiled by NVRTC at first use,
 //! cuBLASLt for the matrix products.
 //!
-//! Logical f32 tensors are stored as bf16 on the device (upload converts, download converts
-//! back); i32 stays i32; a few small f32 results (attention LSE, routing weights, losses) stay
-//! f32. Every op runs on the device's one compute stream, bracketed by two events: the
+//! Logical f32 tensors are stored in 16 bits on the device, bf16 (the default) or f16
+//! ([`CudaOptions::dtype`]; upload converts, download converts back); i32 stays i32; a few small
+//! f32 results (attention LSE, routing weights, losses) stay f32. Math accumulates in f32. Every op runs on the device's one compute stream, bracketed by two events: the
 //! completion thread fills in the event-timed device time and advances the device's fence.
 //!
 //! Files: `probe` (are the libraries and a device there), `device` (context, streams, info),
@@ -24,7 +24,7 @@ mod tma;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::result as drv;
-use half::bf16;
+use half::{bf16, f16};
 use rayon::prelude::*;
 
 use super::{Backend, DeviceInfo, DeviceKind, DeviceStorage, Launch, LaunchInfo, Missing, Support};
@@ -34,28 +34,50 @@ use crate::ops::Op;
 use crate::tensor::{HostData, Tensor, TensorMeta};
 use error::DrvResultExt;
 
+pub use super::CudaDType;
 pub use memory::pool::{PoolStats, size_class};
 
 /// Options of a CUDA backend.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CudaOptions {
-    /// Fill every output with NaN (bf16/f32) or 0x7FC07FC0 (i32) before each launch, so
+    /// Fill every output with NaN (bf16/f16/f32) or 0x7FC07FC0 (i32) before each launch, so
     /// elements a kernel fails to write show up (tests). Also set by `TANDEM_CUDA_POISON=1`.
     pub poison: bool,
+    /// Precision logical f32 tensors are stored in (bf16 by default). Also set by
+    /// `TANDEM_CUDA_DTYPE=bf16|f16`.
+    pub dtype: CudaDType,
 }
 
 impl CudaOptions {
-    /// Options from the environment.
-    pub fn from_env() -> Self {
-        Self {
+    /// Options from the environment (`TANDEM_CUDA_POISON`, `TANDEM_CUDA_DTYPE`); an
+    /// unknown `TANDEM_CUDA_DTYPE` is an error naming the value and the accepted ones.
+    pub fn from_env() -> Result<Self> {
+        Self::from_env_with(None)
+    }
+
+    /// As [`CudaOptions::from_env`], with the storage precision `dtype` when it is given (a
+    /// command-line flag wins over the environment, which is then not read).
+    pub fn from_env_with(dtype: Option<CudaDType>) -> Result<Self> {
+        let dtype = match dtype {
+            Some(d) => d,
+            None => CudaDType::from_env()?.unwrap_or_default(),
+        };
+        Ok(Self {
             poison: std::env::var("TANDEM_CUDA_POISON").is_ok_and(|v| v == "1"),
-        }
+            dtype,
+        })
     }
 }
 
 /// Looks for CUDA devices: checks the libraries and the driver first (cudarc panics on a
-/// missing library), then opens each device.
+/// missing library), then opens each device with the options of the environment.
 pub fn discover() -> (Vec<Arc<dyn Backend>>, Vec<Missing>) {
+    discover_with(None)
+}
+
+/// As [`discover`], storing in `dtype` when it is given (else as `TANDEM_CUDA_DTYPE` says).
+/// A bad `TANDEM_CUDA_DTYPE` leaves CUDA missing, with the error as the reason.
+pub fn discover_with(dtype: Option<CudaDType>) -> (Vec<Arc<dyn Backend>>, Vec<Missing>) {
     let missing = |reason: String| Missing {
         kind: DeviceKind::Cuda,
         reason,
@@ -64,10 +86,14 @@ pub fn discover() -> (Vec<Arc<dyn Backend>>, Vec<Missing>) {
         Ok(n) => n,
         Err(reason) => return (Vec::new(), vec![missing(reason)]),
     };
+    let opts = match CudaOptions::from_env_with(dtype) {
+        Ok(o) => o,
+        Err(e) => return (Vec::new(), vec![missing(e.to_string())]),
+    };
     let mut found: Vec<Arc<dyn Backend>> = Vec::new();
     let mut lost = Vec::new();
     for i in 0..n {
-        match CudaBackend::open(i, CudaOptions::from_env()) {
+        match CudaBackend::open(i, opts) {
             Ok(b) => found.push(Arc::new(b)),
             Err(e) => lost.push(missing(format!("cuda:{i}: {e}"))),
         }
@@ -84,7 +110,7 @@ pub fn unavailable_reason() -> Option<String> {
 #[derive(Debug)]
 pub struct CudaStorage {
     buf: memory::DevBuf,
-    /// Precision on the device (bf16, f32 or i32).
+    /// Precision on the device (bf16 or f16 as the backend stores, f32 or i32).
     pub phys: DType,
 }
 
@@ -121,6 +147,16 @@ impl CudaBackend {
         }
         let (dev, mut info) = device::Device::open(ordinal)?;
         let dev = Arc::new(dev);
+        info.compute_dtype = opts.dtype.dtype();
+        for (k, v) in info.details.iter_mut() {
+            match k.as_str() {
+                "storage" => *v = format!("{} (f32 accumulate)", opts.dtype),
+                "kernels" if dev.arch == 90 && opts.dtype == CudaDType::F16 => {
+                    *v = "sm80 (mma.sync, cp.async; the sm90a wgmma attention is bf16 only)".into()
+                }
+                _ => {}
+            }
+        }
         let (a, b) = compile::nvrtc_version();
         info.details.push(("nvrtc".into(), format!("{a}.{b}")));
         info.details.push((
@@ -162,6 +198,11 @@ impl CudaBackend {
     /// Largest dynamic shared memory one block may use, bytes.
     pub fn max_shared_memory(&self) -> usize {
         self.dev.max_smem_optin
+    }
+
+    /// The precision logical f32 tensors are stored in.
+    pub fn dtype(&self) -> CudaDType {
+        self.opts.dtype
     }
 
     /// Turns output poisoning on or off.
@@ -228,15 +269,18 @@ impl Backend for CudaBackend {
     fn upload(&self, host: &Tensor) -> Result<DeviceStorage> {
         self.dev.bind()?;
         let meta = host.meta();
+        let half = self.opts.dtype;
         let (phys, bytes) = match host.data() {
-            HostData::F32(_) | HostData::BF16(_) => (DType::BF16, meta.numel() * 2),
+            HostData::F32(_) | HostData::BF16(_) | HostData::F16(_) => {
+                (half.dtype(), meta.numel() * 2)
+            }
             HostData::I32(_) => (DType::I32, meta.numel() * 4),
             other => {
                 return Err(Error::Unsupported {
                     op: "upload".into(),
                     device: self.dev.label.clone(),
                     why: format!(
-                        "{} tensors are not stored on CUDA devices (f32, bf16 and i32 are)",
+                        "{} tensors are not stored on CUDA devices (f32, bf16, f16 and i32 are)",
                         Tensor::new(other.clone()).dtype()
                     ),
                 });
@@ -248,26 +292,25 @@ impl Backend for CudaBackend {
                 match host.data() {
                     HostData::F32(a) => {
                         let dst: &mut [u16] = bytemuck::cast_slice_mut(stage);
-                        match a.as_slice() {
-                            Some(s) => dst
-                                .par_chunks_mut(1 << 16)
-                                .zip(s.par_chunks(1 << 16))
-                                .for_each(|(d, s)| {
-                                    for (d, s) in d.iter_mut().zip(s) {
-                                        *d = bf16::from_f32(*s).to_bits();
-                                    }
-                                }),
-                            None => {
-                                for (d, s) in dst.iter_mut().zip(a.iter()) {
-                                    *d = bf16::from_f32(*s).to_bits();
-                                }
-                            }
+                        match half {
+                            CudaDType::Bf16 => encode(dst, a, |x| bf16::from_f32(x).to_bits()),
+                            CudaDType::F16 => encode(dst, a, |x| f16::from_f32(x).to_bits()),
                         }
                     }
                     HostData::BF16(a) => {
                         let dst: &mut [u16] = bytemuck::cast_slice_mut(stage);
-                        for (d, s) in dst.iter_mut().zip(a.iter()) {
-                            *d = s.to_bits();
+                        match half {
+                            CudaDType::Bf16 => encode(dst, a, |x| x.to_bits()),
+                            CudaDType::F16 => encode(dst, a, |x| f16::from_f32(x.into()).to_bits()),
+                        }
+                    }
+                    HostData::F16(a) => {
+                        let dst: &mut [u16] = bytemuck::cast_slice_mut(stage);
+                        match half {
+                            CudaDType::Bf16 => {
+                                encode(dst, a, |x| bf16::from_f32(x.into()).to_bits())
+                            }
+                            CudaDType::F16 => encode(dst, a, |x| x.to_bits()),
                         }
                     }
                     HostData::I32(a) => {
@@ -315,20 +358,38 @@ impl Backend for CudaBackend {
             }
             let shape = ndarray::IxDyn(&meta.shape);
             let bad = |e: ndarray::ShapeError| Error::Internal(format!("download: {e}"));
+            let half_to_f32 = |bits: u16| match st.phys {
+                DType::F16 => f32::from(f16::from_bits(bits)),
+                _ => f32::from(bf16::from_bits(bits)),
+            };
             Ok(match (st.phys, meta.dtype) {
-                (DType::BF16, DType::BF16) => {
+                (DType::BF16 | DType::F16, DType::BF16) => {
                     let src: &[u16] = bytemuck::cast_slice(stage);
-                    let v: Vec<bf16> = src.iter().map(|&b| bf16::from_bits(b)).collect();
+                    let v: Vec<bf16> = if st.phys == DType::BF16 {
+                        src.iter().map(|&b| bf16::from_bits(b)).collect()
+                    } else {
+                        src.iter()
+                            .map(|&b| bf16::from_f32(half_to_f32(b)))
+                            .collect()
+                    };
                     Tensor::new(HostData::BF16(
                         ndarray::ArrayD::from_shape_vec(shape, v).map_err(bad)?,
                     ))
                 }
-                (DType::BF16, _) => {
+                (DType::BF16 | DType::F16, DType::F16) => {
                     let src: &[u16] = bytemuck::cast_slice(stage);
-                    let v: Vec<f32> = src
-                        .par_iter()
-                        .map(|&b| f32::from(bf16::from_bits(b)))
-                        .collect();
+                    let v: Vec<f16> = if st.phys == DType::F16 {
+                        src.iter().map(|&b| f16::from_bits(b)).collect()
+                    } else {
+                        src.iter().map(|&b| f16::from_f32(half_to_f32(b))).collect()
+                    };
+                    Tensor::new(HostData::F16(
+                        ndarray::ArrayD::from_shape_vec(shape, v).map_err(bad)?,
+                    ))
+                }
+                (DType::BF16 | DType::F16, _) => {
+                    let src: &[u16] = bytemuck::cast_slice(stage);
+                    let v: Vec<f32> = src.par_iter().map(|&b| half_to_f32(b)).collect();
                     Tensor::from_f32(ndarray::ArrayD::from_shape_vec(shape, v).map_err(bad)?)
                 }
                 (DType::F32, _) => {
@@ -397,6 +458,30 @@ impl Backend for CudaBackend {
     }
 }
 
+/// Encodes host values as 16-bit device words, in parallel chunks when the array is
+/// contiguous.
+fn encode<T: Copy + Send + Sync>(
+    dst: &mut [u16],
+    src: &ndarray::ArrayD<T>,
+    f: impl Fn(T) -> u16 + Send + Sync,
+) {
+    match src.as_slice() {
+        Some(s) => dst
+            .par_chunks_mut(1 << 16)
+            .zip(s.par_chunks(1 << 16))
+            .for_each(|(d, s)| {
+                for (d, s) in d.iter_mut().zip(s) {
+                    *d = f(*s);
+                }
+            }),
+        None => {
+            for (d, s) in dst.iter_mut().zip(src.iter()) {
+                *d = f(*s);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -415,6 +500,33 @@ mod tests {
             for b in &found {
                 assert_eq!(b.id().kind, DeviceKind::Cuda);
                 assert!(b.info().memory_bytes > 0);
+            }
+        }
+    }
+
+    /// Every module, bf16 and f16 entry points alike, compiles to CUBIN for sm_80 and sm_90a
+    /// wherever NVRTC is installed (no GPU needed).
+    #[test]
+    fn every_module_compiles_for_sm80_and_sm90a_where_nvrtc_is_present() {
+        if !probe::nvrtc_present() {
+            println!("skipped: NVRTC not found");
+            return;
+        }
+        let (a, b) = compile::nvrtc_version();
+        for m in tandem_gpu_kernels::Module::ALL {
+            for arch in [80, 90] {
+                if !m.runs_on(arch) {
+                    continue;
+                }
+                let bin = compile::compile(m, &compile::options(arch))
+                    .unwrap_or_else(|e| panic!("NVRTC {a}.{b}, {} for sm_{arch}: {e}", m.path()));
+                assert!(!bin.is_empty());
+                let flag = compile::arch_flag(arch);
+                println!(
+                    "NVRTC {a}.{b}: {} {flag}: {} bytes of CUBIN",
+                    m.name(),
+                    bin.len()
+                );
             }
         }
     }

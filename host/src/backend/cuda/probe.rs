@@ -100,6 +100,16 @@ fn open_forever(p: &Path) -> bool {
     }
 }
 
+/// Whether NVRTC can be loaded (preloaded from the usual folders where the loader's search
+/// path misses it). Enough to compile the kernels; no driver or device needed.
+pub fn nvrtc_present() -> bool {
+    // SAFETY: the presence checks only dlopen and close the library.
+    let found = unsafe { cudarc::nvrtc::sys::is_culib_present() };
+    found
+        || (preload(&["libnvrtc.so.13", "libnvrtc.so"])
+            && unsafe { cudarc::nvrtc::sys::is_culib_present() })
+}
+
 /// Checks everything the backend needs; `Err` carries the reason shown by `tandem devices`.
 /// Returns the number of devices.
 pub fn check() -> Result<usize, String> {
@@ -108,10 +118,7 @@ pub fn check() -> Result<usize, String> {
     if !driver {
         return Err("no NVIDIA driver (libcuda.so.1 not found)".into());
     }
-    let nvrtc = unsafe { cudarc::nvrtc::sys::is_culib_present() }
-        || (preload(&["libnvrtc.so.13", "libnvrtc.so"])
-            && unsafe { cudarc::nvrtc::sys::is_culib_present() });
-    if !nvrtc {
+    if !nvrtc_present() {
         return Err(
             "NVRTC not found (libnvrtc.so.13; install the CUDA toolkit or set CUDA_HOME)".into(),
         );

@@ -1,57 +1,42 @@
-//! Attention forward: the FlashAttention-2-style mma.sync kernels (sm80/attention.cu), the
-//! first Hopper builds (sm90a/attention.cu) and the warp-specialized Hopper build with TMA
-//! (sm90a/attention_ws.cu).
+//! Attention forward: the FlashAttention-2-style mma.sync builds (sm80/attention.cu, any
+//! sm_80+ device) and the Hopper build in FlashAttention-3's structure (sm90a/attention_ws.cu:
+//! TMA producer warp, two consumer warpgroups taking turns on wgmma), chosen by arch.
 
 use super::{Arg, Cx};
-use crate::backend::cuda::CudaStorage;
 use crate::backend::cuda::kernels::Dims;
 use crate::backend::cuda::tma;
-use crate::dtype::DType;
+use crate::backend::cuda::{CudaDType, CudaStorage};
 use crate::error::Result;
 use crate::ops::AttentionParams;
 use crate::tensor::TensorMeta;
 
-/// A build of the kernel: warps per block and 16-row m-tiles per warp.
+/// A build of the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Variant {
-    /// 4 warps x 1 m-tile (64-row blocks).
+    /// mma.sync, 4 warps x 1 m-tile (64-row blocks).
     W4,
-    /// 8 warps x 1 m-tile (128-row blocks).
+    /// mma.sync, 8 warps x 1 m-tile (128-row blocks).
     W8,
-    /// 4 warps x 2 m-tiles (128-row blocks, FA2's layout): each K/V fragment feeds two mma's.
+    /// mma.sync, 4 warps x 2 m-tiles (128-row blocks, FA2's layout): each K/V fragment feeds
+    /// two mma's.
     M2,
     /// As M2 with 32-key tiles (fewer registers for S, Q kept in registers).
     M2N32,
-    /// Hopper (sm_90 only): S = QK^T on wgmma from shared memory, PV on mma.sync; 128-row blocks.
-    Wg,
-    /// Hopper (sm_90 only): both products on wgmma (P from registers, V N-major in shared memory).
-    Wg2,
-    /// As Wg with 64-row blocks (fewer registers, more blocks per SM).
-    Wgs,
-    /// As Wg2 with 64-row blocks.
-    Wg2s,
-    /// As Wg with two consumer warpgroups per block (256 rows, 256 threads).
-    Wgx2,
     /// Hopper (sm_90 only), FlashAttention-3's structure: a TMA producer warp and two consumer
-    /// warpgroups taking turns on wgmma (128-row blocks, 128-key tiles, 384 threads).
+    /// warpgroups taking turns on wgmma (128-row blocks, 384 threads).
     Ws,
 }
 
 impl Variant {
     /// The build for a device of compute capability `arch` and head dim `d`:
-    /// `TANDEM_ATTN_VARIANT` (w4, w8, m2, m2n32, wg, wg2, wgs, wg2s, wgx2, ws) when set, else the
-    /// fastest measured (docs/PERF.md): `ws` on sm_90, `m2` otherwise.
+    /// `TANDEM_ATTN_VARIANT` (w4, w8, m2, m2n32, ws) when set, else the fastest measured
+    /// (docs/PERF.md): `ws` on sm_90, `m2` elsewhere.
     pub fn select(arch: u32, d: usize) -> Self {
         match std::env::var("TANDEM_ATTN_VARIANT").ok().as_deref() {
             Some("w4") => Variant::W4,
             Some("w8") => Variant::W8,
             Some("m2") => Variant::M2,
             Some("m2n32") => Variant::M2N32,
-            Some("wg") => Variant::Wg,
-            Some("wg2") => Variant::Wg2,
-            Some("wgs") => Variant::Wgs,
-            Some("wg2s") => Variant::Wg2s,
-            Some("wgx2") => Variant::Wgx2,
             Some("ws") => Variant::Ws,
             _ if arch == 90 && (d == 64 || d == 128) => Variant::Ws,
             _ => Variant::M2,
@@ -61,79 +46,54 @@ impl Variant {
     /// Query rows per block.
     pub fn block_m(self) -> usize {
         match self {
+            Variant::W4 => 64,
             Variant::Ws => tandem_gpu_kernels::ATTENTION_WS_BLOCK_M,
-            Variant::W4 | Variant::Wgs | Variant::Wg2s => 64,
-            Variant::Wgx2 => 256,
-            Variant::W8 | Variant::M2 | Variant::M2N32 | Variant::Wg | Variant::Wg2 => 128,
+            Variant::W8 | Variant::M2 | Variant::M2N32 => 128,
         }
     }
 
-    /// Key rows per tile.
-    pub fn block_n(self) -> usize {
+    /// Key rows per tile for head dim `d`.
+    pub fn block_n(self, d: usize) -> usize {
         match self {
             Variant::M2N32 => 32,
-            Variant::Ws => 128,
+            Variant::Ws => tandem_gpu_kernels::attention_ws_block_n(d),
             _ => tandem_gpu_kernels::ATTENTION_BLOCK_N,
         }
-    }
-
-    /// Key rows per tile of the `ws` build for head dim `d`: the kernel's own
-    /// (`attention_ws_block_n`), or `TANDEM_ATTN_WS_BN` when set, for tuning with a kernel
-    /// source built with the same `WS_BN_D*` (`TANDEM_KERNEL_DIR`).
-    fn ws_block_n(d: usize) -> usize {
-        std::env::var("TANDEM_ATTN_WS_BN")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| tandem_gpu_kernels::attention_ws_block_n(d))
     }
 
     /// Threads per block.
     pub fn threads(self) -> usize {
         match self {
             Variant::Ws => tandem_gpu_kernels::ATTENTION_WS_THREADS as usize,
-            Variant::W8 | Variant::Wgx2 => 256,
-            Variant::W4
-            | Variant::M2
-            | Variant::M2N32
-            | Variant::Wg
-            | Variant::Wg2
-            | Variant::Wgs
-            | Variant::Wg2s => 128,
+            Variant::W8 => 256,
+            Variant::W4 | Variant::M2 | Variant::M2N32 => 128,
         }
     }
 
-    /// Whether this build needs sm_90 (wgmma).
+    /// Whether this build needs sm_90 (wgmma, TMA).
     pub fn hopper_only(self) -> bool {
-        matches!(
-            self,
-            Variant::Wg | Variant::Wg2 | Variant::Wgs | Variant::Wg2s | Variant::Wgx2 | Variant::Ws
-        )
+        self == Variant::Ws
     }
 
-    /// Entry point for a head dim (64 or 128).
-    pub fn kernel(self, d: usize) -> &'static str {
+    /// The entry point's name pattern for head dim `d` (64 or 128); `{s}` is the storage.
+    fn pattern(self, d: usize) -> &'static str {
         match (d, self) {
-            (64, Variant::W4) => "mha_bf16_fwd_d64",
-            (64, Variant::W8) => "mha_bf16_fwd_d64_w8",
-            (64, Variant::M2) => "mha_bf16_fwd_d64_m2",
-            (64, Variant::M2N32) => "mha_bf16_fwd_d64_m2n32",
-            (_, Variant::M2N32) => "mha_bf16_fwd_d128_m2n32",
-            (64, Variant::Wg) => "mha_bf16_fwd_d64_wg",
-            (_, Variant::Wg) => "mha_bf16_fwd_d128_wg",
-            (64, Variant::Wg2) => "mha_bf16_fwd_d64_wg2",
-            (_, Variant::Wg2) => "mha_bf16_fwd_d128_wg2",
-            (64, Variant::Wgs) => "mha_bf16_fwd_d64_wgs",
-            (_, Variant::Wgs) => "mha_bf16_fwd_d128_wgs",
-            (64, Variant::Wg2s) => "mha_bf16_fwd_d64_wg2s",
-            (_, Variant::Wg2s) => "mha_bf16_fwd_d128_wg2s",
-            (64, Variant::Wgx2) => "mha_bf16_fwd_d64_wgx2",
-            (_, Variant::Wgx2) => "mha_bf16_fwd_d128_wgx2",
-            (64, Variant::Ws) => "mha_bf16_fwd_d64_ws",
-            (_, Variant::Ws) => "mha_bf16_fwd_d128_ws",
-            (_, Variant::W4) => "mha_bf16_fwd_d128",
-            (_, Variant::W8) => "mha_bf16_fwd_d128_w8",
-            (_, Variant::M2) => "mha_bf16_fwd_d128_m2",
+            (64, Variant::W4) => "mha_{s}_fwd_d64",
+            (64, Variant::W8) => "mha_{s}_fwd_d64_w8",
+            (64, Variant::M2) => "mha_{s}_fwd_d64_m2",
+            (64, Variant::M2N32) => "mha_{s}_fwd_d64_m2n32",
+            (64, Variant::Ws) => "mha_{s}_fwd_d64_ws",
+            (_, Variant::W4) => "mha_{s}_fwd_d128",
+            (_, Variant::W8) => "mha_{s}_fwd_d128_w8",
+            (_, Variant::M2) => "mha_{s}_fwd_d128_m2",
+            (_, Variant::M2N32) => "mha_{s}_fwd_d128_m2n32",
+            (_, Variant::Ws) => "mha_{s}_fwd_d128_ws",
         }
+    }
+
+    /// The entry point of this build for head dim `d` in storage `dtype`.
+    pub fn kernel(self, d: usize, dtype: CudaDType) -> Result<&'static str> {
+        super::kernel_for(self.pattern(d), dtype)
     }
 }
 
@@ -150,78 +110,56 @@ pub fn attention(
         // no keys: nothing for the TMA to map; the mma.sync build writes the empty result
         var = Variant::M2;
     }
-    let name = var.kernel(s.d);
-    let q = cx.bf16(ins[0], metas[0].numel())?;
-    let k = cx.bf16(ins[1], metas[1].numel())?;
-    let v = cx.bf16(ins[2], metas[2].numel())?;
+    let name = var.kernel(s.d, cx.dtype())?;
+    let q = cx.half(ins[0], metas[0].numel())?;
+    let k = cx.half(ins[1], metas[1].numel())?;
+    let v = cx.half(ins[2], metas[2].numel())?;
     if s.nq == 0 {
         return Ok(name.into());
     }
-    let scale_log2 = p.scale_for(s.d) * std::f32::consts::LOG2_E;
-    if var == Variant::Ws {
-        let label = &cx.be.dev.label;
-        let bm = var.block_m() as u32;
-        let bn = Variant::ws_block_n(s.d);
-        let kv = [s.b * s.hkv, s.nkv, s.d];
-        let mq = tma::tiled_3d_sw128(label, q.ptr, DType::BF16, [s.b * s.hq, s.nq, s.d], bm, 64)?;
-        let mk = tma::tiled_3d_sw128(label, k.ptr, DType::BF16, kv, bn as u32, 64)?;
-        let mv = tma::tiled_3d_sw128(label, v.ptr, DType::BF16, kv, bn as u32, 64)?;
-        let dims = Dims {
-            grid: (s.nq.div_ceil(var.block_m()) as u32, s.hq as u32, s.b as u32),
-            block: (var.threads() as u32, 1, 1),
-            smem: tandem_gpu_kernels::attention_ws_smem(s.d, bn) as u32,
-        };
-        cx.k(
-            name,
-            dims,
-            &[
-                Arg::TensorMap(mq),
-                Arg::TensorMap(mk),
-                Arg::TensorMap(mv),
-                Arg::Ptr(outs[0].ptr()),
-                Arg::Ptr(outs[1].ptr()),
-                Arg::I32(s.hq as i32),
-                Arg::I32(s.hkv as i32),
-                Arg::I32(s.nq as i32),
-                Arg::I32(s.nkv as i32),
-                Arg::F32(scale_log2),
-                Arg::I32(p.causal as i32),
-            ],
-        )?;
-        return Ok(name.into());
-    }
     let bm = var.block_m();
-    let bn = var.block_n();
-    // Q tile, one K tile, one V tile; rows padded by 8 bf16 (conflict-free ldmatrix), except Q
-    // and K of the wgmma build (core-matrix layout, unpadded)
-    let smem = if matches!(var, Variant::Wg2 | Variant::Wg2s) {
-        (bm + 2 * bn) * s.d * 2
-    } else if matches!(var, Variant::Wg | Variant::Wgs | Variant::Wgx2) {
-        ((bm + bn) * s.d + bn * (s.d + 8)) * 2
+    let bn = var.block_n(s.d);
+    let scale_log2 = p.scale_for(s.d) * std::f32::consts::LOG2_E;
+    let grid = (s.nq.div_ceil(bm) as u32, s.hq as u32, s.b as u32);
+    let block = (var.threads() as u32, 1, 1);
+    let tail = [
+        Arg::Ptr(outs[0].ptr()),
+        Arg::Ptr(outs[1].ptr()),
+        Arg::I32(s.hq as i32),
+        Arg::I32(s.hkv as i32),
+        Arg::I32(s.nq as i32),
+        Arg::I32(s.nkv as i32),
+        Arg::F32(scale_log2),
+        Arg::I32(p.causal as i32),
+    ];
+    let mut args = Vec::with_capacity(11);
+    let smem = if var == Variant::Ws {
+        // Q in BM-row boxes, K and V in BN-row boxes, 64 columns (128 bytes) each
+        let label = &cx.be.dev.label;
+        let ty = cx.dtype().dtype();
+        let kv = [s.b * s.hkv, s.nkv, s.d];
+        let qd = [s.b * s.hq, s.nq, s.d];
+        args.push(Arg::TensorMap(tma::tiled_3d_sw128(
+            label, q.ptr, ty, qd, bm as u32, 64,
+        )?));
+        args.push(Arg::TensorMap(tma::tiled_3d_sw128(
+            label, k.ptr, ty, kv, bn as u32, 64,
+        )?));
+        args.push(Arg::TensorMap(tma::tiled_3d_sw128(
+            label, v.ptr, ty, kv, bn as u32, 64,
+        )?));
+        tandem_gpu_kernels::attention_ws_smem(s.d, bn)
     } else {
+        // Q tile, one K tile, one V tile; rows padded by 8 elements (conflict-free ldmatrix)
+        args.extend([Arg::Ptr(q.ptr), Arg::Ptr(k.ptr), Arg::Ptr(v.ptr)]);
         (bm + 2 * bn) * (s.d + 8) * 2
     };
+    args.extend(tail);
     let dims = Dims {
-        grid: (s.nq.div_ceil(bm) as u32, s.hq as u32, s.b as u32),
-        block: (var.threads() as u32, 1, 1),
+        grid,
+        block,
         smem: smem as u32,
     };
-    cx.k(
-        name,
-        dims,
-        &[
-            Arg::Ptr(q.ptr),
-            Arg::Ptr(k.ptr),
-            Arg::Ptr(v.ptr),
-            Arg::Ptr(outs[0].ptr()),
-            Arg::Ptr(outs[1].ptr()),
-            Arg::I32(s.hq as i32),
-            Arg::I32(s.hkv as i32),
-            Arg::I32(s.nq as i32),
-            Arg::I32(s.nkv as i32),
-            Arg::F32(scale_log2),
-            Arg::I32(p.causal as i32),
-        ],
-    )?;
+    cx.k(name, dims, &args)?;
     Ok(name.into())
 }

@@ -13,11 +13,12 @@ pub fn add(
     outs: &[CudaStorage],
 ) -> Result<String> {
     let n = metas[0].numel();
-    let a = cx.bf16(ins[0], n)?;
-    let b = cx.bf16(ins[1], n)?;
+    let a = cx.half(ins[0], n)?;
+    let b = cx.half(ins[1], n)?;
+    let name = cx.kernel("add_{s}")?;
     if n > 0 {
         cx.k(
-            "add_bf16",
+            name,
             Dims::stride((n as u64).div_ceil(8), 256, cx.sms()),
             &[
                 Arg::Ptr(a.ptr),
@@ -27,7 +28,7 @@ pub fn add(
             ],
         )?;
     }
-    Ok("add_bf16".into())
+    Ok(name.into())
 }
 
 pub fn split_heads(
@@ -41,11 +42,12 @@ pub fn split_heads(
     let (rows, cols) = (metas[0].shape[0], metas[0].shape[1]);
     let (b, h) = (p.batch, p.heads);
     let (t, d) = (rows / b, cols / h);
-    let x = cx.bf16(ins[0], n)?;
+    let x = cx.half(ins[0], n)?;
     let vec = if d % 8 == 0 { 8 } else { 1 };
+    let name = cx.kernel("split_heads_{s}")?;
     if n > 0 {
         cx.k(
-            "split_heads_bf16",
+            name,
             Dims::stride((n / vec) as u64, 256, cx.sms()),
             &[
                 Arg::Ptr(x.ptr),
@@ -58,7 +60,7 @@ pub fn split_heads(
             ],
         )?;
     }
-    Ok("split_heads_bf16".into())
+    Ok(name.into())
 }
 
 pub fn merge_heads(
@@ -70,11 +72,12 @@ pub fn merge_heads(
     let n = metas[0].numel();
     let s = &metas[0].shape;
     let (b, h, t, d) = (s[0], s[1], s[2], s[3]);
-    let x = cx.bf16(ins[0], n)?;
+    let x = cx.half(ins[0], n)?;
     let vec = if d % 8 == 0 { 8 } else { 1 };
+    let name = cx.kernel("merge_heads_{s}")?;
     if n > 0 {
         cx.k(
-            "merge_heads_bf16",
+            name,
             Dims::stride((n / vec) as u64, 256, cx.sms()),
             &[
                 Arg::Ptr(x.ptr),
@@ -87,7 +90,7 @@ pub fn merge_heads(
             ],
         )?;
     }
-    Ok("merge_heads_bf16".into())
+    Ok(name.into())
 }
 
 pub fn rmsnorm(
@@ -100,10 +103,10 @@ pub fn rmsnorm(
     let n = metas[0].numel();
     let cols = *metas[0].shape.last().unwrap_or(&1);
     let rows = n / cols.max(1);
-    let x = cx.bf16(ins[0], n)?;
-    let w = cx.bf16(ins[1], cols)?;
+    let x = cx.half(ins[0], n)?;
+    let w = cx.half(ins[1], cols)?;
     let res = if p.residual {
-        Some(cx.bf16(ins[2], n)?)
+        Some(cx.half(ins[2], n)?)
     } else {
         None
     };
@@ -112,12 +115,12 @@ pub fn rmsnorm(
     let vector = cols % 8 == 0 && nv <= vpt * 1024;
     let (name, threads) = if vector {
         (
-            "rmsnorm_bf16",
+            cx.kernel("rmsnorm_{s}")?,
             (nv.div_ceil(vpt).div_ceil(32) * 32).clamp(32, 1024),
         )
     } else {
         (
-            "rmsnorm_bf16_scalar",
+            cx.kernel("rmsnorm_{s}_scalar")?,
             (cols.div_ceil(32) * 32).clamp(32, 1024),
         )
     };
@@ -150,12 +153,12 @@ pub fn rope(
     let s = &metas[0].shape;
     let (t, d) = (s[2], s[3]);
     let rows = n / d.max(1);
-    let x = cx.bf16(ins[0], n)?;
+    let x = cx.half(ins[0], n)?;
     let vector = d % 16 == 0;
     let (name, items) = if vector {
-        ("rope_bf16", rows * d / 16)
+        (cx.kernel("rope_{s}")?, rows * d / 16)
     } else {
-        ("rope_bf16_scalar", rows * d / 2)
+        (cx.kernel("rope_{s}_scalar")?, rows * d / 2)
     };
     if n > 0 {
         cx.k(

@@ -27,16 +27,17 @@ pub fn linear(
     outs: &[CudaStorage],
 ) -> Result<String> {
     let (m, n, k) = p.mnk(metas)?;
-    let x = cx.bf16(ins[0], m * k)?;
-    let w = cx.bf16(ins[1], n * k)?;
+    let x = cx.half(ins[0], m * k)?;
+    let w = cx.half(ins[1], n * k)?;
     let b = if p.bias {
-        Some(cx.bf16(ins[2], n)?)
+        Some(cx.half(ins[2], n)?)
     } else {
         None
     };
     let (epi, silu) = epilogue(p.act, p.bias);
     cx.be.blas.matmul(
         cx.stream(),
+        cx.dtype(),
         m,
         n,
         k,
@@ -46,15 +47,17 @@ pub fn linear(
         b.as_ref().map(|b| b.ptr).unwrap_or(0),
         outs[0].ptr(),
     )?;
-    let mut name = format!("cublaslt_bf16_gemm{}", epi.name());
+    let mut name = format!("cublaslt_{}_gemm{}", cx.dtype(), epi.name());
     if silu && m * n > 0 {
         let total = (m * n) as u64;
+        let silu = cx.kernel("silu_{s}")?;
         cx.k(
-            "silu_bf16",
+            silu,
             Dims::stride(total, 256, cx.sms()),
             &[Arg::Ptr(outs[0].ptr()), Arg::U64(total)],
         )?;
-        name.push_str("+silu_bf16");
+        name.push('+');
+        name.push_str(silu);
     }
     Ok(name)
 }

@@ -7,7 +7,7 @@ mod moe;
 
 use super::kernels::{Arg, Dims};
 use super::memory::DevBuf;
-use super::{CudaBackend, CudaStorage};
+use super::{CudaBackend, CudaDType, CudaStorage};
 use crate::backend::Support;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -20,7 +20,8 @@ pub struct Cx<'a> {
     pub be: &'a CudaBackend,
 }
 
-/// A bf16 (or f32) view of an input, converted on the device when stored otherwise.
+/// A view of an input in the storage precision (or f32), converted on the device when stored
+/// otherwise.
 pub struct View {
     /// Device address.
     pub ptr: u64,
@@ -28,6 +29,22 @@ pub struct View {
 }
 
 impl Cx<'_> {
+    /// The precision float tensors are stored in on this device.
+    pub fn dtype(&self) -> CudaDType {
+        self.be.opts.dtype
+    }
+
+    /// The storage precision as a tensor dtype (BF16 or F16), for allocations.
+    pub fn phys(&self) -> DType {
+        self.dtype().dtype()
+    }
+
+    /// The entry point `pattern` names in this device's storage precision: `{s}` is replaced
+    /// by `bf16` or `f16` (`cx.kernel("rmsnorm_{s}_scalar")`).
+    pub fn kernel(&self, pattern: &str) -> Result<&'static str> {
+        kernel_for(pattern, self.dtype())
+    }
+
     /// Storage for `numel` elements of `phys`.
     pub fn alloc(&self, numel: usize, phys: DType) -> Result<CudaStorage> {
         Ok(CudaStorage {
@@ -79,7 +96,9 @@ impl Cx<'_> {
         let t = self.alloc(n, to)?;
         let name = match (s.phys, to) {
             (DType::F32, DType::BF16) => "cast_f32_bf16",
+            (DType::F32, DType::F16) => "cast_f32_f16",
             (DType::BF16, DType::F32) => "cast_bf16_f32",
+            (DType::F16, DType::F32) => "cast_f16_f32",
             (a, b) => {
                 return Err(Error::Internal(format!(
                     "no cast from {a} to {b} on the device"
@@ -97,9 +116,9 @@ impl Cx<'_> {
         })
     }
 
-    /// The input as bf16.
-    pub fn bf16(&self, s: &CudaStorage, n: usize) -> Result<View> {
-        self.cast(s, n, DType::BF16)
+    /// The input in the storage precision (bf16 or f16: [`Cx::dtype`]).
+    pub fn half(&self, s: &CudaStorage, n: usize) -> Result<View> {
+        self.cast(s, n, self.phys())
     }
 
     /// The input as f32.
@@ -108,7 +127,26 @@ impl Cx<'_> {
     }
 }
 
-/// Whether the device runs `op` on these inputs.
+/// The entry point `pattern` names for storage `dtype` (`{s}` -> `bf16` / `f16`).
+pub fn kernel_for(pattern: &str, dtype: CudaDType) -> Result<&'static str> {
+    tandem_gpu_kernels::kernel(pattern, storage(dtype)).ok_or_else(|| {
+        Error::Internal(format!(
+            "no kernel {} in the catalog",
+            pattern.replace("{s}", dtype.name())
+        ))
+    })
+}
+
+/// The kernels' name for a storage precision.
+fn storage(dtype: CudaDType) -> tandem_gpu_kernels::Storage {
+    match dtype {
+        CudaDType::Bf16 => tandem_gpu_kernels::Storage::Bf16,
+        CudaDType::F16 => tandem_gpu_kernels::Storage::F16,
+    }
+}
+
+/// Whether the device (compute capability `arch`, storing in `dtype`) runs `op` on these
+/// inputs.
 pub fn supports(arch: u32, op: &Op, inputs: &[TensorMeta]) -> Support {
     if arch < 80 {
         return Support::No(format!(
@@ -147,10 +185,10 @@ pub fn supports(arch: u32, op: &Op, inputs: &[TensorMeta]) -> Support {
     }
 }
 
-/// Device precision of each output of `op`.
-fn output_precisions(op: &Op, metas: &[TensorMeta]) -> Vec<DType> {
+/// Device precision of each output of `op`, floats stored as `half`.
+fn output_precisions(op: &Op, metas: &[TensorMeta], half: DType) -> Vec<DType> {
     match op {
-        Op::Attention(_) => vec![DType::BF16, DType::F32],
+        Op::Attention(_) => vec![half, DType::F32],
         Op::MoeRoute(_) => vec![
             DType::I32,
             DType::F32,
@@ -166,7 +204,7 @@ fn output_precisions(op: &Op, metas: &[TensorMeta]) -> Vec<DType> {
                 if m.dtype == DType::I32 {
                     DType::I32
                 } else {
-                    DType::BF16
+                    half
                 }
             })
             .collect(),
@@ -177,7 +215,7 @@ fn output_precisions(op: &Op, metas: &[TensorMeta]) -> Vec<DType> {
 pub fn alloc_outputs(cx: &Cx<'_>, op: &Op, metas: &[TensorMeta]) -> Result<Vec<CudaStorage>> {
     metas
         .iter()
-        .zip(output_precisions(op, metas))
+        .zip(output_precisions(op, metas, cx.phys()))
         .map(|(m, p)| cx.alloc(m.numel(), p))
         .collect()
 }
@@ -185,19 +223,20 @@ pub fn alloc_outputs(cx: &Cx<'_>, op: &Op, metas: &[TensorMeta]) -> Result<Vec<C
 /// Loads (compiling at first use) every module `op` needs, so compile time stays out of the
 /// event-timed region.
 pub fn prepare(cx: &Cx<'_>, op: &Op) -> Result<()> {
-    let first: &[&'static str] = match op {
+    // One entry point per module the op launches from.
+    let first: Vec<&'static str> = match op {
         Op::Attention(_) => {
+            let mut v = vec![cx.kernel("mha_{s}_fwd_d64")?, "fill_u16"];
             if cx.be.dev.arch == 90 {
-                &["mha_bf16_fwd_d64", "mha_bf16_fwd_d64_wg", "mha_bf16_fwd_d64_ws", "fill_u16"]
-            } else {
-                &["mha_bf16_fwd_d64", "fill_u16"]
+                v.push("mha_bf16_fwd_d64_ws");
             }
+            v
         }
-        Op::MoeRoute(_) => &["moe_topk_softmax_f32", "fill_u16"],
-        Op::RmsNorm(_) => &["rmsnorm_bf16", "fill_u16"],
-        Op::Rope(_) => &["rope_bf16", "fill_u16"],
-        Op::MoeExperts(_) => &["moe_tile_map", "moe_gather_bf16", "fill_u16"],
-        _ => &["fill_u16"],
+        Op::MoeRoute(_) => vec![moe::topk_kernel(cx.dtype()), "fill_u16"],
+        Op::RmsNorm(_) => vec![cx.kernel("rmsnorm_{s}")?, "fill_u16"],
+        Op::Rope(_) => vec![cx.kernel("rope_{s}")?, "fill_u16"],
+        Op::MoeExperts(_) => vec!["moe_tile_map", cx.kernel("moe_gather_{s}")?, "fill_u16"],
+        _ => vec!["fill_u16"],
     };
     for k in first {
         cx.be.kernels.preload(k)?;
@@ -223,5 +262,119 @@ pub fn run(
         Op::Attention(p) => attention::attention(cx, p, ins, metas, outs),
         Op::MoeRoute(p) => moe::route(cx, p, ins, metas, outs),
         Op::MoeExperts(p) => moe::experts(cx, p, ins, metas, outs),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::attention::Variant;
+    use super::*;
+    use crate::ops::{AttentionParams, MoeRouteParams};
+
+    /// Every kernel name pattern the ops launch, in both precisions.
+    #[test]
+    fn every_storage_kernel_exists_in_both_precisions() {
+        let patterns = [
+            "add_{s}",
+            "split_heads_{s}",
+            "merge_heads_{s}",
+            "rmsnorm_{s}",
+            "rmsnorm_{s}_scalar",
+            "rope_{s}",
+            "rope_{s}_scalar",
+            "silu_{s}",
+            "moe_gather_{s}",
+            "moe_swiglu_{s}",
+            "moe_combine_{s}",
+            "mha_{s}_fwd_d64",
+        ];
+        for dt in CudaDType::ALL {
+            for p in patterns {
+                let k = kernel_for(p, dt).unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(k, p.replace("{s}", dt.name()));
+            }
+            let topk = moe::topk_kernel(dt);
+            assert!(
+                tandem_gpu_kernels::Module::of_kernel(topk).is_some(),
+                "{topk}"
+            );
+        }
+        assert_eq!(moe::topk_kernel(CudaDType::Bf16), "moe_topk_softmax_f32");
+        assert!(kernel_for("nope_{s}", CudaDType::F16).is_err());
+    }
+
+    #[test]
+    fn attention_builds_exist_in_both_precisions() {
+        if std::env::var_os("TANDEM_ATTN_VARIANT").is_some() {
+            println!("skipped: TANDEM_ATTN_VARIANT is set");
+            return;
+        }
+        assert_eq!(Variant::select(90, 128), Variant::Ws);
+        assert_eq!(Variant::select(90, 64), Variant::Ws);
+        assert_eq!(Variant::select(80, 128), Variant::M2);
+        assert_eq!(Variant::select(89, 64), Variant::M2);
+        for (var, d, want) in [
+            (Variant::M2, 128, "mha_{s}_fwd_d128_m2"),
+            (Variant::W4, 64, "mha_{s}_fwd_d64"),
+            (Variant::W8, 128, "mha_{s}_fwd_d128_w8"),
+            (Variant::M2N32, 64, "mha_{s}_fwd_d64_m2n32"),
+            (Variant::Ws, 128, "mha_{s}_fwd_d128_ws"),
+            (Variant::Ws, 64, "mha_{s}_fwd_d64_ws"),
+        ] {
+            for dt in CudaDType::ALL {
+                let name = want.replace("{s}", dt.name());
+                assert_eq!(var.kernel(d, dt).ok(), Some(name.as_str()));
+            }
+        }
+        let f = |s: Vec<usize>| TensorMeta::new(s, DType::F32);
+        let op = Op::Attention(AttentionParams {
+            causal: true,
+            scale: None,
+        });
+        let ins = [
+            f(vec![1, 4, 32, 128]),
+            f(vec![1, 2, 32, 128]),
+            f(vec![1, 2, 32, 128]),
+        ];
+        for arch in [80, 89, 90] {
+            for dt in CudaDType::ALL {
+                assert_eq!(supports(arch, &op, &ins), Support::Native, "sm_{arch} {dt}");
+            }
+        }
+    }
+
+    #[test]
+    fn outputs_are_stored_in_the_storage_precision() {
+        let op = Op::MoeRoute(MoeRouteParams {
+            top_k: 2,
+            renormalize: true,
+            block_size: 16,
+        });
+        let metas = op
+            .validate(&[TensorMeta::new(vec![5, 4], DType::F32)])
+            .unwrap_or_else(|e| panic!("{e}"));
+        // routing: ids and counts i32, weights and losses f32, whatever the storage
+        assert!(
+            output_precisions(&op, &metas, DType::F16)
+                .iter()
+                .all(|&p| p == DType::I32 || p == DType::F32)
+        );
+        let op = Op::Attention(AttentionParams {
+            causal: false,
+            scale: None,
+        });
+        assert_eq!(
+            output_precisions(&op, &[], DType::F16),
+            vec![DType::F16, DType::F32]
+        );
+        let add = [TensorMeta::new(vec![3, 8], DType::F32)];
+        assert_eq!(
+            output_precisions(&Op::Add, &add, DType::F16),
+            vec![DType::F16]
+        );
+        assert_eq!(
+            output_precisions(&Op::Add, &add, DType::BF16),
+            vec![DType::BF16]
+        );
     }
 }

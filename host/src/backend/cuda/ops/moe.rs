@@ -13,14 +13,22 @@ use cudarc::driver::result as drv;
 use tandem_gpu_kernels::{MOE_TILE_MAP_THREADS, MOE_TILES, MoeTile};
 
 use super::{Arg, Cx, Dims};
-use crate::backend::cuda::CudaStorage;
 use crate::backend::cuda::blaslt::Epilogue;
 use crate::backend::cuda::error::DrvResultExt;
+use crate::backend::cuda::{CudaDType, CudaStorage};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::moe::ExpertsShape;
 use crate::ops::{MoeExpertsParams, MoeRouteParams};
 use crate::tensor::TensorMeta;
+
+/// The routing top-k kernel for logits stored as `dtype` (f32 math either way).
+pub fn topk_kernel(dtype: CudaDType) -> &'static str {
+    match dtype {
+        CudaDType::Bf16 => "moe_topk_softmax_f32",
+        CudaDType::F16 => "moe_topk_softmax_f32_f16",
+    }
+}
 
 pub fn route(
     cx: &Cx<'_>,
@@ -34,16 +42,17 @@ pub fn route(
     let plen = p.padded_len(t, e);
     let tpb = tandem_gpu_kernels::ROUTE_TOKENS_PER_BLOCK;
     let nb = t.div_ceil(tpb);
-    let logits = cx.bf16(ins[0], t * e)?;
+    let logits = cx.half(ins[0], t * e)?;
     let cells = (nb * e).max(1);
     let counts = cx.scratch(cells * 4)?;
     let psum = cx.scratch(cells * 4)?;
     let zs = cx.scratch(nb.max(1) * 4)?;
     let base = cx.scratch(cells * 4)?;
     let o: Vec<u64> = outs.iter().map(|s| s.ptr()).collect();
+    let topk = topk_kernel(cx.dtype());
     if nb > 0 {
         cx.k(
-            "moe_topk_softmax_f32",
+            topk,
             Dims::linear(nb as u32, tandem_gpu_kernels::ROUTE_THREADS).smem(8 * e),
             &[
                 Arg::Ptr(logits.ptr),
@@ -94,7 +103,7 @@ pub fn route(
             ],
         )?;
     }
-    Ok("moe_topk_softmax_f32+moe_align_scan+moe_align_scatter".into())
+    Ok(format!("{topk}+moe_align_scan+moe_align_scatter"))
 }
 
 /// How the experts op runs on a CUDA device.
@@ -116,18 +125,25 @@ fn tile(name: &str) -> Option<MoeTile> {
 }
 
 impl ExpertsPath {
-    /// The path for this shape: `TANDEM_MOE_EXPERTS` (blaslt, grouped; default grouped) and
-    /// `TANDEM_MOE_TILE` (l, m, s; default by the mean rows per expert). Grouped needs H and F
-    /// to be multiples of 8 (16-byte rows for cp.async) and a grid under 2^31 blocks; otherwise
-    /// the cuBLASLt path runs and the second value says why.
+    /// The path for this shape: `TANDEM_MOE_EXPERTS` (blaslt, grouped) and `TANDEM_MOE_TILE`
+    /// (l, m, s) when set; else the faster measured on an H200 (docs/gpu-notes.md v9): grouped
+    /// with the `s` tile up to 32 rows per expert on average (decode-sized batches: 1.42x
+    /// PyTorch at T64), cuBLASLt above (its wgmma GEMMs beat the mma.sync grouped tiles 2x at
+    /// T4096). Grouped needs H and F to be multiples of 8 (16-byte rows for cp.async) and a
+    /// grid under 2^31 blocks; otherwise the cuBLASLt path runs and the second value says why.
     pub fn select(s: &ExpertsShape) -> (Self, Option<String>) {
-        if std::env::var("TANDEM_MOE_EXPERTS").is_ok_and(|v| v == "blaslt") {
+        let forced = std::env::var("TANDEM_MOE_EXPERTS").ok();
+        if forced.as_deref() == Some("blaslt") {
             return (ExpertsPath::Blaslt, None);
         }
         if let Err(why) = grouped_fits(s) {
             return (ExpertsPath::Blaslt, Some(why));
         }
         let rows = (s.t * s.k).div_ceil(s.e.max(1));
+        let named = std::env::var("TANDEM_MOE_TILE").ok();
+        if forced.is_none() && named.is_none() && rows > SMALL_TILE_MAX_ROWS {
+            return (ExpertsPath::Blaslt, None);
+        }
         let default = if rows <= SMALL_TILE_MAX_ROWS {
             "s"
         } else if rows <= MEDIUM_TILE_MAX_ROWS {
@@ -135,7 +151,6 @@ impl ExpertsPath {
         } else {
             "l"
         };
-        let named = std::env::var("TANDEM_MOE_TILE").ok();
         let t = named
             .as_deref()
             .and_then(tile)
@@ -316,21 +331,11 @@ fn experts_blaslt(
     outs: &[CudaStorage],
 ) -> Result<String> {
     let (t, h, e, k, f) = (s.t, s.h, s.e, s.k, s.f);
-    if outs[0].phys != DType::BF16 {
-        return Err(Error::Unsupported {
-            op: "moe_experts".into(),
-            device: cx.be.dev.label.clone(),
-            why: format!(
-                "the cuBLASLt experts path runs on bf16 storage only (this output is {})",
-                outs[0].phys
-            ),
-        });
-    }
-    let x = cx.bf16(ins[0], t * h)?;
+    let x = cx.half(ins[0], t * h)?;
     let w = cx.f32(ins[2], t * k)?;
     let sorted = ins[3];
-    let gate_up = cx.bf16(ins[5], e * 2 * f * h)?;
-    let down = cx.bf16(ins[6], e * h * f)?;
+    let gate_up = cx.half(ins[5], e * 2 * f * h)?;
+    let down = cx.half(ins[6], e * h * f)?;
     // The segment bounds decide the GEMM shapes: read them (this waits for queued work).
     let mut off = vec![0i32; e + 1];
     let label = &cx.be.dev.label;
@@ -350,14 +355,14 @@ fn experts_blaslt(
         ));
     }
     let sentinel = (t * k) as i32;
-    let xg = cx.alloc(pu * h, DType::BF16)?;
-    let hb = cx.alloc(pu * 2 * f, DType::BF16)?;
-    let act = cx.alloc(pu * f, DType::BF16)?;
-    let ob = cx.alloc(pu * h, DType::BF16)?;
+    let xg = cx.alloc(pu * h, cx.phys())?;
+    let hb = cx.alloc(pu * 2 * f, cx.phys())?;
+    let act = cx.alloc(pu * f, cx.phys())?;
+    let ob = cx.alloc(pu * h, cx.phys())?;
     let inv = cx.alloc(t * k, DType::I32)?;
     if pu > 0 {
         cx.k(
-            "moe_gather_bf16",
+            cx.kernel("moe_gather_{s}")?,
             Dims::linear(pu as u32, 128),
             &[
                 Arg::Ptr(x.ptr),
@@ -378,6 +383,7 @@ fn experts_blaslt(
         }
         cx.be.blas.matmul(
             cx.stream(),
+            cx.dtype(),
             len,
             2 * f,
             h,
@@ -391,7 +397,7 @@ fn experts_blaslt(
     }
     if pu > 0 {
         cx.k(
-            "moe_swiglu_bf16",
+            cx.kernel("moe_swiglu_{s}")?,
             Dims::stride((pu * f) as u64, 256, cx.sms()),
             &[
                 Arg::Ptr(hb.ptr()),
@@ -408,6 +414,7 @@ fn experts_blaslt(
         }
         cx.be.blas.matmul(
             cx.stream(),
+            cx.dtype(),
             len,
             h,
             f,
@@ -437,7 +444,7 @@ fn experts_blaslt(
     }
     if t > 0 {
         cx.k(
-            "moe_combine_bf16",
+            cx.kernel("moe_combine_{s}")?,
             Dims::linear(t as u32, (h.div_ceil(32) * 32).clamp(32, 256) as u32),
             &[
                 Arg::Ptr(ob.ptr()),
@@ -450,8 +457,9 @@ fn experts_blaslt(
             ],
         )?;
     }
+    let s = cx.dtype();
     Ok(format!(
-        "moe_gather_bf16+cublaslt_bf16_gemm(x{gemms})+moe_swiglu_bf16+cublaslt_bf16_gemm(x{gemms})+moe_inverse_i32+moe_combine_bf16"
+        "moe_gather_{s}+cublaslt_{s}_gemm(x{gemms})+moe_swiglu_{s}+cublaslt_{s}_gemm(x{gemms})+moe_inverse_i32+moe_combine_{s}"
     ))
 }
 
@@ -495,7 +503,7 @@ mod tests {
     }
 
     #[test]
-    fn the_default_tile_follows_the_rows_per_expert() {
+    fn the_default_path_follows_the_rows_per_expert() {
         if std::env::var_os("TANDEM_MOE_EXPERTS").is_some()
             || std::env::var_os("TANDEM_MOE_TILE").is_some()
         {
@@ -506,7 +514,7 @@ mod tests {
             ExpertsPath::Blaslt => "blaslt",
         };
         assert_eq!(pick(64), "s");
-        assert_eq!(pick(256), "m");
-        assert_eq!(pick(4096), "l");
+        assert_eq!(pick(256), "blaslt");
+        assert_eq!(pick(4096), "blaslt");
     }
 }
