@@ -192,7 +192,7 @@ def main():
         a.tokens = a.tokens or 4096
         a.experts = a.experts or 8
         a.top_k = a.top_k or 2
-        fn, sets, flops, nbytes, shape, what = moe_experts_peer(a, dev, bf, rnd, g)
+        fn, sets, flops, nbytes, shape, what = moe_experts_peer(a, dev, dt, rnd, g)
     elif a.op == "moe-route":
         t, e, k = a.tokens or 16384, a.experts or 64, a.top_k or 8
         bs = 16

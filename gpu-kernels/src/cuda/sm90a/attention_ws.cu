@@ -306,22 +306,26 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
                     }
 #pragma unroll
                     for (int r = 0; r < 2; ++r) {
-                        float mx = m_r[r];
+                        // four partial maxima and sums: short dependency chains
+                        float mp[4] = {m_r[r], TANDEM_NEG_INF, TANDEM_NEG_INF, TANDEM_NEG_INF};
 #pragma unroll
-                        for (int nt = 0; nt < NS; ++nt) mx = fmaxf(mx, fmaxf(acc_s[nt][2 * r], acc_s[nt][2 * r + 1]));
+                        for (int nt = 0; nt < NS; ++nt)
+                            mp[nt & 3] = fmaxf(mp[nt & 3], fmaxf(acc_s[nt][2 * r], acc_s[nt][2 * r + 1]));
+                        float mx = fmaxf(fmaxf(mp[0], mp[1]), fmaxf(mp[2], mp[3]));
                         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                         const float m_use = mx == TANDEM_NEG_INF ? 0.f : mx;
                         alpha[r] = fast_exp2((m_r[r] - m_use) * scale_log2);
                         m_r[r] = mx;
                         const float mb = m_use * scale_log2;
-                        float rs = 0.f;
+                        float sp[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
                         for (int nt = 0; nt < NS; ++nt) {
                             acc_s[nt][2 * r] = fast_exp2(fmaf(acc_s[nt][2 * r], scale_log2, -mb));
                             acc_s[nt][2 * r + 1] = fast_exp2(fmaf(acc_s[nt][2 * r + 1], scale_log2, -mb));
-                            rs += acc_s[nt][2 * r] + acc_s[nt][2 * r + 1];
+                            sp[nt & 3] += acc_s[nt][2 * r] + acc_s[nt][2 * r + 1];
                         }
+                        const float rs = (sp[0] + sp[1]) + (sp[2] + sp[3]);
                         l_r[r] = l_r[r] * alpha[r] + rs;
                     }
                 }
