@@ -374,8 +374,8 @@ fn check_lse(out: &Tensor, want: &ArrayD<f64>) {
 /// in parallel otherwise).
 static ATTN_VARIANT: Mutex<()> = Mutex::new(());
 
-/// Every build of the kernel. f16 has the sm80 builds only: asked for a Hopper build (`wg*`)
-/// it must run `m2` in f16 (`mha_f16_fwd_d*_m2`).
+/// Every build of the kernel, in the storage precision of `be`; each must run its own entry
+/// point (`mha_{dt}_fwd_d{d}[_{variant}]`).
 fn cuda_attention(be: &CudaBackend, dt: CudaDType) {
     let _only_me = ATTN_VARIANT.lock().unwrap_or_else(|e| e.into_inner());
     let mut r = rng("attention");

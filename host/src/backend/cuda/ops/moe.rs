@@ -1,13 +1,13 @@
 //! MoE routing (three fused kernels) and experts, two ways:
-//! - `grouped` (default): sm80/moe_experts.cu's grouped GEMMs over the routing's padded
+//! - `grouped` (default up to 32 rows per expert): sm80/moe_experts.cu's grouped GEMMs over the routing's padded
 //!   permutation (tile map, gate/up GEMM with the SwiGLU in its epilogue and the token gather in
 //!   its operand load, down GEMM writing one row per slot, weighted combine). Nothing waits for
 //!   the host: each block reads its expert and rows from device memory.
-//! - `blaslt`: gather, one cuBLASLt GEMM per expert (twice), SwiGLU, combine; reads the expert
+//! - `blaslt` (default above): gather, one cuBLASLt GEMM per expert (twice), SwiGLU, combine; reads the expert
 //!   offsets on the host first (a stream synchronisation).
 //!
-//! `TANDEM_MOE_EXPERTS=blaslt|grouped` picks one (default grouped), `TANDEM_MOE_TILE=l|m|s` the
-//! grouped GEMMs' tile (default by the mean rows per expert, T*k/E).
+//! `TANDEM_MOE_EXPERTS=blaslt|grouped` forces one, `TANDEM_MOE_TILE=l|m|s` the grouped GEMMs'
+//! tile (default by the mean rows per expert, T*k/E); see [`ExpertsPath::select`].
 
 use cudarc::driver::result as drv;
 use tandem_gpu_kernels::{MOE_TILE_MAP_THREADS, MOE_TILES, MoeTile};
