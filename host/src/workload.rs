@@ -180,9 +180,9 @@ pub struct MixtralWeights {
     pub wv: Tensor,
     /// o_proj [H, Hq*D].
     pub wo: Tensor,
-    /// input_layernorm [H].
+    /// input_layernorm `[H]`.
     pub ln1: Tensor,
-    /// post_attention_layernorm [H].
+    /// post_attention_layernorm `[H]`.
     pub ln2: Tensor,
     /// router gate [E, H].
     pub gate: Tensor,
