@@ -5,7 +5,7 @@
 # `--cuda-dtype $DTYPE`, torch_peers.py `--dtype $DTYPE`.
 # Writes the tandem JSON to /tmp/tandem-bench/$DTYPE and prints a table of RESULT lines last.
 # ONLY=moe runs the MoE experts pairs alone; MOE_PATHS (default "grouped blaslt") picks the
-# experts paths timed (TANDEM_MOE_EXPERTS), MOE_TILES (default "default") the grouped tiles
+# experts paths timed (TANDEM_MOE_EXPERTS; `default` = the op's own choice), MOE_TILES (default "default") the grouped tiles
 # (TANDEM_MOE_TILE: l, m, s, or default for the op's own choice).
 set -o pipefail
 T=${TANDEM:-.gpu/bin/tandem}
@@ -27,7 +27,7 @@ pair() { # label, then the bench arguments shared by both
 moe_pairs() {
   local X="moe-experts --hidden 4096 --ffn 14336 --experts 8 --top-k 2"
   for path in ${MOE_PATHS:-grouped blaslt}; do
-    export TANDEM_MOE_EXPERTS=$path
+    if [ "$path" = default ]; then unset TANDEM_MOE_EXPERTS; else export TANDEM_MOE_EXPERTS=$path; fi
     for tile in ${MOE_TILES:-default}; do
       if [ "$path" = blaslt ] && [ "$tile" != default ]; then continue; fi
       if [ "$tile" = default ]; then unset TANDEM_MOE_TILE; else export TANDEM_MOE_TILE=$tile; fi
