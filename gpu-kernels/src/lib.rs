@@ -279,27 +279,40 @@ pub const ROUTE_MAX_EXPERTS: usize = 256;
 /// Key rows per attention tile of the default builds (ATT_BN in attention.cu; `_n32` builds
 /// use 32).
 pub const ATTENTION_BLOCK_N: usize = 64;
-/// Query rows per block of the `_ws` attention builds (WS_BM in sm90a/attention_ws.cu).
-pub const ATTENTION_WS_BLOCK_M: usize = 128;
+/// Consumer warpgroups (64 query rows each) of the `_ws` attention builds for head dims 128
+/// and 64 (WS_NC_D128, WS_NC_D64 in sm90a/attention_ws.cu); one producer warpgroup beside them.
+pub const ATTENTION_WS_CONSUMERS: [(usize, usize); 2] = [(128, 2), (64, 3)];
 /// Key rows per tile of the `_ws` builds for head dims 128 and 64 (WS_BN_D128, WS_BN_D64),
 /// also the rows of their K and V TMA boxes.
 pub const ATTENTION_WS_BLOCK_N: [(usize, usize); 2] = [(128, 176), (64, 128)];
-/// Threads per block of the `_ws` builds (WS_THREADS): a producer and two consumer warpgroups.
-pub const ATTENTION_WS_THREADS: u32 = 384;
+
+fn per_head_dim(table: &[(usize, usize)], d: usize, default: usize) -> usize {
+    table
+        .iter()
+        .find(|(hd, _)| *hd == d)
+        .map_or(default, |(_, v)| *v)
+}
+
+/// Query rows per block of the `_ws` build for head dim `d` (64 per consumer warpgroup).
+pub fn attention_ws_block_m(d: usize) -> usize {
+    64 * per_head_dim(&ATTENTION_WS_CONSUMERS, d, 2)
+}
+
+/// Threads per block of the `_ws` build for head dim `d`: the producer and the consumers.
+pub fn attention_ws_threads(d: usize) -> u32 {
+    128 * (1 + per_head_dim(&ATTENTION_WS_CONSUMERS, d, 2)) as u32
+}
 
 /// Key rows per tile of the `_ws` build for head dim `d`.
 pub fn attention_ws_block_n(d: usize) -> usize {
-    ATTENTION_WS_BLOCK_N
-        .iter()
-        .find(|(hd, _)| *hd == d)
-        .map_or(128, |(_, bn)| *bn)
+    per_head_dim(&ATTENTION_WS_BLOCK_N, d, 128)
 }
 
 /// Dynamic shared memory of a `_ws` build for head dim `d` and `bn`-key tiles (WsLayout in
 /// attention_ws.cu): Q, two K and two V stages, the mbarriers, and slack for 1024-byte
 /// alignment.
 pub fn attention_ws_smem(d: usize, bn: usize) -> usize {
-    ATTENTION_WS_BLOCK_M * d * 2 + 4 * bn * d * 2 + 128 + 1024
+    attention_ws_block_m(d) * d * 2 + 4 * bn * d * 2 + 128 + 1024
 }
 
 /// 16-byte vectors per thread of `rmsnorm_bf16` (RMS_VPT in norm.cu).
@@ -443,13 +456,15 @@ mod tests {
         assert!(Module::AttentionSm80.body().contains("#define ATT_BN 64"));
         assert!(Module::Norm.body().contains("#define RMS_VPT 4"));
         let ws = Module::AttentionSm90aWs.body();
-        assert!(ws.contains("#define WS_BM 128"));
+        for (d, nc) in ATTENTION_WS_CONSUMERS {
+            assert!(ws.contains(&format!("#define WS_NC_D{d} {nc}")));
+        }
         for (d, bn) in ATTENTION_WS_BLOCK_N {
             assert!(ws.contains(&format!("#define WS_BN_D{d} {bn}")));
             assert!(attention_ws_smem(d, bn) <= 227 * 1024);
         }
-        assert!(ws.contains("#define WS_THREADS 384"));
         assert!(ws.contains("BYTES = BARS + 128 + 1024"));
+        assert!(ws.contains("K = 64 * NC * D * 2"));
         assert!(
             Module::MoeExpertsSm80
                 .body()

@@ -391,6 +391,7 @@ fn cuda_attention(be: &CudaBackend, dt: CudaDType) {
         (1, 4, 2, 300, 700, 128, true),
         (2, 2, 2, 513, 390, 64, true),
         (1, 2, 2, 1000, 1000, 128, false),
+        (1, 2, 1, 450, 1000, 64, false),
     ] {
         for variant in ["w4", "w8", "m2", "m2n32", "ws"] {
             if variant == "ws"

@@ -14,8 +14,10 @@
 // the TMA (16-byte chunk c of row r lands at chunk c ^ (r % 8)); then the mbarriers.
 // Tensor maps (built by the host, passed by value): dims {D, N, B*H}, boxes {64, BM or BN, 1}.
 
-#define WS_BM 128
-#define WS_THREADS 384
+// Consumer warpgroups per block (64 query rows each) per head dim: d64's lighter registers let
+// a third consumer in, so each one's softmax has two partners' GEMMs to hide under.
+#define WS_NC_D128 2
+#define WS_NC_D64 3
 // Key rows per tile (and K/V TMA box rows) per head dim; the host mirrors these
 // (tandem_gpu_kernels::attention_ws_block_n).
 // d128: 176-key tiles (FlashAttention-3's choice) measured 6% faster than 128 (v9).
@@ -180,24 +182,26 @@ __device__ __forceinline__ void ws_pv(float (&d)[D / 8][4], const unsigned (&a)[
 }
 
 // The shared-memory bytes a build needs (the host mirrors this: attention.rs).
-template <int D, int BN>
+template <int D, int BN, int NC>
 struct WsLayout {
     static constexpr unsigned TILE = BN * D * 2;  // one K or V stage
-    static constexpr unsigned Q = 0, K = WS_BM * D * 2, V = K + 2 * TILE, BARS = V + 2 * TILE;
+    static constexpr unsigned Q = 0, K = 64 * NC * D * 2, V = K + 2 * TILE, BARS = V + 2 * TILE;
     static constexpr unsigned BYTES = BARS + 128 + 1024;  // + mbarriers + alignment slack
 };
 
-template <int D, int BN, bool F16>
+template <int D, int BN, int NC, bool F16>
 __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t* mk, const tma_map_t* mv,
                                             unsigned short* __restrict__ O, float* __restrict__ LSE, int Hq,
                                             int Hkv, int Nq, int Nkv, float scale_log2, int causal) {
-    constexpr int BM = WS_BM, HALVES = D / 64, NS = BN / 8, ND = D / 8;
-    using L = WsLayout<D, BN>;
+    constexpr int BM = 64 * NC, HALVES = D / 64, NS = BN / 8, ND = D / 8;
+    // registers: the producer keeps 24, the consumers share the rest of the 64K file
+    constexpr int CONSUMER_REGS = NC == 2 ? 240 : 160;
+    using L = WsLayout<D, BN, NC>;
     extern __shared__ __align__(1024) unsigned char ws_smem[];
     const unsigned base = (smem_addr(ws_smem) + 1023u) & ~1023u;
     const unsigned sQ = base + L::Q, sK = base + L::K, sV = base + L::V, bars = base + L::BARS;
     // mbarriers: Q full; K full[2], V full[2] (producer arrives + TMA bytes); K empty[2], V
-    // empty[2] (the 8 consumer warps arrive once they no longer read the stage).
+    // empty[2] (the 4 * NC consumer warps arrive once they no longer read the stage).
     const unsigned full_q = bars, full_k = bars + 8, full_v = bars + 24, empty_k = bars + 40, empty_v = bars + 56;
 
     const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest causal blocks first
@@ -215,8 +219,8 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
         for (int s = 0; s < 2; ++s) {
             mbar_init(full_k + 8 * s, 1);
             mbar_init(full_v + 8 * s, 1);
-            mbar_init(empty_k + 8 * s, 8);
-            mbar_init(empty_v + 8 * s, 8);
+            mbar_init(empty_k + 8 * s, 4 * NC);
+            mbar_init(empty_v + 8 * s, 4 * NC);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -245,8 +249,8 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
             }
         }
     } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
-        const int cw = wg - 1;  // consumer 0 or 1: query rows m0 + 64 * cw + [0, 64)
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS) : "memory");
+        const int cw = wg - 1;  // consumer 0 .. NC-1: query rows m0 + 64 * cw + [0, 64)
         const int g = lane >> 2, tq = lane & 3;
         const int row0 = m0 + cw * 64 + (warp & 3) * 16 + g;  // this thread's rows: row0, row0 + 8
         float acc_o[ND][4], acc_s[NS][4];
@@ -260,7 +264,7 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
         for (int i = 0; i < NS; ++i) acc_s[i][0] = acc_s[i][1] = acc_s[i][2] = acc_s[i][3] = 0.f;
         if (n_blocks > 0) {
             // Turn-taking: barrier 1 + c is consumer c's turn to issue; consumer 0 starts.
-            if (cw == 1) named_arrive(1, 256);
+            if (cw == NC - 1) named_arrive(1, 256);
             mbar_wait(full_q, 0);
             const unsigned qa = sQ + cw * 64 * 128;
             for (int j = 0; j <= n_blocks; ++j) {
@@ -285,8 +289,9 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
                         ws_pv<F16, D>(acc_o, pa[kk], desc_sw128(sV + sp * L::TILE + kk * 16 * 128, BN * 128, 1024));
                     ws_commit();
                 }
-                // Hand the turn over (consumer 1's last hand-over would have no taker).
-                if (cw == 0 || has_s) named_arrive(2 - cw, 256);
+                // Hand the turn to the next consumer (the last one's final hand-over would have no
+                // taker).
+                if (cw < NC - 1 || has_s) named_arrive(1 + (cw + 1) % NC, 256);
                 float alpha[2] = {1.f, 1.f};  // O's rescale factor from this tile's softmax
                 if (has_s) {
                     if (has_pv) ws_wait<1>();
@@ -376,12 +381,12 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
 }
 
 #define WS_ENTRY(NAME, D, F16)                                                                        \
-    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) NAME(                                  \
+    extern "C" __global__ void __launch_bounds__(128 * (1 + (D == 128 ? WS_NC_D128 : WS_NC_D64)), 1) NAME( \
             const __grid_constant__ tma_map_t mq, const __grid_constant__ tma_map_t mk,                \
             const __grid_constant__ tma_map_t mv, unsigned short* __restrict__ o, float* __restrict__ lse, \
             int Hq, int Hkv, int Nq, int Nkv, float scale_log2, int causal) {                          \
-        attn_fwd_ws<D, D == 128 ? WS_BN_D128 : WS_BN_D64, F16>(&mq, &mk, &mv, o, lse, Hq, Hkv, Nq, Nkv,  \
-                                                               scale_log2, causal);                  \
+        attn_fwd_ws<D, D == 128 ? WS_BN_D128 : WS_BN_D64, D == 128 ? WS_NC_D128 : WS_NC_D64, F16>(     \
+            &mq, &mk, &mv, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal);                              \
     }
 WS_ENTRY(mha_bf16_fwd_d64_ws, 64, false)
 WS_ENTRY(mha_bf16_fwd_d128_ws, 128, false)

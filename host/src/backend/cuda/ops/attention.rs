@@ -22,8 +22,8 @@ pub enum Variant {
     M2,
     /// As M2 with 32-key tiles (fewer registers for S, Q kept in registers).
     M2N32,
-    /// Hopper (sm_90 only), FlashAttention-3's structure: a TMA producer warp and two consumer
-    /// warpgroups taking turns on wgmma (128-row blocks, 384 threads).
+    /// Hopper (sm_90 only), FlashAttention-3's structure: a TMA producer warp and consumer
+    /// warpgroups taking turns on wgmma (two for d128: 128-row blocks; three for d64: 192).
     Ws,
 }
 
@@ -43,11 +43,11 @@ impl Variant {
         }
     }
 
-    /// Query rows per block.
-    pub fn block_m(self) -> usize {
+    /// Query rows per block for head dim `d`.
+    pub fn block_m(self, d: usize) -> usize {
         match self {
             Variant::W4 => 64,
-            Variant::Ws => tandem_gpu_kernels::ATTENTION_WS_BLOCK_M,
+            Variant::Ws => tandem_gpu_kernels::attention_ws_block_m(d),
             Variant::W8 | Variant::M2 | Variant::M2N32 => 128,
         }
     }
@@ -61,10 +61,10 @@ impl Variant {
         }
     }
 
-    /// Threads per block.
-    pub fn threads(self) -> usize {
+    /// Threads per block for head dim `d`.
+    pub fn threads(self, d: usize) -> usize {
         match self {
-            Variant::Ws => tandem_gpu_kernels::ATTENTION_WS_THREADS as usize,
+            Variant::Ws => tandem_gpu_kernels::attention_ws_threads(d) as usize,
             Variant::W8 => 256,
             Variant::W4 | Variant::M2 | Variant::M2N32 => 128,
         }
@@ -117,11 +117,11 @@ pub fn attention(
     if s.nq == 0 {
         return Ok(name.into());
     }
-    let bm = var.block_m();
+    let bm = var.block_m(s.d);
     let bn = var.block_n(s.d);
     let scale_log2 = p.scale_for(s.d) * std::f32::consts::LOG2_E;
     let grid = (s.nq.div_ceil(bm) as u32, s.hq as u32, s.b as u32);
-    let block = (var.threads() as u32, 1, 1);
+    let block = (var.threads(s.d) as u32, 1, 1);
     let tail = [
         Arg::Ptr(outs[0].ptr()),
         Arg::Ptr(outs[1].ptr()),
