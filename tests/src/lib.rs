@@ -2,6 +2,8 @@
 //! vectors, seeded random data, error measures and error-kind assertions.
 //! Benchmarks of tandem live in `benches/benches`; PyTorch peers in `benches/peers`.
 
+pub mod cuda;
+
 use std::collections::HashMap;
 use std::path::Path;
 

@@ -9,103 +9,21 @@
 //! relative (Frobenius) error. Without a usable GPU each test prints "skipped: <reason>" and
 //! returns.
 
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::sync::Mutex;
 
-use half::{bf16, f16};
 use ndarray::ArrayD;
-use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tandem::backend::CudaDType;
-use tandem::backend::cuda::{CudaBackend, CudaOptions, unavailable_reason};
-use tandem::backend::{Backend, DeviceStorage};
+use tandem::backend::cuda::CudaBackend;
 use tandem::ops::{MoeExpertsParams, MoeRouteParams};
 use tandem::tensor::rel_error;
 use tandem::{Op, Tensor};
+use tandem_tests::cuda::{
+    backend as gpu, clock_rng as rng, launch as run_gpu, rand_rounded as rand_t, round_to as round,
+};
 
 /// The path variables are process-wide: tests of this file take turns.
 static ENV: Mutex<()> = Mutex::new(());
-
-fn gpu(dt: CudaDType) -> Option<Arc<CudaBackend>> {
-    static GPU: [OnceLock<Result<Arc<CudaBackend>, String>>; 2] =
-        [OnceLock::new(), OnceLock::new()];
-    let g = GPU[dt as usize].get_or_init(|| {
-        if let Some(r) = unavailable_reason() {
-            return Err(r);
-        }
-        CudaBackend::open(
-            0,
-            CudaOptions {
-                poison: true,
-                dtype: dt,
-            },
-        )
-        .map(Arc::new)
-        .map_err(|e| format!("CUDA present but device 0 failed to open: {e}"))
-    });
-    match g {
-        Ok(b) => Some(b.clone()),
-        Err(r) if r.starts_with("CUDA present") => panic!("{r}"),
-        Err(r) => {
-            println!("skipped: {r}");
-            None
-        }
-    }
-}
-
-fn rng(tag: &str) -> ChaCha8Rng {
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(7);
-    println!("{tag}: seed {seed}");
-    ChaCha8Rng::seed_from_u64(seed)
-}
-
-/// `x` rounded to the storage precision.
-fn round(dt: CudaDType, x: f32) -> f32 {
-    match dt {
-        CudaDType::Bf16 => bf16::from_f32(x).to_f32(),
-        CudaDType::F16 => f16::from_f32(x).to_f32(),
-    }
-}
-
-/// A random f32 tensor, already rounded to the storage (what the GPU will hold).
-fn rand_t(r: &mut ChaCha8Rng, dt: CudaDType, shape: &[usize], scale: f32) -> Tensor {
-    let n: usize = shape.iter().product();
-    let v: Vec<f32> = (0..n)
-        .map(|_| round(dt, r.gen_range(-1.0f32..1.0) * scale))
-        .collect();
-    Tensor::from_vec_f32(shape, v).expect("shape")
-}
-
-/// Runs `op` on the GPU; returns the outputs and the kernels that ran.
-fn run_gpu(be: &CudaBackend, op: &Op, inputs: &[Tensor]) -> (Vec<Tensor>, String) {
-    let st: Vec<DeviceStorage> = inputs
-        .iter()
-        .map(|t| be.upload(t).expect("upload"))
-        .collect();
-    let refs: Vec<&DeviceStorage> = st.iter().collect();
-    let l = be.launch(op, &refs).expect("launch");
-    l.done
-        .wait(Duration::from_secs(120), op.name())
-        .expect("kernel finished");
-    let info = l.info.lock().expect("info").clone();
-    assert!(!info.kernel.is_empty());
-    let t = info.device_time.expect("event-timed device time");
-    println!(
-        "  {} ran {} in {:.1} us",
-        op.name(),
-        info.kernel,
-        t.as_secs_f64() * 1e6
-    );
-    let outs = l
-        .outputs
-        .iter()
-        .map(|s| be.download(s).expect("download"))
-        .collect();
-    (outs, info.kernel)
-}
 
 /// Relative error of a float output; NaN (poison left behind) fails.
 fn check(name: &str, out: &Tensor, want: &ArrayD<f64>, tol: f64) {

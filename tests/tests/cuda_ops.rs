@@ -8,52 +8,22 @@
 //! unwritten element fails. Without a usable GPU each test prints "skipped: <reason>" and
 //! returns.
 
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::sync::Mutex;
 
-use half::{bf16, f16};
 use ndarray::{ArrayD, IxDyn};
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use tandem::backend::cuda::{CudaBackend, CudaDType, CudaOptions, unavailable_reason};
-use tandem::backend::{Backend, DeviceStorage};
+use tandem::backend::Backend;
+use tandem::backend::cuda::{CudaBackend, CudaDType};
 use tandem::ops::{
     Activation, AttentionParams, LinearParams, MoeExpertsParams, MoeRouteParams, RmsNormParams,
     RopeParams, SplitHeadsParams,
 };
 use tandem::tensor::rel_error;
 use tandem::{Op, Tensor};
-
-/// Device 0 storing in `dt`, with poisoned outputs (one backend per precision, opened once).
-fn gpu(dt: CudaDType) -> Option<Arc<CudaBackend>> {
-    type Slot = OnceLock<Result<Arc<CudaBackend>, String>>;
-    static GPUS: [Slot; 2] = [OnceLock::new(), OnceLock::new()];
-    let g = GPUS[dt as usize].get_or_init(|| {
-        if let Some(r) = unavailable_reason() {
-            return Err(r);
-        }
-        CudaBackend::open(
-            0,
-            CudaOptions {
-                poison: true,
-                dtype: dt,
-            },
-        )
-        .map(Arc::new)
-        .map_err(|e| format!("CUDA present but device 0 failed to open ({dt}): {e}"))
-    });
-    match g {
-        Ok(b) => {
-            assert_eq!(b.dtype(), dt);
-            Some(b.clone())
-        }
-        Err(r) if r.starts_with("CUDA present") => panic!("{r}"),
-        Err(r) => {
-            println!("skipped: {r}");
-            None
-        }
-    }
-}
+use tandem_tests::cuda::{
+    backend as gpu, clock_rng as rng, launch, rand_rounded as rand_t, round_to as rnd,
+};
 
 /// Each test once per storage precision: `mod <test> { fn bf16(); fn f16(); }`.
 macro_rules! per_dtype {
@@ -90,32 +60,6 @@ per_dtype!(
     cuda_moe_experts,
 );
 
-fn rng(tag: &str) -> ChaCha8Rng {
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(7);
-    println!("{tag}: seed {seed}");
-    ChaCha8Rng::seed_from_u64(seed)
-}
-
-/// `x` rounded as the GPU stores it in `dt`.
-fn rnd(dt: CudaDType, x: f32) -> f32 {
-    match dt {
-        CudaDType::Bf16 => bf16::from_f32(x).to_f32(),
-        CudaDType::F16 => f16::from_f32(x).to_f32(),
-    }
-}
-
-/// A random f32 tensor, already rounded to `dt` (what the GPU will hold).
-fn rand_t(r: &mut ChaCha8Rng, dt: CudaDType, shape: &[usize], scale: f32) -> Tensor {
-    let n: usize = shape.iter().product();
-    let v: Vec<f32> = (0..n)
-        .map(|_| rnd(dt, r.gen_range(-1.0f32..1.0) * scale))
-        .collect();
-    Tensor::from_vec_f32(shape, v).expect("shape")
-}
-
 /// The kernels that ran (names joined by '+') are those of storage `dt`: f16 runs no bf16
 /// kernel and at least one f16 one; bf16 runs no f16 kernel.
 fn assert_storage(kernel: &str, dt: CudaDType) {
@@ -134,31 +78,9 @@ fn run_gpu(be: &CudaBackend, op: &Op, inputs: &[Tensor]) -> Vec<Tensor> {
 
 /// As [`run_gpu`], with the name of the kernel(s) that ran.
 fn run_gpu_named(be: &CudaBackend, op: &Op, inputs: &[Tensor]) -> (Vec<Tensor>, String) {
-    let st: Vec<DeviceStorage> = inputs
-        .iter()
-        .map(|t| be.upload(t).expect("upload"))
-        .collect();
-    let refs: Vec<&DeviceStorage> = st.iter().collect();
-    let l = be.launch(op, &refs).expect("launch");
-    l.done
-        .wait(Duration::from_secs(120), op.name())
-        .expect("kernel finished");
-    let info = l.info.lock().expect("info").clone();
-    assert!(!info.kernel.is_empty());
-    assert_storage(&info.kernel, be.dtype());
-    let t = info.device_time.expect("event-timed device time");
-    println!(
-        "  {} ran {} in {:.1} us",
-        op.name(),
-        info.kernel,
-        t.as_secs_f64() * 1e6
-    );
-    let outs = l
-        .outputs
-        .iter()
-        .map(|s| be.download(s).expect("download"))
-        .collect();
-    (outs, info.kernel)
+    let (outs, kernel) = launch(be, op, inputs);
+    assert_storage(&kernel, be.dtype());
+    (outs, kernel)
 }
 
 fn reference(op: &Op, inputs: &[Tensor]) -> Vec<ArrayD<f64>> {
