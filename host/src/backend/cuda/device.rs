@@ -87,7 +87,7 @@ impl Device {
             index: ordinal,
         };
         let kernels = if arch == 90 {
-            "sm90a (wgmma attention) + sm80 (mma.sync, cp.async)"
+            "sm90a (TMA + wgmma warp-specialized attention) + sm80 (mma.sync, cp.async)"
         } else if arch >= 80 {
             "sm80 (mma.sync, cp.async)"
         } else {

@@ -149,12 +149,8 @@ impl CudaBackend {
         let dev = Arc::new(dev);
         info.compute_dtype = opts.dtype.dtype();
         for (k, v) in info.details.iter_mut() {
-            match k.as_str() {
-                "storage" => *v = format!("{} (f32 accumulate)", opts.dtype),
-                "kernels" if dev.arch == 90 && opts.dtype == CudaDType::F16 => {
-                    *v = "sm80 (mma.sync, cp.async; the sm90a wgmma attention is bf16 only)".into()
-                }
-                _ => {}
+            if k == "storage" {
+                *v = format!("{} (f32 accumulate)", opts.dtype);
             }
         }
         let (a, b) = compile::nvrtc_version();

@@ -322,8 +322,8 @@ fn experts_grouped(
     Ok(names)
 }
 
-/// Gather, per-expert cuBLASLt GEMMs, SwiGLU, combine (bf16 only; synchronises the stream to
-/// read the expert offsets).
+/// Gather, per-expert cuBLASLt GEMMs, SwiGLU, combine (synchronises the stream to read the
+/// expert offsets).
 fn experts_blaslt(
     cx: &Cx<'_>,
     s: &ExpertsShape,
