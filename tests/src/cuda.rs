@@ -5,10 +5,12 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use half::{bf16, f16};
+use ndarray::ArrayD;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tandem::backend::cuda::{CudaBackend, CudaDType, CudaOptions, unavailable_reason};
 use tandem::backend::{Backend, DeviceStorage};
+use tandem::tensor::rel_error;
 use tandem::{Op, Tensor};
 
 /// Device 0 storing in `dt`, with poisoned outputs (one backend per precision, opened once),
@@ -99,4 +101,15 @@ pub fn launch(be: &CudaBackend, op: &Op, inputs: &[Tensor]) -> (Vec<Tensor>, Str
         .map(|s| be.download(s).expect("download"))
         .collect();
     (outs, info.kernel)
+}
+
+/// Relative error of a float output; NaN (poison left behind) fails.
+pub fn check(name: &str, out: &Tensor, want: &ArrayD<f64>, tol: f64) {
+    let got = out.to_f64();
+    assert_eq!(got.shape(), want.shape(), "{name}: shape");
+    let nan = got.iter().filter(|v| v.is_nan()).count();
+    assert_eq!(nan, 0, "{name}: {nan} elements NaN (unwritten or overflow)");
+    let e = rel_error(&got, want);
+    println!("  {name}: rel err {e:.2e}");
+    assert!(e < tol, "{name}: rel err {e:.3e} >= {tol:.0e}");
 }

@@ -16,25 +16,14 @@ use rand_chacha::ChaCha8Rng;
 use tandem::backend::CudaDType;
 use tandem::backend::cuda::CudaBackend;
 use tandem::ops::{MoeExpertsParams, MoeRouteParams};
-use tandem::tensor::rel_error;
 use tandem::{Op, Tensor};
 use tandem_tests::cuda::{
-    backend as gpu, clock_rng as rng, launch as run_gpu, rand_rounded as rand_t, round_to as round,
+    backend as gpu, check, clock_rng as rng, launch as run_gpu, rand_rounded as rand_t,
+    round_to as round,
 };
 
 /// The path variables are process-wide: tests of this file take turns.
 static ENV: Mutex<()> = Mutex::new(());
-
-/// Relative error of a float output; NaN (poison left behind) fails.
-fn check(name: &str, out: &Tensor, want: &ArrayD<f64>, tol: f64) {
-    let got = out.to_f64();
-    assert_eq!(got.shape(), want.shape(), "{name}: shape");
-    let nan = got.iter().filter(|v| v.is_nan()).count();
-    assert_eq!(nan, 0, "{name}: {nan} elements NaN (unwritten or overflow)");
-    let e = rel_error(&got, want);
-    println!("  {name}: rel err {e:.2e}");
-    assert!(e < tol, "{name}: rel err {e:.3e} >= {tol:.0e}");
-}
 
 /// How the case routes its tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -22,7 +22,7 @@ use tandem::ops::{
 use tandem::tensor::rel_error;
 use tandem::{Op, Tensor};
 use tandem_tests::cuda::{
-    backend as gpu, clock_rng as rng, launch, rand_rounded as rand_t, round_to as rnd,
+    backend as gpu, check, clock_rng as rng, launch, rand_rounded as rand_t, round_to as rnd,
 };
 
 /// Each test once per storage precision: `mod <test> { fn bf16(); fn f16(); }`.
@@ -86,17 +86,6 @@ fn run_gpu_named(be: &CudaBackend, op: &Op, inputs: &[Tensor]) -> (Vec<Tensor>, 
 fn reference(op: &Op, inputs: &[Tensor]) -> Vec<ArrayD<f64>> {
     let f: Vec<ArrayD<f64>> = inputs.iter().map(|t| t.to_f64()).collect();
     op.reference(&f).expect("reference")
-}
-
-/// Relative error of a float output; NaN (poison left behind) fails.
-fn check(name: &str, out: &Tensor, want: &ArrayD<f64>, tol: f64) {
-    let got = out.to_f64();
-    assert_eq!(got.shape(), want.shape(), "{name}: shape");
-    let nan = got.iter().filter(|v| v.is_nan()).count();
-    assert_eq!(nan, 0, "{name}: {nan} elements NaN (unwritten or overflow)");
-    let e = rel_error(&got, want);
-    println!("  {name}: rel err {e:.2e}");
-    assert!(e < tol, "{name}: rel err {e:.3e} >= {tol:.0e}");
 }
 
 fn exact(name: &str, out: &Tensor, want: &ArrayD<f64>) {
