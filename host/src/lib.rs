@@ -17,6 +17,7 @@ pub mod graph;
 pub mod io;
 pub mod memory;
 pub mod ops;
+pub mod options;
 pub mod plan;
 pub mod report;
 pub mod resident;
