@@ -269,7 +269,20 @@ pub fn rel_error(out: &ArrayD<f64>, reference: &ArrayD<f64>) -> f64 {
     }
     let mut num = 0.0f64;
     let mut den = 0.0f64;
-    for (o, r) in out.iter().zip(reference.iter()) {
+    for (&o, &r) in out.iter().zip(reference.iter()) {
+        if o == r {
+            // Equal values (the same infinity too: an lse of -inf for a row that sees no
+            // key) add nothing to the error; only finite ones add to the norm.
+            if r.is_finite() {
+                den += r * r;
+            }
+            continue;
+        }
+        if !o.is_finite() || !r.is_finite() {
+            // A NaN anywhere, or an infinity where the other side differs: no finite
+            // error describes it.
+            return f64::NAN;
+        }
         num += (o - r) * (o - r);
         den += r * r;
     }

@@ -23,8 +23,14 @@ pub struct NodeError {
 }
 
 /// Compares one op's outputs with its reference outputs.
+///
+/// The worst error wins, and NaN is the worst of all: a NaN in any output (or a missing or
+/// misshapen output) makes the node's error NaN, whatever the other outputs measure.
 pub fn compare(outs: &[Tensor], refs: &[ArrayD<f64>]) -> NodeError {
     let mut e = NodeError::default();
+    if outs.len() != refs.len() {
+        e.rel_error = Some(f64::NAN);
+    }
     for (o, r) in outs.iter().zip(refs) {
         if o.dtype() == DType::I32 {
             let got = o.to_f64();
@@ -36,13 +42,19 @@ pub fn compare(outs: &[Tensor], refs: &[ArrayD<f64>]) -> NodeError {
             e.id_mismatches = Some(e.id_mismatches.unwrap_or(0) + n);
         } else {
             let err = rel_error(&o.to_f64(), r);
-            e.rel_error = Some(match e.rel_error {
-                Some(p) if p >= err || err.is_nan() && p.is_nan() => p,
-                _ => err,
-            });
+            e.rel_error = Some(worst(e.rel_error, err));
         }
     }
     e
+}
+
+/// The worse of two errors; NaN is worse than any number.
+fn worst(prev: Option<f64>, err: f64) -> f64 {
+    match prev {
+        None => err,
+        Some(p) if p.is_nan() || err.is_nan() => f64::NAN,
+        Some(p) => p.max(err),
+    }
 }
 
 /// For each node, its outputs against the f64 reference computed on its actual inputs.
@@ -100,4 +112,50 @@ pub fn reference_chain(graph: &Graph) -> Result<BTreeMap<String, ArrayD<f64>>> {
         }
     }
     Ok(vals)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(v: &[f32]) -> Tensor {
+        Tensor::from_vec_f32(&[v.len()], v.to_vec()).expect("tensor")
+    }
+
+    fn r(v: &[f64]) -> ArrayD<f64> {
+        ArrayD::from_shape_vec(vec![v.len()], v.to_vec()).expect("array")
+    }
+
+    #[test]
+    fn a_nan_in_any_output_is_the_worst_error() {
+        // NaN first, a finite error after (attention's o, then lse): the old fold kept the
+        // later finite number.
+        let e = compare(
+            &[t(&[f32::NAN, 1.0]), t(&[1.0])],
+            &[r(&[1.0, 1.0]), r(&[1.1])],
+        );
+        assert!(e.rel_error.is_some_and(f64::is_nan), "{e:?}");
+        let e = compare(&[t(&[1.0]), t(&[f32::NAN])], &[r(&[1.1]), r(&[1.0])]);
+        assert!(e.rel_error.is_some_and(f64::is_nan), "{e:?}");
+        let e = compare(&[t(&[1.0]), t(&[2.0])], &[r(&[1.1]), r(&[2.0])]);
+        assert!(
+            e.rel_error.is_some_and(|x| (x - 0.1 / 1.1).abs() < 1e-6),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_missing_output_is_a_failure() {
+        let e = compare(&[t(&[1.0])], &[r(&[1.0]), r(&[2.0])]);
+        assert!(e.rel_error.is_some_and(f64::is_nan), "{e:?}");
+    }
+
+    #[test]
+    fn equal_infinities_match_and_unequal_ones_fail() {
+        let inf = f64::NEG_INFINITY;
+        let e = compare(&[t(&[f32::NEG_INFINITY, 2.0])], &[r(&[inf, 2.0])]);
+        assert_eq!(e.rel_error, Some(0.0));
+        let e = compare(&[t(&[3.0, 2.0])], &[r(&[inf, 2.0])]);
+        assert!(e.rel_error.is_some_and(f64::is_nan), "{e:?}");
+    }
 }

@@ -146,11 +146,13 @@ impl LinearParams {
         Ok(vec![Tensor::from_f32(y)])
     }
 
-    /// f64 reference.
+    /// f64 reference: plain loops over the definition ([`super::textbook::linear`]).
     pub fn reference(&self, inputs: &[ArrayD<f64>]) -> Result<Vec<ArrayD<f64>>> {
-        let out = self.validate(&reference_metas(inputs, &[]))?;
+        self.validate(&reference_metas(inputs, &[]))?;
         let b = inputs.get(2).filter(|_| self.bias);
-        Ok(vec![self.run(&inputs[0], &inputs[1], b, &out[0].shape)?])
+        Ok(vec![super::textbook::linear(
+            &inputs[0], &inputs[1], b, self.act,
+        )?])
     }
 
     /// act(x W^T + b) for validated inputs, shaped `out_shape`.

@@ -12,6 +12,7 @@ pub mod linear;
 pub mod moe;
 pub mod norm;
 pub mod rope;
+pub mod textbook;
 
 use ndarray::ArrayD;
 use serde::{Deserialize, Serialize};

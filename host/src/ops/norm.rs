@@ -97,11 +97,11 @@ impl RmsNormParams {
         Ok(outs.into_iter().map(Tensor::from_f32).collect())
     }
 
-    /// f64 reference.
+    /// f64 reference: plain loops over the definition ([`super::textbook::rmsnorm`]).
     pub fn reference(&self, inputs: &[ArrayD<f64>]) -> Result<Vec<ArrayD<f64>>> {
         self.validate(&reference_metas(inputs, &[]))?;
-        let arrays: Vec<&ArrayD<f64>> = inputs.iter().collect();
-        self.run(&arrays, f64::from(self.eps))
+        let residual = inputs.get(2).filter(|_| self.residual);
+        super::textbook::rmsnorm(&inputs[0], &inputs[1], residual, f64::from(self.eps))
     }
 
     /// y (and the sum) for validated inputs x, w (, residual).

@@ -71,10 +71,14 @@ impl RopeParams {
         Ok(vec![Tensor::from_f32(self.run(inputs[0].as_f32()?)?)])
     }
 
-    /// f64 reference.
+    /// f64 reference: plain loops over the definition ([`super::textbook::rope`]).
     pub fn reference(&self, inputs: &[ArrayD<f64>]) -> Result<Vec<ArrayD<f64>>> {
         self.validate(&reference_metas(inputs, &[]))?;
-        Ok(vec![self.run(&inputs[0])?])
+        Ok(vec![super::textbook::rope(
+            &inputs[0],
+            self.base,
+            self.position_offset,
+        )?])
     }
 
     /// cos and sin of the angles of rows 0..t, each [t, d/2] row-major, computed in f64.
