@@ -507,7 +507,11 @@ mod tests {
         std::fs::write(common.join("norm.cu"), "// edited norm\n").expect("write");
         let d = Some(dir.as_path());
         assert_eq!(Module::Norm.text(d), "// edited norm\n");
-        assert!(Module::Norm.source(d).ends_with("// common/norm.cu\n// edited norm\n"));
+        assert!(
+            Module::Norm
+                .source(d)
+                .ends_with("// common/norm.cu\n// edited norm\n")
+        );
         assert_ne!(Module::Norm.source_hash(d), Module::Norm.source_hash(None));
         // Files the folder lacks come from the embedded sources.
         assert!(Module::Norm.source(d).contains(COMMON_HEADER));

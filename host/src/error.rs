@@ -274,7 +274,10 @@ mod tests {
             Error::out_of_memory("d", 1, None).kind(),
             ErrorKind::ResourceExhausted
         );
-        assert_eq!(Error::invalid("op", "no").kind(), ErrorKind::InvalidArgument);
+        assert_eq!(
+            Error::invalid("op", "no").kind(),
+            ErrorKind::InvalidArgument
+        );
     }
 
     #[test]
@@ -285,7 +288,10 @@ mod tests {
             "out of memory on cuda:0: 1073741824 bytes requested, 4096 bytes free"
         );
         let e = Error::out_of_memory("cuda:0", 512, None);
-        assert_eq!(e.to_string(), "out of memory on cuda:0: 512 bytes requested");
+        assert_eq!(
+            e.to_string(),
+            "out of memory on cuda:0: 512 bytes requested"
+        );
         let e = Error::OutOfMemory {
             device: "cuda:1".into(),
             bytes: None,
@@ -297,7 +303,12 @@ mod tests {
 
     #[test]
     fn compile_errors_carry_the_log() {
-        let e = Error::compile("cuda:0", "sm80/attention.cu", "NVRTC error 'X' (6)", "line 3");
+        let e = Error::compile(
+            "cuda:0",
+            "sm80/attention.cu",
+            "NVRTC error 'X' (6)",
+            "line 3",
+        );
         assert_eq!(
             e.to_string(),
             "cuda:0: sm80/attention.cu did not compile: NVRTC error 'X' (6)\nline 3"

@@ -96,6 +96,25 @@ fn default_cache_dir() -> PathBuf {
 }
 
 impl CudaOptions {
+    /// The defaults, with where this machine keeps things read from `env`: the CUDA toolkit
+    /// roots (`CUDA_HOME`, `CUDA_PATH`), the Python prefix (`VIRTUAL_ENV`) and the CUBIN
+    /// cache ([`CudaOptions::cache_dir`]); nothing that changes what runs. What tests build
+    /// their options on, so they find CUDA where the programs do.
+    pub fn machine(env: &dyn Env) -> Self {
+        let cache_dir = match env.path(CACHE_DIR_VAR) {
+            Some(d) => d.join("cuda"),
+            None => super::user_cache_dir(env)
+                .map(|d| d.join("cuda"))
+                .unwrap_or_else(default_cache_dir),
+        };
+        Self {
+            cache_dir,
+            toolkit_roots: TOOLKIT_VARS.iter().filter_map(|v| env.path(v)).collect(),
+            python_prefix: env.path(PYTHON_PREFIX_VAR),
+            ..Self::default()
+        }
+    }
+
     /// Options from `env` (see the module's table); a value that is set but not accepted is
     /// an error naming the variable, the value and what is accepted.
     pub fn from_source(env: &dyn Env) -> Result<Self> {
@@ -111,12 +130,6 @@ impl CudaOptions {
                 ),
             ));
         }
-        let cache_dir = match env.path(CACHE_DIR_VAR) {
-            Some(d) => d.join("cuda"),
-            None => super::user_cache_dir(env)
-                .map(|d| d.join("cuda"))
-                .unwrap_or_else(default_cache_dir),
-        };
         Ok(Self {
             dtype: named(env, CudaDType::ENV, CudaDType::parse_from)?.unwrap_or_default(),
             poison: flag(env, POISON_VAR)?.unwrap_or(false),
@@ -124,9 +137,7 @@ impl CudaOptions {
             moe_experts: named(env, MOE_EXPERTS_VAR, MoeExpertsPath::parse_from)?,
             moe_tile: named(env, MOE_TILE_VAR, MoeTileSize::parse_from)?,
             kernel_dir,
-            cache_dir,
-            toolkit_roots: TOOLKIT_VARS.iter().filter_map(|v| env.path(v)).collect(),
-            python_prefix: env.path(PYTHON_PREFIX_VAR),
+            ..Self::machine(env)
         })
     }
 }
@@ -218,13 +229,7 @@ impl AttentionVariant {
 
     /// Parses a name (any case); `source` names where it came from in the error.
     pub fn parse_from(value: &str, source: &str) -> Result<Self> {
-        parse_name(
-            &Self::ALL,
-            Self::name,
-            value,
-            source,
-            "an attention build",
-        )
+        parse_name(&Self::ALL, Self::name, value, source, "an attention build")
     }
 }
 
@@ -251,13 +256,7 @@ impl MoeExpertsPath {
 
     /// Parses a name (any case); `source` names where it came from in the error.
     pub fn parse_from(value: &str, source: &str) -> Result<Self> {
-        parse_name(
-            &Self::ALL,
-            Self::name,
-            value,
-            source,
-            "a MoE experts path",
-        )
+        parse_name(&Self::ALL, Self::name, value, source, "a MoE experts path")
     }
 }
 
@@ -288,13 +287,7 @@ impl MoeTileSize {
 
     /// Parses a name (any case); `source` names where it came from in the error.
     pub fn parse_from(value: &str, source: &str) -> Result<Self> {
-        parse_name(
-            &Self::ALL,
-            Self::name,
-            value,
-            source,
-            "a MoE tile",
-        )
+        parse_name(&Self::ALL, Self::name, value, source, "a MoE tile")
     }
 
     /// The tile's shape.
@@ -343,7 +336,10 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::InvalidArgument);
         let m = e.to_string();
         assert!(m.starts_with(&format!("{var}: '{value}'")), "{m}");
-        assert!(m.contains(&format!("(accepted: {})", accepted.join(", "))), "{m}");
+        assert!(
+            m.contains(&format!("(accepted: {})", accepted.join(", "))),
+            "{m}"
+        );
     }
 
     #[test]
@@ -366,7 +362,11 @@ mod tests {
 
     #[test]
     fn storage_precision() -> Result<()> {
-        for (v, want) in [("bf16", CudaDType::Bf16), ("f16", CudaDType::F16), (" F16 ", CudaDType::F16)] {
+        for (v, want) in [
+            ("bf16", CudaDType::Bf16),
+            ("f16", CudaDType::F16),
+            (" F16 ", CudaDType::F16),
+        ] {
             let o = CudaOptions::from_source(&[("TANDEM_CUDA_DTYPE", v)])?;
             assert_eq!(o.dtype, want, "{v}");
         }
@@ -392,7 +392,14 @@ mod tests {
 
     #[test]
     fn poisoning() -> Result<()> {
-        for (v, want) in [("1", true), ("on", true), ("TRUE", true), ("0", false), ("off", false), ("false", false)] {
+        for (v, want) in [
+            ("1", true),
+            ("on", true),
+            ("TRUE", true),
+            ("0", false),
+            ("off", false),
+            ("false", false),
+        ] {
             let o = CudaOptions::from_source(&[(POISON_VAR, v)])?;
             assert_eq!(o.poison, want, "{v}");
         }
@@ -447,7 +454,12 @@ mod tests {
             "cublas",
             &["blaslt", "grouped"],
         );
-        refused(&[(MOE_TILE_VAR, "xl")], MOE_TILE_VAR, "xl", &["l", "m", "s"]);
+        refused(
+            &[(MOE_TILE_VAR, "xl")],
+            MOE_TILE_VAR,
+            "xl",
+            &["l", "m", "s"],
+        );
         let e = "xl".parse::<MoeTileSize>().expect_err("xl");
         assert_eq!(
             e.to_string(),
@@ -477,6 +489,32 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "TANDEM_KERNEL_DIR: '/no/such/folder' is not a folder (accepted: a folder laid out like gpu-kernels/src/cuda/)"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn machine_reads_only_where_things_are() -> Result<()> {
+        let env = [
+            ("CUDA_HOME", "/opt/cuda"),
+            ("VIRTUAL_ENV", "/venv"),
+            ("HOME", "/h"),
+            ("TANDEM_CUDA_DTYPE", "f8"),
+            (ATTENTION_VARIANT_VAR, "w4"),
+            (POISON_VAR, "1"),
+        ];
+        let m = CudaOptions::machine(&env);
+        assert_eq!(m.toolkit_roots, vec![PathBuf::from("/opt/cuda")]);
+        assert_eq!(m.python_prefix.as_deref(), Some(Path::new("/venv")));
+        assert_eq!(m.cache_dir, Path::new("/h/.cache/tandem/cuda"));
+        assert_eq!(
+            CudaOptions {
+                toolkit_roots: Vec::new(),
+                python_prefix: None,
+                cache_dir: default_cache_dir(),
+                ..m
+            },
+            CudaOptions::default()
         );
         Ok(())
     }

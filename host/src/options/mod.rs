@@ -169,7 +169,10 @@ mod tests {
     #[test]
     fn history_lives_in_the_user_cache_unless_off() -> Result<()> {
         let o = Options::from_source(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")])?;
-        assert_eq!(o.history.as_deref(), Some(Path::new("/x/tandem/history.json")));
+        assert_eq!(
+            o.history.as_deref(),
+            Some(Path::new("/x/tandem/history.json"))
+        );
         let o = Options::from_source(&[("HOME", "/h")])?;
         assert_eq!(
             o.history.as_deref(),

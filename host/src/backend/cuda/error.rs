@@ -92,8 +92,13 @@ pub fn driver(device: &str, what: &str, e: DriverError) -> Error {
 /// the driver refuses is a compile error of that module; anything else as [`driver`].
 pub fn module_load(device: &str, module: &str, e: DriverError) -> Error {
     if classify(e.0) == DriverClass::Image {
-        return Error::compile(device, module, format!("cuModuleLoadData: {}", driver_msg(&e)), "")
-            .with_source(e);
+        return Error::compile(
+            device,
+            module,
+            format!("cuModuleLoadData: {}", driver_msg(&e)),
+            "",
+        )
+        .with_source(e);
     }
     driver(device, &format!("cuModuleLoadData({module})"), e)
 }
@@ -217,7 +222,10 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::Compile);
         let m = e.to_string();
         assert!(m.starts_with("cuda:0: sm80/attention.cu did not compile: compiling: NVRTC error 'NVRTC_ERROR_COMPILATION' (6)"), "{m}");
-        assert!(m.ends_with("\nattention.cu(3): error: expected a ';'"), "{m}");
+        assert!(
+            m.ends_with("\nattention.cu(3): error: expected a ';'"),
+            "{m}"
+        );
         assert!(e.source().is_some_and(|s| s.is::<NvrtcError>()));
     }
 
@@ -225,7 +233,10 @@ mod tests {
     fn cublas_statuses_map_to_what_happened() {
         use cublasStatus_t::*;
         let kind = |s| cublas("cuda:0", "cublasLtMatmul", CublasError(s)).kind();
-        assert_eq!(kind(CUBLAS_STATUS_ALLOC_FAILED), ErrorKind::ResourceExhausted);
+        assert_eq!(
+            kind(CUBLAS_STATUS_ALLOC_FAILED),
+            ErrorKind::ResourceExhausted
+        );
         assert_eq!(kind(CUBLAS_STATUS_NOT_SUPPORTED), ErrorKind::BadArgument);
         assert_eq!(kind(CUBLAS_STATUS_INVALID_VALUE), ErrorKind::BadArgument);
         assert_eq!(kind(CUBLAS_STATUS_EXECUTION_FAILED), ErrorKind::DeviceLost);
@@ -235,6 +246,9 @@ mod tests {
             CublasError(CUBLAS_STATUS_EXECUTION_FAILED),
         );
         assert!(e.source().is_some_and(|s| s.is::<CublasError>()));
-        assert!(e.to_string().contains("CUBLAS_STATUS_EXECUTION_FAILED"), "{e}");
+        assert!(
+            e.to_string().contains("CUBLAS_STATUS_EXECUTION_FAILED"),
+            "{e}"
+        );
     }
 }

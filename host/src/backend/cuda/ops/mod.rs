@@ -163,7 +163,9 @@ pub fn supports(
     }
     match op {
         Op::Attention(p) => match p.shape(inputs) {
-            Ok(s) if attention::Variant::select(arch, s.d, attention).hopper_only() && arch != 90 => {
+            Ok(s)
+                if attention::Variant::select(arch, s.d, attention).hopper_only() && arch != 90 =>
+            {
                 Support::No(format!(
                     "the wgmma attention builds need sm_90 (this device is sm_{arch})"
                 ))
