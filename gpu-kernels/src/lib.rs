@@ -10,6 +10,9 @@
 //! Each [`Module`] is compiled as one NVRTC program: the shared header `common/common.cuh`
 //! followed by the module's own file, so no kernel needs a system header.
 
+use std::borrow::Cow;
+use std::path::Path;
+
 use sha2::{Digest, Sha256};
 
 /// The shared helpers every module starts with.
@@ -87,30 +90,21 @@ impl Module {
         }
     }
 
-    /// The module's source as compiled: the embedded text, or, when the environment variable
-    /// `TANDEM_KERNEL_DIR` names a folder laid out like `gpu-kernels/src/cuda/`, the file there
-    /// (for working on a kernel without rebuilding the host; the disk cache is keyed by the
-    /// text, so an edited file is recompiled).
-    pub fn text(self) -> std::borrow::Cow<'static, str> {
-        if let Some(dir) = std::env::var_os("TANDEM_KERNEL_DIR")
-            && let Ok(s) = std::fs::read_to_string(std::path::Path::new(&dir).join(self.path()))
-        {
-            return std::borrow::Cow::Owned(s);
-        }
-        std::borrow::Cow::Borrowed(self.body())
+    /// The module's source as compiled: the embedded text, or, when `dir` names a folder laid
+    /// out like `gpu-kernels/src/cuda/` (the host's `TANDEM_KERNEL_DIR`), the file there (for
+    /// working on a kernel without rebuilding the host; the disk cache is keyed by the text,
+    /// so an edited file is recompiled). A file missing in `dir` is taken from the embedded
+    /// sources.
+    pub fn text(self, dir: Option<&Path>) -> Cow<'static, str> {
+        read_or(dir, self.path(), self.body())
     }
 
-    /// The full source handed to NVRTC: the common header, then the module's file.
-    pub fn source(self) -> String {
-        let header = match std::env::var_os("TANDEM_KERNEL_DIR") {
-            Some(dir) => {
-                std::fs::read_to_string(std::path::Path::new(&dir).join("common/common.cuh"))
-                    .unwrap_or_else(|_| COMMON_HEADER.to_string())
-            }
-            None => COMMON_HEADER.to_string(),
-        };
+    /// The full source handed to NVRTC: the common header, then the module's file, each read
+    /// from `dir` where it is given and holds the file (see [`Module::text`]).
+    pub fn source(self, dir: Option<&Path>) -> String {
+        let header = read_or(dir, "common/common.cuh", COMMON_HEADER);
         let mut s = format!("// common/common.cuh\n{header}\n");
-        s.push_str(&format!("// {}\n{}", self.path(), self.text()));
+        s.push_str(&format!("// {}\n{}", self.path(), self.text(dir)));
         s
     }
 
@@ -225,9 +219,17 @@ impl Module {
             .find(|m| m.entry_points().contains(&kernel))
     }
 
-    /// sha256 of the full source, hex.
-    pub fn source_hash(self) -> String {
-        hex(&Sha256::digest(self.source().as_bytes()))
+    /// sha256 of the full source (read as [`Module::source`] does), hex.
+    pub fn source_hash(self, dir: Option<&Path>) -> String {
+        hex(&Sha256::digest(self.source(dir).as_bytes()))
+    }
+}
+
+/// The file `rel` of `dir`, or `embedded` where no folder is given or the file cannot be read.
+fn read_or(dir: Option<&Path>, rel: &str, embedded: &'static str) -> Cow<'static, str> {
+    match dir.map(|d| std::fs::read_to_string(d.join(rel))) {
+        Some(Ok(s)) => Cow::Owned(s),
+        _ => Cow::Borrowed(embedded),
     }
 }
 
@@ -387,7 +389,7 @@ mod tests {
     #[test]
     fn every_entry_point_is_defined_in_its_source() {
         for m in Module::ALL {
-            let src = m.source();
+            let src = m.source(None);
             for e in m.entry_points() {
                 // defined directly, or by one of the modules' `*_ENTRY(name, ...)` macros
                 let defined =
@@ -491,9 +493,30 @@ mod tests {
 
     #[test]
     fn hashes_differ_between_modules() {
-        let a = Module::Norm.source_hash();
-        let b = Module::Rope.source_hash();
+        let a = Module::Norm.source_hash(None);
+        let b = Module::Rope.source_hash(None);
         assert_eq!(a.len(), 64);
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn a_kernel_folder_replaces_the_files_it_holds() {
+        let dir = std::env::temp_dir().join(format!("tandem-kernel-dir-{}", std::process::id()));
+        let common = dir.join("common");
+        std::fs::create_dir_all(&common).expect("temp folder");
+        std::fs::write(common.join("norm.cu"), "// edited norm\n").expect("write");
+        let d = Some(dir.as_path());
+        assert_eq!(Module::Norm.text(d), "// edited norm\n");
+        assert!(
+            Module::Norm
+                .source(d)
+                .ends_with("// common/norm.cu\n// edited norm\n")
+        );
+        assert_ne!(Module::Norm.source_hash(d), Module::Norm.source_hash(None));
+        // Files the folder lacks come from the embedded sources.
+        assert!(Module::Norm.source(d).contains(COMMON_HEADER));
+        assert_eq!(Module::Rope.text(d), Module::Rope.body());
+        assert_eq!(Module::Rope.source(d), Module::Rope.source(None));
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

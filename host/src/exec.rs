@@ -2,6 +2,11 @@
 //! transfers done by the worker of the device that needs the data (so they overlap with
 //! compute on the other devices), and failures re-planned onto the CPU. An [`Executor`] keeps
 //! the graph's parameters (weights) resident on the devices from one execution to the next.
+//!
+//! A failure is judged by its [`ErrorKind`]: a lost device (or one past its timeout) takes no
+//! more nodes and drops its resident weights; any other device failure (a kernel that did not
+//! compile, a refused argument, out of memory, an unsupported op) moves only that node to the
+//! CPU, and the device keeps its weights and its later nodes.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -94,8 +99,8 @@ impl Execution {
 /// Runs graphs, keeping their parameters (weights, [`Graph::params`]) resident on the devices
 /// across executions: the first execution that needs a weight on a device uploads it, later
 /// ones reuse that replica as long as the graph holds the same host data (replaced weights are
-/// uploaded again). Inputs and activations are moved on every execution. A device that fails
-/// (lost, or past its timeout) loses its resident replicas.
+/// uploaded again). Inputs and activations are moved on every execution. A device that is
+/// lost (or past its timeout) loses its resident replicas; other failures keep them.
 #[derive(Debug, Default)]
 pub struct Executor {
     resident: ResidentCache,
@@ -246,24 +251,13 @@ fn execute_with(
                 }
                 Err(e) => {
                     let dev = device_of[d.index];
-                    let lost = matches!(
-                        e.kind(),
-                        ErrorKind::DeviceLost | ErrorKind::DeadlineExceeded
-                    );
+                    let lost = device_lost(e.kind());
                     if lost && dev != DeviceId::CPU {
                         // Its resident replicas may be gone or half-written: upload again.
                         let n = resident.forget_device(dev);
                         tracing::debug!(%dev, replicas = n, "dropped resident weights");
                     }
-                    let recoverable = matches!(
-                        e.kind(),
-                        ErrorKind::Unavailable
-                            | ErrorKind::Unimplemented
-                            | ErrorKind::DeviceLost
-                            | ErrorKind::ResourceExhausted
-                            | ErrorKind::DeadlineExceeded
-                    );
-                    if opts.fallback && recoverable && dev != DeviceId::CPU {
+                    if opts.fallback && recoverable(e.kind()) && dev != DeviceId::CPU {
                         tracing::warn!(node = %graph.nodes[d.index].name, %dev, error = %e, "re-planning onto the CPU");
                         if lost {
                             failed_devices.insert(dev, e.to_string());
@@ -301,6 +295,30 @@ fn execute_with(
         runs,
         wall,
     })
+}
+
+/// Whether a failure of this kind means the device is gone: it takes no more nodes and its
+/// resident replicas are dropped. A lost device, and one that did not finish in time (its work
+/// may still be running and writing its memory). A compile failure, a refused argument, an
+/// unsupported op or exhausted memory concern one op: the device keeps its weights and its
+/// later nodes.
+fn device_lost(kind: ErrorKind) -> bool {
+    matches!(kind, ErrorKind::DeviceLost | ErrorKind::DeadlineExceeded)
+}
+
+/// Whether a node failing with this kind can run on the CPU instead. A bad input
+/// (`InvalidArgument`) would fail there too; a bug (`Internal`) is reported.
+fn recoverable(kind: ErrorKind) -> bool {
+    match kind {
+        ErrorKind::Unavailable
+        | ErrorKind::Unimplemented
+        | ErrorKind::Compile
+        | ErrorKind::BadArgument
+        | ErrorKind::ResourceExhausted
+        | ErrorKind::DeadlineExceeded
+        | ErrorKind::DeviceLost => true,
+        ErrorKind::InvalidArgument | ErrorKind::Internal => false,
+    }
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use tandem::DeviceRegistry;
 use tandem::backend::{CudaDType, Probe};
+use tandem::options::{Layered, Options, ProcessEnv};
 use tracing_subscriber::EnvFilter;
 
 /// tandem runs transformer work (attention, MoE, fused linear and norm ops) across the CPU,
@@ -61,17 +62,24 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let cuda_dtype = cli.command.cuda_dtype();
-    // Without the flag, a CUDA device stores as TANDEM_CUDA_DTYPE says: a value that is not a
-    // precision stops here, before any device is opened.
-    if cuda_dtype.is_none() && !matches!(cli.command, Command::Fpga(_)) {
-        if let Err(e) = CudaDType::from_env() {
+    // The options, once: flags over the environment (a flag hides its variable, so a bad
+    // TANDEM_CUDA_DTYPE does not matter under --cuda-dtype); a value that is not accepted
+    // stops here, before any device is opened.
+    let flags: Vec<(&str, &str)> = cli
+        .command
+        .cuda_dtype()
+        .map(|d| (CudaDType::ENV, d.name()))
+        .into_iter()
+        .collect();
+    let options = match Options::from_source(&Layered(&flags, &ProcessEnv)) {
+        Ok(o) => o,
+        Err(e) => {
             eprintln!("tandem: {e}");
             return ExitCode::from(1);
         }
-    }
+    };
     let reg = DeviceRegistry::discover_with(Probe {
-        cuda_dtype,
+        options,
         ..Probe::default()
     });
     let result = match &cli.command {

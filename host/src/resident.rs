@@ -69,8 +69,10 @@ impl ResidentCache {
         before - entries.len()
     }
 
-    /// Drops every replica on `device` (after the device failed, so that no replica made
-    /// before the failure is used again); returns how many. The next use uploads again.
+    /// Drops every replica on `device` (after the device was lost or timed out, so that no
+    /// replica made before the failure is used again; failures that leave the device's memory
+    /// intact, such as a kernel that did not compile, keep them); returns how many. The next
+    /// use uploads again.
     pub fn forget_device(&self, device: DeviceId) -> usize {
         self.lock()
             .values()

@@ -61,10 +61,7 @@ impl Fence {
         let mut s = self.lock();
         loop {
             if let Some(f) = &s.failure {
-                return Err(Error::Device {
-                    device: what.to_string(),
-                    msg: f.clone(),
-                });
+                return Err(Error::device(what, f.clone()));
             }
             if s.value >= value {
                 return Ok(());

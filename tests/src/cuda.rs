@@ -1,7 +1,8 @@
-//! Helpers of the CUDA test files: device 0 per storage precision, inputs rounded as the GPU
-//! stores them, and one launch through the `Backend` trait.
+//! Helpers of the CUDA test files: device 0 per set of options (storage precision, a forced
+//! attention build or MoE path), inputs rounded as the GPU stores them, and one launch through
+//! the `Backend` trait. Tests pass options by value; nothing sets environment variables.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use half::{bf16, f16};
@@ -10,33 +11,48 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tandem::backend::cuda::{CudaBackend, CudaDType, CudaOptions, unavailable_reason};
 use tandem::backend::{Backend, DeviceStorage};
+use tandem::options::ProcessEnv;
 use tandem::tensor::rel_error;
 use tandem::{Op, Tensor};
 
-/// Device 0 storing in `dt`, with poisoned outputs (one backend per precision, opened once),
-/// or `None` after printing why the test is skipped. A GPU that is present but fails to open
-/// fails the test.
+/// The options of the CUDA tests: storage `dt`, outputs poisoned, nothing forced, the
+/// libraries and the kernel cache where this machine keeps them
+/// ([`CudaOptions::machine`]). Tests change fields of this value to force a path.
+pub fn options(dt: CudaDType) -> CudaOptions {
+    CudaOptions {
+        dtype: dt,
+        poison: true,
+        ..CudaOptions::machine(&ProcessEnv)
+    }
+}
+
+/// Device 0 storing in `dt`, with poisoned outputs ([`options`]), or `None` after printing why
+/// the test is skipped. A GPU that is present but fails to open fails the test.
 pub fn backend(dt: CudaDType) -> Option<Arc<CudaBackend>> {
-    type Slot = OnceLock<Result<Arc<CudaBackend>, String>>;
-    static GPUS: [Slot; 2] = [OnceLock::new(), OnceLock::new()];
-    let g = GPUS[dt as usize].get_or_init(|| {
-        if let Some(r) = unavailable_reason() {
-            return Err(r);
-        }
-        CudaBackend::open(
-            0,
-            CudaOptions {
-                poison: true,
-                dtype: dt,
-            },
-        )
-        .map(Arc::new)
-        .map_err(|e| format!("CUDA present but device 0 failed to open ({dt}): {e}"))
+    backend_with(options(dt))
+}
+
+/// Device 0 opened with `opts` (one backend per distinct options, opened once per test
+/// binary), or `None` after printing why the test is skipped. A GPU that is present but fails
+/// to open fails the test.
+pub fn backend_with(opts: CudaOptions) -> Option<Arc<CudaBackend>> {
+    type Opened = Vec<(CudaOptions, Result<Arc<CudaBackend>, String>)>;
+    static OPENED: Mutex<Opened> = Mutex::new(Vec::new());
+    let mut opened = OPENED.lock().unwrap_or_else(|e| e.into_inner());
+    let known = opened
+        .iter()
+        .find(|(o, _)| *o == opts)
+        .map(|(_, r)| r.clone());
+    let r = known.unwrap_or_else(|| {
+        let r = open(&opts);
+        opened.push((opts.clone(), r.clone()));
+        r
     });
-    match g {
+    drop(opened);
+    match r {
         Ok(b) => {
-            assert_eq!(b.dtype(), dt);
-            Some(b.clone())
+            assert_eq!(b.options(), &opts);
+            Some(b)
         }
         Err(r) if r.starts_with("CUDA present") => panic!("{r}"),
         Err(r) => {
@@ -44,6 +60,15 @@ pub fn backend(dt: CudaDType) -> Option<Arc<CudaBackend>> {
             None
         }
     }
+}
+
+fn open(opts: &CudaOptions) -> Result<Arc<CudaBackend>, String> {
+    if let Some(r) = unavailable_reason(opts) {
+        return Err(r);
+    }
+    CudaBackend::open(0, opts.clone())
+        .map(Arc::new)
+        .map_err(|e| format!("CUDA present but device 0 failed to open ({opts:?}): {e}"))
 }
 
 /// A generator seeded from the clock (fresh inputs every run); the seed is printed so a

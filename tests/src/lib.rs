@@ -133,10 +133,28 @@ pub fn assert_invalid<T: std::fmt::Debug>(result: tandem::Result<T>, needles: &[
     }
 }
 
-/// Every device on this machine, discovered once per test binary.
+/// The options devices are opened with in tests: the defaults, with the CUDA libraries and
+/// the kernel cache where this machine keeps them ([`tandem::options::CudaOptions::machine`]);
+/// no setting is read from the environment. CUDA stores in `dtype`.
+pub fn options(dtype: tandem::backend::CudaDType) -> tandem::options::Options {
+    tandem::options::Options {
+        cuda: tandem::options::CudaOptions {
+            dtype,
+            ..tandem::options::CudaOptions::machine(&tandem::options::ProcessEnv)
+        },
+        ..tandem::options::Options::default()
+    }
+}
+
+/// Every device on this machine, discovered once per test binary with [`options`] (bf16).
 pub fn registry() -> &'static tandem::DeviceRegistry {
     static REG: std::sync::OnceLock<tandem::DeviceRegistry> = std::sync::OnceLock::new();
-    REG.get_or_init(tandem::DeviceRegistry::discover)
+    REG.get_or_init(|| {
+        tandem::DeviceRegistry::discover_with(tandem::backend::Probe {
+            options: options(tandem::backend::CudaDType::default()),
+            ..tandem::backend::Probe::default()
+        })
+    })
 }
 
 /// The first device of `kind`, or `None` after printing why the test is skipped.
@@ -167,7 +185,7 @@ pub fn cuda_registry(dtype: tandem::backend::CudaDType) -> &'static tandem::Devi
         tandem::DeviceRegistry::discover_with(tandem::backend::Probe {
             cuda: true,
             fpga: false,
-            cuda_dtype: Some(dtype),
+            options: options(dtype),
         })
     })
 }

@@ -1,6 +1,7 @@
 //! The CUDA experts op on every path against the f64 reference (`Op::reference`) on fresh
-//! random inputs: the grouped kernels with each tile (`TANDEM_MOE_TILE` = s, m, l) and the
-//! cuBLASLt path (`TANDEM_MOE_EXPERTS=blaslt`). Cases: idle experts, one expert taking every
+//! random inputs: the grouped kernels with each tile (`CudaOptions::moe_tile` = s, m, l) and
+//! the cuBLASLt path (`CudaOptions::moe_experts` = blaslt), each on a backend opened with that
+//! path forced. Cases: idle experts, one expert taking every
 //! token, T = 1, T off the routing block, k = 1, 2 and E, hidden/ffn off the tile sizes (and off
 //! multiples of 8, where the grouped request falls back to cuBLASLt), routing block sizes 1 to
 //! 64, several m-, n- and k-tiles per expert, slots dropped from the permutation. Routing runs
@@ -9,21 +10,16 @@
 //! relative (Frobenius) error. Without a usable GPU each test prints "skipped: <reason>" and
 //! returns.
 
-use std::sync::Mutex;
-
 use ndarray::ArrayD;
 use rand_chacha::ChaCha8Rng;
 use tandem::backend::CudaDType;
-use tandem::backend::cuda::CudaBackend;
+use tandem::backend::cuda::{CudaBackend, CudaOptions, MoeExpertsPath, MoeTileSize};
 use tandem::ops::{MoeExpertsParams, MoeRouteParams};
 use tandem::{Op, Tensor};
 use tandem_tests::cuda::{
-    backend as gpu, check, clock_rng as rng, launch as run_gpu, rand_rounded as rand_t,
-    round_to as round,
+    backend as gpu, backend_with as gpu_with, check, clock_rng as rng, launch as run_gpu, options,
+    rand_rounded as rand_t, round_to as round,
 };
-
-/// The path variables are process-wide: tests of this file take turns.
-static ENV: Mutex<()> = Mutex::new(());
 
 /// How the case routes its tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,23 +65,20 @@ const fn case(
     }
 }
 
-/// (TANDEM_MOE_EXPERTS, TANDEM_MOE_TILE) of each path the cases run on.
-const PATHS: [(&str, Option<&str>); 4] = [
-    ("grouped", Some("s")),
-    ("grouped", Some("m")),
-    ("grouped", Some("l")),
-    ("blaslt", None),
+/// The experts path and tile of each path the cases run on.
+const PATHS: [(MoeExpertsPath, Option<MoeTileSize>); 4] = [
+    (MoeExpertsPath::Grouped, Some(MoeTileSize::S)),
+    (MoeExpertsPath::Grouped, Some(MoeTileSize::M)),
+    (MoeExpertsPath::Grouped, Some(MoeTileSize::L)),
+    (MoeExpertsPath::Blaslt, None),
 ];
 
-fn set_path(path: &str, tile: Option<&str>) {
-    // SAFETY: tests of this file hold ENV while they set and read these variables; nothing
-    // else in this process reads them.
-    unsafe {
-        std::env::set_var("TANDEM_MOE_EXPERTS", path);
-        match tile {
-            Some(t) => std::env::set_var("TANDEM_MOE_TILE", t),
-            None => std::env::remove_var("TANDEM_MOE_TILE"),
-        }
+/// The options of the CUDA tests in `dt` with the path and tile forced.
+fn on_path(dt: CudaDType, path: MoeExpertsPath, tile: Option<MoeTileSize>) -> CudaOptions {
+    CudaOptions {
+        moe_experts: Some(path),
+        moe_tile: tile,
+        ..options(dt)
     }
 }
 
@@ -144,7 +137,6 @@ fn run_cases(tag: &str, cases: &[Case]) {
 
 fn run_cases_in(tag: &str, dt: CudaDType, cases: &[Case]) {
     let Some(be) = gpu(dt) else { return };
-    let _g = ENV.lock().unwrap_or_else(|e| e.into_inner());
     let mut r = rng(tag);
     let op = Op::MoeExperts(MoeExpertsParams {});
     for c in cases {
@@ -157,9 +149,11 @@ fn run_cases_in(tag: &str, dt: CudaDType, cases: &[Case]) {
         let want = op.reference(&f64s).expect("reference");
         let aligned = c.h % 8 == 0 && c.f % 8 == 0;
         for (path, tile) in PATHS {
-            set_path(path, tile);
+            let Some(pb) = gpu_with(on_path(dt, path, tile)) else {
+                return;
+            };
             println!("  path {path} tile {tile:?}");
-            let (out, kernel) = run_gpu(&be, &op, &ins);
+            let (out, kernel) = run_gpu(&pb, &op, &ins);
             match tile {
                 Some(t) if aligned => {
                     assert!(
@@ -177,7 +171,6 @@ fn run_cases_in(tag: &str, dt: CudaDType, cases: &[Case]) {
             check("y", &out[0], &want[0], dt.tolerance());
         }
     }
-    set_path("grouped", None);
 }
 
 #[test]

@@ -8,13 +8,11 @@
 //! unwritten element fails. Without a usable GPU each test prints "skipped: <reason>" and
 //! returns.
 
-use std::sync::Mutex;
-
 use ndarray::{ArrayD, IxDyn};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use tandem::backend::Backend;
-use tandem::backend::cuda::{CudaBackend, CudaDType};
+use tandem::backend::cuda::{AttentionVariant, CudaBackend, CudaDType, CudaOptions};
 use tandem::ops::{
     Activation, AttentionParams, LinearParams, MoeExpertsParams, MoeRouteParams, RmsNormParams,
     RopeParams, SplitHeadsParams,
@@ -22,7 +20,8 @@ use tandem::ops::{
 use tandem::tensor::rel_error;
 use tandem::{Op, Tensor};
 use tandem_tests::cuda::{
-    backend as gpu, check, clock_rng as rng, launch, rand_rounded as rand_t, round_to as rnd,
+    backend as gpu, backend_with as gpu_with, check, clock_rng as rng, launch, options,
+    rand_rounded as rand_t, round_to as rnd,
 };
 
 /// Each test once per storage precision: `mod <test> { fn bf16(); fn f16(); }`.
@@ -281,14 +280,10 @@ fn check_lse(out: &Tensor, want: &ArrayD<f64>) {
     assert!(e < 1e-3, "lse rel err {e:.3e}");
 }
 
-/// Serialises the tests that set `TANDEM_ATTN_VARIANT` (the bf16 and f16 attention tests run
-/// in parallel otherwise).
-static ATTN_VARIANT: Mutex<()> = Mutex::new(());
-
-/// Every build of the kernel, in the storage precision of `be`; each must run its own entry
-/// point (`mha_{dt}_fwd_d{d}[_{variant}]`).
+/// Every build of the kernel, in the storage precision of `be`, each on a backend opened with
+/// that build forced ([`CudaOptions::attention_variant`]); each must run its own entry point
+/// (`mha_{dt}_fwd_d{d}[_{variant}]`).
 fn cuda_attention(be: &CudaBackend, dt: CudaDType) {
-    let _only_me = ATTN_VARIANT.lock().unwrap_or_else(|e| e.into_inner());
     let mut r = rng("attention");
     for (b, hq, hkv, nq, nkv, d, causal) in [
         (1usize, 4usize, 4usize, 37usize, 37usize, 64usize, true),
@@ -304,8 +299,8 @@ fn cuda_attention(be: &CudaBackend, dt: CudaDType) {
         (1, 2, 2, 1000, 1000, 128, false),
         (1, 2, 1, 450, 1000, 64, false),
     ] {
-        for variant in ["w4", "w8", "m2", "m2n32", "ws"] {
-            if variant == "ws"
+        for variant in AttentionVariant::ALL {
+            if variant == AttentionVariant::Ws
                 && be
                     .info()
                     .details
@@ -315,8 +310,12 @@ fn cuda_attention(be: &CudaBackend, dt: CudaDType) {
                 println!(" {variant}: skipped (needs sm_90)");
                 continue;
             }
-            // SAFETY: set before the launch reads it; tests read this variable nowhere else.
-            unsafe { std::env::set_var("TANDEM_ATTN_VARIANT", variant) };
+            let Some(vb) = gpu_with(CudaOptions {
+                attention_variant: Some(variant),
+                ..options(dt)
+            }) else {
+                return;
+            };
             let op = Op::Attention(AttentionParams {
                 causal,
                 scale: None,
@@ -329,10 +328,10 @@ fn cuda_attention(be: &CudaBackend, dt: CudaDType) {
             println!(
                 " B{b} Hq{hq} Hkv{hkv} Nq{nq} Nkv{nkv} D{d} causal {causal} variant {variant}"
             );
-            let (out, kernel) = run_gpu_named(be, &op, &ins);
-            let want_kernel = match (dt, variant) {
-                (_, "w4") => format!("mha_{dt}_fwd_d{d}"),
-                (_, v) => format!("mha_{dt}_fwd_d{d}_{v}"),
+            let (out, kernel) = run_gpu_named(&vb, &op, &ins);
+            let want_kernel = match variant {
+                AttentionVariant::W4 => format!("mha_{dt}_fwd_d{d}"),
+                v => format!("mha_{dt}_fwd_d{d}_{v}"),
             };
             assert_eq!(kernel, want_kernel, "{dt} variant {variant}");
             let want = reference(&op, &ins);

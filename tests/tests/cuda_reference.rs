@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use ndarray::{ArrayD, IxDyn};
 use safetensors::{Dtype, SafeTensors};
-use tandem::backend::cuda::{CudaBackend, CudaDType, CudaOptions, unavailable_reason};
+use tandem::backend::cuda::{CudaBackend, CudaDType, unavailable_reason};
 use tandem::backend::{Backend, DeviceStorage};
 use tandem::ops::{AttentionParams, MoeRouteParams};
 use tandem::tensor::rel_error;
@@ -18,17 +18,14 @@ use tandem::{Op, Tensor};
 
 /// Device 0 once per storage precision, outputs poisoned.
 fn gpus() -> Vec<(CudaDType, CudaBackend)> {
-    if let Some(r) = unavailable_reason() {
+    if let Some(r) = unavailable_reason(&tandem_tests::cuda::options(CudaDType::default())) {
         println!("skipped: {r}");
         return Vec::new();
     }
     CudaDType::ALL
         .into_iter()
         .map(|dtype| {
-            let opts = CudaOptions {
-                poison: true,
-                dtype,
-            };
+            let opts = tandem_tests::cuda::options(dtype);
             (dtype, CudaBackend::open(0, opts).expect("device 0 opens"))
         })
         .collect()

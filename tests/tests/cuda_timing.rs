@@ -1,10 +1,11 @@
 //! Event-timed figures of the CUDA kernels on benchmark shapes (ignored by default: run with
-//! `--ignored` on the GPU machine; `TANDEM_CUDA_DTYPE=f16` times the f16 storage). Prints; asserts nothing about time. `tandem bench` is the
-//! tool for measurements; this exists for quick looks from the test bundle.
+//! `--ignored` on the GPU machine; `TANDEM_CUDA_DTYPE=f16` times the f16 storage: the options
+//! are read once, by the options loader). Prints; asserts nothing about time. `tandem bench`
+//! is the tool for measurements; this exists for quick looks from the test bundle.
 
 use std::time::Duration;
 
-use tandem::backend::cuda::{CudaBackend, CudaOptions, unavailable_reason};
+use tandem::backend::cuda::{AttentionVariant, CudaBackend, CudaOptions, unavailable_reason};
 use tandem::backend::{Backend, DeviceStorage};
 use tandem::ops::{
     Activation, AttentionParams, LinearParams, MoeRouteParams, RmsNormParams, RopeParams,
@@ -69,17 +70,25 @@ fn time(be: &CudaBackend, label: &str, op: &Op, metas: &[TensorMeta], sets: usiz
 #[test]
 #[ignore = "timing on the GPU machine only"]
 fn cuda_timing() {
-    if let Some(r) = unavailable_reason() {
+    let opts = tandem::options::Options::from_env()
+        .expect("the TANDEM_* variables are valid")
+        .cuda;
+    if let Some(r) = unavailable_reason(&opts) {
         println!("skipped: {r}");
         return;
     }
-    let opts = CudaOptions::from_env().expect("TANDEM_CUDA_DTYPE is bf16 or f16");
-    let be = CudaBackend::open(0, opts).expect("open");
+    let be = CudaBackend::open(0, opts.clone()).expect("open");
     let f = |s: &[usize]| TensorMeta::new(s.to_vec(), tandem::DType::F32);
+    // One backend per attention build timed, each with its build forced.
+    let builds = [AttentionVariant::M2, AttentionVariant::Ws].map(|w| {
+        let forced = CudaOptions {
+            attention_variant: Some(w),
+            ..opts.clone()
+        };
+        (w, CudaBackend::open(0, forced).expect("open"))
+    });
     for causal in [false, true] {
-        for w in ["m2", "ws"] {
-            // SAFETY: single-threaded here; read by the next launch.
-            unsafe { std::env::set_var("TANDEM_ATTN_VARIANT", w) };
+        for (w, be) in &builds {
             let op = Op::Attention(AttentionParams {
                 causal,
                 scale: None,
@@ -90,7 +99,7 @@ fn cuda_timing() {
                 f(&[4, 32, 4096, 128]),
             ];
             time(
-                &be,
+                be,
                 &format!("attention B4 H32 N4096 D128 causal={causal} variant={w}"),
                 &op,
                 &m,

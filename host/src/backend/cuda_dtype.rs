@@ -1,5 +1,6 @@
-//! The storage precision of the CUDA backend, chosen by `TANDEM_CUDA_DTYPE` or
-//! `--cuda-dtype` (kept outside the `cuda` module so the CLI has it in builds without CUDA).
+//! The storage precision of the CUDA backend, chosen by `TANDEM_CUDA_DTYPE` (read by
+//! [`crate::options::CudaOptions`]) or `--cuda-dtype` (kept outside the `cuda` module so the
+//! CLI and the options have it in builds without CUDA).
 
 use std::fmt;
 use std::str::FromStr;
@@ -71,31 +72,6 @@ impl CudaDType {
             })
     }
 
-    /// The precision an environment value asks for: `None` when unset or empty, an error
-    /// naming the variable, the value and the accepted ones when it is not one of them.
-    pub fn from_env_value(value: Option<&str>) -> Result<Option<Self>> {
-        match value {
-            None => Ok(None),
-            Some(v) if v.trim().is_empty() => Ok(None),
-            Some(v) => Self::parse_from(v, Self::ENV).map(Some),
-        }
-    }
-
-    /// The precision `TANDEM_CUDA_DTYPE` asks for (see [`CudaDType::from_env_value`]).
-    pub fn from_env() -> Result<Option<Self>> {
-        match std::env::var(Self::ENV) {
-            Ok(v) => Self::from_env_value(Some(&v)),
-            Err(std::env::VarError::NotPresent) => Ok(None),
-            Err(std::env::VarError::NotUnicode(v)) => Err(Error::invalid(
-                Self::ENV,
-                format!(
-                    "{v:?} is not a CUDA storage precision (accepted: {})",
-                    Self::accepted()
-                ),
-            )),
-        }
-    }
-
     fn accepted() -> String {
         CudaDType::ALL.map(|d| d.name()).join(", ")
     }
@@ -141,26 +117,5 @@ mod tests {
             assert!(m.contains(&format!("'{bad}'")), "{m}");
             assert!(m.contains("accepted: bf16, f16"), "{m}");
         }
-    }
-
-    #[test]
-    fn environment_values() {
-        assert_eq!(CudaDType::from_env_value(None).ok(), Some(None));
-        assert_eq!(CudaDType::from_env_value(Some("")).ok(), Some(None));
-        assert_eq!(
-            CudaDType::from_env_value(Some("f16")).ok(),
-            Some(Some(CudaDType::F16))
-        );
-        assert_eq!(
-            CudaDType::from_env_value(Some("bf16")).ok(),
-            Some(Some(CudaDType::Bf16))
-        );
-        let e = CudaDType::from_env_value(Some("f8")).expect_err("f8");
-        let m = e.to_string();
-        assert!(
-            m.starts_with("TANDEM_CUDA_DTYPE: 'f8' is not a CUDA storage precision"),
-            "{m}"
-        );
-        assert!(m.contains("accepted: bf16, f16"), "{m}");
     }
 }

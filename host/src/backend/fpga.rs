@@ -305,10 +305,7 @@ fn fpga_err(e: FpgaError) -> Error {
             device: "fpga-sim:0".into(),
             reason,
         },
-        other => Error::Device {
-            device: "fpga-sim:0".into(),
-            msg: other.to_string(),
-        },
+        other => Error::device("fpga-sim:0", other.to_string()),
     }
 }
 

@@ -4,7 +4,8 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::{Backend, CudaDType, DeviceId, DeviceKind};
+use super::{Backend, DeviceId, DeviceKind};
+use crate::options::{CudaOptions, Options};
 
 /// A device kind that was looked for and not found, with the reason.
 #[derive(Debug, Clone, Serialize)]
@@ -15,46 +16,51 @@ pub struct Missing {
     pub reason: String,
 }
 
-/// Every backend found on this machine, and the kinds that were not.
+/// Every backend found on this machine, the kinds that were not, and the options the devices
+/// were opened with.
 #[derive(Debug, Clone)]
 pub struct DeviceRegistry {
     backends: Vec<Arc<dyn Backend>>,
     missing: Vec<Missing>,
+    options: Options,
 }
 
-/// Which device kinds discovery probes.
-#[derive(Debug, Clone, Copy)]
+/// Which device kinds discovery probes, and the options it opens them with.
+#[derive(Debug, Clone)]
 pub struct Probe {
     /// Look for CUDA GPUs.
     pub cuda: bool,
     /// Look for simulated and real FPGA cards.
     pub fpga: bool,
-    /// Storage precision of the CUDA devices opened (`--cuda-dtype`); `None`: from
-    /// `TANDEM_CUDA_DTYPE`, else bf16.
-    pub cuda_dtype: Option<CudaDType>,
+    /// The options devices are opened with ([`Options::from_env`] where the program starts,
+    /// or built by hand).
+    pub options: Options,
 }
 
 impl Default for Probe {
+    /// Every kind, with [`Options::default`] (nothing read from the environment).
     fn default() -> Self {
         Self {
             cuda: true,
             fpga: true,
-            cuda_dtype: None,
+            options: Options::default(),
         }
     }
 }
 
 impl DeviceRegistry {
-    /// Looks for every device kind. Never fails: what is missing is recorded with its reason.
+    /// Looks for every device kind with the default options (nothing read from the
+    /// environment). Never fails: what is missing is recorded with its reason.
     pub fn discover() -> Self {
         Self::discover_with(Probe::default())
     }
 
-    /// Looks for the device kinds `probe` names; the CPU is always there.
+    /// Looks for the device kinds `probe` names, opening them with its options; the CPU is
+    /// always there.
     pub fn discover_with(probe: Probe) -> Self {
         let mut r = Self::cpu_only();
         if probe.cuda {
-            let (found, missing) = discover_cuda(probe.cuda_dtype);
+            let (found, missing) = discover_cuda(&probe.options.cuda);
             r.backends.extend(found);
             r.missing.extend(missing);
         }
@@ -66,15 +72,23 @@ impl DeviceRegistry {
         for m in &r.missing {
             tracing::info!(kind = m.kind.name(), reason = %m.reason, "device not available");
         }
+        r.options = probe.options;
         r
     }
 
-    /// Only the host CPU.
+    /// Only the host CPU (default options).
     pub fn cpu_only() -> Self {
         Self {
             backends: vec![Arc::new(super::cpu::CpuBackend::new())],
             missing: Vec::new(),
+            options: Options::default(),
         }
+    }
+
+    /// The options the devices were opened with (and the rest of the run's options, such as
+    /// where the planner's history is kept).
+    pub fn options(&self) -> &Options {
+        &self.options
     }
 
     /// Adds a backend (tests, and devices opened by hand).
@@ -114,12 +128,12 @@ impl DeviceRegistry {
 }
 
 #[cfg(feature = "cuda")]
-fn discover_cuda(dtype: Option<CudaDType>) -> (Vec<Arc<dyn Backend>>, Vec<Missing>) {
-    super::cuda::discover_with(dtype)
+fn discover_cuda(opts: &CudaOptions) -> (Vec<Arc<dyn Backend>>, Vec<Missing>) {
+    super::cuda::discover_with(opts)
 }
 
 #[cfg(not(feature = "cuda"))]
-fn discover_cuda(_dtype: Option<CudaDType>) -> (Vec<Arc<dyn Backend>>, Vec<Missing>) {
+fn discover_cuda(_opts: &CudaOptions) -> (Vec<Arc<dyn Backend>>, Vec<Missing>) {
     (
         Vec::new(),
         vec![Missing {

@@ -42,7 +42,7 @@ pub fn run(args: &CompareArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
             },
             check: !args.run.no_check,
             workload: label.clone(),
-            history: Some(super::history()),
+            history: Some(super::history(reg.options())),
             warmup: args.run.warmup,
         };
         runs.push(run_graph(&graph, reg, &opts)?.report);

@@ -20,12 +20,8 @@ pub fn cuda_dtype_parser() -> impl clap::builder::TypedValueParser<Value = CudaD
         .try_map(|s| s.parse::<CudaDType>())
 }
 
-/// The op-time history the planner learns from: the user's cache file, or none when
-/// `TANDEM_HISTORY=off`.
-pub fn history() -> Arc<Mutex<History>> {
-    let h = match std::env::var("TANDEM_HISTORY").as_deref() {
-        Ok("off") | Ok("0") => History::in_memory(),
-        _ => History::user_default(),
-    };
-    Arc::new(Mutex::new(h))
+/// The op-time history the planner learns from: the file `options` name (the user's cache,
+/// unless `TANDEM_HISTORY=off`), else kept in memory only.
+pub fn history(options: &tandem::options::Options) -> Arc<Mutex<History>> {
+    Arc::new(Mutex::new(History::at(options.history.as_deref())))
 }

@@ -148,7 +148,7 @@ pub fn run(args: &OpArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
             fallback: true,
         },
         check: true,
-        history: Some(super::history()),
+        history: Some(super::history(reg.options())),
         warmup: 1,
         workload: format!("{} on {}", op.name(), args.inputs.display()),
     };

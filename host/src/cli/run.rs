@@ -196,7 +196,7 @@ pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     let backend: BackendChoice = args.backend.parse().map_err(anyhow::Error::msg)?;
     let (graph, config, label) = build(args)?;
     if args.explain {
-        let h = super::history();
+        let h = super::history(reg.options());
         let h = h.lock().unwrap_or_else(|e| e.into_inner());
         let p = plan::plan_with_history(&graph, reg, backend, Some(&h))?;
         eprint!("{}", plan::explain(&graph, &p));
@@ -210,7 +210,7 @@ pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
         },
         check: !args.no_check,
         workload: label,
-        history: Some(super::history()),
+        history: Some(super::history(reg.options())),
         warmup: args.warmup,
     };
     let out = run_graph(&graph, reg, &opts)?;
@@ -254,7 +254,7 @@ pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
 pub fn plan_only(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     let backend: BackendChoice = args.backend.parse().map_err(anyhow::Error::msg)?;
     let (graph, _, label) = build(args)?;
-    let h = super::history();
+    let h = super::history(reg.options());
     let h = h.lock().unwrap_or_else(|e| e.into_inner());
     let p = plan::plan_with_history(&graph, reg, backend, Some(&h))?;
     if args.json {

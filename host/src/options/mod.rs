@@ -9,12 +9,14 @@
 //! - [`CudaOptions`]: the CUDA backend (storage precision, attention build, MoE experts path
 //!   and tile, kernel source folder, compile cache, output poisoning, library folders).
 //! - [`FpgaOptions`]: the FPGA backend (clock, simulator cache, simulation settings).
-//! - [`Options::history`]: whether the planner learns from measured op times.
+//! - [`Options::history`]: where the planner keeps the op times it measured (none: it learns
+//!   in memory only).
 
 pub mod cuda;
 pub mod fpga;
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 
 pub use cuda::CudaOptions;
 pub use fpga::FpgaOptions;
@@ -41,6 +43,29 @@ pub trait Env {
             },
         }
     }
+
+    /// The value of `name` as a path, if set and not empty.
+    fn path(&self, name: &str) -> Option<PathBuf> {
+        self.get(name).filter(|v| !v.is_empty()).map(PathBuf::from)
+    }
+}
+
+/// Two sources, the first winning: command-line values (by the variable they stand for) over
+/// the process environment. A variable the first source sets is not read from the second, so
+/// a flag also overrides a bad value in the environment.
+#[derive(Clone, Copy)]
+pub struct Layered<'a>(pub &'a dyn Env, pub &'a dyn Env);
+
+impl std::fmt::Debug for Layered<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Layered")
+    }
+}
+
+impl Env for Layered<'_> {
+    fn get(&self, name: &str) -> Option<OsString> {
+        self.0.get(name).or_else(|| self.1.get(name))
+    }
 }
 
 /// The process environment.
@@ -62,11 +87,34 @@ impl Env for std::collections::HashMap<String, String> {
 
 impl<const N: usize> Env for [(&str, &str); N] {
     fn get(&self, name: &str) -> Option<OsString> {
+        Env::get(self.as_slice(), name)
+    }
+}
+
+impl Env for [(&str, &str)] {
+    fn get(&self, name: &str) -> Option<OsString> {
         self.iter()
             .find(|(k, _)| *k == name)
             .map(|(_, v)| OsString::from(*v))
     }
 }
+
+impl Env for Vec<(&str, &str)> {
+    fn get(&self, name: &str) -> Option<OsString> {
+        Env::get(self.as_slice(), name)
+    }
+}
+
+/// tandem's folder in the user's cache: `$XDG_CACHE_HOME/tandem`, else `~/.cache/tandem`
+/// (`$HOME`); `None` when neither variable is set.
+pub fn user_cache_dir(env: &dyn Env) -> Option<PathBuf> {
+    env.path("XDG_CACHE_HOME")
+        .map(|d| d.join("tandem"))
+        .or_else(|| env.path("HOME").map(|h| h.join(".cache").join("tandem")))
+}
+
+/// The environment variable that turns the op-time history off (`off` or `0`).
+pub const HISTORY_VAR: &str = "TANDEM_HISTORY";
 
 /// Every run option of the library.
 #[derive(Debug, Clone)]
@@ -75,17 +123,19 @@ pub struct Options {
     pub cuda: CudaOptions,
     /// The FPGA backend's options.
     pub fpga: FpgaOptions,
-    /// Whether the planner keeps and reads the op-time history (`TANDEM_HISTORY=off` or `0`
-    /// turns it off).
-    pub history: bool,
+    /// The file the planner keeps measured op times in (`history.json` in
+    /// [`user_cache_dir`]); `None` keeps them in memory only: `TANDEM_HISTORY=off` or `0`, no
+    /// cache folder, and the default.
+    pub history: Option<PathBuf>,
 }
 
 impl Default for Options {
+    /// Defaults that read nothing from the environment (no history file).
     fn default() -> Self {
         Self {
             cuda: CudaOptions::default(),
             fpga: FpgaOptions::default(),
-            history: true,
+            history: None,
         }
     }
 }
@@ -102,7 +152,58 @@ impl Options {
         Ok(Self {
             cuda: CudaOptions::from_source(env)?,
             fpga: FpgaOptions::from_source(env)?,
-            history: !matches!(env.text("TANDEM_HISTORY")?.as_deref(), Some("off" | "0")),
+            history: match env.text(HISTORY_VAR)?.as_deref() {
+                Some("off" | "0") => None,
+                _ => user_cache_dir(env).map(|d| d.join("history.json")),
+            },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    #[test]
+    fn history_lives_in_the_user_cache_unless_off() -> Result<()> {
+        let o = Options::from_source(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")])?;
+        assert_eq!(
+            o.history.as_deref(),
+            Some(Path::new("/x/tandem/history.json"))
+        );
+        let o = Options::from_source(&[("HOME", "/h")])?;
+        assert_eq!(
+            o.history.as_deref(),
+            Some(Path::new("/h/.cache/tandem/history.json"))
+        );
+        for off in ["off", "0"] {
+            let o = Options::from_source(&[("HOME", "/h"), (HISTORY_VAR, off)])?;
+            assert_eq!(o.history, None, "{off}");
+        }
+        let none: [(&str, &str); 0] = [];
+        assert_eq!(Options::from_source(&none)?.history, None);
+        assert_eq!(Options::default().history, None);
+        Ok(())
+    }
+
+    #[test]
+    fn the_first_layer_wins_and_hides_the_second() -> Result<()> {
+        let flags = [("TANDEM_CUDA_DTYPE", "f16")];
+        let env = [("TANDEM_CUDA_DTYPE", "f8"), ("HOME", "/h")];
+        let o = Options::from_source(&Layered(&flags, &env))?;
+        assert_eq!(o.cuda.dtype, crate::backend::CudaDType::F16);
+        assert!(o.history.is_some());
+        assert!(Options::from_source(&env).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn empty_values_are_unset() -> Result<()> {
+        let env = [("HOME", ""), ("XDG_CACHE_HOME", "")];
+        assert_eq!(user_cache_dir(&env), None);
+        assert_eq!(env.text("HOME")?, None);
+        Ok(())
     }
 }

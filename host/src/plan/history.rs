@@ -41,16 +41,13 @@ impl History {
         Self::default()
     }
 
-    /// The history file in the user's cache folder (`$XDG_CACHE_HOME/tandem/history.json` or
-    /// `~/.cache/tandem/history.json`); an unreadable or corrupt file starts a new history.
-    pub fn user_default() -> Self {
-        let Some(dir) = std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
-        else {
-            return Self::in_memory();
-        };
-        Self::open(dir.join("tandem").join("history.json"))
+    /// The history kept at `path` ([`crate::options::Options::history`]), or in memory only
+    /// when there is none.
+    pub fn at(path: Option<&Path>) -> Self {
+        match path {
+            Some(p) => Self::open(p.to_path_buf()),
+            None => Self::in_memory(),
+        }
     }
 
     /// The history kept at `path` (new if the file is missing or unreadable).

@@ -1,15 +1,16 @@
 //! NVRTC compilation of the kernel modules to CUBIN for the device's arch, with a disk cache
-//! keyed by sha256 of source, arch, options and NVRTC version.
+//! keyed by sha256 of source, arch, options and NVRTC version. Sources, cache and headers are
+//! where the backend's [`CudaOptions`] say.
 
 use std::ffi::{CString, c_char, c_int};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use cudarc::nvrtc::result as rtc;
 use cudarc::nvrtc::sys as rsys;
 use sha2::{Digest, Sha256};
 use tandem_gpu_kernels::{Module, hex};
 
-use super::error;
+use super::{CudaOptions, error};
 use crate::error::{Error, Result};
 
 /// NVRTC's version as (major, minor); (0, 0) when NVRTC cannot be loaded.
@@ -34,87 +35,138 @@ pub fn arch_flag(arch: u32) -> String {
     }
 }
 
-/// The options a module is compiled with.
-pub fn options(arch: u32) -> Vec<String> {
-    let mut o = vec![
-        format!("--gpu-architecture={}", arch_flag(arch)),
-        "--std=c++17".into(),
-        "-lineinfo".into(),
-        "-DTANDEM_NVRTC=1".into(),
-    ];
-    for d in super::probe::include_dirs() {
-        o.push(format!("--include-path={}", d.display()));
-    }
-    o
+/// What kernels are compiled from and into: the source folder (if any), the CUBIN cache and
+/// the header folders, all from [`CudaOptions`].
+#[derive(Debug, Clone)]
+pub struct Compiler {
+    kernel_dir: Option<PathBuf>,
+    cache_dir: PathBuf,
+    include_dirs: Vec<PathBuf>,
 }
 
-/// Where compiled modules are kept: $TANDEM_CACHE_DIR, else $XDG_CACHE_HOME/tandem/cuda, else
-/// ~/.cache/tandem/cuda, else a folder under the temp dir.
-pub fn cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("TANDEM_CACHE_DIR") {
-        return PathBuf::from(d).join("cuda");
-    }
-    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
-        return PathBuf::from(d).join("tandem").join("cuda");
-    }
-    if let Some(h) = std::env::var_os("HOME") {
-        return PathBuf::from(h).join(".cache").join("tandem").join("cuda");
-    }
-    std::env::temp_dir().join("tandem-cache").join("cuda")
-}
-
-/// The cache key of a module for an arch and options.
-pub fn cache_key(module: Module, arch: u32, opts: &[String]) -> String {
-    let (a, b) = nvrtc_version();
-    let mut h = Sha256::new();
-    h.update(module.source().as_bytes());
-    h.update(arch_flag(arch).as_bytes());
-    for o in opts {
-        h.update(o.as_bytes());
-        h.update([0u8]);
-    }
-    h.update(format!("nvrtc {a}.{b}").as_bytes());
-    hex(&h.finalize())
-}
-
-/// The CUBIN of `module` for `arch`: from the disk cache, or compiled (and cached).
-pub fn cubin(module: Module, arch: u32) -> Result<Vec<u8>> {
-    let opts = options(arch);
-    let key = cache_key(module, arch, &opts);
-    let path = cache_dir().join(format!(
-        "{}-{}-{}.cubin",
-        module.name(),
-        arch_flag(arch),
-        &key[..16]
-    ));
-    if let Ok(bytes) = std::fs::read(&path) {
-        if !bytes.is_empty() {
-            tracing::debug!(module = module.name(), path = %path.display(), "CUBIN from cache");
-            return Ok(bytes);
+impl Compiler {
+    /// The compiler `opts` describe (the header folders are looked up now).
+    pub fn new(opts: &CudaOptions) -> Self {
+        Self {
+            kernel_dir: opts.kernel_dir.clone(),
+            cache_dir: opts.cache_dir.clone(),
+            include_dirs: super::probe::include_dirs(opts),
         }
     }
-    let t0 = std::time::Instant::now();
-    let bin = compile(module, &opts)?;
-    tracing::info!(
-        module = module.name(),
-        arch = %arch_flag(arch),
-        ms = t0.elapsed().as_millis() as u64,
-        "compiled with NVRTC"
-    );
-    if let Some(dir) = path.parent() {
-        if std::fs::create_dir_all(dir).is_ok() {
-            // A name of its own per write: two backends of one process (bf16 and f16 storage,
-            // say) may compile the same module at once, and a reader must never see a
-            // half-written file under the final name.
-            static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-            let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
-            if std::fs::write(&tmp, &bin).is_ok() {
-                let _ = std::fs::rename(&tmp, &path);
+
+    /// Where compiled modules are kept ([`CudaOptions::cache_dir`]).
+    pub fn cache_dir(&self) -> &Path {
+        &self.cache_dir
+    }
+
+    /// A module's full source, read from the kernel folder where one is set.
+    pub fn source(&self, module: Module) -> String {
+        module.source(self.kernel_dir.as_deref())
+    }
+
+    /// The options a module is compiled with.
+    pub fn options(&self, arch: u32) -> Vec<String> {
+        let mut o = vec![
+            format!("--gpu-architecture={}", arch_flag(arch)),
+            "--std=c++17".into(),
+            "-lineinfo".into(),
+            "-DTANDEM_NVRTC=1".into(),
+        ];
+        for d in &self.include_dirs {
+            o.push(format!("--include-path={}", d.display()));
+        }
+        o
+    }
+
+    /// The cache key of a module for an arch and options: sha256 of the source, arch,
+    /// options and NVRTC version.
+    pub fn cache_key(&self, module: Module, arch: u32, opts: &[String]) -> String {
+        let (a, b) = nvrtc_version();
+        let mut h = Sha256::new();
+        h.update(self.source(module).as_bytes());
+        h.update(arch_flag(arch).as_bytes());
+        for o in opts {
+            h.update(o.as_bytes());
+            h.update([0u8]);
+        }
+        h.update(format!("nvrtc {a}.{b}").as_bytes());
+        hex(&h.finalize())
+    }
+
+    /// The CUBIN of `module` for `arch` (a device named `device`): from the disk cache, or
+    /// compiled (and cached).
+    pub fn cubin(&self, device: &str, module: Module, arch: u32) -> Result<Vec<u8>> {
+        let opts = self.options(arch);
+        let key = self.cache_key(module, arch, &opts);
+        let path = self.cache_dir.join(format!(
+            "{}-{}-{}.cubin",
+            module.name(),
+            arch_flag(arch),
+            &key[..16]
+        ));
+        if let Ok(bytes) = std::fs::read(&path) {
+            if !bytes.is_empty() {
+                tracing::debug!(module = module.name(), path = %path.display(), "CUBIN from cache");
+                return Ok(bytes);
             }
         }
+        let t0 = std::time::Instant::now();
+        let bin = self.compile(device, module, &opts)?;
+        tracing::info!(
+            module = module.name(),
+            arch = %arch_flag(arch),
+            ms = t0.elapsed().as_millis() as u64,
+            "compiled with NVRTC"
+        );
+        if let Some(dir) = path.parent() {
+            if std::fs::create_dir_all(dir).is_ok() {
+                // A name of its own per write: two backends of one process (bf16 and f16
+                // storage, say) may compile the same module at once, and a reader must never
+                // see a half-written file under the final name.
+                static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+                let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
+                if std::fs::write(&tmp, &bin).is_ok() {
+                    let _ = std::fs::rename(&tmp, &path);
+                }
+            }
+        }
+        Ok(bin)
     }
-    Ok(bin)
+
+    /// Compiles a module with NVRTC for `device` and returns its CUBIN; a failure is an
+    /// [`Error::Compile`] with NVRTC's log.
+    pub fn compile(&self, device: &str, module: Module, opts: &[String]) -> Result<Vec<u8>> {
+        let src = CString::new(self.source(module))
+            .map_err(|e| Error::Internal(format!("kernel source has a NUL byte: {e}")))?;
+        let path = module.path();
+        let name = CString::new(path).map_err(|e| Error::Internal(e.to_string()))?;
+        let prog = rtc::create_program(&src, Some(&name))
+            .map_err(|e| error::nvrtc(device, path, "nvrtcCreateProgram", e, ""))?;
+        let result = (|| {
+            // SAFETY: prog is live until destroy_program below.
+            unsafe { rtc::compile_program(prog, opts) }
+                .map_err(|e| error::nvrtc(device, path, "compiling", e, &log_of(prog)))?;
+            let mut size = 0usize;
+            // SAFETY: prog is live and compiled; writes one size_t.
+            unsafe { rsys::nvrtcGetCUBINSize(prog, &mut size) }
+                .result()
+                .map_err(|e| error::nvrtc(device, path, "nvrtcGetCUBINSize", e, ""))?;
+            let mut buf = vec![0u8; size];
+            // SAFETY: buf holds the `size` bytes NVRTC reported.
+            unsafe { rsys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut c_char) }
+                .result()
+                .map_err(|e| error::nvrtc(device, path, "nvrtcGetCUBIN", e, ""))?;
+            let log = log_of(prog);
+            if !log.is_empty() {
+                tracing::debug!(module = module.name(), %log, "NVRTC log");
+            }
+            Ok(buf)
+        })();
+        // SAFETY: created above, destroyed once.
+        let _ = unsafe { rtc::destroy_program(prog) };
+        result
+    }
 }
 
 fn log_of(prog: rsys::nvrtcProgram) -> String {
@@ -130,35 +182,4 @@ fn log_of(prog: rsys::nvrtcProgram) -> String {
         }
         Err(_) => String::new(),
     }
-}
-
-/// Compiles a module with NVRTC and returns its CUBIN; errors carry NVRTC's log.
-pub fn compile(module: Module, opts: &[String]) -> Result<Vec<u8>> {
-    let src = CString::new(module.source())
-        .map_err(|e| Error::Internal(format!("kernel source has a NUL byte: {e}")))?;
-    let name = CString::new(module.path()).map_err(|e| Error::Internal(e.to_string()))?;
-    let prog = rtc::create_program(&src, Some(&name))
-        .map_err(|e| error::nvrtc(&format!("nvrtcCreateProgram({})", module.path()), e, ""))?;
-    let what = format!("compiling {}", module.path());
-    // SAFETY: prog is live until destroy_program below.
-    let result = (|| {
-        unsafe { rtc::compile_program(prog, opts) }
-            .map_err(|e| error::nvrtc(&what, e, &log_of(prog)))?;
-        let mut size = 0usize;
-        unsafe { rsys::nvrtcGetCUBINSize(prog, &mut size) }
-            .result()
-            .map_err(|e| error::nvrtc("nvrtcGetCUBINSize", e, ""))?;
-        let mut buf = vec![0u8; size];
-        unsafe { rsys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut c_char) }
-            .result()
-            .map_err(|e| error::nvrtc("nvrtcGetCUBIN", e, ""))?;
-        let log = log_of(prog);
-        if !log.is_empty() {
-            tracing::debug!(module = module.name(), %log, "NVRTC log");
-        }
-        Ok(buf)
-    })();
-    // SAFETY: created above, destroyed once.
-    let _ = unsafe { rtc::destroy_program(prog) };
-    result
 }

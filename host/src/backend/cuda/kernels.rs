@@ -8,8 +8,8 @@ use cudarc::driver::result as drv;
 use cudarc::driver::sys;
 use tandem_gpu_kernels::Module;
 
-use super::compile;
-use super::error::DrvResultExt;
+use super::compile::Compiler;
+use super::error::{self, DrvResultExt};
 use crate::error::{Error, Result};
 
 /// A kernel argument, passed by value.
@@ -46,6 +46,7 @@ struct Loaded {
 pub struct Kernels {
     label: String,
     arch: u32,
+    compiler: Compiler,
     loaded: Mutex<Loaded>,
 }
 
@@ -91,11 +92,12 @@ impl Dims {
 }
 
 impl Kernels {
-    /// No modules loaded yet.
-    pub fn new(label: &str, arch: u32) -> Self {
+    /// No modules loaded yet; `compiler` builds them at first use.
+    pub fn new(label: &str, arch: u32, compiler: Compiler) -> Self {
         Self {
             label: label.to_string(),
             arch,
+            compiler,
             loaded: Mutex::new(Loaded::default()),
         }
     }
@@ -123,10 +125,10 @@ impl Kernels {
         let md = match l.modules.get(&module) {
             Some(&m) => m as sys::CUmodule,
             None => {
-                let bin = compile::cubin(module, self.arch)?;
+                let bin = self.compiler.cubin(&self.label, module, self.arch)?;
                 // SAFETY: `bin` is a complete CUBIN image, alive for the call.
                 let m = unsafe { drv::module::load_data(bin.as_ptr() as *const c_void) }
-                    .ctx(&self.label, &format!("cuModuleLoadData({})", module.name()))?;
+                    .map_err(|e| error::module_load(&self.label, module.path(), e))?;
                 l.modules.insert(module, m as usize);
                 m
             }

@@ -3,8 +3,12 @@
 //!
 //! Logical f32 tensors are stored in 16 bits on the device, bf16 (the default) or f16
 //! ([`CudaOptions::dtype`]; upload converts, download converts back); i32 stays i32; a few small
-//! f32 results (attention LSE, routing weights, losses) stay f32. Math accumulates in f32. Every op runs on the device's one compute stream, bracketed by two events: the
-//! completion thread fills in the event-timed device time and advances the device's fence.
+//! f32 results (attention LSE, routing weights, losses) stay f32. Math accumulates in f32.
+//! Every op runs on the device's one compute stream, bracketed by two events: the completion
+//! thread fills in the event-timed device time and advances the device's fence. The backend
+//! keeps the [`CudaOptions`] it was opened with and hands each op the fields it needs (the
+//! attention build, the MoE experts path and tile; the compiler its folders); nothing here
+//! reads the environment.
 //!
 //! Files: `probe` (are the libraries and a device there), `device` (context, streams, info),
 //! `memory` (pool, pinned staging), `compile` (NVRTC + disk cache), `kernels` (modules and
@@ -35,65 +39,25 @@ use crate::tensor::{HostData, Tensor, TensorMeta};
 use error::DrvResultExt;
 
 pub use super::CudaDType;
+pub use crate::options::cuda::{AttentionVariant, CudaOptions, MoeExpertsPath, MoeTileSize};
 pub use memory::pool::{PoolStats, size_class};
 
-/// Options of a CUDA backend.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct CudaOptions {
-    /// Fill every output with NaN (bf16/f16/f32) or 0x7FC07FC0 (i32) before each launch, so
-    /// elements a kernel fails to write show up (tests). Also set by `TANDEM_CUDA_POISON=1`.
-    pub poison: bool,
-    /// Precision logical f32 tensors are stored in (bf16 by default). Also set by
-    /// `TANDEM_CUDA_DTYPE=bf16|f16`.
-    pub dtype: CudaDType,
-}
-
-impl CudaOptions {
-    /// Options from the environment (`TANDEM_CUDA_POISON`, `TANDEM_CUDA_DTYPE`); an
-    /// unknown `TANDEM_CUDA_DTYPE` is an error naming the value and the accepted ones.
-    pub fn from_env() -> Result<Self> {
-        Self::from_env_with(None)
-    }
-
-    /// As [`CudaOptions::from_env`], with the storage precision `dtype` when it is given (a
-    /// command-line flag wins over the environment, which is then not read).
-    pub fn from_env_with(dtype: Option<CudaDType>) -> Result<Self> {
-        let dtype = match dtype {
-            Some(d) => d,
-            None => CudaDType::from_env()?.unwrap_or_default(),
-        };
-        Ok(Self {
-            poison: std::env::var("TANDEM_CUDA_POISON").is_ok_and(|v| v == "1"),
-            dtype,
-        })
-    }
-}
-
 /// Looks for CUDA devices: checks the libraries and the driver first (cudarc panics on a
-/// missing library), then opens each device with the options of the environment.
-pub fn discover() -> (Vec<Arc<dyn Backend>>, Vec<Missing>) {
-    discover_with(None)
-}
-
-/// As [`discover`], storing in `dtype` when it is given (else as `TANDEM_CUDA_DTYPE` says).
-/// A bad `TANDEM_CUDA_DTYPE` leaves CUDA missing, with the error as the reason.
-pub fn discover_with(dtype: Option<CudaDType>) -> (Vec<Arc<dyn Backend>>, Vec<Missing>) {
+/// missing library, so the libraries are looked for where `opts` says and in the usual
+/// places), then opens each device with `opts`.
+pub fn discover_with(opts: &CudaOptions) -> (Vec<Arc<dyn Backend>>, Vec<Missing>) {
     let missing = |reason: String| Missing {
         kind: DeviceKind::Cuda,
         reason,
     };
-    let n = match probe::check() {
+    let n = match probe::check(opts) {
         Ok(n) => n,
         Err(reason) => return (Vec::new(), vec![missing(reason)]),
-    };
-    let opts = match CudaOptions::from_env_with(dtype) {
-        Ok(o) => o,
-        Err(e) => return (Vec::new(), vec![missing(e.to_string())]),
     };
     let mut found: Vec<Arc<dyn Backend>> = Vec::new();
     let mut lost = Vec::new();
     for i in 0..n {
-        match CudaBackend::open(i, opts) {
+        match CudaBackend::open(i, opts.clone()) {
             Ok(b) => found.push(Arc::new(b)),
             Err(e) => lost.push(missing(format!("cuda:{i}: {e}"))),
         }
@@ -101,11 +65,11 @@ pub fn discover_with(dtype: Option<CudaDType>) -> (Vec<Arc<dyn Backend>>, Vec<Mi
     (found, lost)
 }
 
-/// Why no CUDA device can be used here, or `None` when at least one can.
-pub fn unavailable_reason() -> Option<String> {
-    probe::check().err()
+/// Why no CUDA device can be used here (the libraries looked for as [`discover_with`] does),
+/// or `None` when at least one can.
+pub fn unavailable_reason(opts: &CudaOptions) -> Option<String> {
+    probe::check(opts).err()
 }
-
 /// Device data: a pool allocation and the precision it is stored in.
 #[derive(Debug)]
 pub struct CudaStorage {
@@ -137,9 +101,9 @@ pub struct CudaBackend {
 }
 
 impl CudaBackend {
-    /// Opens device `ordinal` (after [`unavailable_reason`] returned `None`).
+    /// Opens device `ordinal` (after [`unavailable_reason`] returned `None`) with `opts`.
     pub fn open(ordinal: usize, opts: CudaOptions) -> Result<Self> {
-        if let Some(r) = probe::check().err() {
+        if let Some(r) = probe::check(&opts).err() {
             return Err(Error::Unavailable {
                 device: format!("cuda:{ordinal}"),
                 reason: r,
@@ -155,9 +119,10 @@ impl CudaBackend {
         }
         let (a, b) = compile::nvrtc_version();
         info.details.push(("nvrtc".into(), format!("{a}.{b}")));
+        let compiler = compile::Compiler::new(&opts);
         info.details.push((
             "kernel cache".into(),
-            compile::cache_dir().display().to_string(),
+            compiler.cache_dir().display().to_string(),
         ));
         let pool = memory::Pool::new(&dev.label);
         let blas = blaslt::BlasLt::new(&dev.label, &pool)?;
@@ -165,7 +130,7 @@ impl CudaBackend {
             info,
             up: memory::Staging::new(&dev.label),
             down: memory::Staging::new(&dev.label),
-            kernels: kernels::Kernels::new(&dev.label, dev.arch),
+            kernels: kernels::Kernels::new(&dev.label, dev.arch, compiler),
             timeline: timing::Timeline::new(dev.clone()),
             blas,
             pool,
@@ -199,6 +164,11 @@ impl CudaBackend {
     /// The precision logical f32 tensors are stored in.
     pub fn dtype(&self) -> CudaDType {
         self.opts.dtype
+    }
+
+    /// The options the device was opened with.
+    pub fn options(&self) -> &CudaOptions {
+        &self.opts
     }
 
     /// Turns output poisoning on or off.
@@ -259,7 +229,7 @@ impl Backend for CudaBackend {
     }
 
     fn supports(&self, op: &Op, inputs: &[TensorMeta]) -> Support {
-        ops::supports(self.dev.arch, op, inputs)
+        ops::supports(self.dev.arch, self.opts.attention_variant, op, inputs)
     }
 
     fn upload(&self, host: &Tensor) -> Result<DeviceStorage> {
@@ -484,7 +454,7 @@ mod tests {
 
     #[test]
     fn discovery_finds_devices_or_says_why_not() {
-        let (found, missing) = discover();
+        let (found, missing) = discover_with(&CudaOptions::default());
         if found.is_empty() {
             assert!(!missing.is_empty(), "no device and no reason");
             for m in &missing {
@@ -504,17 +474,20 @@ mod tests {
     /// wherever NVRTC is installed (no GPU needed).
     #[test]
     fn every_module_compiles_for_sm80_and_sm90a_where_nvrtc_is_present() {
-        if !probe::nvrtc_present() {
+        let opts = CudaOptions::default();
+        if !probe::nvrtc_present(&opts) {
             println!("skipped: NVRTC not found");
             return;
         }
         let (a, b) = compile::nvrtc_version();
+        let compiler = compile::Compiler::new(&opts);
         for m in tandem_gpu_kernels::Module::ALL {
             for arch in [80, 90] {
                 if !m.runs_on(arch) {
                     continue;
                 }
-                let bin = compile::compile(m, &compile::options(arch))
+                let bin = compiler
+                    .compile("nvrtc", m, &compiler.options(arch))
                     .unwrap_or_else(|e| panic!("NVRTC {a}.{b}, {} for sm_{arch}: {e}", m.path()));
                 assert!(!bin.is_empty());
                 let flag = compile::arch_flag(arch);
@@ -530,11 +503,12 @@ mod tests {
     #[test]
     fn cache_keys_depend_on_arch_and_options() {
         use tandem_gpu_kernels::Module;
+        let compiler = compile::Compiler::new(&CudaOptions::default());
         let o80 = vec!["--gpu-architecture=sm_80".to_string()];
         let o90 = vec!["--gpu-architecture=sm_90a".to_string()];
-        let a = compile::cache_key(Module::Norm, 80, &o80);
-        let b = compile::cache_key(Module::Norm, 90, &o90);
-        let c = compile::cache_key(Module::Rope, 80, &o80);
+        let a = compiler.cache_key(Module::Norm, 80, &o80);
+        let b = compiler.cache_key(Module::Norm, 90, &o90);
+        let c = compiler.cache_key(Module::Rope, 80, &o80);
         assert_eq!(a.len(), 64);
         assert_ne!(a, b);
         assert_ne!(a, c);

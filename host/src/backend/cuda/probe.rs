@@ -1,46 +1,45 @@
 //! Finds the CUDA libraries without letting cudarc panic: checks that the driver, NVRTC and
 //! cuBLASLt can be opened (preloading them from the usual install folders where the loader's
-//! search path misses them), that `cuInit` succeeds and that a device exists.
+//! search path misses them), that `cuInit` succeeds and that a device exists. Where to look
+//! first comes from [`CudaOptions::toolkit_roots`] and [`CudaOptions::python_prefix`].
 
 use std::path::{Path, PathBuf};
 
-/// Folders that may hold CUDA's libraries: CUDA_HOME / CUDA_PATH, /usr/local/cuda, and
-/// NVIDIA's pip wheels in the usual Python prefixes.
-pub fn library_dirs() -> Vec<PathBuf> {
+use super::CudaOptions;
+
+/// Folders that may hold CUDA's libraries: the toolkit roots of `opts` (CUDA_HOME /
+/// CUDA_PATH), /usr/local/cuda, and NVIDIA's pip wheels in the usual Python prefixes.
+pub fn library_dirs(opts: &CudaOptions) -> Vec<PathBuf> {
     let mut v = Vec::new();
-    for var in ["CUDA_HOME", "CUDA_PATH"] {
-        if let Some(h) = std::env::var_os(var) {
-            let h = PathBuf::from(h);
-            v.push(h.join("lib64"));
-            v.push(h.join("lib"));
-        }
+    for h in &opts.toolkit_roots {
+        v.push(h.join("lib64"));
+        v.push(h.join("lib"));
     }
     v.push(PathBuf::from("/usr/local/cuda/lib64"));
     v.push(PathBuf::from("/usr/local/cuda/targets/x86_64-linux/lib"));
-    v.extend(wheel_dirs("lib"));
+    v.extend(wheel_dirs(opts, "lib"));
     v.into_iter().filter(|d| d.is_dir()).collect()
 }
 
 /// Folders that may hold CUDA's headers, in the same places as [`library_dirs`].
-pub fn include_dirs() -> Vec<PathBuf> {
+pub fn include_dirs(opts: &CudaOptions) -> Vec<PathBuf> {
     let mut v = Vec::new();
-    for var in ["CUDA_HOME", "CUDA_PATH"] {
-        if let Some(h) = std::env::var_os(var) {
-            v.push(PathBuf::from(h).join("include"));
-        }
+    for h in &opts.toolkit_roots {
+        v.push(h.join("include"));
     }
     v.push(PathBuf::from("/usr/local/cuda/include"));
-    v.extend(wheel_dirs("include"));
+    v.extend(wheel_dirs(opts, "include"));
     v.into_iter()
         .filter(|d| d.join("cuda_runtime.h").is_file() || d.join("cuda_bf16.h").is_file())
         .collect()
 }
 
-/// `<site-packages>/nvidia/*/<sub>` in the virtual env, /opt/torch/.venv, /usr/local and /usr.
-fn wheel_dirs(sub: &str) -> Vec<PathBuf> {
+/// `<site-packages>/nvidia/*/<sub>` in the Python prefix of `opts` (VIRTUAL_ENV),
+/// /opt/torch/.venv, /usr/local and /usr.
+fn wheel_dirs(opts: &CudaOptions, sub: &str) -> Vec<PathBuf> {
     let mut prefixes: Vec<PathBuf> = Vec::new();
-    if let Some(v) = std::env::var_os("VIRTUAL_ENV") {
-        prefixes.push(v.into());
+    if let Some(v) = &opts.python_prefix {
+        prefixes.push(v.clone());
     }
     for p in ["/opt/torch/.venv", "/usr/local", "/usr"] {
         prefixes.push(p.into());
@@ -76,8 +75,8 @@ fn wheel_dirs(sub: &str) -> Vec<PathBuf> {
 
 /// dlopens the first `<dir>/<file>` that exists and keeps it loaded, so that a later dlopen by
 /// soname (cudarc's) finds it. Returns whether one loaded.
-fn preload(file_names: &[&str]) -> bool {
-    for d in library_dirs() {
+fn preload(opts: &CudaOptions, file_names: &[&str]) -> bool {
+    for d in library_dirs(opts) {
         for f in file_names {
             let p = d.join(f);
             if p.is_file() && open_forever(&p) {
@@ -100,31 +99,36 @@ fn open_forever(p: &Path) -> bool {
     }
 }
 
-/// Whether NVRTC can be loaded (preloaded from the usual folders where the loader's search
-/// path misses it). Enough to compile the kernels; no driver or device needed.
-pub fn nvrtc_present() -> bool {
+/// Whether NVRTC can be loaded (preloaded from the folders of `opts` and the usual ones where
+/// the loader's search path misses it). Enough to compile the kernels; no driver or device
+/// needed.
+pub fn nvrtc_present(opts: &CudaOptions) -> bool {
     // SAFETY: the presence checks only dlopen and close the library.
     let found = unsafe { cudarc::nvrtc::sys::is_culib_present() };
     found
-        || (preload(&["libnvrtc.so.13", "libnvrtc.so"])
+        || (preload(opts, &["libnvrtc.so.13", "libnvrtc.so"])
+            // SAFETY: as above.
             && unsafe { cudarc::nvrtc::sys::is_culib_present() })
 }
 
-/// Checks everything the backend needs; `Err` carries the reason shown by `tandem devices`.
-/// Returns the number of devices.
-pub fn check() -> Result<usize, String> {
+/// Checks everything the backend needs, looking for the libraries where `opts` says first;
+/// `Err` carries the reason shown by `tandem devices`. Returns the number of devices.
+pub fn check(opts: &CudaOptions) -> Result<usize, String> {
     // SAFETY: the presence checks only dlopen and close the libraries.
     let driver = unsafe { cudarc::driver::sys::is_culib_present() };
     if !driver {
         return Err("no NVIDIA driver (libcuda.so.1 not found)".into());
     }
-    if !nvrtc_present() {
+    if !nvrtc_present(opts) {
         return Err(
             "NVRTC not found (libnvrtc.so.13; install the CUDA toolkit or set CUDA_HOME)".into(),
         );
     }
+    // SAFETY: the presence checks only dlopen and close the library; preloading only runs
+    // the library's initialisers (see `open_forever`).
     let lt = unsafe { cudarc::cublaslt::sys::is_culib_present() }
-        || (preload(&["libcublasLt.so.13", "libcublasLt.so"])
+        || (preload(opts, &["libcublasLt.so.13", "libcublasLt.so"])
+            // SAFETY: as above.
             && unsafe { cudarc::cublaslt::sys::is_culib_present() });
     if !lt {
         return Err(

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::result as drv;
 use cudarc::driver::sys;
 
-use super::super::error::DrvResultExt;
-use crate::error::{Error, Result};
+use super::super::error::{self, DrvResultExt};
+use crate::error::Result;
 
 /// Statistics of a pool.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -91,10 +91,8 @@ impl Pool {
                 // release cached blocks, then try once more
                 Self::release_locked(&mut s, &self.label)?;
                 // SAFETY: as above.
-                unsafe { drv::malloc_sync(class) }.map_err(|_| Error::OutOfMemory {
-                    device: self.label.clone(),
-                    bytes: class,
-                })?
+                unsafe { drv::malloc_sync(class) }
+                    .map_err(|e| error::alloc(&self.label, "cuMemAlloc", class, e))?
             }
         };
         s.stats.fresh += 1;

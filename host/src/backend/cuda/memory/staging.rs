@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use cudarc::driver::result as drv;
 
-use super::super::error::DrvResultExt;
+use super::super::error::{self, DrvResultExt};
 use crate::error::Result;
 
 #[derive(Debug)]
@@ -50,7 +50,8 @@ impl Staging {
             }
             let len = bytes.next_power_of_two().max(1 << 20);
             // SAFETY: plain pinned allocation.
-            let p = unsafe { drv::malloc_host(len, 0) }.ctx(&self.label, "cuMemHostAlloc")?;
+            let p = unsafe { drv::malloc_host(len, 0) }
+                .map_err(|e| error::alloc_host(&self.label, "cuMemHostAlloc", len, e))?;
             b.ptr = p as *mut u8;
             b.len = len;
         }

@@ -10,36 +10,18 @@ use crate::error::Result;
 use crate::ops::AttentionParams;
 use crate::tensor::TensorMeta;
 
-/// A build of the kernel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Variant {
-    /// mma.sync, 4 warps x 1 m-tile (64-row blocks).
-    W4,
-    /// mma.sync, 8 warps x 1 m-tile (128-row blocks).
-    W8,
-    /// mma.sync, 4 warps x 2 m-tiles (128-row blocks, FA2's layout): each K/V fragment feeds
-    /// two mma's.
-    M2,
-    /// As M2 with 32-key tiles (fewer registers for S, Q kept in registers).
-    M2N32,
-    /// Hopper (sm_90 only), FlashAttention-3's structure: a TMA producer warp and consumer
-    /// warpgroups taking turns on wgmma (two for d128: 128-row blocks; three for d64: 192).
-    Ws,
-}
+/// A build of the kernel (the options' name list; its geometry is here).
+pub use crate::options::cuda::AttentionVariant as Variant;
 
 impl Variant {
-    /// The build for a device of compute capability `arch` and head dim `d`:
-    /// `TANDEM_ATTN_VARIANT` (w4, w8, m2, m2n32, ws) when set, else the fastest measured
-    /// (docs/PERF.md): `ws` on sm_90, `m2` elsewhere.
-    pub fn select(arch: u32, d: usize) -> Self {
-        match std::env::var("TANDEM_ATTN_VARIANT").ok().as_deref() {
-            Some("w4") => Variant::W4,
-            Some("w8") => Variant::W8,
-            Some("m2") => Variant::M2,
-            Some("m2n32") => Variant::M2N32,
-            Some("ws") => Variant::Ws,
-            _ if arch == 90 && (d == 64 || d == 128) => Variant::Ws,
-            _ => Variant::M2,
+    /// The build for a device of compute capability `arch` and head dim `d`: `forced`
+    /// ([`crate::options::CudaOptions::attention_variant`], `TANDEM_ATTN_VARIANT`) when given,
+    /// else the fastest measured (docs/PERF.md): `ws` on sm_90, `m2` elsewhere.
+    pub fn select(arch: u32, d: usize, forced: Option<Variant>) -> Self {
+        match forced {
+            Some(v) => v,
+            None if arch == 90 && (d == 64 || d == 128) => Variant::Ws,
+            None => Variant::M2,
         }
     }
 
@@ -105,7 +87,7 @@ pub fn attention(
     outs: &[CudaStorage],
 ) -> Result<String> {
     let s = p.shape(metas)?;
-    let mut var = Variant::select(cx.be.dev.arch, s.d);
+    let mut var = Variant::select(cx.be.dev.arch, s.d, cx.be.opts.attention_variant);
     if var == Variant::Ws && s.nkv == 0 {
         // no keys: nothing for the TMA to map; the mma.sync build writes the empty result
         var = Variant::M2;

@@ -145,9 +145,14 @@ fn storage(dtype: CudaDType) -> tandem_gpu_kernels::Storage {
     }
 }
 
-/// Whether the device (compute capability `arch`, storing in `dtype`) runs `op` on these
-/// inputs.
-pub fn supports(arch: u32, op: &Op, inputs: &[TensorMeta]) -> Support {
+/// Whether the device (compute capability `arch`, running the attention build `attention`
+/// where one is forced) runs `op` on these inputs.
+pub fn supports(
+    arch: u32,
+    attention: Option<attention::Variant>,
+    op: &Op,
+    inputs: &[TensorMeta],
+) -> Support {
     if arch < 80 {
         return Support::No(format!(
             "tandem's CUDA kernels need sm_80 or later (this device is sm_{arch})"
@@ -158,7 +163,9 @@ pub fn supports(arch: u32, op: &Op, inputs: &[TensorMeta]) -> Support {
     }
     match op {
         Op::Attention(p) => match p.shape(inputs) {
-            Ok(s) if attention::Variant::select(arch, s.d).hopper_only() && arch != 90 => {
+            Ok(s)
+                if attention::Variant::select(arch, s.d, attention).hopper_only() && arch != 90 =>
+            {
                 Support::No(format!(
                     "the wgmma attention builds need sm_90 (this device is sm_{arch})"
                 ))
@@ -305,14 +312,16 @@ mod tests {
 
     #[test]
     fn attention_builds_exist_in_both_precisions() {
-        if std::env::var_os("TANDEM_ATTN_VARIANT").is_some() {
-            println!("skipped: TANDEM_ATTN_VARIANT is set");
-            return;
+        assert_eq!(Variant::select(90, 128, None), Variant::Ws);
+        assert_eq!(Variant::select(90, 64, None), Variant::Ws);
+        assert_eq!(Variant::select(80, 128, None), Variant::M2);
+        assert_eq!(Variant::select(89, 64, None), Variant::M2);
+        // A forced build wins on every arch.
+        for v in Variant::ALL {
+            for arch in [80, 89, 90] {
+                assert_eq!(Variant::select(arch, 128, Some(v)), v);
+            }
         }
-        assert_eq!(Variant::select(90, 128), Variant::Ws);
-        assert_eq!(Variant::select(90, 64), Variant::Ws);
-        assert_eq!(Variant::select(80, 128), Variant::M2);
-        assert_eq!(Variant::select(89, 64), Variant::M2);
         for (var, d, want) in [
             (Variant::M2, 128, "mha_{s}_fwd_d128_m2"),
             (Variant::W4, 64, "mha_{s}_fwd_d64"),
@@ -338,9 +347,19 @@ mod tests {
         ];
         for arch in [80, 89, 90] {
             for dt in CudaDType::ALL {
-                assert_eq!(supports(arch, &op, &ins), Support::Native, "sm_{arch} {dt}");
+                assert_eq!(
+                    supports(arch, None, &op, &ins),
+                    Support::Native,
+                    "sm_{arch} {dt}"
+                );
             }
         }
+        // The Hopper build, forced elsewhere, is refused with the reason.
+        assert_eq!(supports(90, Some(Variant::Ws), &op, &ins), Support::Native);
+        assert!(matches!(
+            supports(80, Some(Variant::Ws), &op, &ins),
+            Support::No(why) if why.contains("sm_90")
+        ));
     }
 
     #[test]

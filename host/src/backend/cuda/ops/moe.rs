@@ -6,11 +6,17 @@
 //! - `blaslt` (default above): gather, one cuBLASLt GEMM per expert (twice), SwiGLU, combine; reads the expert
 //!   offsets on the host first (a stream synchronisation).
 //!
-//! `TANDEM_MOE_EXPERTS=blaslt|grouped` forces one, `TANDEM_MOE_TILE=l|m|s` the grouped GEMMs'
-//! tile (default by the mean rows per expert, T*k/E); see [`ExpertsPath::select`].
+//! [`CudaOptions::moe_experts`] (`TANDEM_MOE_EXPERTS=blaslt|grouped`) forces one,
+//! [`CudaOptions::moe_tile`] (`TANDEM_MOE_TILE=l|m|s`) the grouped GEMMs' tile (default by the
+//! mean rows per expert, T*k/E); see [`ExpertsPath::select`].
+//!
+//! [`CudaOptions::moe_experts`]: crate::options::CudaOptions::moe_experts
+//! [`CudaOptions::moe_tile`]: crate::options::CudaOptions::moe_tile
 
 use cudarc::driver::result as drv;
 use tandem_gpu_kernels::{MOE_TILE_MAP_THREADS, MOE_TILES, MoeTile};
+
+use crate::options::cuda::{MoeExpertsPath, MoeTileSize};
 
 use super::{Arg, Cx, Dims};
 use crate::backend::cuda::blaslt::Epilogue;
@@ -120,43 +126,41 @@ const SMALL_TILE_MAX_ROWS: usize = 32;
 /// Mean rows per expert up to which the `m` tile is picked; above it, `l`.
 const MEDIUM_TILE_MAX_ROWS: usize = 96;
 
-fn tile(name: &str) -> Option<MoeTile> {
-    MOE_TILES.into_iter().find(|t| t.name == name)
-}
-
 impl ExpertsPath {
-    /// The path for this shape: `TANDEM_MOE_EXPERTS` (blaslt, grouped) and `TANDEM_MOE_TILE`
-    /// (l, m, s) when set; else the faster measured on an H200 (docs/gpu-notes.md v9): grouped
-    /// with the `s` tile up to 32 rows per expert on average (decode-sized batches: 1.42x
-    /// PyTorch at T64), cuBLASLt above (its wgmma GEMMs beat the mma.sync grouped tiles 2x at
-    /// T4096). Grouped needs H and F to be multiples of 8 (16-byte rows for cp.async) and a
-    /// grid under 2^31 blocks; otherwise the cuBLASLt path runs and the second value says why.
-    pub fn select(s: &ExpertsShape) -> (Self, Option<String>) {
-        let forced = std::env::var("TANDEM_MOE_EXPERTS").ok();
-        if forced.as_deref() == Some("blaslt") {
+    /// The path for this shape: `forced` (blaslt, grouped) and the tile `forced_tile` (l, m,
+    /// s; naming one asks for the grouped path) where given ([`crate::options::CudaOptions`]'s
+    /// `moe_experts` and `moe_tile`); else the faster measured on an H200 (docs/gpu-notes.md
+    /// v9): grouped with the `s` tile up to 32 rows per expert on average (decode-sized
+    /// batches: 1.42x PyTorch at T64), cuBLASLt above (its wgmma GEMMs beat the mma.sync
+    /// grouped tiles 2x at T4096). Grouped needs H and F to be multiples of 8 (16-byte rows for
+    /// cp.async) and a grid under 2^31 blocks; otherwise the cuBLASLt path runs and the second
+    /// value says why.
+    pub fn select(
+        s: &ExpertsShape,
+        forced: Option<MoeExpertsPath>,
+        forced_tile: Option<MoeTileSize>,
+    ) -> (Self, Option<String>) {
+        if forced == Some(MoeExpertsPath::Blaslt) {
             return (ExpertsPath::Blaslt, None);
         }
         if let Err(why) = grouped_fits(s) {
             return (ExpertsPath::Blaslt, Some(why));
         }
         let rows = (s.t * s.k).div_ceil(s.e.max(1));
-        let named = std::env::var("TANDEM_MOE_TILE").ok();
-        if forced.is_none() && named.is_none() && rows > SMALL_TILE_MAX_ROWS {
+        if forced.is_none() && forced_tile.is_none() && rows > SMALL_TILE_MAX_ROWS {
             return (ExpertsPath::Blaslt, None);
         }
         let default = if rows <= SMALL_TILE_MAX_ROWS {
-            "s"
+            MoeTileSize::S
         } else if rows <= MEDIUM_TILE_MAX_ROWS {
-            "m"
+            MoeTileSize::M
         } else {
-            "l"
+            MoeTileSize::L
         };
-        let t = named
-            .as_deref()
-            .and_then(tile)
-            .or_else(|| tile(default))
-            .unwrap_or(MOE_TILES[0]);
-        (ExpertsPath::Grouped(t), None)
+        (
+            ExpertsPath::Grouped(forced_tile.unwrap_or(default).tile()),
+            None,
+        )
     }
 }
 
@@ -224,7 +228,8 @@ pub fn experts(
     outs: &[CudaStorage],
 ) -> Result<String> {
     let s = p.shape(metas)?;
-    match ExpertsPath::select(&s) {
+    let o = &cx.be.opts;
+    match ExpertsPath::select(&s, o.moe_experts, o.moe_tile) {
         (ExpertsPath::Grouped(t), _) => experts_grouped(cx, &s, t, ins, outs),
         (ExpertsPath::Blaslt, why) => {
             if let Some(why) = why {
@@ -481,11 +486,11 @@ mod tests {
     fn grids_cover_the_worst_case_tiles() {
         let s = shape(4096, 4096, 14336, 8, 2);
         assert_eq!(s.p, 8320);
-        let l = tile("l").expect("tile l");
+        let l = MoeTileSize::L.tile();
         // 65 full tiles of 128 rows + one partial tile per expert; 64 SwiGLU columns and 128
         // down columns per block
         assert_eq!(grids(&s, l), (73 * 224, 73 * 32));
-        let st = tile("s").expect("tile s");
+        let st = MoeTileSize::S.tile();
         assert_eq!(grids(&s, st), ((260 + 8) * 224, (260 + 8) * 32));
     }
 
@@ -494,27 +499,45 @@ mod tests {
         assert!(grouped_fits(&shape(64, 4096, 14336, 8, 2)).is_ok());
         let why = grouped_fits(&shape(20, 60, 36, 4, 2)).expect_err("H 60 is not a multiple of 8");
         assert!(why.contains("multiples of 8"), "{why}");
-        if std::env::var_os("TANDEM_MOE_EXPERTS").is_none() {
-            assert_eq!(
-                ExpertsPath::select(&shape(20, 60, 36, 4, 2)).0,
-                ExpertsPath::Blaslt
-            );
+        // Even when the grouped path or a tile is asked for.
+        for (path, tile) in [
+            (None, None),
+            (Some(MoeExpertsPath::Grouped), None),
+            (None, Some(MoeTileSize::S)),
+        ] {
+            let (p, why) = ExpertsPath::select(&shape(20, 60, 36, 4, 2), path, tile);
+            assert_eq!(p, ExpertsPath::Blaslt);
+            assert!(why.is_some_and(|w| w.contains("multiples of 8")));
+        }
+    }
+
+    fn pick(t: usize, path: Option<MoeExpertsPath>, tile: Option<MoeTileSize>) -> &'static str {
+        match ExpertsPath::select(&shape(t, 4096, 14336, 8, 2), path, tile).0 {
+            ExpertsPath::Grouped(tile) => tile.name,
+            ExpertsPath::Blaslt => "blaslt",
         }
     }
 
     #[test]
     fn the_default_path_follows_the_rows_per_expert() {
-        if std::env::var_os("TANDEM_MOE_EXPERTS").is_some()
-            || std::env::var_os("TANDEM_MOE_TILE").is_some()
-        {
-            return;
+        assert_eq!(pick(64, None, None), "s");
+        assert_eq!(pick(256, None, None), "blaslt");
+        assert_eq!(pick(4096, None, None), "blaslt");
+    }
+
+    #[test]
+    fn forced_paths_and_tiles_win() {
+        use MoeExpertsPath::{Blaslt, Grouped};
+        assert_eq!(pick(64, Some(Blaslt), None), "blaslt");
+        assert_eq!(pick(64, Some(Blaslt), Some(MoeTileSize::L)), "blaslt");
+        // grouped without a tile: the tile by rows per expert (16, 64, 1024 rows)
+        assert_eq!(pick(64, Some(Grouped), None), "s");
+        assert_eq!(pick(256, Some(Grouped), None), "m");
+        assert_eq!(pick(4096, Some(Grouped), None), "l");
+        // a tile alone asks for the grouped path with that tile
+        for t in MoeTileSize::ALL {
+            assert_eq!(pick(4096, None, Some(t)), t.name());
+            assert_eq!(pick(64, Some(Grouped), Some(t)), t.name());
         }
-        let pick = |t| match ExpertsPath::select(&shape(t, 4096, 14336, 8, 2)).0 {
-            ExpertsPath::Grouped(tile) => tile.name,
-            ExpertsPath::Blaslt => "blaslt",
-        };
-        assert_eq!(pick(64), "s");
-        assert_eq!(pick(256), "blaslt");
-        assert_eq!(pick(4096), "blaslt");
     }
 }
