@@ -41,7 +41,9 @@ fn wheel_dirs(opts: &CudaOptions, sub: &str) -> Vec<PathBuf> {
     if let Some(v) = &opts.python_prefix {
         prefixes.push(v.clone());
     }
-    for p in ["/opt/torch/.venv", "/usr/local", "/usr"] {
+    // /opt/tandem/nvrtc-venv: NVRTC and the headers that .ci/setup installs from NVIDIA's
+    // wheels (compiling the kernels needs no GPU).
+    for p in ["/opt/tandem/nvrtc-venv", "/opt/torch/.venv", "/usr/local", "/usr"] {
         prefixes.push(p.into());
     }
     let mut out = Vec::new();
@@ -88,6 +90,26 @@ fn preload(opts: &CudaOptions, file_names: &[&str]) -> bool {
     false
 }
 
+/// dlopens NVRTC's builtins library (`libnvrtc-builtins.so.13.*`) from the folders where
+/// NVRTC is preloaded from: NVRTC opens it by soname at its first compile, and a wheel's lib
+/// folder is not on the loader's search path. Returns whether one loaded.
+fn preload_builtins(opts: &CudaOptions) -> bool {
+    for d in library_dirs(opts) {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for f in rd.flatten() {
+            let name = f.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with("libnvrtc-builtins.so.13") && open_forever(&f.path()) {
+                tracing::debug!(path = %f.path().display(), "preloaded NVRTC builtins");
+                return true;
+            }
+        }
+    }
+    false
+}
+
 fn open_forever(p: &Path) -> bool {
     // SAFETY: loading a CUDA library runs only its initialisers, which have no preconditions.
     match unsafe { libloading::Library::new(p) } {
@@ -106,7 +128,7 @@ pub fn nvrtc_present(opts: &CudaOptions) -> bool {
     // SAFETY: the presence checks only dlopen and close the library.
     let found = unsafe { cudarc::nvrtc::sys::is_culib_present() };
     found
-        || (preload(opts, &["libnvrtc.so.13", "libnvrtc.so"])
+        || (preload_builtins(opts) | preload(opts, &["libnvrtc.so.13", "libnvrtc.so"])
             // SAFETY: as above.
             && unsafe { cudarc::nvrtc::sys::is_culib_present() })
 }
