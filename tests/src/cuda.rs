@@ -56,7 +56,7 @@ pub fn backend_with(opts: CudaOptions) -> Option<Arc<CudaBackend>> {
         }
         Err(r) if r.starts_with("CUDA present") => panic!("{r}"),
         Err(r) => {
-            println!("skipped: {r}");
+            crate::skip(crate::Need::Gpu, &r);
             None
         }
     }
@@ -71,13 +71,15 @@ fn open(opts: &CudaOptions) -> Result<Arc<CudaBackend>, String> {
         .map_err(|e| format!("CUDA present but device 0 failed to open ({opts:?}): {e}"))
 }
 
-/// A generator seeded from the clock (fresh inputs every run); the seed is printed so a
-/// failure can be replayed.
+/// A generator seeded from the clock (fresh inputs every run), or from `TANDEM_SEED` when set;
+/// the seed is printed so a failure can be replayed (`TANDEM_SEED=<seed>`).
 pub fn clock_rng(tag: &str) -> ChaCha8Rng {
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(7);
+    let seed = crate::skip::settings().seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(7)
+    });
     println!("{tag}: seed {seed}");
     ChaCha8Rng::seed_from_u64(seed)
 }

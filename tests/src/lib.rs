@@ -3,6 +3,9 @@
 //! Benchmarks of tandem live in `benches/benches`; PyTorch peers in `benches/peers`.
 
 pub mod cuda;
+pub mod skip;
+
+pub use skip::{Need, skip};
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -168,7 +171,12 @@ pub fn device_or_skip(kind: tandem::DeviceKind) -> Option<std::sync::Arc<dyn tan
         .iter()
         .find(|m| m.kind == kind)
         .map_or_else(|| "not found".to_string(), |m| m.reason.clone());
-    println!("skipped: {} is unavailable: {why}", kind.name());
+    let need = if kind == tandem::DeviceKind::Cuda {
+        Need::Gpu
+    } else {
+        Need::FpgaTool
+    };
+    skip(need, &format!("{} is unavailable: {why}", kind.name()));
     None
 }
 
@@ -203,7 +211,7 @@ pub fn cuda_or_skip(
         .iter()
         .find(|m| m.kind == tandem::DeviceKind::Cuda)
         .map_or_else(|| "not found".to_string(), |m| m.reason.clone());
-    println!("skipped: cuda ({dtype}) is unavailable: {why}");
+    skip(Need::Gpu, &format!("cuda ({dtype}) is unavailable: {why}"));
     None
 }
 
@@ -229,12 +237,12 @@ pub fn lint_and_synth(
                 return Err(format!("verilator lint of {top}: {err}").into());
             }
         }
-        Err(e) => println!("skipped lint: verilator not found ({e})"),
+        Err(e) => skip(Need::FpgaTool, &format!("lint: verilator not found ({e})")),
     }
     let r = match tandem_fpga::synth::synth(&path, top) {
         Ok(r) => Some(r),
         Err(tandem_fpga::synth::SynthError::NotFound(e)) => {
-            println!("skipped synthesis: yosys not found ({e})");
+            skip(Need::FpgaTool, &format!("synthesis: yosys not found ({e})"));
             None
         }
         Err(e) => return Err(format!("yosys failed on {top}: {e}").into()),

@@ -19,7 +19,7 @@ use tandem::{Op, Tensor};
 /// Device 0 once per storage precision, outputs poisoned.
 fn gpus() -> Vec<(CudaDType, CudaBackend)> {
     if let Some(r) = unavailable_reason(&tandem_tests::cuda::options(CudaDType::default())) {
-        println!("skipped: {r}");
+        tandem_tests::skip(tandem_tests::Need::Gpu, &r);
         return Vec::new();
     }
     CudaDType::ALL

@@ -74,7 +74,7 @@ fn cuda_timing() {
         .expect("the TANDEM_* variables are valid")
         .cuda;
     if let Some(r) = unavailable_reason(&opts) {
-        println!("skipped: {r}");
+        tandem_tests::skip(tandem_tests::Need::Gpu, &r);
         return;
     }
     let be = CudaBackend::open(0, opts.clone()).expect("open");

@@ -451,6 +451,22 @@ fn encode<T: Copy + Send + Sync>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::options::Env as _;
+
+    /// Skips a test that needs the GPU or NVRTC (printed), or fails it where the machine must
+    /// run the GPU tests (`TANDEM_REQUIRE_GPU=1`, as tandem_tests::skip does).
+    fn skip_gpu(why: &str) {
+        let required = crate::options::ProcessEnv
+            .text("TANDEM_REQUIRE_GPU")
+            .ok()
+            .flatten()
+            .is_some_and(|v| matches!(v.as_str(), "1" | "on" | "true"));
+        assert!(
+            !required,
+            "TANDEM_REQUIRE_GPU=1 but the GPU test cannot run: {why}"
+        );
+        println!("skipped: {why}");
+    }
 
     #[test]
     fn discovery_finds_devices_or_says_why_not() {
@@ -460,7 +476,7 @@ mod tests {
             for m in &missing {
                 assert_eq!(m.kind, DeviceKind::Cuda);
                 assert!(!m.reason.is_empty());
-                println!("skipped: {}", m.reason);
+                skip_gpu(&m.reason);
             }
         } else {
             for b in &found {
@@ -476,7 +492,7 @@ mod tests {
     fn every_module_compiles_for_sm80_and_sm90a_where_nvrtc_is_present() {
         let opts = CudaOptions::default();
         if !probe::nvrtc_present(&opts) {
-            println!("skipped: NVRTC not found");
+            skip_gpu("NVRTC not found");
             return;
         }
         let (a, b) = compile::nvrtc_version();

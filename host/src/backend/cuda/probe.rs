@@ -43,7 +43,12 @@ fn wheel_dirs(opts: &CudaOptions, sub: &str) -> Vec<PathBuf> {
     }
     // /opt/tandem/nvrtc-venv: NVRTC and the headers that .ci/setup installs from NVIDIA's
     // wheels (compiling the kernels needs no GPU).
-    for p in ["/opt/tandem/nvrtc-venv", "/opt/torch/.venv", "/usr/local", "/usr"] {
+    for p in [
+        "/opt/tandem/nvrtc-venv",
+        "/opt/torch/.venv",
+        "/usr/local",
+        "/usr",
+    ] {
         prefixes.push(p.into());
     }
     let mut out = Vec::new();
