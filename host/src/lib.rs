@@ -7,7 +7,7 @@
 //! [`backend::Backend`] trait), [`memory`] (buffers with per-device replicas), [`graph`] and
 //! [`workload`] (the DAG of ops), [`plan`] (where each op runs), [`exec`] (running the plan;
 //! [`resident`] keeps weights on the devices between runs), [`verify`] (errors against the
-//! f64 reference) and [`report`]. [`bench`] times one op on one backend (`tandem bench`
+//! f64 reference) and [`report`]. [`bench`](mod@bench) times one op on one backend (`tandem bench`
 //! and the criterion benches).
 //!
 //! Features: `cuda` (default) builds the CUDA backend; `cli` (default) adds what the
