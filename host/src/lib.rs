@@ -7,9 +7,15 @@
 //! [`backend::Backend`] trait), [`memory`] (buffers with per-device replicas), [`graph`] and
 //! [`workload`] (the DAG of ops), [`plan`] (where each op runs), [`exec`] (running the plan;
 //! [`resident`] keeps weights on the devices between runs), [`verify`] (errors against the
-//! f64 reference) and [`report`].
+//! f64 reference) and [`report`]. [`bench`](mod@bench) times one op on one backend (`tandem bench`
+//! and the criterion benches).
+//!
+//! Features: `cuda` (default) builds the CUDA backend; `cli` (default) adds what the
+//! `tandem` binary needs (clap's `ValueEnum` on [`DeviceKind`] and [`OpKind`]; clap, anyhow
+//! and tracing-subscriber). Library users can take `default-features = false`.
 
 pub mod backend;
+pub mod bench;
 pub mod dtype;
 pub mod error;
 pub mod exec;
@@ -30,5 +36,5 @@ pub mod workload;
 pub use backend::{Backend, DeviceId, DeviceKind, DeviceRegistry};
 pub use dtype::DType;
 pub use error::{Error, ErrorKind, Result};
-pub use ops::Op;
+pub use ops::{Op, OpKind};
 pub use tensor::{Tensor, TensorMeta};

@@ -26,22 +26,40 @@ use crate::ops::Op;
 use crate::sync::Completion;
 use crate::tensor::{Tensor, TensorMeta};
 
-/// The kind of a device.
+/// The kind of a device: the one list of backend names.
+///
+/// [`DeviceKind::name`] is the name on the command line (`--backend`) and in reports; parsing
+/// also accepts the aliases `gpu` (cuda), `sim` (fpga-sim) and `xrt` (fpga). With the `cli`
+/// feature the kind is a clap `ValueEnum` with the same names and aliases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum DeviceKind {
     /// The host CPU.
+    #[cfg_attr(feature = "cli", value(name = "cpu"))]
     Cpu,
     /// An NVIDIA GPU through CUDA.
+    #[cfg_attr(feature = "cli", value(name = "cuda", alias = "gpu"))]
     Cuda,
     /// An FPGA kernel simulated with Verilator.
+    #[cfg_attr(feature = "cli", value(name = "fpga-sim", alias = "sim"))]
     FpgaSim,
     /// An Alveo board through XRT.
+    #[cfg_attr(feature = "cli", value(name = "fpga", alias = "xrt"))]
     FpgaXrt,
 }
 
 impl DeviceKind {
-    /// The name used on the command line (`--backend`).
+    /// Every device kind, the CPU first.
+    pub const ALL: [DeviceKind; 4] = [
+        DeviceKind::Cpu,
+        DeviceKind::Cuda,
+        DeviceKind::FpgaSim,
+        DeviceKind::FpgaXrt,
+    ];
+
+    /// The name used on the command line (`--backend`) and in reports: `cpu`, `cuda`,
+    /// `fpga-sim`, `fpga`.
     pub fn name(self) -> &'static str {
         match self {
             DeviceKind::Cpu => "cpu",
@@ -49,6 +67,47 @@ impl DeviceKind {
             DeviceKind::FpgaSim => "fpga-sim",
             DeviceKind::FpgaXrt => "fpga",
         }
+    }
+
+    /// Other names the kind is parsed from.
+    pub fn aliases(self) -> &'static [&'static str] {
+        match self {
+            DeviceKind::Cpu => &[],
+            DeviceKind::Cuda => &["gpu"],
+            DeviceKind::FpgaSim => &["sim"],
+            DeviceKind::FpgaXrt => &["xrt"],
+        }
+    }
+
+    /// The accepted names, comma separated, for error messages: `cpu, cuda, fpga-sim, fpga`.
+    pub fn accepted() -> String {
+        DeviceKind::ALL.map(DeviceKind::name).join(", ")
+    }
+}
+
+impl fmt::Display for DeviceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for DeviceKind {
+    type Err = crate::error::Error;
+
+    /// Parses a [`DeviceKind::name`] or one of its [`DeviceKind::aliases`].
+    fn from_str(s: &str) -> Result<Self> {
+        DeviceKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s || k.aliases().contains(&s))
+            .ok_or_else(|| {
+                crate::error::Error::invalid(
+                    "backend",
+                    format!(
+                        "unknown backend '{s}' (accepted: {})",
+                        DeviceKind::accepted()
+                    ),
+                )
+            })
     }
 }
 
@@ -205,4 +264,39 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     /// Blocks until all work submitted to the device has finished.
     fn synchronize(&self) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_kind_names_and_aliases_parse() {
+        for k in DeviceKind::ALL {
+            assert_eq!(k.name().parse::<DeviceKind>().ok(), Some(k));
+            for a in k.aliases() {
+                assert_eq!(a.parse::<DeviceKind>().ok(), Some(k));
+            }
+            assert_eq!(k.to_string(), k.name());
+        }
+        let e = "tpu".parse::<DeviceKind>().expect_err("tpu");
+        assert_eq!(
+            e.to_string(),
+            "backend: unknown backend 'tpu' (accepted: cpu, cuda, fpga-sim, fpga)"
+        );
+    }
+
+    #[cfg(feature = "cli")]
+    #[test]
+    fn the_command_line_offers_the_same_names() {
+        use clap::ValueEnum;
+        assert_eq!(DeviceKind::value_variants(), DeviceKind::ALL);
+        for k in DeviceKind::ALL {
+            let v = k.to_possible_value().expect("offered");
+            assert_eq!(v.get_name(), k.name());
+            for a in k.aliases() {
+                assert!(v.matches(a, false), "{k}: {a}");
+            }
+        }
+    }
 }

@@ -5,41 +5,24 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use tandem::backend::CudaDType;
 use tandem::exec::ExecOptions;
 use tandem::graph::Graph;
 use tandem::ops::{
-    Activation, AttentionParams, LinearParams, MoeExpertsParams, MoeRouteParams, Op, RmsNormParams,
-    RopeParams,
+    Activation, AttentionParams, LinearParams, MoeExpertsParams, MoeRouteParams, Op, OpKind,
+    RmsNormParams, RopeParams,
 };
 use tandem::plan::BackendChoice;
 use tandem::run::{RunOptions, run_graph};
 use tandem::{DType, DeviceRegistry, Tensor};
 
-/// The ops `tandem op` runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OpName {
-    /// q, k, v -> o, lse.
-    Attention,
-    /// logits -> topk_ids, topk_weights, expert_counts, sorted_token_ids, expert_offsets,
-    /// aux_loss, z_loss.
-    MoeRoute,
-    /// x, topk_ids, topk_weights, sorted_token_ids, expert_offsets, gate_up, down -> y.
-    MoeExperts,
-    /// x, w (, b) -> y.
-    Linear,
-    /// x, w (, residual) -> y (, sum).
-    Rmsnorm,
-    /// x [B, H, T, D] -> y.
-    Rope,
-}
-
 /// Options of `tandem op`.
 #[derive(Debug, Args)]
 pub struct OpArgs {
-    /// The op.
-    pub op: OpName,
+    /// The op (its inputs and outputs by name below).
+    #[arg(value_enum)]
+    pub op: OpKind,
     /// safetensors file with the op's inputs by name (see `tandem op --help`).
     #[arg(long)]
     pub inputs: PathBuf,
@@ -47,8 +30,8 @@ pub struct OpArgs {
     #[arg(long)]
     pub save: Option<PathBuf>,
     /// Device: auto, cpu, cuda, fpga-sim, fpga.
-    #[arg(long, default_value = "auto")]
-    pub backend: String,
+    #[arg(long, default_value = "auto", value_parser = super::backend_choice_parser())]
+    pub backend: BackendChoice,
     /// Precision CUDA devices store tensors in (f32 accumulation either way); default:
     /// $TANDEM_CUDA_DTYPE, else bf16.
     #[arg(long, value_name = "DTYPE", value_parser = super::cuda_dtype_parser())]
@@ -87,32 +70,34 @@ pub struct OpArgs {
 
 /// Runs one op.
 pub fn run(args: &OpArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
-    let backend: BackendChoice = args.backend.parse().map_err(anyhow::Error::msg)?;
     let mut tensors = tandem::io::read_safetensors(&args.inputs)?;
     let has = |n: &str| tensors.contains_key(n);
     let op = match args.op {
-        OpName::Attention => Op::Attention(AttentionParams {
+        OpKind::Attention => Op::Attention(AttentionParams {
             causal: args.causal,
             scale: args.scale,
         }),
-        OpName::MoeRoute => Op::MoeRoute(MoeRouteParams {
+        OpKind::MoeRoute => Op::MoeRoute(MoeRouteParams {
             top_k: args.top_k,
             renormalize: args.renormalize,
             block_size: args.block_size,
         }),
-        OpName::MoeExperts => Op::MoeExperts(MoeExpertsParams {}),
-        OpName::Linear => Op::Linear(LinearParams {
+        OpKind::MoeExperts => Op::MoeExperts(MoeExpertsParams {}),
+        OpKind::Linear => Op::Linear(LinearParams {
             act: args.act,
             bias: has("b"),
         }),
-        OpName::Rmsnorm => Op::RmsNorm(RmsNormParams {
+        OpKind::RmsNorm => Op::RmsNorm(RmsNormParams {
             eps: args.eps,
             residual: has("residual"),
         }),
-        OpName::Rope => Op::Rope(RopeParams {
+        OpKind::Rope => Op::Rope(RopeParams {
             base: args.base,
             position_offset: args.position_offset,
         }),
+        OpKind::Add | OpKind::SplitHeads | OpKind::MergeHeads => {
+            bail!("{} is a graph op: tandem op does not run it alone", args.op)
+        }
     };
     let mut g = Graph::default();
     let mut input_names = Vec::new();
@@ -141,8 +126,8 @@ pub fn run(args: &OpArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
         bail!("{}: {e}", args.inputs.display());
     }
     let opts = RunOptions {
-        backend,
-        backend_label: args.backend.clone(),
+        backend: args.backend,
+        backend_label: args.backend.name().into(),
         exec: ExecOptions {
             timeout: Duration::from_secs(300),
             fallback: true,

@@ -1,7 +1,7 @@
 //! `tandem run`: the default Mixtral layer, or a TOML workload, on the devices found.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -10,7 +10,7 @@ use tandem::backend::CudaDType;
 use tandem::exec::ExecOptions;
 use tandem::plan::{self, BackendChoice};
 use tandem::run::{RunOptions, run_graph};
-use tandem::workload::{self, MixtralConfig, WorkloadFile};
+use tandem::workload::{self, HfConfig, MixtralConfig, WorkloadFile};
 use tandem::{DType, DeviceRegistry, Tensor};
 
 /// Options of `tandem run` (and `tandem plan`).
@@ -19,8 +19,8 @@ pub struct RunArgs {
     /// A TOML workload file; without one, the built-in Mixtral decoder layer.
     pub workload: Option<PathBuf>,
     /// Devices to use: auto (the planner chooses per op), cpu, cuda, fpga-sim, fpga.
-    #[arg(long, default_value = "auto")]
-    pub backend: String,
+    #[arg(long, default_value = "auto", value_parser = super::backend_choice_parser())]
+    pub backend: BackendChoice,
     /// Print the report as JSON on stdout instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -86,7 +86,7 @@ pub struct SizeArgs {
     #[arg(long)]
     pub seed: Option<u64>,
     /// Precision inputs and weights are rounded to: f32, bf16, f16.
-    #[arg(long)]
+    #[arg(long, ignore_case = true, value_parser = super::float_dtype_parser())]
     pub dtype: Option<DType>,
 }
 
@@ -114,33 +114,6 @@ impl SizeArgs {
     }
 }
 
-/// Settings a Hugging Face `config.json` beside the weights gives.
-fn apply_hf_config(weights: &Path, c: &mut MixtralConfig) -> anyhow::Result<()> {
-    let Some(dir) = weights.parent() else {
-        return Ok(());
-    };
-    let p = dir.join("config.json");
-    let Ok(text) = std::fs::read_to_string(&p) else {
-        return Ok(());
-    };
-    let v: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("{}: not valid JSON", p.display()))?;
-    let num = |k: &str| v.get(k).and_then(|x| x.as_f64());
-    if let Some(h) = num("num_attention_heads") {
-        c.heads = h as usize;
-    }
-    if let Some(k) = num("num_experts_per_tok") {
-        c.top_k = k as usize;
-    }
-    if let Some(t) = num("rope_theta") {
-        c.rope_theta = t;
-    }
-    if let Some(e) = num("rms_norm_eps") {
-        c.rms_eps = e as f32;
-    }
-    Ok(())
-}
-
 /// Builds the graph `args` describe, with its config.
 pub fn build(args: &RunArgs) -> anyhow::Result<(tandem::graph::Graph, MixtralConfig, String)> {
     let (mut c, name) = match &args.workload {
@@ -156,7 +129,10 @@ pub fn build(args: &RunArgs) -> anyhow::Result<(tandem::graph::Graph, MixtralCon
     };
     let (weights, input) = match &args.weights {
         Some(p) => {
-            apply_hf_config(p, &mut c)?;
+            // config.json beside the weights first, then the flags over it.
+            if let Some(hf) = HfConfig::beside(p)? {
+                hf.apply(&mut c);
+            }
             args.sizes.apply(&mut c);
             let l = workload::load_layer(p, &c)?;
             c = l.config;
@@ -193,7 +169,7 @@ pub fn build(args: &RunArgs) -> anyhow::Result<(tandem::graph::Graph, MixtralCon
 
 /// Runs the workload.
 pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
-    let backend: BackendChoice = args.backend.parse().map_err(anyhow::Error::msg)?;
+    let backend = args.backend;
     let (graph, config, label) = build(args)?;
     if args.explain {
         let h = super::history(reg.options());
@@ -203,7 +179,7 @@ pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     }
     let opts = RunOptions {
         backend,
-        backend_label: args.backend.clone(),
+        backend_label: backend.name().into(),
         exec: ExecOptions {
             timeout: Duration::from_secs(args.timeout),
             fallback: true,
@@ -252,7 +228,7 @@ pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
 
 /// `tandem plan`: where each op of the workload would run, and why.
 pub fn plan_only(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
-    let backend: BackendChoice = args.backend.parse().map_err(anyhow::Error::msg)?;
+    let backend = args.backend;
     let (graph, _, label) = build(args)?;
     let h = super::history(reg.options());
     let h = h.lock().unwrap_or_else(|e| e.into_inner());

@@ -52,6 +52,116 @@ pub enum Op {
     MergeHeads,
 }
 
+/// The family of an [`Op`], without its parameters: the one list of op names.
+///
+/// [`OpKind::name`] is the name in reports, JSON and graphs (`moe_route`); parsing accepts it
+/// and its kebab-case form (`moe-route`), which is what the command line shows. With the
+/// `cli` feature the kind is a clap `ValueEnum` offering the [`OpKind::STANDALONE`] families
+/// (the ones `tandem op` and `tandem bench` run from flags alone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+pub enum OpKind {
+    /// Attention forward: q, k, v -> o, lse.
+    #[cfg_attr(feature = "cli", value(name = "attention"))]
+    Attention,
+    /// MoE routing (top-k softmax, align, losses): logits -> topk_ids, topk_weights,
+    /// expert_counts, sorted_token_ids, expert_offsets, aux_loss, z_loss.
+    #[cfg_attr(feature = "cli", value(name = "moe-route", alias = "moe_route"))]
+    MoeRoute,
+    /// MoE experts (SwiGLU FFN of each token's top-k experts, weighted sum): x, topk_ids,
+    /// topk_weights, sorted_token_ids, expert_offsets, gate_up, down -> y.
+    #[cfg_attr(feature = "cli", value(name = "moe-experts", alias = "moe_experts"))]
+    MoeExperts,
+    /// Fused linear, act(x w^T + b): x, w (, b) -> y.
+    #[cfg_attr(feature = "cli", value(name = "linear"))]
+    Linear,
+    /// RMSNorm: x, w (, residual) -> y (, x + residual).
+    #[cfg_attr(feature = "cli", value(name = "rmsnorm"))]
+    RmsNorm,
+    /// Rotary position embedding (rotate-half): x [B, H, T, D] -> y.
+    #[cfg_attr(feature = "cli", value(name = "rope"))]
+    Rope,
+    /// Elementwise a + b (a graph op: not offered on the command line).
+    #[cfg_attr(feature = "cli", value(skip))]
+    Add,
+    /// [B*T, H*D] -> [B, H, T, D] (a graph op: not offered on the command line).
+    #[cfg_attr(feature = "cli", value(skip))]
+    SplitHeads,
+    /// [B, H, T, D] -> [B*T, H*D] (a graph op: not offered on the command line).
+    #[cfg_attr(feature = "cli", value(skip))]
+    MergeHeads,
+}
+
+impl OpKind {
+    /// Every op family, in [`Op`]'s order.
+    pub const ALL: [OpKind; 9] = [
+        OpKind::Attention,
+        OpKind::MoeRoute,
+        OpKind::MoeExperts,
+        OpKind::Linear,
+        OpKind::RmsNorm,
+        OpKind::Rope,
+        OpKind::Add,
+        OpKind::SplitHeads,
+        OpKind::MergeHeads,
+    ];
+
+    /// The families that run alone with parameters from flags (`tandem op`, `tandem bench`);
+    /// the others are pieces of a graph.
+    pub const STANDALONE: [OpKind; 6] = [
+        OpKind::Attention,
+        OpKind::MoeRoute,
+        OpKind::MoeExperts,
+        OpKind::Linear,
+        OpKind::RmsNorm,
+        OpKind::Rope,
+    ];
+
+    /// The name in reports, JSON and graphs: `attention`, `moe_route`, `moe_experts`,
+    /// `linear`, `rmsnorm`, `rope`, `add`, `split_heads`, `merge_heads`.
+    pub fn name(self) -> &'static str {
+        match self {
+            OpKind::Attention => "attention",
+            OpKind::MoeRoute => "moe_route",
+            OpKind::MoeExperts => "moe_experts",
+            OpKind::Linear => "linear",
+            OpKind::RmsNorm => "rmsnorm",
+            OpKind::Rope => "rope",
+            OpKind::Add => "add",
+            OpKind::SplitHeads => "split_heads",
+            OpKind::MergeHeads => "merge_heads",
+        }
+    }
+}
+
+impl std::fmt::Display for OpKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for OpKind {
+    type Err = crate::error::Error;
+
+    /// Parses a name of [`OpKind::name`] or its kebab-case form (`moe-route`).
+    fn from_str(s: &str) -> Result<Self> {
+        let want = s.replace('-', "_");
+        OpKind::ALL
+            .into_iter()
+            .find(|k| k.name() == want)
+            .ok_or_else(|| {
+                crate::error::Error::invalid(
+                    "op",
+                    format!(
+                        "unknown op '{s}' (accepted: {})",
+                        OpKind::ALL.map(OpKind::name).join(", ")
+                    ),
+                )
+            })
+    }
+}
+
 /// The arithmetic and the fewest bytes an op must move: its floor on any device.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct OpCost {
@@ -62,19 +172,24 @@ pub struct OpCost {
 }
 
 impl Op {
-    /// The op family's name as used on the command line and in reports.
-    pub fn name(&self) -> &'static str {
+    /// The op's family.
+    pub fn kind(&self) -> OpKind {
         match self {
-            Op::Attention(_) => "attention",
-            Op::MoeRoute(_) => "moe_route",
-            Op::MoeExperts(_) => "moe_experts",
-            Op::Linear(_) => "linear",
-            Op::RmsNorm(_) => "rmsnorm",
-            Op::Rope(_) => "rope",
-            Op::Add => "add",
-            Op::SplitHeads(_) => "split_heads",
-            Op::MergeHeads => "merge_heads",
+            Op::Attention(_) => OpKind::Attention,
+            Op::MoeRoute(_) => OpKind::MoeRoute,
+            Op::MoeExperts(_) => OpKind::MoeExperts,
+            Op::Linear(_) => OpKind::Linear,
+            Op::RmsNorm(_) => OpKind::RmsNorm,
+            Op::Rope(_) => OpKind::Rope,
+            Op::Add => OpKind::Add,
+            Op::SplitHeads(_) => OpKind::SplitHeads,
+            Op::MergeHeads => OpKind::MergeHeads,
         }
+    }
+
+    /// The op family's name as used in reports ([`OpKind::name`]).
+    pub fn name(&self) -> &'static str {
+        self.kind().name()
     }
 
     /// Names of the inputs this op takes, in order.
@@ -251,3 +366,54 @@ pub(crate) fn flat<'a, T>(a: &'a ndarray::CowArray<'_, T, ndarray::IxDyn>) -> Re
 /// Elements (or multiply-adds) below which a CPU op runs on the calling thread: handing a
 /// small job to the rayon pool costs more (a wake-up and a hand-off) than it saves.
 pub(crate) const CPU_PAR_MIN: usize = 1 << 17;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn op_kind_names_parse_back_in_both_spellings() {
+        for k in OpKind::ALL {
+            assert_eq!(k.name().parse::<OpKind>().ok(), Some(k));
+            assert_eq!(k.name().replace('_', "-").parse::<OpKind>().ok(), Some(k));
+            assert_eq!(k.to_string(), k.name());
+        }
+        let e = "matmul".parse::<OpKind>().expect_err("matmul");
+        let m = e.to_string();
+        assert!(m.contains("'matmul'"), "{m}");
+        assert!(
+            m.contains("accepted: attention, moe_route, moe_experts, linear"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn every_op_has_its_kind() {
+        let ops = [
+            Op::Attention(AttentionParams::default()),
+            Op::MoeRoute(MoeRouteParams::default()),
+            Op::MoeExperts(MoeExpertsParams {}),
+            Op::Linear(LinearParams::default()),
+            Op::RmsNorm(RmsNormParams::default()),
+            Op::Rope(RopeParams::default()),
+            Op::Add,
+            Op::SplitHeads(SplitHeadsParams { batch: 1, heads: 1 }),
+            Op::MergeHeads,
+        ];
+        let kinds: Vec<OpKind> = ops.iter().map(Op::kind).collect();
+        assert_eq!(kinds, OpKind::ALL);
+        assert_eq!(Op::MoeRoute(MoeRouteParams::default()).name(), "moe_route");
+    }
+
+    #[cfg(feature = "cli")]
+    #[test]
+    fn the_command_line_offers_the_standalone_kinds_in_kebab_case() {
+        use clap::ValueEnum;
+        assert_eq!(OpKind::value_variants(), OpKind::STANDALONE);
+        for k in OpKind::STANDALONE {
+            let v = k.to_possible_value().expect("offered");
+            assert_eq!(v.get_name(), k.name().replace('_', "-"));
+            assert!(v.matches(k.name(), false), "{k}");
+        }
+    }
+}

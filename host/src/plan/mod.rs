@@ -26,21 +26,31 @@ pub enum BackendChoice {
     Only(DeviceKind),
 }
 
+impl BackendChoice {
+    /// `auto`, or the device kind's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendChoice::Auto => "auto",
+            BackendChoice::Only(k) => k.name(),
+        }
+    }
+}
+
 impl FromStr for BackendChoice {
     type Err = String;
+    /// `auto`, or a device kind as [`DeviceKind`] parses it (names and aliases).
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        Ok(match s {
-            "auto" => BackendChoice::Auto,
-            "cpu" => BackendChoice::Only(DeviceKind::Cpu),
-            "cuda" | "gpu" => BackendChoice::Only(DeviceKind::Cuda),
-            "fpga-sim" | "sim" => BackendChoice::Only(DeviceKind::FpgaSim),
-            "fpga" | "xrt" => BackendChoice::Only(DeviceKind::FpgaXrt),
-            _ => {
-                return Err(format!(
-                    "unknown backend '{s}' (accepted: auto, cpu, cuda, fpga-sim, fpga)"
-                ));
-            }
-        })
+        if s == "auto" {
+            return Ok(BackendChoice::Auto);
+        }
+        s.parse::<DeviceKind>()
+            .map(BackendChoice::Only)
+            .map_err(|_| {
+                format!(
+                    "unknown backend '{s}' (accepted: auto, {})",
+                    DeviceKind::accepted()
+                )
+            })
     }
 }
 

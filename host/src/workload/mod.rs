@@ -1,5 +1,10 @@
 //! Workloads: the built-in Mixtral decoder layer, its TOML description, and weights from
-//! safetensors files with transformers' Mixtral names.
+//! safetensors files with transformers' Mixtral names (with the `config.json` beside them:
+//! [`HfConfig`], [`load_hf_layer`]).
+
+mod hf_config;
+
+pub use hf_config::HfConfig;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -254,6 +259,7 @@ pub struct LoadedLayer {
 /// (`mlp.experts.gate_up_proj` [E, 2F, H], `mlp.experts.down_proj` [E, H, F]) and the per-expert
 /// layout (`block_sparse_moe.experts.N.w1/w2/w3.weight`) are accepted. `config.heads` must be
 /// right (the weights cannot tell heads from head dim); the other sizes come from the file.
+/// `config.json` is not read here: [`load_hf_layer`] reads it.
 pub fn load_layer(path: impl AsRef<Path>, config: &MixtralConfig) -> Result<LoadedLayer> {
     let path = path.as_ref();
     let mut all = crate::io::read_safetensors(path)?;
@@ -388,6 +394,20 @@ pub fn load_layer(path: impl AsRef<Path>, config: &MixtralConfig) -> Result<Load
         config: c,
         input,
     })
+}
+
+/// Reads one Mixtral layer as transformers saves a checkpoint: the settings of the
+/// `config.json` beside the weights, if there is one ([`HfConfig`]: heads, experts per
+/// token, RoPE theta, RMSNorm epsilon), over `base`, then the weights ([`load_layer`]). To
+/// let other settings win over the file's, apply [`HfConfig::beside`] to a config, change it,
+/// and call [`load_layer`].
+pub fn load_hf_layer(path: impl AsRef<Path>, base: &MixtralConfig) -> Result<LoadedLayer> {
+    let path = path.as_ref();
+    let mut c = base.clone();
+    if let Some(hf) = HfConfig::beside(path)? {
+        hf.apply(&mut c);
+    }
+    load_layer(path, &c)
 }
 
 fn check_weight_shapes(w: &MixtralWeights, c: &MixtralConfig) -> Result<()> {
@@ -553,4 +573,71 @@ pub fn weight_names() -> BTreeMap<&'static str, &'static str> {
         ("gate_up", "mlp.experts.gate_up_proj"),
         ("down", "mlp.experts.down_proj"),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small layer's weights saved under transformers' fused names, in a folder of its own.
+    fn save_layer(
+        dir: &Path,
+        c: &MixtralConfig,
+    ) -> std::result::Result<std::path::PathBuf, Box<dyn std::error::Error>> {
+        let w = MixtralWeights::random(c, &mut ChaCha8Rng::seed_from_u64(3));
+        let names = weight_names();
+        let mut t = BTreeMap::new();
+        for (short, tensor) in w.all() {
+            let long = names.get(short).ok_or("name")?;
+            t.insert(format!("model.layers.0.{long}"), tensor.clone());
+        }
+        let path = dir.join("layer.safetensors");
+        crate::io::write_safetensors(&path, &t)?;
+        Ok(path)
+    }
+
+    #[test]
+    fn the_config_json_beside_the_weights_sets_what_they_cannot_tell()
+    -> std::result::Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let small = MixtralConfig {
+            d_model: 32,
+            heads: 4,
+            kv_heads: 2,
+            experts: 4,
+            top_k: 2,
+            ffn: 16,
+            seq_len: 4,
+            ..MixtralConfig::default()
+        };
+        let path = save_layer(dir.path(), &small)?;
+        // Without config.json the base's heads are taken as they are.
+        let base = MixtralConfig {
+            heads: 2,
+            ..MixtralConfig::default()
+        };
+        let l = load_hf_layer(&path, &base)?;
+        assert_eq!((l.config.heads, l.config.kv_heads), (2, 1));
+        std::fs::write(
+            dir.path().join("config.json"),
+            r#"{"num_attention_heads": 4, "num_experts_per_tok": 1, "rope_theta": 1e6,
+                "rms_norm_eps": 1e-6, "hidden_size": 32}"#,
+        )?;
+        let l = load_hf_layer(&path, &base)?;
+        let c = &l.config;
+        assert_eq!((c.d_model, c.heads, c.kv_heads), (32, 4, 2));
+        assert_eq!((c.experts, c.top_k, c.ffn), (4, 1, 16));
+        assert_eq!((c.rope_theta, c.rms_eps), (1e6, 1e-6));
+        mixtral_layer(c, Some(l.weights), None)?;
+        // A bad value stops the load, naming the file and the key.
+        std::fs::write(
+            dir.path().join("config.json"),
+            r#"{"num_attention_heads": 0}"#,
+        )?;
+        let m = load_hf_layer(&path, &base)
+            .expect_err("heads 0")
+            .to_string();
+        assert!(m.contains("config.json: num_attention_heads = 0"), "{m}");
+        Ok(())
+    }
 }

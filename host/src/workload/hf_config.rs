@@ -1,0 +1,246 @@
+//! transformers' `config.json`: the layer settings a checkpoint's folder gives beside its
+//! weights that the weights themselves cannot tell (head count, experts per token, RoPE
+//! theta, RMSNorm epsilon).
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::MixtralConfig;
+use crate::error::{Error, Result};
+
+/// The settings of a transformers `config.json` that tandem reads; a key the file leaves out
+/// (or sets to `null`) is `None` and keeps the value it is applied to.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HfConfig {
+    /// `num_attention_heads`.
+    pub heads: Option<usize>,
+    /// `num_experts_per_tok`.
+    pub top_k: Option<usize>,
+    /// `rope_theta` (or `rope_parameters.rope_theta`, where newer transformers put it).
+    pub rope_theta: Option<f64>,
+    /// `rms_norm_eps`.
+    pub rms_eps: Option<f32>,
+}
+
+impl HfConfig {
+    /// The file's name in a checkpoint's folder.
+    pub const FILE_NAME: &'static str = "config.json";
+
+    /// Where the `config.json` of a weights file would be: in the same folder.
+    pub fn path_beside(weights: impl AsRef<Path>) -> PathBuf {
+        weights
+            .as_ref()
+            .parent()
+            .unwrap_or_else(|| Path::new(""))
+            .join(Self::FILE_NAME)
+    }
+
+    /// The `config.json` beside a weights file: `None` when there is none; an error naming
+    /// the file (and the key) when it cannot be read or holds a bad value.
+    pub fn beside(weights: impl AsRef<Path>) -> Result<Option<Self>> {
+        let path = Self::path_beside(weights);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Self::parse(&text, &path).map(Some),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::file(&path, format!("cannot read: {e}"))),
+        }
+    }
+
+    /// Reads a `config.json`.
+    pub fn read(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::file(path, format!("cannot read: {e}")))?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses the text of a `config.json`; `path` names the file in errors. Unknown keys are
+    /// ignored (the file describes the whole model).
+    pub fn parse(text: &str, path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let v: Value = serde_json::from_str(text)
+            .map_err(|e| Error::file(path, format!("not valid JSON: {e}")))?;
+        if !v.is_object() {
+            return Err(Error::file(path, "not a JSON object"));
+        }
+        let get = |key: &str| v.get(key).filter(|x| !x.is_null());
+        let bad = |key: &str, value: &Value, accepted: &str| {
+            Error::file(path, format!("{key} = {value} is not accepted: {accepted}"))
+        };
+        let count = |key: &str| -> Result<Option<usize>> {
+            let Some(x) = get(key) else { return Ok(None) };
+            whole(x)
+                .filter(|n| *n >= 1)
+                .map(Some)
+                .ok_or_else(|| bad(key, x, "must be a whole number >= 1"))
+        };
+        let theta = match get("rope_theta") {
+            Some(x) => Some(("rope_theta", x)),
+            None => v
+                .get("rope_parameters")
+                .and_then(|p| p.get("rope_theta"))
+                .filter(|x| !x.is_null())
+                .map(|x| ("rope_parameters.rope_theta", x)),
+        };
+        let rope_theta = match theta {
+            None => None,
+            Some((key, x)) => Some(
+                x.as_f64()
+                    .filter(|t| t.is_finite() && *t > 1.0)
+                    .ok_or_else(|| bad(key, x, "must be a number > 1"))?,
+            ),
+        };
+        let rms_eps = match get("rms_norm_eps") {
+            None => None,
+            Some(x) => Some(
+                x.as_f64()
+                    .map(|e| e as f32)
+                    .filter(|e| e.is_finite() && *e >= 0.0)
+                    .ok_or_else(|| bad("rms_norm_eps", x, "must be a number >= 0"))?,
+            ),
+        };
+        Ok(Self {
+            heads: count("num_attention_heads")?,
+            top_k: count("num_experts_per_tok")?,
+            rope_theta,
+            rms_eps,
+        })
+    }
+
+    /// Sets the values the file gave in `c`, leaving the others.
+    pub fn apply(&self, c: &mut MixtralConfig) {
+        if let Some(h) = self.heads {
+            c.heads = h;
+        }
+        if let Some(k) = self.top_k {
+            c.top_k = k;
+        }
+        if let Some(t) = self.rope_theta {
+            c.rope_theta = t;
+        }
+        if let Some(e) = self.rms_eps {
+            c.rms_eps = e;
+        }
+    }
+}
+
+/// A JSON number that is a whole, non-negative value (`32` or `32.0`).
+fn whole(x: &Value) -> Option<usize> {
+    if let Some(n) = x.as_u64() {
+        return usize::try_from(n).ok();
+    }
+    let f = x.as_f64()?;
+    (f.is_finite() && f >= 0.0 && f.fract() == 0.0 && f <= u32::MAX as f64).then_some(f as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    const MIXTRAL: &str = r#"{
+        "architectures": ["MixtralForCausalLM"],
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "num_experts_per_tok": 2,
+        "num_local_experts": 8,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": null
+    }"#;
+
+    #[test]
+    fn reads_the_settings_the_weights_cannot_tell() -> Result<()> {
+        let h = HfConfig::parse(MIXTRAL, "m/config.json")?;
+        assert_eq!(
+            h,
+            HfConfig {
+                heads: Some(32),
+                top_k: Some(2),
+                rope_theta: Some(1e6),
+                rms_eps: Some(1e-5),
+            }
+        );
+        let mut c = MixtralConfig::default();
+        h.apply(&mut c);
+        assert_eq!(
+            (c.heads, c.top_k, c.rope_theta, c.rms_eps),
+            (32, 2, 1e6, 1e-5)
+        );
+        assert_eq!(c.d_model, MixtralConfig::default().d_model);
+        // Left out or null: nothing changes.
+        let h = HfConfig::parse(r#"{"rope_theta": null}"#, "config.json")?;
+        assert_eq!(h, HfConfig::default());
+        let mut c2 = MixtralConfig::default();
+        h.apply(&mut c2);
+        assert_eq!(c2, MixtralConfig::default());
+        // Newer transformers nest the theta; whole floats count as whole numbers.
+        let h = HfConfig::parse(
+            r#"{"num_attention_heads": 16.0, "rope_parameters": {"rope_theta": 5e5}}"#,
+            "config.json",
+        )?;
+        assert_eq!((h.heads, h.rope_theta), (Some(16), Some(5e5)));
+        Ok(())
+    }
+
+    #[test]
+    fn bad_values_name_the_file_and_the_key() {
+        for (text, key) in [
+            (r#"{"num_attention_heads": 0}"#, "num_attention_heads = 0"),
+            (
+                r#"{"num_attention_heads": 32.5}"#,
+                "num_attention_heads = 32.5",
+            ),
+            (
+                r#"{"num_attention_heads": "32"}"#,
+                "num_attention_heads = \"32\"",
+            ),
+            (r#"{"num_experts_per_tok": -2}"#, "num_experts_per_tok = -2"),
+            (r#"{"rope_theta": 0.5}"#, "rope_theta = 0.5"),
+            (
+                r#"{"rope_parameters": {"rope_theta": "big"}}"#,
+                "rope_parameters.rope_theta = \"big\"",
+            ),
+            (r#"{"rms_norm_eps": -1e-6}"#, "rms_norm_eps = -1e-6"),
+        ] {
+            let e = HfConfig::parse(text, "ckpt/config.json").expect_err(text);
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+            let m = e.to_string();
+            assert!(m.starts_with("ckpt/config.json: "), "{m}");
+            assert!(m.contains(key) && m.contains("is not accepted"), "{m}");
+        }
+        for text in ["{", "[1, 2]"] {
+            let m = HfConfig::parse(text, "ckpt/config.json")
+                .expect_err(text)
+                .to_string();
+            assert!(m.starts_with("ckpt/config.json: not"), "{m}");
+        }
+    }
+
+    #[test]
+    fn found_beside_the_weights_or_not_at_all()
+    -> std::result::Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let weights = dir.path().join("layer.safetensors");
+        assert_eq!(HfConfig::beside(&weights)?, None);
+        std::fs::write(dir.path().join("config.json"), MIXTRAL)?;
+        assert_eq!(HfConfig::beside(&weights)?.and_then(|h| h.heads), Some(32));
+        assert_eq!(
+            HfConfig::read(dir.path().join("config.json"))?.top_k,
+            Some(2)
+        );
+        assert_eq!(
+            HfConfig::path_beside("layer.safetensors"),
+            Path::new("config.json")
+        );
+        std::fs::write(
+            dir.path().join("config.json"),
+            r#"{"rms_norm_eps": "tiny"}"#,
+        )?;
+        let m = HfConfig::beside(&weights).expect_err("bad eps").to_string();
+        assert!(m.contains("config.json: rms_norm_eps = \"tiny\""), "{m}");
+        Ok(())
+    }
+}
