@@ -7,7 +7,8 @@ use rand::{Rng, SeedableRng};
 use tandem_fpga::golden::gemm::{GemmDims, Requant, gemm};
 use tandem_fpga::kernels::gemm::GemmCore;
 use tandem_fpga::shell::ShellConfig;
-use tandem_sim::run::run_gemm;
+use tandem_fpga::FpgaDevice;
+use tandem_fpga::drive::run_gemm;
 use tandem_sim::{SimCard, SimConfig};
 
 #[test]

@@ -10,7 +10,8 @@ use tandem_fpga::golden::attention::{self as gatt, AttentionConfig};
 use tandem_fpga::golden::gemm::{self as ggemm, GemmDims, Requant};
 use tandem_fpga::kernels::attention::AttentionCore;
 use tandem_fpga::kernels::gemm::{GemmCore, pack_params, pack_w};
-use tandem_fpga::kernels::gemm_sim::{CoreJob, CoreSim, MemModel, verilator_available};
+use tandem_sim::Toolchain;
+use tandem_sim::core_sim::{CoreJob, CoreSim, MemModel};
 
 fn push(mem: &mut Vec<u8>, bytes: &[u8]) -> u64 {
     mem.resize(mem.len().div_ceil(64) * 64, 0);
@@ -41,17 +42,12 @@ fn gemm_64x8_u55c_array_utilisation() {
 }
 
 fn gemm_utilisation(core: GemmCore, problems: &[(usize, usize, usize)], min_busy: f64) {
-    if let Err(e) = verilator_available() {
+    if let Err(e) = tandem_sim::available() {
         println!("skipped: {e}");
         return;
     }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let s = CoreSim::build(
-        &core.core_verilog().expect("verilog"),
-        "gemm_core",
-        dir.path(),
-    )
-    .expect("build");
+    let v = core.core_verilog().expect("verilog");
+    let s = CoreSim::build(&Toolchain::default(), &v, "gemm_core").expect("build");
     let mut rng = ChaCha8Rng::seed_from_u64(41);
     for &(m, n, k) in problems {
         let x: Vec<i8> = (0..m * k).map(|_| rng.r#gen()).collect();
@@ -117,7 +113,7 @@ fn gemm_utilisation(core: GemmCore, problems: &[(usize, usize, usize)], min_busy
 #[test]
 #[ignore = "larger configuration: minutes of Verilator build"]
 fn attention_64_lanes_utilisation() {
-    if let Err(e) = verilator_available() {
+    if let Err(e) = tandem_sim::available() {
         println!("skipped: {e}");
         return;
     }
@@ -126,13 +122,8 @@ fn attention_64_lanes_utilisation() {
         nkv_max: 1024,
         kv_tile: 16,
     };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let s = CoreSim::build(
-        &core.core_verilog().expect("verilog"),
-        "attention_core",
-        dir.path(),
-    )
-    .expect("build");
+    let v = core.core_verilog().expect("verilog");
+    let s = CoreSim::build(&Toolchain::default(), &v, "attention_core").expect("build");
     let mut rng = ChaCha8Rng::seed_from_u64(42);
     for &(nq, nkv, causal) in &[(256, 512, false), (384, 384, true)] {
         let d = 64;

@@ -22,7 +22,7 @@
 use std::fmt::Write as _;
 
 use crate::core::{CoreError, KernelCore};
-use crate::desc::{ArgDesc, KernelDesc};
+use crate::regmap::{ArgDesc, KernelDesc};
 use crate::golden::router::{LOG2E_Q14, exp2_lut};
 
 /// Build parameters of the router.
