@@ -13,12 +13,12 @@
 //!   (the simulated card and the XRT driver alike).
 
 pub mod core;
-pub mod regmap;
 pub mod device;
 pub mod drive;
 pub mod emit;
 pub mod golden;
 pub mod kernels;
+pub mod regmap;
 pub mod shell;
 pub mod synth;
 

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use tandem_fpga::FpgaDevice;
+use tandem_fpga::drive::run_router;
 use tandem_fpga::golden::router::route;
 use tandem_fpga::kernels::router::RouterCore;
 use tandem_fpga::shell::ShellConfig;
-use tandem_fpga::drive::run_router;
 use tandem_sim::{SimCard, SimConfig};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

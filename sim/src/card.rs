@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use tandem_fpga::core::KernelCore;
-use tandem_fpga::regmap::{AP_DONE, AP_READY, AP_START, KernelDesc, REG_AP_CTRL};
 use tandem_fpga::device::SyncDir;
 use tandem_fpga::emit::Manifest;
+use tandem_fpga::regmap::{AP_DONE, AP_READY, AP_START, KernelDesc, REG_AP_CTRL};
 use tandem_fpga::shell::ShellConfig;
 use tandem_fpga::{DeviceBuffer, FpgaDevice, FpgaError, KernelBuild, RunStats};
 
@@ -218,11 +218,7 @@ impl FpgaDevice for SimCard {
     }
 
     /// Emits `core` into the toolchain's cache folder and loads it.
-    fn load_core(
-        &mut self,
-        core: &dyn KernelCore,
-        shell: ShellConfig,
-    ) -> Result<(), FpgaError> {
+    fn load_core(&mut self, core: &dyn KernelCore, shell: ShellConfig) -> Result<(), FpgaError> {
         let load_err = |msg: String| FpgaError::Load {
             kernel: core.name().to_string(),
             msg,

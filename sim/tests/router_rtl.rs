@@ -5,13 +5,13 @@ use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use tandem_fpga::FpgaDevice;
+use tandem_fpga::drive::run_router;
+use tandem_fpga::golden::router::route;
+use tandem_fpga::kernels::router::RouterCore;
 use tandem_fpga::regmap::{
     AP_DONE, AP_IDLE, AP_READY, AP_START, REG_AP_CTRL, REG_GIE, REG_IER, REG_ISR,
 };
-use tandem_fpga::golden::router::route;
-use tandem_fpga::kernels::router::RouterCore;
 use tandem_fpga::shell::ShellConfig;
-use tandem_fpga::drive::run_router;
 use tandem_sim::{MemConfig, SimCard, SimConfig};
 
 const CORE: RouterCore = RouterCore {

@@ -7,7 +7,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tandem_fpga::core::KernelCore;
 use tandem_fpga::golden::attention::{self as gatt, AttentionConfig};
-use tandem_fpga::golden::gemm::{self as ggemm, GemmDims, Requant};
+use tandem_fpga::golden::gemm::{self as ggemm, GemmDims, GemmProblem};
 use tandem_fpga::kernels::attention::AttentionCore;
 use tandem_fpga::kernels::gemm::{GemmCore, pack_params, pack_w};
 use tandem_sim::Toolchain;
@@ -50,15 +50,8 @@ fn gemm_utilisation(core: GemmCore, problems: &[(usize, usize, usize)], min_busy
     let s = CoreSim::build(&Toolchain::default(), &v, "gemm_core").expect("build");
     let mut rng = ChaCha8Rng::seed_from_u64(41);
     for &(m, n, k) in problems {
-        let x: Vec<i8> = (0..m * k).map(|_| rng.r#gen()).collect();
-        let w: Vec<i8> = (0..n * k).map(|_| rng.r#gen()).collect();
-        let bias: Vec<i32> = (0..n).map(|_| rng.gen_range(-5000..5000)).collect();
-        let rq: Vec<Requant> = (0..n)
-            .map(|_| Requant {
-                mult: rng.r#gen(),
-                shift: rng.gen_range(23..=27),
-            })
-            .collect();
+        let GemmProblem { x, w, bias, rq, .. } =
+            GemmProblem::random(&mut rng, GemmDims { m, n, k }, 23..=27);
         let mut mem = Vec::new();
         let px = push(&mut mem, &x.iter().map(|&v| v as u8).collect::<Vec<_>>());
         let pw = push(

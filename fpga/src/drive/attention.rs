@@ -68,7 +68,10 @@ pub fn run_attention(
         .iter()
         .position(|h| h.k.len() != nkv * d || h.v.len() != nkv * d)
     {
-        return Err(bad(KERNEL, format!("kv head {i}: lengths do not match {dims:?}")));
+        return Err(bad(
+            KERNEL,
+            format!("kv head {i}: lengths do not match {dims:?}"),
+        ));
     }
     if let Some(i) = heads
         .iter()

@@ -42,7 +42,10 @@ pub fn run_gemm(
         ));
     }
     if let Some(r) = rq.iter().find(|r| r.shift > MAX_SHIFT) {
-        return Err(bad(KERNEL, format!("requant shift {} > {MAX_SHIFT}", r.shift)));
+        return Err(bad(
+            KERNEL,
+            format!("requant shift {} > {MAX_SHIFT}", r.shift),
+        ));
     }
     let (np, kp) = (pad8(n), pad8(k));
     let scalars = [

@@ -85,7 +85,11 @@ pub fn write(dev: &mut dyn FpgaDevice, buf: &DeviceBuffer, data: &[u8]) -> Resul
 }
 
 /// Moves `buf` from the device and reads its first `len` bytes.
-pub fn read(dev: &mut dyn FpgaDevice, buf: &DeviceBuffer, len: usize) -> Result<Vec<u8>, FpgaError> {
+pub fn read(
+    dev: &mut dyn FpgaDevice,
+    buf: &DeviceBuffer,
+    len: usize,
+) -> Result<Vec<u8>, FpgaError> {
     dev.sync(buf, SyncDir::FromDevice)?;
     let mut out = vec![0u8; len];
     dev.read(buf, 0, &mut out)?;

@@ -28,8 +28,8 @@
 use std::fmt::Write as _;
 
 use crate::core::{CoreError, KernelCore, clog2};
-use crate::regmap::{ArgDesc, KernelDesc};
 use crate::golden::attention::exp2_lut;
+use crate::regmap::{ArgDesc, KernelDesc};
 
 /// Build parameters of the attention core.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -59,7 +59,8 @@ impl DeviceRegistry {
             r.missing.extend(missing);
         }
         if probe.fpga {
-            let (found, missing) = super::fpga::discover(&crate::options::FpgaOptions::from_env().unwrap_or_default());
+            let (found, missing) =
+                super::fpga::discover(&crate::options::FpgaOptions::from_env().unwrap_or_default());
             r.backends.extend(found);
             r.missing.extend(missing);
         }

@@ -316,20 +316,11 @@ fn sim_gemm(
     rng: &mut ChaCha8Rng,
     &[m, n, k]: &[usize; 3],
 ) -> anyhow::Result<SimOutcome> {
-    use golden::gemm::{GemmDims, Requant};
-    let x: Vec<i8> = (0..m * k).map(|_| rng.r#gen()).collect();
-    let w: Vec<i8> = (0..n * k).map(|_| rng.r#gen()).collect();
-    let bias: Vec<i32> = (0..n).map(|_| rng.gen_range(-5000..5000)).collect();
-    let rq: Vec<Requant> = (0..n)
-        .map(|_| Requant {
-            mult: rng.r#gen(),
-            shift: rng.gen_range(20..26),
-        })
-        .collect();
-    let d = GemmDims { m, n, k };
-    let want = golden::gemm::gemm(&x, &w, &bias, &rq, false, d)?;
+    let d = golden::gemm::GemmDims { m, n, k };
+    let p = golden::gemm::GemmProblem::random(rng, d, 20..=25);
+    let want = p.golden(false)?;
     let ((got, st), sim_cycles, sim_wall) = timed(dev, |dv| {
-        drive::run_gemm(dv, &x, &w, &bias, &rq, false, d, SIM_TIMEOUT)
+        drive::run_gemm(dv, &p.x, &p.w, &p.bias, &p.rq, false, d, SIM_TIMEOUT)
     })?;
     Ok(SimOutcome {
         label: format!("gemm M={m} N={n} K={k}"),

@@ -371,7 +371,9 @@ mod tests {
     #[test]
     fn losses_match_the_reference() {
         let (t, e) = (70, 5);
-        let logits: Vec<f64> = (0..t * e).map(|i| ((i * 37 % 11) as f64) * 0.3 - 1.0).collect();
+        let logits: Vec<f64> = (0..t * e)
+            .map(|i| ((i * 37 % 11) as f64) * 0.3 - 1.0)
+            .collect();
         let p = MoeRouteParams::default();
         let x = ArrayD::from_shape_vec(IxDyn(&[t, e]), logits.clone()).expect("array");
         let r = p.reference(&[x]).expect("reference");
