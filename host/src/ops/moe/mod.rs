@@ -10,6 +10,9 @@
 //!
 //! Experts: for each expert e, y_slot = down_e (silu(gate_e x) * (up_e x)) over its slots,
 //! then each token sums its k slots weighted by topk_weights.
+//!
+//! `routing` holds [`MoeRouteParams`] (and the permutation and loss helpers the FPGA backend
+//! reuses on its kernel's ids), `experts` holds [`MoeExpertsParams`].
 
 mod experts;
 mod routing;
