@@ -4,6 +4,7 @@
 use tandem_fpga::kernels::{core_for, parse_params};
 use tandem_fpga::shell::ShellConfig;
 
+#[allow(clippy::disallowed_methods)] // KEEP is this example's own switch, not a run option
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let arg = std::env::args()
         .nth(1)

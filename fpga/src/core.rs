@@ -39,7 +39,7 @@
 //!   INCR bursts (never crossing a `max_burst`*8-byte boundary, so never a 4 KiB one).
 //! - `done`: the shell raises `ap_done` only after `done` *and* once every write burst has
 //!   received its B response, so a core need not count write responses.
-//! - Argument slots: the kernel's arguments ([`crate::desc::KernelDesc`]) are numbered in
+//! - Argument slots: the kernel's arguments ([`crate::regmap::KernelDesc`]) are numbered in
 //!   order of appearance within their kind: the first scalar argument drives `arg0`, the
 //!   first pointer argument `ptr0`, and so on. Unused inputs are driven with 0.
 //!
@@ -49,10 +49,11 @@
 //! `top` module to `<kernel>_core` and checks the port list against [`CORE_PORTS`].
 
 use std::fmt;
+use std::fmt::Write as _;
 
 use rust_hdl::prelude::*;
 
-use crate::desc::KernelDesc;
+use crate::regmap::KernelDesc;
 
 /// Number of scalar argument ports (`arg0`..`arg7`).
 pub const NUM_SCALARS: usize = 8;
@@ -271,6 +272,38 @@ pub fn check_core_ports(verilog: &str, module: &str) -> Result<(), CoreError> {
         }
     }
     Ok(())
+}
+
+/// The module header of a text core: the contract's ports ([`core_ports`]) in the
+/// order and widths the shell expects, one declaration per line; outputs are `reg` except
+/// those named in `wire_outputs`.
+pub(crate) fn core_header(module: &str, wire_outputs: &[&str]) -> String {
+    let ports = core_ports();
+    let names: Vec<&str> = ports.iter().map(|p| p.name.as_str()).collect();
+    let mut s = format!("module {module}({});\n", names.join(", "));
+    for p in &ports {
+        let range = if p.width > 1 {
+            format!("[{}:0] ", p.width - 1)
+        } else {
+            String::new()
+        };
+        let kind = match p.dir {
+            PortDir::In => "input wire",
+            PortDir::Out if wire_outputs.contains(&p.name.as_str()) => "output wire",
+            PortDir::Out => "output reg",
+        };
+        let _ = writeln!(s, "{kind} {range}{};", p.name);
+    }
+    s
+}
+
+/// Bits needed to address `n` entries (at least 1).
+pub(crate) fn clog2(n: u32) -> u32 {
+    if n <= 1 {
+        1
+    } else {
+        32 - (n - 1).leading_zeros()
+    }
 }
 
 #[cfg(test)]

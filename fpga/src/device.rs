@@ -8,7 +8,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::desc::{AP_DONE, AP_IDLE, AP_START, ArgKind, KernelDesc, REG_AP_CTRL};
+use crate::core::KernelCore;
+use crate::regmap::{AP_DONE, AP_IDLE, AP_START, ArgKind, KernelDesc, REG_AP_CTRL};
+use crate::shell::ShellConfig;
 
 /// Errors of an FPGA device.
 #[derive(Debug, thiserror::Error)]
@@ -155,6 +157,10 @@ pub trait FpgaDevice: Send {
     /// Loads a kernel build, replacing any loaded one.
     fn load(&mut self, build: &KernelBuild) -> Result<(), FpgaError>;
 
+    /// Loads the build of `core` in `shell`, replacing any loaded one: the simulator emits
+    /// and builds it (cached), a board finds its xclbin.
+    fn load_core(&mut self, core: &dyn KernelCore, shell: ShellConfig) -> Result<(), FpgaError>;
+
     /// Interface of the loaded kernel.
     fn kernel(&self) -> Option<&KernelDesc>;
 
@@ -191,7 +197,9 @@ pub trait FpgaDevice: Send {
     /// Clock counters; `cycles` is the last run's.
     fn stats(&self) -> RunStats;
 
-    /// Kernel clock in Hz (the target clock on the simulator).
+    /// Kernel clock in Hz: the loaded build's clock (on the simulator its target clock, from
+    /// the manifest, unless the card was opened with another), what device time is computed
+    /// from.
     fn clock_hz(&self) -> f64;
 
     /// Sets a scalar argument by name.

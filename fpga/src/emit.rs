@@ -2,16 +2,17 @@
 //! a folder, the input of both the simulator and `package_xo`.
 //!
 //! Files: `<name>.v` (top module `<name>` with Vitis port names, shell submodules, the core),
-//! `kernel.xml`, `manifest.json` (kernel, parameters, shell options, register map, and a
-//! SHA-256 of the Verilog that the simulator uses as its cache key).
+//! `kernel.xml`, `manifest.json` (kernel, parameters, shell options, the build's target clock,
+//! register map, and a SHA-256 of the Verilog that the simulator uses as its cache key). A
+//! device reads the manifest back ([`Manifest::read`]) to learn the clock of what it loaded.
 
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::core::KernelCore;
-use crate::desc::{ArgSlot, KernelDesc};
+use crate::regmap::{ArgSlot, KernelDesc};
 use crate::shell::{ShellConfig, ShellError, kernel_verilog};
 
 /// Errors of the emitter.
@@ -22,7 +23,15 @@ pub enum EmitError {
     Shell(#[from] ShellError),
     /// The description is unusable.
     #[error(transparent)]
-    Desc(#[from] crate::desc::DescError),
+    Desc(#[from] crate::regmap::DescError),
+    /// A manifest could not be parsed.
+    #[error("{path}: not a kernel manifest: {msg}")]
+    Manifest {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong.
+        msg: String,
+    },
     /// Writing a file failed.
     #[error("{path}: {source}")]
     Io {
@@ -35,7 +44,7 @@ pub enum EmitError {
 }
 
 /// What the manifest records.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Manifest {
     /// Kernel name (top module).
     pub kernel: String,
@@ -43,12 +52,38 @@ pub struct Manifest {
     pub params: Vec<(String, i64)>,
     /// Shell options.
     pub shell: ShellConfig,
+    /// Target clock of the build, MHz (what the pipelines are cut for; a manifest written
+    /// before the field existed reads as [`crate::DEFAULT_CLOCK_MHZ`]).
+    #[serde(default = "default_clock_mhz")]
+    pub clock_mhz: f64,
     /// Register map of the arguments.
     pub args: Vec<ArgSlot>,
     /// SHA-256 of the Verilog, hex.
     pub verilog_sha256: String,
     /// The Verilog file name.
     pub verilog: String,
+}
+
+fn default_clock_mhz() -> f64 {
+    crate::DEFAULT_CLOCK_MHZ
+}
+
+impl Manifest {
+    /// File name of the manifest in an emitted folder.
+    pub const FILE: &'static str = "manifest.json";
+
+    /// Reads the manifest of the emitted folder `dir`.
+    pub fn read(dir: &Path) -> Result<Self, EmitError> {
+        let path = dir.join(Self::FILE);
+        let text = std::fs::read_to_string(&path).map_err(|source| EmitError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        serde_json::from_str(&text).map_err(|e| EmitError::Manifest {
+            path,
+            msg: e.to_string(),
+        })
+    }
 }
 
 /// An emitted kernel: where its files are.
@@ -77,6 +112,7 @@ pub fn generate(core: &dyn KernelCore, cfg: ShellConfig) -> Result<(String, Mani
         kernel: core.name().to_string(),
         params: core.params(),
         shell: cfg,
+        clock_mhz: crate::DEFAULT_CLOCK_MHZ,
         args: desc.slots()?,
         verilog_sha256: hash,
         verilog: format!("{}.v", core.name()),
@@ -97,7 +133,7 @@ pub fn emit(core: &dyn KernelCore, cfg: ShellConfig, dir: &Path) -> Result<Emitt
     std::fs::write(&verilog, &v).map_err(io(&verilog))?;
     let kernel_xml = dir.join("kernel.xml");
     std::fs::write(&kernel_xml, desc.kernel_xml()?).map_err(io(&kernel_xml))?;
-    let manifest_path = dir.join("manifest.json");
+    let manifest_path = dir.join(Manifest::FILE);
     let json = serde_json::to_string_pretty(&manifest).unwrap_or_default();
     std::fs::write(&manifest_path, json).map_err(io(&manifest_path))?;
     tracing::debug!(kernel = core.name(), dir = %dir.display(), "emitted kernel");

@@ -2,21 +2,28 @@
 //! golden fixed-point models, the emitter and synthesis runner, and the [`FpgaDevice`] trait
 //! that the Verilator-simulated card (crate `tandem-sim`) and the XRT driver implement.
 //!
-//! - [`desc`]: a kernel's arguments, the register map and `kernel.xml`, from one description.
+//! - [`regmap`]: a kernel's arguments, the register map and `kernel.xml`, from one description.
 //! - [`core`]: the interface a kernel datapath (core) implements to plug into the shell.
 //! - [`shell`]: the Vitis RTL kernel shell (AXI4-Lite control, AXI4 master bursts, interrupt).
 //! - [`kernels`]: the cores (MoE router, GEMM, attention) and the kernel catalog.
 //! - [`golden`]: bit-exact fixed-point models of the kernels in plain Rust.
 //! - [`emit`], [`synth`]: Verilog + kernel.xml + manifest to a folder; yosys `synth_xilinx`.
 //! - [`device`]: the [`FpgaDevice`] trait and its error type.
+//! - [`drive`]: the host-side drivers of the kernels, written once over `&mut dyn FpgaDevice`
+//!   (the simulated card and the XRT driver alike).
 
 pub mod core;
-pub mod desc;
 pub mod device;
+pub mod drive;
 pub mod emit;
 pub mod golden;
 pub mod kernels;
+pub mod regmap;
 pub mod shell;
 pub mod synth;
+
+/// Target clock of every build, MHz: what the pipelines are cut for, recorded in each emitted
+/// manifest and read back by the device (`FpgaDevice::clock_hz`).
+pub const DEFAULT_CLOCK_MHZ: f64 = 300.0;
 
 pub use device::{DeviceBuffer, FpgaDevice, FpgaError, KernelBuild, RunStats};

@@ -89,7 +89,7 @@ fn main() -> ExitCode {
         Command::Plan(a) => cli::run::plan_only(a, &reg),
         Command::Op(a) => cli::op::run(a, &reg),
         Command::Bench(a) => cli::bench::run(a, &reg),
-        Command::Fpga(c) => cli::fpga::run(c),
+        Command::Fpga(c) => cli::fpga::run(c, &reg.options().fpga),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,15 +1,16 @@
 //! Measures the router on the Verilator card: cycles, logits per cycle, projected throughput
-//! at 300 MHz and simulator speed, for a few MoE shapes. `cargo run --release -p tandem-sim
+//! at the build's clock (`tandem_fpga::DEFAULT_CLOCK_MHZ`) and simulator speed, for a few MoE
+//! shapes. `cargo run --release -p tandem-sim
 //! --example router_measure`.
 
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use tandem_fpga::FpgaDevice;
+use tandem_fpga::drive::run_router;
 use tandem_fpga::golden::router::route;
 use tandem_fpga::kernels::router::RouterCore;
 use tandem_fpga::shell::ShellConfig;
-use tandem_sim::run::run_router;
 use tandem_sim::{SimCard, SimConfig};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -19,8 +20,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut card = SimCard::open(SimConfig::default())?;
     card.load_core(&core, ShellConfig::default())?;
+    let clock = card.clock_hz();
     println!(
-        "| T | E | k | cycles | logits/cycle | projected @300 MHz | M logits/s | sim cycles/s |"
+        "| T | E | k | cycles | logits/cycle | projected @{:.0} MHz | M logits/s | sim cycles/s |",
+        clock / 1e6
     );
     println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     for &(t, e, k) in &[
@@ -38,7 +41,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         assert_eq!(got, want, "bit-exact");
         let sim_c = card.stats().total_cycles - c0;
         let sim_s = (card.sim_wall() - w0).as_secs_f64();
-        let secs = st.cycles as f64 / 300e6;
+        let secs = st.cycles as f64 / clock;
         println!(
             "| {t} | {e} | {k} | {} | {:.3} | {:.1} us | {:.0} | {:.2e} |",
             st.cycles,

@@ -5,34 +5,29 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use tandem_fpga::core::KernelCore;
-use tandem_fpga::desc::{AP_DONE, AP_READY, AP_START, KernelDesc, REG_AP_CTRL};
 use tandem_fpga::device::SyncDir;
+use tandem_fpga::emit::Manifest;
+use tandem_fpga::regmap::{AP_DONE, AP_READY, AP_START, KernelDesc, REG_AP_CTRL};
 use tandem_fpga::shell::ShellConfig;
 use tandem_fpga::{DeviceBuffer, FpgaDevice, FpgaError, KernelBuild, RunStats};
 
 use crate::SimError;
 use crate::memory::{BANK_SHIFT, MemConfig, Memory};
 use crate::model::{self, Model, PinsIn, PinsOut};
+use crate::verilator::{self, Toolchain};
 
 /// Options of a simulated card.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct SimConfig {
     /// Memory latency and bandwidth.
     pub mem: MemConfig,
-    /// Target clock the projected device time is computed at, MHz.
-    pub clock_mhz: f64,
+    /// Clock the projected device time is computed at, MHz; `None`: the loaded build's target
+    /// clock (its manifest's `clock_mhz`).
+    pub clock_mhz: Option<f64>,
     /// Write a VCD trace of every signal here.
     pub vcd: Option<PathBuf>,
-}
-
-impl Default for SimConfig {
-    fn default() -> Self {
-        Self {
-            mem: MemConfig::default(),
-            clock_mhz: 300.0,
-            vcd: None,
-        }
-    }
+    /// Verilator, the C++ compiler and the build cache.
+    pub toolchain: Toolchain,
 }
 
 /// A simulated Alveo card with one kernel.
@@ -41,6 +36,8 @@ pub struct SimCard {
     cfg: SimConfig,
     model: Option<Model>,
     desc: Option<KernelDesc>,
+    /// Target clock of the loaded build, MHz.
+    build_clock_mhz: Option<f64>,
     mem: Memory,
     pins: PinsIn,
     cycle: u64,
@@ -53,42 +50,19 @@ pub struct SimCard {
 impl SimCard {
     /// Opens a card (checks that Verilator is usable); load a kernel next.
     pub fn open(cfg: SimConfig) -> Result<Self, SimError> {
-        model::verilator_version()?;
+        verilator::version()?;
         Ok(Self {
             mem: Memory::new(cfg.mem),
             cfg,
             model: None,
             desc: None,
+            build_clock_mhz: None,
             pins: PinsIn::default(),
             cycle: 0,
             run_start: None,
             last_run: 0,
             pending_cor: 0,
             sim_wall: Duration::ZERO,
-        })
-    }
-
-    /// Emits `core` (into the cache folder) and loads it.
-    pub fn load_core(
-        &mut self,
-        core: &dyn KernelCore,
-        shell: ShellConfig,
-    ) -> Result<(), FpgaError> {
-        let load_err = |msg: String| FpgaError::Load {
-            kernel: core.name().to_string(),
-            msg,
-        };
-        let (_, manifest) =
-            tandem_fpga::emit::generate(core, shell).map_err(|e| load_err(e.to_string()))?;
-        let dir = model::cache_root().join("emit").join(format!(
-            "{}-{}",
-            core.name(),
-            &manifest.verilog_sha256[..16]
-        ));
-        let e = tandem_fpga::emit::emit(core, shell, &dir).map_err(|e| load_err(e.to_string()))?;
-        self.load(&KernelBuild::Simulated {
-            dir: e.dir,
-            desc: e.desc,
         })
     }
 
@@ -228,15 +202,39 @@ impl FpgaDevice for SimCard {
                 msg: "the simulated card loads emitted Verilog, not an xclbin".into(),
             });
         };
-        let v = dir.join(format!("{}.v", desc.name));
-        let lib = model::build(&v, &desc.name).map_err(|e| FpgaError::Load {
+        let load_err = |msg: String| FpgaError::Load {
             kernel: desc.name.clone(),
-            msg: e.to_string(),
-        })?;
+            msg,
+        };
+        let manifest = Manifest::read(dir).map_err(|e| load_err(e.to_string()))?;
+        let v = dir.join(format!("{}.v", desc.name));
+        let lib = model::build(&self.cfg.toolchain, &v, &desc.name)
+            .map_err(|e| load_err(e.to_string()))?;
         self.model = None;
         self.model = Some(Model::load(&lib, self.cfg.vcd.as_deref())?);
         self.desc = Some(desc.clone());
+        self.build_clock_mhz = Some(manifest.clock_mhz);
         self.reset()
+    }
+
+    /// Emits `core` into the toolchain's cache folder and loads it.
+    fn load_core(&mut self, core: &dyn KernelCore, shell: ShellConfig) -> Result<(), FpgaError> {
+        let load_err = |msg: String| FpgaError::Load {
+            kernel: core.name().to_string(),
+            msg,
+        };
+        let (_, manifest) =
+            tandem_fpga::emit::generate(core, shell).map_err(|e| load_err(e.to_string()))?;
+        let dir = self.cfg.toolchain.cache_dir.join("emit").join(format!(
+            "{}-{}",
+            core.name(),
+            &manifest.verilog_sha256[..16]
+        ));
+        let e = tandem_fpga::emit::emit(core, shell, &dir).map_err(|e| load_err(e.to_string()))?;
+        self.load(&KernelBuild::Simulated {
+            dir: e.dir,
+            desc: e.desc,
+        })
     }
 
     fn kernel(&self) -> Option<&KernelDesc> {
@@ -382,6 +380,11 @@ impl FpgaDevice for SimCard {
     }
 
     fn clock_hz(&self) -> f64 {
-        self.cfg.clock_mhz * 1e6
+        let mhz = self
+            .cfg
+            .clock_mhz
+            .or(self.build_clock_mhz)
+            .unwrap_or(tandem_fpga::DEFAULT_CLOCK_MHZ);
+        mhz * 1e6
     }
 }

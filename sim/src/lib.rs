@@ -6,14 +6,21 @@
 //! ([`memory`]), the host reads and writes registers over `s_axi_control`, and the card counts
 //! clock cycles. Where Verilator is missing, [`SimCard::open`] fails with
 //! [`SimError::Unavailable`] carrying the reason and an install hint; nothing else breaks.
+//! The kernels are driven by `tandem_fpga::drive`, as on a board.
+//!
+//! [`core_sim`] runs a bare kernel core (no shell) in a C++ testbench, for bit-exact core
+//! tests. Both go through one [`Toolchain`] ([`verilator`]): the Verilator check, the C++
+//! compiler and the build cache, which the host passes in (this crate reads no environment).
 
 pub mod card;
+pub mod core_sim;
 pub mod memory;
 pub mod model;
-pub mod run;
+pub mod verilator;
 
 pub use card::{SimCard, SimConfig};
 pub use memory::MemConfig;
+pub use verilator::Toolchain;
 
 /// Errors of the simulator.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +31,18 @@ pub enum SimError {
     /// Building or loading the model failed.
     #[error("building the Verilator model: {0}")]
     Build(String),
+    /// Running a built harness failed or its output was not understood.
+    #[error("core simulation failed: {0}")]
+    Run(String),
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl From<SimError> for tandem_fpga::FpgaError {
@@ -37,11 +56,16 @@ impl From<SimError> for tandem_fpga::FpgaError {
                 kernel: "?".into(),
                 msg,
             },
+            SimError::Run(msg) => tandem_fpga::FpgaError::Device {
+                device: "fpga-sim".into(),
+                msg,
+            },
+            SimError::Io { path, source } => tandem_fpga::FpgaError::Io { path, source },
         }
     }
 }
 
 /// Whether the simulator can run here: `Ok(version)` or why not (with an install hint).
 pub fn available() -> Result<String, SimError> {
-    model::verilator_version().map(|(a, b)| format!("Verilator {a}.{b:03}"))
+    verilator::version().map(|(a, b)| format!("Verilator {a}.{b:03}"))
 }

@@ -3,12 +3,15 @@
 
 use std::time::Duration;
 
-use rand::{Rng, SeedableRng};
-use tandem_fpga::golden::gemm::{GemmDims, Requant, gemm};
+use rand::SeedableRng;
+use tandem_fpga::FpgaDevice;
+use tandem_fpga::drive::run_gemm;
+use tandem_fpga::golden::gemm::{GemmDims, GemmProblem};
 use tandem_fpga::kernels::gemm::GemmCore;
 use tandem_fpga::shell::ShellConfig;
-use tandem_sim::run::run_gemm;
 use tandem_sim::{SimCard, SimConfig};
+
+const T: Duration = Duration::from_secs(60);
 
 #[test]
 fn gemm_through_the_shell_matches_golden() {
@@ -34,18 +37,9 @@ fn gemm_through_the_shell_matches_golden() {
         (9, 16, 40, true),
     ] {
         let d = GemmDims { m, n, k };
-        let x: Vec<i8> = (0..m * k).map(|_| rng.r#gen()).collect();
-        let w: Vec<i8> = (0..n * k).map(|_| rng.r#gen()).collect();
-        let bias: Vec<i32> = (0..n).map(|_| rng.gen_range(-5000..5000)).collect();
-        let rq: Vec<Requant> = (0..n)
-            .map(|_| Requant {
-                mult: rng.r#gen(),
-                shift: rng.gen_range(20..26),
-            })
-            .collect();
-        let want = gemm(&x, &w, &bias, &rq, relu, d).expect("golden");
-        let (got, st) =
-            run_gemm(&mut c, &x, &w, &bias, &rq, relu, d, Duration::from_secs(60)).expect("run");
+        let p = GemmProblem::random(&mut rng, d, 20..=25);
+        let want = p.golden(relu).expect("golden");
+        let (got, st) = run_gemm(&mut c, &p.x, &p.w, &p.bias, &p.rq, relu, d, T).expect("run");
         assert_eq!(got, want, "{d:?} relu={relu}");
         println!("gemm {d:?}: {} cycles", st.cycles);
     }

@@ -5,13 +5,13 @@ use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use tandem_fpga::FpgaDevice;
-use tandem_fpga::desc::{
-    AP_DONE, AP_IDLE, AP_READY, AP_START, REG_AP_CTRL, REG_GIE, REG_IER, REG_ISR,
-};
+use tandem_fpga::drive::run_router;
 use tandem_fpga::golden::router::route;
 use tandem_fpga::kernels::router::RouterCore;
+use tandem_fpga::regmap::{
+    AP_DONE, AP_IDLE, AP_READY, AP_START, REG_AP_CTRL, REG_GIE, REG_IER, REG_ISR,
+};
 use tandem_fpga::shell::ShellConfig;
-use tandem_sim::run::run_router;
 use tandem_sim::{MemConfig, SimCard, SimConfig};
 
 const CORE: RouterCore = RouterCore {
@@ -157,7 +157,7 @@ fn control_protocol() {
 }
 
 thread_local! {
-    static CORE_DESC: tandem_fpga::desc::KernelDesc = tandem_fpga::core::KernelCore::desc(&CORE);
+    static CORE_DESC: tandem_fpga::regmap::KernelDesc = tandem_fpga::core::KernelCore::desc(&CORE);
 }
 
 #[test]
@@ -194,7 +194,7 @@ fn steady_state_is_one_logit_per_cycle() {
 
 #[test]
 fn auto_restart_runs_again_until_cleared() {
-    use tandem_fpga::desc::AUTO_RESTART;
+    use tandem_fpga::regmap::AUTO_RESTART;
     let Some(mut c) = card() else { return };
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(6);
     let (t, e, k) = (8, 12, 3);

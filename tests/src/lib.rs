@@ -250,3 +250,14 @@ pub fn lint_and_synth(
     std::fs::remove_dir_all(&dir).ok();
     Ok(r)
 }
+
+/// The clock of an FPGA backend's cards in MHz, as it reports it (its `clock` detail,
+/// "300 MHz"): what `LaunchInfo::device_time` is computed at.
+pub fn fpga_clock_mhz(b: &dyn tandem::Backend) -> f64 {
+    b.info()
+        .details
+        .iter()
+        .find(|(k, _)| k == "clock")
+        .and_then(|(_, v)| v.trim_end_matches(" MHz").parse().ok())
+        .unwrap_or_else(|| panic!("no clock in {:?}", b.info().details))
+}

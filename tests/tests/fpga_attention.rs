@@ -12,7 +12,8 @@ use tandem_fpga::core::KernelCore;
 use tandem_fpga::golden::attention::{self as golden, AttentionConfig};
 use tandem_fpga::kernels::attention::AttentionCore;
 use tandem_fpga::kernels::gemm::pad8;
-use tandem_fpga::kernels::gemm_sim::{CoreJob, CoreSim, MemModel, verilator_available};
+use tandem_sim::Toolchain;
+use tandem_sim::core_sim::{CoreJob, CoreSim, MemModel};
 
 const CORE: AttentionCore = AttentionCore {
     d_max: 16,
@@ -21,19 +22,16 @@ const CORE: AttentionCore = AttentionCore {
 };
 
 fn sim() -> Option<&'static CoreSim> {
-    static SIM: OnceLock<Option<(CoreSim, tempfile::TempDir)>> = OnceLock::new();
+    static SIM: OnceLock<Option<CoreSim>> = OnceLock::new();
     SIM.get_or_init(|| {
-        if let Err(e) = verilator_available() {
+        if let Err(e) = tandem_sim::available() {
             println!("skipped: {e}");
             return None;
         }
-        let dir = tempfile::tempdir().expect("tempdir");
         let v = CORE.core_verilog().expect("verilog");
-        let s = CoreSim::build(&v, "attention_core", dir.path()).expect("verilator build");
-        Some((s, dir))
+        Some(CoreSim::build(&Toolchain::default(), &v, "attention_core").expect("verilator build"))
     })
     .as_ref()
-    .map(|(s, _)| s)
 }
 
 struct Problem {

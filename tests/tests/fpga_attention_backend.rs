@@ -89,7 +89,7 @@ fn case(
     let cycles = info.cycles.ok_or("no cycles")?;
     assert!(cycles > 0);
     let dt = info.device_time.ok_or("no device time")?;
-    let mhz = tandem::backend::fpga::clock_mhz();
+    let mhz = tandem_tests::fpga_clock_mhz(b);
     assert!((dt.as_secs_f64() - cycles as f64 / (mhz * 1e6)).abs() < 1e-9);
 
     let inputs = [q.to_f64(), k.to_f64(), v.to_f64()];
@@ -223,7 +223,7 @@ fn default_layer_attention_cycles() -> TestResult {
     let pairs: u64 = (0..n).map(|i| i as u64 + 1).sum::<u64>() * heads;
     let d_max = tandem::backend::fpga::attention::default_core().d_max as f64;
     let util = pairs as f64 * d as f64 / (cycles as f64 * d_max);
-    let mhz = tandem::backend::fpga::clock_mhz();
+    let mhz = tandem_tests::fpga_clock_mhz(&*b);
     println!(
         "default layer attention (B {}, Hq {hq}, Hkv {hkv}, N {n}, d {d}, causal): {cycles} cycles \
          ({} per head), {pairs} visible pairs, MAC utilisation {:.1}%, {:.1} us at {mhz} MHz; \

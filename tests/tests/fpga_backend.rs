@@ -81,7 +81,7 @@ fn moe_route_on_the_simulated_card_matches_the_reference() {
         t * e
     );
     let dt = info.device_time.expect("device time").as_secs_f64();
-    let clock = tandem::backend::fpga::clock_mhz() * 1e6;
+    let clock = tandem_tests::fpga_clock_mhz(&*b) * 1e6;
     assert!((dt - cycles as f64 / clock).abs() < 1e-9);
 }
 

@@ -10,7 +10,8 @@ use rand_chacha::ChaCha8Rng;
 use tandem_fpga::core::KernelCore;
 use tandem_fpga::golden::gemm::{self as golden, GemmDims, Requant};
 use tandem_fpga::kernels::gemm::{GemmCore, pack_params, pack_w, pad_x, pad8};
-use tandem_fpga::kernels::gemm_sim::{CoreJob, CoreSim, MemModel, verilator_available};
+use tandem_sim::Toolchain;
+use tandem_sim::core_sim::{CoreJob, CoreSim, MemModel};
 
 const CORE: GemmCore = GemmCore {
     rows: 4,
@@ -19,19 +20,16 @@ const CORE: GemmCore = GemmCore {
 };
 
 fn sim() -> Option<&'static CoreSim> {
-    static SIM: OnceLock<Option<(CoreSim, tempfile::TempDir)>> = OnceLock::new();
+    static SIM: OnceLock<Option<CoreSim>> = OnceLock::new();
     SIM.get_or_init(|| {
-        if let Err(e) = verilator_available() {
+        if let Err(e) = tandem_sim::available() {
             println!("skipped: {e}");
             return None;
         }
-        let dir = tempfile::tempdir().expect("tempdir");
         let v = CORE.core_verilog().expect("verilog");
-        let s = CoreSim::build(&v, "gemm_core", dir.path()).expect("verilator build");
-        Some((s, dir))
+        Some(CoreSim::build(&Toolchain::default(), &v, "gemm_core").expect("verilator build"))
     })
     .as_ref()
-    .map(|(s, _)| s)
 }
 
 /// One problem laid out in a memory image.

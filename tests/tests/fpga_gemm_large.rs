@@ -7,10 +7,11 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tandem_fpga::core::KernelCore;
 use tandem_fpga::golden::attention::{self as gatt, AttentionConfig};
-use tandem_fpga::golden::gemm::{self as ggemm, GemmDims, Requant};
+use tandem_fpga::golden::gemm::{self as ggemm, GemmDims, GemmProblem};
 use tandem_fpga::kernels::attention::AttentionCore;
 use tandem_fpga::kernels::gemm::{GemmCore, pack_params, pack_w};
-use tandem_fpga::kernels::gemm_sim::{CoreJob, CoreSim, MemModel, verilator_available};
+use tandem_sim::Toolchain;
+use tandem_sim::core_sim::{CoreJob, CoreSim, MemModel};
 
 fn push(mem: &mut Vec<u8>, bytes: &[u8]) -> u64 {
     mem.resize(mem.len().div_ceil(64) * 64, 0);
@@ -41,28 +42,16 @@ fn gemm_64x8_u55c_array_utilisation() {
 }
 
 fn gemm_utilisation(core: GemmCore, problems: &[(usize, usize, usize)], min_busy: f64) {
-    if let Err(e) = verilator_available() {
+    if let Err(e) = tandem_sim::available() {
         println!("skipped: {e}");
         return;
     }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let s = CoreSim::build(
-        &core.core_verilog().expect("verilog"),
-        "gemm_core",
-        dir.path(),
-    )
-    .expect("build");
+    let v = core.core_verilog().expect("verilog");
+    let s = CoreSim::build(&Toolchain::default(), &v, "gemm_core").expect("build");
     let mut rng = ChaCha8Rng::seed_from_u64(41);
     for &(m, n, k) in problems {
-        let x: Vec<i8> = (0..m * k).map(|_| rng.r#gen()).collect();
-        let w: Vec<i8> = (0..n * k).map(|_| rng.r#gen()).collect();
-        let bias: Vec<i32> = (0..n).map(|_| rng.gen_range(-5000..5000)).collect();
-        let rq: Vec<Requant> = (0..n)
-            .map(|_| Requant {
-                mult: rng.r#gen(),
-                shift: rng.gen_range(23..=27),
-            })
-            .collect();
+        let GemmProblem { x, w, bias, rq, .. } =
+            GemmProblem::random(&mut rng, GemmDims { m, n, k }, 23..=27);
         let mut mem = Vec::new();
         let px = push(&mut mem, &x.iter().map(|&v| v as u8).collect::<Vec<_>>());
         let pw = push(
@@ -117,7 +106,7 @@ fn gemm_utilisation(core: GemmCore, problems: &[(usize, usize, usize)], min_busy
 #[test]
 #[ignore = "larger configuration: minutes of Verilator build"]
 fn attention_64_lanes_utilisation() {
-    if let Err(e) = verilator_available() {
+    if let Err(e) = tandem_sim::available() {
         println!("skipped: {e}");
         return;
     }
@@ -126,13 +115,8 @@ fn attention_64_lanes_utilisation() {
         nkv_max: 1024,
         kv_tile: 16,
     };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let s = CoreSim::build(
-        &core.core_verilog().expect("verilog"),
-        "attention_core",
-        dir.path(),
-    )
-    .expect("build");
+    let v = core.core_verilog().expect("verilog");
+    let s = CoreSim::build(&Toolchain::default(), &v, "attention_core").expect("build");
     let mut rng = ChaCha8Rng::seed_from_u64(42);
     for &(nq, nkv, causal) in &[(256, 512, false), (384, 384, true)] {
         let d = 64;

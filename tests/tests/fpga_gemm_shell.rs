@@ -1,5 +1,5 @@
 //! The GEMM and attention cores inside the Vitis RTL shell, on the simulated card (AXI4-Lite
-//! control, AXI4 bursts to simulated memory banks), driven by `kernels::gemm_run`: bit-exact
+//! control, AXI4 bursts to simulated memory banks), driven by `tandem_fpga::drive`: bit-exact
 //! against the golden models, and the cycle counts through the shell. Prints
 //! "skipped: <reason>" where Verilator is missing.
 
@@ -8,11 +8,11 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tandem_fpga::golden::attention::{self as gatt, AttentionConfig};
-use tandem_fpga::golden::gemm::{self as ggemm, GemmDims, Requant};
+use tandem_fpga::golden::gemm::{GemmDims, GemmProblem};
 use tandem_fpga::kernels::attention::AttentionCore;
 use tandem_fpga::kernels::gemm::{GemmCore, pad8};
-use tandem_fpga::kernels::gemm_run::{run_attention, run_gemm};
 use tandem_fpga::shell::ShellConfig;
+use tandem_fpga::{FpgaDevice, drive};
 use tandem_sim::{SimCard, SimConfig};
 
 const T: Duration = Duration::from_secs(120);
@@ -41,18 +41,10 @@ fn gemm_through_the_shell_matches_golden() {
     let Some(mut c) = card(&core) else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(31);
     for &(m, n, k, relu) in &[(9, 20, 70, true), (16, 64, 256, false)] {
-        let x: Vec<i8> = (0..m * k).map(|_| rng.r#gen()).collect();
-        let w: Vec<i8> = (0..n * k).map(|_| rng.r#gen()).collect();
-        let bias: Vec<i32> = (0..n).map(|_| rng.gen_range(-5000..5000)).collect();
-        let rq: Vec<Requant> = (0..n)
-            .map(|_| Requant {
-                mult: rng.r#gen(),
-                shift: rng.gen_range(22..=26),
-            })
-            .collect();
         let d = GemmDims { m, n, k };
-        let (y, st) = run_gemm(&mut c, &x, &w, &bias, &rq, relu, d, T).expect("run");
-        let want = ggemm::gemm(&x, &w, &bias, &rq, relu, d).expect("golden");
+        let p = GemmProblem::random(&mut rng, d, 22..=26);
+        let (y, st) = drive::run_gemm(&mut c, &p.x, &p.w, &p.bias, &p.rq, relu, d, T).expect("run");
+        let want = p.golden(relu).expect("golden");
         assert_eq!(y, want, "{d:?}");
         let ideal = core.ideal_cycles(m, pad8(n), pad8(k));
         println!(
@@ -86,7 +78,7 @@ fn attention_through_the_shell_matches_golden() {
             score_mult,
             score_shift,
         };
-        let (got, st) = run_attention(&mut c, &q, &k, &v, &cfg, T).expect("run");
+        let (got, st) = drive::run_attention_head(&mut c, &q, &k, &v, &cfg, T).expect("run");
         let want = gatt::attention(&q, &k, &v, &cfg).expect("golden");
         assert_eq!(got, want, "{cfg:?}");
         let pairs: usize = (0..nq)

@@ -124,6 +124,48 @@ pub struct GemmDims {
     pub k: usize,
 }
 
+/// A random GEMM problem: int8 x and w, bias in `-5000..5000`, random requant multipliers with
+/// shifts in `shifts` (drawn in that order). For the bit-exact tests and `tandem fpga sim`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GemmProblem {
+    /// Sizes.
+    pub d: GemmDims,
+    /// int8 `[M, K]`.
+    pub x: Vec<i8>,
+    /// int8 `[N, K]`.
+    pub w: Vec<i8>,
+    /// int32 `[N]`.
+    pub bias: Vec<i32>,
+    /// Per output column.
+    pub rq: Vec<Requant>,
+}
+
+impl GemmProblem {
+    /// Draws a problem of size `d` from `rng`.
+    pub fn random(
+        rng: &mut impl rand::Rng,
+        d: GemmDims,
+        shifts: std::ops::RangeInclusive<u8>,
+    ) -> Self {
+        let GemmDims { m, n, k } = d;
+        let x = (0..m * k).map(|_| rng.r#gen()).collect();
+        let w = (0..n * k).map(|_| rng.r#gen()).collect();
+        let bias = (0..n).map(|_| rng.gen_range(-5000..5000)).collect();
+        let rq = (0..n)
+            .map(|_| Requant {
+                mult: rng.r#gen(),
+                shift: rng.gen_range(shifts.clone()),
+            })
+            .collect();
+        Self { d, x, w, bias, rq }
+    }
+
+    /// The golden model's y.
+    pub fn golden(&self, relu: bool) -> Result<Vec<i8>, GemmError> {
+        gemm(&self.x, &self.w, &self.bias, &self.rq, relu, self.d)
+    }
+}
+
 fn check_len(what: &'static str, got: usize, expected: usize) -> Result<(), GemmError> {
     if got == expected {
         Ok(())

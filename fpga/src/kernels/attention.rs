@@ -27,9 +27,9 @@
 
 use std::fmt::Write as _;
 
-use crate::core::{CoreError, KernelCore};
-use crate::desc::{ArgDesc, KernelDesc};
+use crate::core::{CoreError, KernelCore, clog2};
 use crate::golden::attention::exp2_lut;
+use crate::regmap::{ArgDesc, KernelDesc};
 
 /// Build parameters of the attention core.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,14 +121,6 @@ impl KernelCore for AttentionCore {
     fn core_verilog(&self) -> Result<String, CoreError> {
         self.validate()?;
         Ok(attention_verilog(self))
-    }
-}
-
-fn clog2(n: u32) -> u32 {
-    if n <= 1 {
-        1
-    } else {
-        32 - (n - 1).leading_zeros()
     }
 }
 
@@ -494,7 +486,7 @@ endmodule // attention_core
 /* verilator lint_on WIDTH */
 /* verilator lint_on UNUSED */
 "#,
-        header = super::gemm::core_header("attention_core", &["busy"]),
+        header = crate::core::core_header("attention_core", &["busy"]),
         nkv_max = p.nkv_max,
         adwh = adw - 1,
         atdh = atd - 1,

@@ -5,8 +5,6 @@
 
 pub mod attention;
 pub mod gemm;
-pub mod gemm_run;
-pub mod gemm_sim;
 pub mod router;
 
 use crate::core::{CoreError, KernelCore};

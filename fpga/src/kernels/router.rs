@@ -22,8 +22,8 @@
 use std::fmt::Write as _;
 
 use crate::core::{CoreError, KernelCore};
-use crate::desc::{ArgDesc, KernelDesc};
 use crate::golden::router::{LOG2E_Q14, exp2_lut};
+use crate::regmap::{ArgDesc, KernelDesc};
 
 /// Build parameters of the router.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

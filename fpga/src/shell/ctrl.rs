@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use rust_hdl::prelude::*;
 
 use crate::core::{NUM_POINTERS, NUM_SCALARS};
-use crate::desc::{ArgKind, DescError, KernelDesc};
+use crate::regmap::{ArgKind, DescError, KernelDesc};
 
 /// Control register file: AXI4-Lite slave, ap_ctrl_hs state machine, arguments, interrupt.
 #[derive(LogicBlock)]

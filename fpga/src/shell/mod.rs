@@ -2,7 +2,7 @@
 //!
 //! - `ap_clk`, `ap_rst_n` (active-low, synchronous);
 //! - AXI4-Lite slave `s_axi_control` (12-bit addresses) with the ap_ctrl_hs map of
-//!   [`crate::desc`] and the kernel's argument registers ([`ctrl::ControlRegs`]);
+//!   [`crate::regmap`] and the kernel's argument registers ([`ctrl::ControlRegs`]);
 //! - AXI4 master `m_axi_gmem` (64-bit addresses, 64-bit data, INCR bursts of at most
 //!   `max_burst` beats that never cross a `max_burst*8`-byte boundary): a read engine
 //!   ([`axi_read::ReadMaster`]) and a write engine ([`axi_write::WriteMaster`]) that also
@@ -26,7 +26,7 @@ use rust_hdl::prelude::*;
 use crate::core::{CoreError, KernelCore};
 
 /// Shell build options.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ShellConfig {
     /// Longest AXI burst in beats (a power of two, 2..=256).
     pub max_burst: u32,
@@ -46,7 +46,7 @@ pub enum ShellError {
     Core(#[from] CoreError),
     /// The kernel's argument description is unusable.
     #[error(transparent)]
-    Desc(#[from] crate::desc::DescError),
+    Desc(#[from] crate::regmap::DescError),
     /// A shell option is out of range.
     #[error("shell: {0}")]
     Config(String),

@@ -65,7 +65,7 @@ impl DeviceRegistry {
             r.missing.extend(missing);
         }
         if probe.fpga {
-            let (found, missing) = super::fpga::discover();
+            let (found, missing) = super::fpga::discover(&probe.options.fpga);
             r.backends.extend(found);
             r.missing.extend(missing);
         }

@@ -1,4 +1,8 @@
 //! `tandem fpga`: emit a kernel's RTL, estimate its resources with yosys, simulate it.
+//!
+//! `tandem fpga sim` opens the card through the FPGA backend's device factory
+//! (`tandem::backend::fpga::sim_factory`) and runs the kernel through the same drivers as the
+//! backend (`tandem_fpga::drive`), checking the result bit for bit against the golden model.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -6,10 +10,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use rand::{Rng, SeedableRng};
-use tandem_fpga::FpgaDevice;
+use rand_chacha::ChaCha8Rng;
+use tandem::options::FpgaOptions;
 use tandem_fpga::core::KernelCore;
 use tandem_fpga::kernels::{core_for, parse_params};
 use tandem_fpga::shell::ShellConfig;
+use tandem_fpga::{FpgaDevice, drive, golden};
+
+/// Longest one simulated run may take (wall clock).
+const SIM_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Which kernel and how it is built.
 #[derive(Debug, Clone, Args)]
@@ -76,6 +85,13 @@ pub enum FpgaCmd {
         /// Experts per token (router).
         #[arg(long, default_value_t = 8)]
         top_k: usize,
+        /// Problem shape: gemm `M,N,K` (default 64,64,64), attention `NQ,NKV,D` (default
+        /// 32,64,16; D at most the build's d_max).
+        #[arg(long)]
+        shape: Option<String>,
+        /// Causal mask (attention).
+        #[arg(long)]
+        causal: bool,
         /// Random seed.
         #[arg(long, default_value_t = 0)]
         seed: u64,
@@ -95,7 +111,7 @@ pub enum FpgaCmd {
 }
 
 /// Runs a `tandem fpga` subcommand.
-pub fn run(cmd: &FpgaCmd) -> anyhow::Result<()> {
+pub fn run(cmd: &FpgaCmd, fpga_opts: &FpgaOptions) -> anyhow::Result<()> {
     match cmd {
         FpgaCmd::Emit { kernel, out } => {
             let core = kernel.core()?;
@@ -151,72 +167,214 @@ pub fn run(cmd: &FpgaCmd) -> anyhow::Result<()> {
             tokens,
             experts,
             top_k,
+            shape,
+            causal,
             seed,
             read_latency,
             bytes_per_cycle,
             vcd,
             json,
         } => {
-            if kernel.kernel != "router" {
-                // core_for explains why gemm/attention cannot be simulated yet.
-                kernel.core()?;
-                bail!("`tandem fpga sim` drives the router only so far");
-            }
             let core = kernel.core()?;
-            let cfg = tandem_sim::SimConfig {
-                mem: tandem_sim::MemConfig {
-                    read_latency: *read_latency,
-                    bytes_per_cycle: *bytes_per_cycle,
-                    ..Default::default()
-                },
-                clock_mhz: tandem::backend::fpga::clock_mhz(),
-                vcd: vcd.clone(),
-            };
-            let mut card = tandem_sim::SimCard::open(cfg)?;
+            let mut opts = fpga_opts.clone();
+            opts.sim_read_latency = Some(*read_latency);
+            opts.sim_bytes_per_cycle = Some(*bytes_per_cycle);
+            opts.sim_vcd = vcd.clone();
+            let open = tandem::backend::fpga::sim_factory();
+            let mut dev = open(&opts)?;
             let t_build = Instant::now();
-            card.load_core(core.as_ref(), kernel.shell())
-                .context("loading the router")?;
+            dev.load_core(core.as_ref(), kernel.shell())
+                .with_context(|| format!("loading the {}", core.name()))?;
             let build_s = t_build.elapsed().as_secs_f64();
-            let (t, e, k) = (*tokens, *experts, *top_k);
-            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(*seed);
-            let x: Vec<i16> = (0..t * e).map(|_| rng.gen_range(-2048..2048)).collect();
-            let want = tandem_fpga::golden::router::route(&x, t, e, k)?;
-            let cycles0 = card.stats().total_cycles;
-            let wall0 = card.sim_wall();
-            let (got, st) =
-                tandem_sim::run::run_router(&mut card, &x, t, e, k, Duration::from_secs(600))?;
-            let sim_cycles = card.stats().total_cycles - cycles0;
-            let sim_wall = (card.sim_wall() - wall0).as_secs_f64();
-            let ok = got == want;
-            let clock = card.clock_hz();
-            let per = st.cycles as f64 / (t * e).max(1) as f64;
-            let speed = sim_cycles as f64 / sim_wall.max(1e-9);
+            let mut rng = ChaCha8Rng::seed_from_u64(*seed);
+            let dev = dev.as_mut();
+            let out = match core.name() {
+                "router" => sim_router(dev, &mut rng, *tokens, *experts, *top_k)?,
+                "gemm" => sim_gemm(dev, &mut rng, &shape_of(shape.as_deref(), [64, 64, 64])?)?,
+                "attention" => {
+                    let s = shape_of(shape.as_deref(), [32, 64, 16])?;
+                    sim_attention(dev, core.as_ref(), &mut rng, &s, *causal)?
+                }
+                other => bail!("`tandem fpga sim` has no driver for kernel `{other}`"),
+            };
+            let clock = dev.clock_hz();
+            let secs = out.cycles as f64 / clock;
+            let speed = out.sim_cycles as f64 / out.sim_wall.max(1e-9);
+            let per = out.cycles as f64 / out.work.max(1.0);
+            let unit = out.unit;
             if *json {
-                let v = serde_json::json!({
-                    "kernel": "router", "params": core.params(), "tokens": t, "experts": e, "top_k": k,
-                    "bit_exact": ok, "cycles": st.cycles, "cycles_per_logit": per,
-                    "projected_s": st.cycles as f64 / clock,
-                    "logits_per_s": (t * e) as f64 / (st.cycles as f64 / clock),
+                let mut v = serde_json::json!({
+                    "kernel": core.name(), "params": core.params(),
+                    "bit_exact": out.bit_exact, "cycles": out.cycles,
+                    "projected_s": secs,
                     "sim_cycles_per_s": speed, "model_build_s": build_s,
                 });
+                if let Some(m) = v.as_object_mut() {
+                    m.insert(format!("cycles_per_{unit}"), per.into());
+                    m.insert(format!("{unit}s_per_s"), (out.work / secs).into());
+                    if let serde_json::Value::Object(extra) = out.json {
+                        m.extend(extra);
+                    }
+                }
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 println!(
-                    "router T={t} E={e} k={k}: {} vs golden; {} cycles ({per:.3} cycles/logit), \
-                     projected {:.2} us at {:.0} MHz ({:.1} M logits/s); simulator {:.0} cycles/s \
-                     (model load {build_s:.1} s)",
-                    if ok { "bit-exact" } else { "MISMATCH" },
-                    st.cycles,
-                    st.cycles as f64 / clock * 1e6,
+                    "{}: {} vs golden; {} cycles ({per:.3} cycles/{unit}), projected {:.2} us at \
+                     {:.0} MHz ({:.1} M {unit}s/s); simulator {:.0} cycles/s (model load \
+                     {build_s:.1} s)",
+                    out.label,
+                    if out.bit_exact {
+                        "bit-exact"
+                    } else {
+                        "MISMATCH"
+                    },
+                    out.cycles,
+                    secs * 1e6,
                     clock / 1e6,
-                    (t * e) as f64 / (st.cycles as f64 / clock) / 1e6,
+                    out.work / secs / 1e6,
                     speed
                 );
             }
-            if !ok {
+            if !out.bit_exact {
                 bail!("the RTL does not match the golden model");
             }
             Ok(())
         }
     }
+}
+
+/// What a simulated run found.
+struct SimOutcome {
+    /// The problem, e.g. `router T=256 E=64 k=8`.
+    label: String,
+    /// Whether the card's result equals the golden model's.
+    bit_exact: bool,
+    /// Kernel cycles (ap_start to ap_done, summed over launches).
+    cycles: u64,
+    /// Work done (logits, multiply-adds, visible query-key pairs) ...
+    work: f64,
+    /// ... and its unit.
+    unit: &'static str,
+    /// Cycles the simulator ran for the driver call, and the wall time it took.
+    sim_cycles: u64,
+    sim_wall: f64,
+    /// The problem's sizes, for `--json`.
+    json: serde_json::Value,
+}
+
+/// Runs `f` (a driver call) on `dev`, measuring the simulated cycles and the wall time.
+fn timed<T>(
+    dev: &mut dyn FpgaDevice,
+    f: impl FnOnce(&mut dyn FpgaDevice) -> Result<T, tandem_fpga::FpgaError>,
+) -> anyhow::Result<(T, u64, f64)> {
+    let c0 = dev.stats().total_cycles;
+    let t0 = Instant::now();
+    let r = f(dev)?;
+    let wall = t0.elapsed().as_secs_f64();
+    Ok((r, dev.stats().total_cycles - c0, wall))
+}
+
+/// `--shape a,b,c`, or `default`.
+fn shape_of(s: Option<&str>, default: [usize; 3]) -> anyhow::Result<[usize; 3]> {
+    let Some(s) = s else { return Ok(default) };
+    let v: Vec<usize> = s
+        .split(',')
+        .map(|x| x.trim().parse::<usize>())
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("--shape `{s}`: expected three positive integers a,b,c"))?;
+    match v.as_slice() {
+        &[a, b, c] if a > 0 && b > 0 && c > 0 => Ok([a, b, c]),
+        _ => bail!("--shape `{s}`: expected three positive integers a,b,c"),
+    }
+}
+
+fn sim_router(
+    dev: &mut dyn FpgaDevice,
+    rng: &mut ChaCha8Rng,
+    t: usize,
+    e: usize,
+    k: usize,
+) -> anyhow::Result<SimOutcome> {
+    let x: Vec<i16> = (0..t * e).map(|_| rng.gen_range(-2048..2048)).collect();
+    let want = golden::router::route(&x, t, e, k)?;
+    let ((got, st), sim_cycles, sim_wall) =
+        timed(dev, |d| drive::run_router(d, &x, t, e, k, SIM_TIMEOUT))?;
+    Ok(SimOutcome {
+        label: format!("router T={t} E={e} k={k}"),
+        bit_exact: got == want,
+        cycles: st.cycles,
+        work: (t * e) as f64,
+        unit: "logit",
+        sim_cycles,
+        sim_wall,
+        json: serde_json::json!({"tokens": t, "experts": e, "top_k": k}),
+    })
+}
+
+fn sim_gemm(
+    dev: &mut dyn FpgaDevice,
+    rng: &mut ChaCha8Rng,
+    &[m, n, k]: &[usize; 3],
+) -> anyhow::Result<SimOutcome> {
+    let d = golden::gemm::GemmDims { m, n, k };
+    let p = golden::gemm::GemmProblem::random(rng, d, 20..=25);
+    let want = p.golden(false)?;
+    let ((got, st), sim_cycles, sim_wall) = timed(dev, |dv| {
+        drive::run_gemm(dv, &p.x, &p.w, &p.bias, &p.rq, false, d, SIM_TIMEOUT)
+    })?;
+    Ok(SimOutcome {
+        label: format!("gemm M={m} N={n} K={k}"),
+        bit_exact: got == want,
+        cycles: st.cycles,
+        work: (m * n * k) as f64,
+        unit: "MAC",
+        sim_cycles,
+        sim_wall,
+        json: serde_json::json!({"m": m, "n": n, "k": k}),
+    })
+}
+
+fn sim_attention(
+    dev: &mut dyn FpgaDevice,
+    core: &dyn KernelCore,
+    rng: &mut ChaCha8Rng,
+    &[nq, nkv, d]: &[usize; 3],
+    causal: bool,
+) -> anyhow::Result<SimOutcome> {
+    use golden::attention::AttentionConfig;
+    let kv_tile = core
+        .params()
+        .iter()
+        .find(|(k, _)| k == "kv_tile")
+        .and_then(|(_, v)| usize::try_from(*v).ok())
+        .context("the attention build has no kv_tile")?;
+    let mut g = |n: usize| -> Vec<i8> { (0..n).map(|_| rng.r#gen()).collect() };
+    let (q, k, v) = (g(nq * d), g(nkv * d), g(nkv * d));
+    let (score_mult, score_shift) = AttentionConfig::score_multiplier(0.25, 0.02, 0.02)?;
+    let cfg = AttentionConfig {
+        nq,
+        nkv,
+        d,
+        kv_tile,
+        causal,
+        score_mult,
+        score_shift,
+    };
+    let want = golden::attention::attention(&q, &k, &v, &cfg)?;
+    let ((got, st), sim_cycles, sim_wall) = timed(dev, |dv| {
+        drive::run_attention_head(dv, &q, &k, &v, &cfg, SIM_TIMEOUT)
+    })?;
+    let pairs = (0..nq)
+        .map(|i| (0..nkv).filter(|&j| cfg.visible(i, j)).count())
+        .sum::<usize>();
+    Ok(SimOutcome {
+        label: format!("attention Nq={nq} Nkv={nkv} d={d} causal={causal}"),
+        bit_exact: got == want,
+        cycles: st.cycles,
+        work: pairs as f64,
+        unit: "pair",
+        sim_cycles,
+        sim_wall,
+        json: serde_json::json!({"nq": nq, "nkv": nkv, "d": d, "causal": causal}),
+    })
 }

@@ -1,15 +1,136 @@
 //! Options of the FPGA backend (filled by [`super::Options`]).
 
-use super::Env;
-use crate::error::Result;
+use std::path::PathBuf;
 
-/// Options of the FPGA backend.
-#[derive(Debug, Clone, Default)]
-pub struct FpgaOptions {}
+use super::Env;
+use crate::error::{Error, Result};
+
+/// Options of the FPGA backend: the clock device time is computed at, where the simulator
+/// caches its builds, the C++ compiler of those builds, and the simulated memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FpgaOptions {
+    /// Kernel clock in MHz (`TANDEM_FPGA_CLOCK_MHZ`); `None`: each build's target clock
+    /// (`tandem_fpga::DEFAULT_CLOCK_MHZ`, recorded in its manifest).
+    pub clock_mhz: Option<f64>,
+    /// Where the simulator caches emitted kernels and Verilator builds: `TANDEM_SIM_CACHE`,
+    /// else `$XDG_CACHE_HOME/tandem/sim`, else `$HOME/.cache/tandem/sim`, else the temp
+    /// folder's `tandem-sim`.
+    pub sim_cache: PathBuf,
+    /// C++ compiler of the Verilator builds (`CXX`, else `g++`).
+    pub cxx: String,
+    /// Simulated memory read latency in cycles (`tandem fpga sim --read-latency`); `None`: the
+    /// simulator's default.
+    pub sim_read_latency: Option<u64>,
+    /// Simulated memory bandwidth in bytes per cycle (`tandem fpga sim --bytes-per-cycle`);
+    /// `None`: the simulator's default.
+    pub sim_bytes_per_cycle: Option<f64>,
+    /// Write a VCD trace of every signal of the simulated card here (`tandem fpga sim --vcd`).
+    pub sim_vcd: Option<PathBuf>,
+}
+
+impl Default for FpgaOptions {
+    /// The build's clock, a cache in the temp folder, `g++`, the simulator's memory.
+    fn default() -> Self {
+        Self {
+            clock_mhz: None,
+            sim_cache: std::env::temp_dir().join("tandem-sim"),
+            cxx: "g++".into(),
+            sim_read_latency: None,
+            sim_bytes_per_cycle: None,
+            sim_vcd: None,
+        }
+    }
+}
+
+/// Accepted values of `TANDEM_FPGA_CLOCK_MHZ`.
+const CLOCK_ACCEPTS: &str = "a positive number of MHz, e.g. 300 or 250.5";
 
 impl FpgaOptions {
-    /// Options from `env` (`TANDEM_FPGA_*`, `TANDEM_SIM_CACHE`, ...).
-    pub fn from_source(_env: &dyn Env) -> Result<Self> {
-        Ok(Self {})
+    /// Options from the process environment (see [`FpgaOptions::from_source`]).
+    pub fn from_env() -> Result<Self> {
+        Self::from_source(&super::ProcessEnv)
+    }
+
+    /// Options from `env` (`TANDEM_FPGA_CLOCK_MHZ`, `TANDEM_SIM_CACHE`, `XDG_CACHE_HOME`,
+    /// `HOME`, `CXX`); a clock that is not a positive number is an error naming the variable,
+    /// the value and what is accepted.
+    pub fn from_source(env: &dyn Env) -> Result<Self> {
+        let d = Self::default();
+        let clock_mhz = match env.text("TANDEM_FPGA_CLOCK_MHZ")? {
+            None => None,
+            Some(s) => match s.parse::<f64>() {
+                Ok(v) if v.is_finite() && v > 0.0 => Some(v),
+                _ => {
+                    return Err(Error::invalid(
+                        "TANDEM_FPGA_CLOCK_MHZ",
+                        format!("`{s}` is not accepted; expected {CLOCK_ACCEPTS}"),
+                    ));
+                }
+            },
+        };
+        let path = |name: &str| env.get(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+        let sim_cache = path("TANDEM_SIM_CACHE")
+            .or_else(|| path("XDG_CACHE_HOME").map(|p| p.join("tandem").join("sim")))
+            .or_else(|| path("HOME").map(|p| p.join(".cache").join("tandem").join("sim")))
+            .unwrap_or(d.sim_cache);
+        let cxx = env.text("CXX")?.unwrap_or(d.cxx);
+        Ok(Self {
+            clock_mhz,
+            sim_cache,
+            cxx,
+            ..Self::default()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_when_nothing_is_set() {
+        let o = FpgaOptions::from_source(&[("UNRELATED", "1")]).expect("options");
+        assert_eq!(o.clock_mhz, None);
+        assert_eq!(o.cxx, "g++");
+        assert_eq!(o.sim_cache, std::env::temp_dir().join("tandem-sim"));
+        assert_eq!(o, FpgaOptions::default());
+    }
+
+    #[test]
+    fn clock_is_read_and_checked() {
+        let o = FpgaOptions::from_source(&[("TANDEM_FPGA_CLOCK_MHZ", " 250.5 ")]).expect("ok");
+        assert_eq!(o.clock_mhz, Some(250.5));
+        for bad in ["0", "-300", "fast", "inf", "NaN"] {
+            let e = FpgaOptions::from_source(&[("TANDEM_FPGA_CLOCK_MHZ", bad)])
+                .expect_err("not a positive number");
+            let msg = e.to_string();
+            assert!(msg.contains("TANDEM_FPGA_CLOCK_MHZ"), "{msg}");
+            assert!(msg.contains(bad), "{msg}");
+            assert!(msg.contains("positive number"), "{msg}");
+        }
+        // empty counts as unset
+        let o = FpgaOptions::from_source(&[("TANDEM_FPGA_CLOCK_MHZ", "")]).expect("ok");
+        assert_eq!(o.clock_mhz, None);
+    }
+
+    #[test]
+    fn sim_cache_falls_back_in_order() {
+        let all = [
+            ("TANDEM_SIM_CACHE", "/c/sim"),
+            ("XDG_CACHE_HOME", "/x"),
+            ("HOME", "/h"),
+        ];
+        let o = FpgaOptions::from_source(&all).expect("ok");
+        assert_eq!(o.sim_cache, PathBuf::from("/c/sim"));
+        let o = FpgaOptions::from_source(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")]).expect("ok");
+        assert_eq!(o.sim_cache, PathBuf::from("/x/tandem/sim"));
+        let o = FpgaOptions::from_source(&[("HOME", "/h")]).expect("ok");
+        assert_eq!(o.sim_cache, PathBuf::from("/h/.cache/tandem/sim"));
+    }
+
+    #[test]
+    fn cxx_is_read() {
+        let o = FpgaOptions::from_source(&[("CXX", "clang++")]).expect("ok");
+        assert_eq!(o.cxx, "clang++");
     }
 }

@@ -1,12 +1,11 @@
 //! `attention` on the streaming attention kernel (`tandem_fpga::kernels::attention`), one
-//! (batch, query head) problem per launch.
+//! (batch, query head) problem per launch (`tandem_fpga::drive::run_attention`).
 //!
 //! At the boundary each launch's tensors are quantised to int8 per tensor (symmetric,
 //! `max|x| / 127`, as `fpga::golden::attention` is specified and tested): the query plane of
 //! head h, and the key and value planes of its kv head h / (Hq / Hkv) (quantised once per kv
-//! head and shared by its query group). The head dimension is padded with zeros to a
-//! multiple of 8 (a zero column changes no score and gives a zero output column, dropped
-//! here). The softmax scale goes into the kernel's score multiplier
+//! head, written to the card once and shared by its query group; the driver pads the head
+//! dimension to a multiple of 8). The softmax scale goes into the kernel's score multiplier
 //! (`AttentionConfig::score_multiplier(scale, sq, sk)`); o comes back as int16 in units of
 //! `sv / 256` and is dequantised; `lse` is computed from the kernel's per-row running
 //! exponent and sum, `ln 2 (e + log2(l / 2^15))` (`AttentionOut::lse`), -inf for rows that
@@ -18,7 +17,7 @@ use tandem_fpga::golden::attention::{AttentionConfig, AttentionOut, MAX_NKV};
 use tandem_fpga::golden::gemm as gq;
 use tandem_fpga::kernels::attention::AttentionCore;
 use tandem_fpga::kernels::gemm::pad8;
-use tandem_fpga::{DeviceBuffer, FpgaDevice, FpgaError};
+use tandem_fpga::{FpgaDevice, FpgaError, RunStats, drive};
 
 use super::Support;
 use crate::error::{Error, Result};
@@ -124,237 +123,143 @@ pub fn support(
     Support::Native
 }
 
-/// One launch: a query head against its kv head.
-struct HeadJob {
-    /// Index into the quantised kv planes.
-    kv: usize,
-    /// int8 `[Nq][dp]`.
-    q: Vec<u8>,
-    score_mult: u16,
-    score_shift: u8,
-}
-
-/// Quantised inputs of the whole op.
-struct Quantised {
-    /// Per (batch, kv head): int8 K and V `[Nkv][dp]` and V's scale.
-    kv: Vec<(Vec<u8>, Vec<u8>, f32)>,
-    /// Per (batch, query head), in output order.
-    heads: Vec<HeadJob>,
-}
-
-/// int8 plane `[rows][d]` padded to `[rows][dp]`, per-tensor scale.
-fn quantise_plane(x: &[f32], rows: usize, d: usize, dp: usize) -> (Vec<u8>, f32) {
-    let (q, s) = gq::quantize_per_tensor(x);
-    let mut out = vec![0u8; rows * dp];
-    for r in 0..rows {
-        for c in 0..d {
-            out[r * dp + c] = q[r * d + c] as u8;
-        }
-    }
-    (out, s)
-}
-
-fn quantise(p: &AttentionParams, s: &AttentionShape, inputs: &[&Tensor]) -> Result<Quantised> {
-    let flat = |i: usize| -> Result<Vec<f32>> {
-        let v: Vec<f32> = inputs[i].as_f32()?.iter().copied().collect();
-        if let Some(pos) = v.iter().position(|x| !x.is_finite()) {
-            let name = ["q", "k", "v"][i];
-            return Err(Error::invalid(
-                "attention",
-                format!("{name} element {pos} is not finite (the int8 kernel needs finite inputs)"),
-            ));
-        }
-        Ok(v)
-    };
-    let (q, k, v) = (flat(0)?, flat(1)?, flat(2)?);
-    let (d, dp) = (s.d, pad8(s.d));
-    let (qp, kvp) = (s.nq * d, s.nkv * d);
-    let kv: Vec<(Vec<u8>, Vec<u8>, f32, f32)> = (0..s.b * s.hkv)
-        .map(|i| {
-            let (kq, sk) = quantise_plane(&k[i * kvp..(i + 1) * kvp], s.nkv, d, dp);
-            let (vq, sv) = quantise_plane(&v[i * kvp..(i + 1) * kvp], s.nkv, d, dp);
-            (kq, vq, sk, sv)
-        })
-        .collect();
-    let group = s.hq / s.hkv;
-    let scale = f64::from(p.scale_for(d));
-    let mut heads = Vec::with_capacity(s.b * s.hq);
-    for b in 0..s.b {
-        for h in 0..s.hq {
-            let plane = b * s.hq + h;
-            let (qq, sq) = quantise_plane(&q[plane * qp..(plane + 1) * qp], s.nq, d, dp);
-            let kvi = b * s.hkv + h / group;
-            let sk = kv[kvi].2;
-            let (score_mult, score_shift) =
-                AttentionConfig::score_multiplier(scale, f64::from(sq), f64::from(sk)).map_err(
-                    |e| {
-                        Error::invalid(
-                            "attention",
-                            format!(
-                                "batch {b} head {h}: {e} (scale {scale} x max|q| x max|k| is \
-                                 beyond the kernel's score multiplier)"
-                            ),
-                        )
-                    },
-                )?;
-            heads.push(HeadJob {
-                kv: kvi,
-                q: qq,
-                score_mult,
-                score_shift,
-            });
-        }
-    }
-    Ok(Quantised {
-        kv: kv.into_iter().map(|(k, v, _, sv)| (k, v, sv)).collect(),
-        heads,
-    })
-}
-
-/// Kernel output of one head: int16 o `[Nq][dp]`, per row (e, l).
-type HeadOut = (Vec<i16>, Vec<i32>, Vec<u32>);
-
-/// Runs every head on `dev` (which must have the attention core loaded), one after another.
-/// K and V of each kv head are written once; returns the outputs and the summed cycles.
-fn run_heads(
-    dev: &mut dyn FpgaDevice,
-    qd: &Quantised,
+/// One attention op, quantised for the kernel: int8 K and V per (batch, kv head) with V's
+/// scale, int8 q per (batch, query head) with its score multiplier, in output order.
+pub(super) struct AttentionJob {
+    outs: Vec<TensorMeta>,
+    s: AttentionShape,
     causal: bool,
-    nq: usize,
-    nkv: usize,
-    dp: usize,
-    timeout: Duration,
-) -> std::result::Result<(Vec<HeadOut>, u64), FpgaError> {
-    let bad = |msg: String| FpgaError::BadArgument {
-        kernel: "attention".into(),
-        msg,
-    };
-    let to32 =
-        |v: usize, what: &str| u32::try_from(v).map_err(|_| bad(format!("{what} = {v} too large")));
-    let (nq32, nkv32, d32) = (to32(nq, "nq")?, to32(nkv, "nkv")?, to32(dp, "d")?);
-    let mut bufs: Vec<DeviceBuffer> = Vec::new();
-    let result = (|| -> std::result::Result<(Vec<HeadOut>, u64), FpgaError> {
-        let mut alloc = |dev: &mut dyn FpgaDevice, bytes: usize| {
-            let b = dev.alloc(0, bytes.max(8) as u64)?;
-            bufs.push(b);
-            Ok::<_, FpgaError>(b)
-        };
-        let mut kvb = Vec::with_capacity(qd.kv.len());
-        for (k, v, _) in &qd.kv {
-            let kb = alloc(dev, k.len())?;
-            let vb = alloc(dev, v.len())?;
-            dev.write(&kb, 0, k)?;
-            dev.write(&vb, 0, v)?;
-            kvb.push((kb, vb));
-        }
-        let qb = alloc(dev, nq * dp)?;
-        let ob = alloc(dev, nq * dp * 2)?;
-        let sb = alloc(dev, nq * 8)?;
-        let mut outs = Vec::with_capacity(qd.heads.len());
-        let mut cycles = 0u64;
-        for job in &qd.heads {
-            let (kb, vb) = kvb
-                .get(job.kv)
-                .ok_or_else(|| bad(format!("kv plane {} missing", job.kv)))?;
-            dev.write(&qb, 0, &job.q)?;
-            for (name, b) in [("q", &qb), ("k", kb), ("v", vb), ("o", &ob), ("stats", &sb)] {
-                dev.set_pointer(name, b)?;
-            }
-            for (name, val) in [
-                ("nq", nq32),
-                ("nkv", nkv32),
-                ("d", d32),
-                ("causal", u32::from(causal)),
-                ("score_mult", u32::from(job.score_mult)),
-                ("score_shift", u32::from(job.score_shift)),
-            ] {
-                dev.set_scalar(name, val)?;
-            }
-            dev.start()?;
-            let st = dev.wait(timeout)?;
-            cycles += st.cycles;
-            let mut o = vec![0u8; nq * dp * 2];
-            dev.read(&ob, 0, &mut o)?;
-            let mut s = vec![0u8; nq * 8];
-            dev.read(&sb, 0, &mut s)?;
-            let o: Vec<i16> = o
-                .chunks_exact(2)
-                .map(|b| i16::from_le_bytes([b[0], b[1]]))
-                .collect();
-            let (mut e, mut l) = (Vec::with_capacity(nq), Vec::with_capacity(nq));
-            for w in s.chunks_exact(8) {
-                let word = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
-                e.push(word as u32 as i32);
-                l.push((word >> 32) as u32);
-            }
-            outs.push((o, e, l));
-        }
-        Ok((outs, cycles))
-    })();
-    let mut freed = Ok(());
-    for b in bufs.into_iter().rev() {
-        if let Err(e) = dev.free(b) {
-            freed = Err(e);
-        }
-    }
-    let r = result?;
-    freed?;
-    Ok(r)
+    /// Per (batch, kv head): int8 K and V `[Nkv][D]` and V's scale.
+    kv: Vec<(Vec<i8>, Vec<i8>, f32)>,
+    /// Per (batch, query head): int8 q `[Nq][D]`, its kv head, score multiplier and shift.
+    heads: Vec<(Vec<i8>, usize, u16, u8)>,
 }
 
-/// Runs attention on the card: quantise, one launch per (batch, query head), dequantise.
-/// `with_card` runs a closure on the loaded attention card. Returns o, lse and the cycles.
-pub(super) fn run(
-    p: &AttentionParams,
-    inputs: &[&Tensor],
-    timeout: Duration,
-    with_card: impl FnOnce(
-        &mut dyn FnMut(&mut dyn FpgaDevice) -> std::result::Result<(Vec<HeadOut>, u64), FpgaError>,
-    ) -> Result<(Vec<HeadOut>, u64)>,
-) -> Result<(Vec<Tensor>, u64)> {
-    let metas: Vec<TensorMeta> = inputs.iter().map(|t| t.meta()).collect();
-    let outs = p.validate(&metas)?;
-    let s = p.shape(&metas)?;
-    let (d, dp) = (s.d, pad8(s.d));
-    let mut o = vec![0f32; s.b * s.hq * s.nq * d];
-    let mut lse = vec![f32::NEG_INFINITY; s.b * s.hq * s.nq];
-    if s.nq == 0 {
-        return Ok((
-            vec![
-                Tensor::from_vec_f32(&outs[0].shape, o)?,
-                Tensor::from_vec_f32(&outs[1].shape, lse)?,
-            ],
-            0,
-        ));
-    }
-    let qd = quantise(p, &s, inputs)?;
-    let (heads, cycles) =
-        with_card(&mut |dev| run_heads(dev, &qd, p.causal, s.nq, s.nkv, dp, timeout))?;
-    if heads.len() != qd.heads.len() {
-        return Err(Error::Internal(format!(
-            "attention: {} head results for {} heads",
-            heads.len(),
-            qd.heads.len()
-        )));
-    }
-    for (plane, ((oq, e, l), job)) in heads.into_iter().zip(&qd.heads).enumerate() {
-        let sv = qd.kv[job.kv].2;
-        let out = AttentionOut { o: oq, e, l };
-        for i in 0..s.nq {
-            let row = (plane * s.nq + i) * d;
-            for c in 0..d {
-                o[row + c] = f32::from(out.o[i * dp + c]) * sv / 256.0;
+impl AttentionJob {
+    /// Quantises the op's inputs (each plane to int8 per tensor; K and V once per kv head).
+    pub(super) fn new(p: &AttentionParams, inputs: &[&Tensor]) -> Result<Self> {
+        let metas: Vec<TensorMeta> = inputs.iter().map(|t| t.meta()).collect();
+        let outs = p.validate(&metas)?;
+        let s = p.shape(&metas)?;
+        let flat = |i: usize| -> Result<Vec<f32>> {
+            let v: Vec<f32> = inputs[i].as_f32()?.iter().copied().collect();
+            if let Some(pos) = v.iter().position(|x| !x.is_finite()) {
+                let name = ["q", "k", "v"][i];
+                return Err(Error::invalid(
+                    "attention",
+                    format!(
+                        "{name} element {pos} is not finite (the int8 kernel needs finite inputs)"
+                    ),
+                ));
             }
-            lse[plane * s.nq + i] = out.lse(i) as f32;
+            Ok(v)
+        };
+        let (q, k, v) = (flat(0)?, flat(1)?, flat(2)?);
+        let (qp, kvp) = (s.nq * s.d, s.nkv * s.d);
+        let kv: Vec<(Vec<i8>, Vec<i8>, f32, f32)> = (0..s.b * s.hkv)
+            .map(|i| {
+                let (kq, sk) = gq::quantize_per_tensor(&k[i * kvp..(i + 1) * kvp]);
+                let (vq, sv) = gq::quantize_per_tensor(&v[i * kvp..(i + 1) * kvp]);
+                (kq, vq, sk, sv)
+            })
+            .collect();
+        let group = s.hq / s.hkv;
+        let scale = f64::from(p.scale_for(s.d));
+        let mut heads = Vec::with_capacity(s.b * s.hq);
+        for b in 0..s.b {
+            for h in 0..s.hq {
+                let plane = b * s.hq + h;
+                let (qq, sq) = gq::quantize_per_tensor(&q[plane * qp..(plane + 1) * qp]);
+                let kvi = b * s.hkv + h / group;
+                let sk = kv[kvi].2;
+                let (mult, shift) =
+                    AttentionConfig::score_multiplier(scale, f64::from(sq), f64::from(sk))
+                        .map_err(|e| {
+                            Error::invalid(
+                                "attention",
+                                format!(
+                                    "batch {b} head {h}: {e} (scale {scale} x max|q| x max|k| \
+                                     is beyond the kernel's score multiplier)"
+                                ),
+                            )
+                        })?;
+                heads.push((qq, kvi, mult, shift));
+            }
         }
+        Ok(Self {
+            outs,
+            s,
+            causal: p.causal,
+            kv: kv.into_iter().map(|(k, v, _, sv)| (k, v, sv)).collect(),
+            heads,
+        })
     }
-    Ok((
-        vec![
-            Tensor::from_vec_f32(&outs[0].shape, o)?,
-            Tensor::from_vec_f32(&outs[1].shape, lse)?,
-        ],
-        cycles,
-    ))
+
+    /// Whether there is nothing to launch: no query rows, or no keys (every row sees none).
+    pub(super) fn is_empty(&self) -> bool {
+        self.s.nq == 0 || self.s.nkv == 0
+    }
+
+    /// Runs every head on `dev`, each kv head's K and V written once.
+    pub(super) fn run(
+        &self,
+        dev: &mut dyn FpgaDevice,
+        timeout: Duration,
+    ) -> std::result::Result<(Vec<AttentionOut>, RunStats), FpgaError> {
+        let dims = drive::AttentionDims {
+            nq: self.s.nq,
+            nkv: self.s.nkv,
+            d: self.s.d,
+            causal: self.causal,
+        };
+        let kv: Vec<drive::KvHead<'_>> = self
+            .kv
+            .iter()
+            .map(|(k, v, _)| drive::KvHead { k, v })
+            .collect();
+        let heads: Vec<drive::QueryHead<'_>> = self
+            .heads
+            .iter()
+            .map(|(q, kv, score_mult, score_shift)| drive::QueryHead {
+                q,
+                kv: *kv,
+                score_mult: *score_mult,
+                score_shift: *score_shift,
+            })
+            .collect();
+        drive::run_attention(dev, dims, &kv, &heads, timeout)
+    }
+
+    /// o and lse from the kernel's per-head outputs (none when [`Self::is_empty`]): o
+    /// dequantised (`sv / 256` per unit), lse `ln 2 (e + log2(l / 2^15))`, -inf and a zero
+    /// row where a row sees no key.
+    pub(super) fn outputs(&self, heads: &[AttentionOut]) -> Result<Vec<Tensor>> {
+        let s = &self.s;
+        let d = s.d;
+        let mut o = vec![0f32; s.b * s.hq * s.nq * d];
+        let mut lse = vec![f32::NEG_INFINITY; s.b * s.hq * s.nq];
+        if !self.is_empty() && heads.len() != self.heads.len() {
+            return Err(Error::Internal(format!(
+                "attention: {} head results for {} heads",
+                heads.len(),
+                self.heads.len()
+            )));
+        }
+        for (plane, (out, job)) in heads.iter().zip(&self.heads).enumerate() {
+            let sv = self.kv[job.1].2;
+            for i in 0..s.nq {
+                let row = (plane * s.nq + i) * d;
+                for c in 0..d {
+                    o[row + c] = f32::from(out.o[i * d + c]) * sv / 256.0;
+                }
+                lse[plane * s.nq + i] = out.lse(i) as f32;
+            }
+        }
+        Ok(vec![
+            Tensor::from_vec_f32(&self.outs[0].shape, o)?,
+            Tensor::from_vec_f32(&self.outs[1].shape, lse)?,
+        ])
+    }
 }
 
 #[cfg(test)]

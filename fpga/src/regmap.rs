@@ -14,7 +14,7 @@
 
 use std::fmt::Write as _;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::core::{NUM_POINTERS, NUM_SCALARS};
 
@@ -46,7 +46,7 @@ pub const AUTO_RESTART: u32 = 1 << 7;
 pub const CTRL_ADDR_BITS: u32 = 12;
 
 /// Kind of a kernel argument.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ArgKind {
     /// A 32-bit scalar (`uint`).
@@ -56,7 +56,7 @@ pub enum ArgKind {
 }
 
 /// One argument of a kernel.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ArgDesc {
     /// Name (as `xrt::kernel` sees it).
     pub name: String,
@@ -87,7 +87,7 @@ impl ArgDesc {
 }
 
 /// Where one argument lives: its register offset and the core port it drives.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ArgSlot {
     /// The argument.
     pub arg: ArgDesc,
@@ -102,7 +102,7 @@ pub struct ArgSlot {
 }
 
 /// A kernel's interface: name and arguments.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KernelDesc {
     /// Kernel name (the packaged top module and the xclbin kernel name).
     pub name: String,

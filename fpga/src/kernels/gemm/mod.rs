@@ -28,9 +28,12 @@
 
 use std::fmt::Write as _;
 
-use crate::core::{CoreError, KernelCore};
-use crate::desc::{ArgDesc, KernelDesc};
-use crate::golden::gemm::Requant;
+use crate::core::{CoreError, KernelCore, clog2, core_header};
+use crate::regmap::{ArgDesc, KernelDesc};
+
+pub mod pack;
+
+pub use pack::{pack_params, pack_w, pad_x, pad8};
 
 /// Columns of the array: the 8 int8 weights of one 64-bit read word.
 pub const COLS: usize = 8;
@@ -131,86 +134,6 @@ impl KernelCore for GemmCore {
     fn core_verilog(&self) -> Result<String, CoreError> {
         self.validate()?;
         Ok(gemm_verilog(self))
-    }
-}
-
-/// `n` rounded up to a multiple of 8.
-pub fn pad8(n: usize) -> usize {
-    n.div_ceil(8) * 8
-}
-
-/// x `[M][K]` -> `[M][pad8(K)]` with zero columns.
-pub fn pad_x(x: &[i8], m: usize, k: usize) -> Vec<i8> {
-    let kp = pad8(k);
-    let mut out = vec![0i8; m * kp];
-    for (o, i) in out.chunks_exact_mut(kp).zip(x.chunks_exact(k.max(1))) {
-        o[..k].copy_from_slice(i);
-    }
-    out
-}
-
-/// w `[N][K]` -> the packed stream: for each tile of 8 rows of w and each k, one 64-bit word
-/// whose byte c is `w[n0+c][k]` (zero padded to `pad8(N)` x `pad8(K)`).
-pub fn pack_w(w: &[i8], n: usize, k: usize) -> Vec<u64> {
-    let (np, kp) = (pad8(n), pad8(k));
-    let mut out = vec![0u64; np / 8 * kp];
-    for n0 in (0..np).step_by(8) {
-        for kk in 0..k {
-            let mut word = 0u64;
-            for c in 0..8 {
-                let row = n0 + c;
-                if row < n {
-                    word |= u64::from(w[row * k + kk] as u8) << (8 * c);
-                }
-            }
-            out[n0 / 8 * kp + kk] = word;
-        }
-    }
-    out
-}
-
-/// Per-column parameter words: bits 31:0 bias, 47:32 mult, 53:48 shift (zero padded to
-/// `pad8(N)` columns).
-pub fn pack_params(bias: &[i32], rq: &[Requant]) -> Vec<u64> {
-    let np = pad8(bias.len());
-    (0..np)
-        .map(|i| match (bias.get(i), rq.get(i)) {
-            (Some(&b), Some(r)) => {
-                u64::from(b as u32) | (u64::from(r.mult) << 32) | (u64::from(r.shift & 63) << 48)
-            }
-            _ => 0,
-        })
-        .collect()
-}
-
-/// The module header of a text core: the contract's ports (`crate::core::core_ports`) in the
-/// order and widths the shell expects, one declaration per line; outputs are `reg` except
-/// those named in `wire_outputs`.
-pub(crate) fn core_header(module: &str, wire_outputs: &[&str]) -> String {
-    let ports = crate::core::core_ports();
-    let names: Vec<&str> = ports.iter().map(|p| p.name.as_str()).collect();
-    let mut s = format!("module {module}({});\n", names.join(", "));
-    for p in &ports {
-        let range = if p.width > 1 {
-            format!("[{}:0] ", p.width - 1)
-        } else {
-            String::new()
-        };
-        let kind = match p.dir {
-            crate::core::PortDir::In => "input wire",
-            crate::core::PortDir::Out if wire_outputs.contains(&p.name.as_str()) => "output wire",
-            crate::core::PortDir::Out => "output reg",
-        };
-        let _ = writeln!(s, "{kind} {range}{};", p.name);
-    }
-    s
-}
-
-fn clog2(n: u32) -> u32 {
-    if n <= 1 {
-        1
-    } else {
-        32 - (n - 1).leading_zeros()
     }
 }
 
@@ -653,20 +576,5 @@ mod tests {
         ] {
             assert!(c.core_verilog().is_err(), "{c:?}");
         }
-    }
-
-    #[test]
-    fn packing_layouts() {
-        // w [N=3][K=2]: tile 0, k 0 holds w[0][0], w[1][0], w[2][0] in bytes 0..3
-        let w = [1i8, 2, 3, 4, -1, 6];
-        let p = pack_w(&w, 3, 2);
-        assert_eq!(p.len(), 8);
-        assert_eq!(p[0] & 0xFF_FFFF, 0xFF_0301);
-        assert_eq!(p[1] & 0xFF_FFFF, 0x06_0402);
-        assert_eq!(p[2], 0);
-        let q = pack_params(&[-2], &[Requant { mult: 7, shift: 9 }]);
-        assert_eq!(q.len(), 8);
-        assert_eq!(q[0], 0xFFFF_FFFE | (7 << 32) | (9 << 48));
-        assert_eq!(pad_x(&[5, 6, 7], 1, 3), vec![5, 6, 7, 0, 0, 0, 0, 0]);
     }
 }

@@ -1,47 +1,17 @@
-//! A Verilator harness for a bare kernel core (the port contract of [`crate::core`]), used to
-//! check the GEMM and attention cores bit for bit against the golden models without the
-//! shell: a C++ testbench plays the shell's side of the read/write channels over a flat
+//! A Verilator harness for a bare kernel core (the port contract of `tandem_fpga::core`),
+//! used to check the GEMM and attention cores bit for bit against the golden models without
+//! the shell: a C++ testbench plays the shell's side of the read/write channels over a flat
 //! memory image, with configurable latency and random stalls, runs jobs back to back (and can
-//! reset a job midway), and reports cycles and simulation speed.
+//! reset a job midway), and reports cycles and simulation speed. Built through the same
+//! [`Toolchain`] (Verilator check, compiler, cache) as the card's models.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
-/// Errors of the core harness.
-#[derive(Debug, thiserror::Error)]
-pub enum CoreSimError {
-    /// Verilator is not installed.
-    #[error("verilator not found: {0} (apt-get install verilator)")]
-    NoVerilator(String),
-    /// Building the model failed.
-    #[error("verilator build of {module} failed:\n{log}")]
-    Build {
-        /// Core module.
-        module: String,
-        /// Compiler output (tail).
-        log: String,
-    },
-    /// Running the model failed or its output was not understood.
-    #[error("core simulation failed: {0}")]
-    Run(String),
-    /// File system error.
-    #[error("core simulation i/o on {path}: {source}")]
-    Io {
-        /// The path concerned.
-        path: PathBuf,
-        /// The error.
-        source: std::io::Error,
-    },
-}
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CoreSimError + '_ {
-    move |source| CoreSimError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
+use crate::SimError;
+use crate::verilator::{Toolchain, io, jobs, run};
 
 /// One kernel launch: scalar and pointer arguments, optionally reset after some cycles.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -96,78 +66,72 @@ pub struct SimRun {
     pub cycles_per_sec: f64,
 }
 
-/// A Verilator model of one core, built once and run many times.
+/// A Verilator model of one core, built once (cached by the toolchain) and run many times.
 #[derive(Debug)]
 pub struct CoreSim {
     exe: PathBuf,
     dir: PathBuf,
 }
 
-/// Whether `verilator` can be run, with the reason when not.
-pub fn verilator_available() -> Result<String, CoreSimError> {
-    match Command::new("verilator").arg("--version").output() {
-        Ok(o) if o.status.success() => Ok(String::from_utf8_lossy(&o.stdout).trim().to_string()),
-        Ok(o) => Err(CoreSimError::NoVerilator(
-            String::from_utf8_lossy(&o.stderr).into_owned(),
-        )),
-        Err(e) => Err(CoreSimError::NoVerilator(e.to_string())),
-    }
-}
+/// Verilator's flags for the harness build.
+const FLAGS: &[&str] = &[
+    "--cc",
+    "--exe",
+    "--build",
+    "-O3",
+    "--x-assign",
+    "0",
+    "--x-initial",
+    "0",
+    "-Wno-fatal",
+    "-Wno-lint",
+    "-Wno-style",
+    "--prefix",
+    "Vcore",
+    "-CFLAGS",
+    "-O1",
+];
+
+/// The harness executable in a build folder.
+const EXE: &str = "vcore";
 
 impl CoreSim {
-    /// Verilates `verilog` (top `module`) with the harness into `dir` and builds it.
-    pub fn build(verilog: &str, module: &str, dir: &Path) -> Result<Self, CoreSimError> {
-        verilator_available()?;
-        std::fs::create_dir_all(dir).map_err(io(dir))?;
-        let v = dir.join(format!("{module}.v"));
-        std::fs::write(&v, verilog).map_err(io(&v))?;
-        let cpp = dir.join("harness.cpp");
-        std::fs::write(&cpp, HARNESS).map_err(io(&cpp))?;
-        let jobs = std::thread::available_parallelism()
-            .map(|n| n.get().min(2))
-            .unwrap_or(1);
-        let out = Command::new("verilator")
-            .args([
-                "--cc",
-                "--exe",
-                "--build",
-                "-O3",
-                "--x-assign",
-                "0",
-                "--x-initial",
-                "0",
-            ])
-            .args(["-Wno-fatal", "-Wno-lint", "-Wno-style", "--prefix", "Vcore"])
-            .args(["--top-module", module, "-o", "vcore", "-j"])
-            .arg(jobs.to_string())
-            .arg("-CFLAGS")
-            .arg("-O1")
-            .arg("--Mdir")
-            .arg(dir.join("obj"))
-            .arg(&v)
-            .arg(&cpp)
-            .output()
-            .map_err(|e| CoreSimError::NoVerilator(e.to_string()))?;
-        let exe = dir.join("obj").join("vcore");
-        if !out.status.success() || !exe.exists() {
-            let log = String::from_utf8_lossy(&out.stderr);
-            let tail: String = log
-                .lines()
-                .rev()
-                .take(40)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect::<Vec<_>>()
-                .join("\n");
-            return Err(CoreSimError::Build {
-                module: module.into(),
-                log: tail,
-            });
-        }
+    /// Verilates `verilog` (top `module`) with the harness and builds it, or finds the build
+    /// in `tc`'s cache.
+    pub fn build(tc: &Toolchain, verilog: &str, module: &str) -> Result<Self, SimError> {
+        let flags = FLAGS.join(" ");
+        let inputs: [&[u8]; 4] = [
+            verilog.as_bytes(),
+            HARNESS.as_bytes(),
+            module.as_bytes(),
+            flags.as_bytes(),
+        ];
+        let dir = tc.cached(&format!("core-{module}"), &inputs, EXE, |tmp| {
+            let v = tmp.join(format!("{module}.v"));
+            std::fs::write(&v, verilog).map_err(io(&v))?;
+            let cpp = tmp.join("harness.cpp");
+            std::fs::write(&cpp, HARNESS).map_err(io(&cpp))?;
+            let obj = tmp.join("obj");
+            run(
+                tc.verilator()
+                    .args(FLAGS)
+                    .args(["--top-module", module, "-o", EXE, "-j"])
+                    .arg(jobs(2).to_string())
+                    .arg("--Mdir")
+                    .arg(&obj)
+                    .arg(&v)
+                    .arg(&cpp),
+                &format!("verilator build of {module}"),
+            )?;
+            let built = obj.join(EXE);
+            let exe = tmp.join(EXE);
+            std::fs::rename(&built, &exe).map_err(io(&built))?;
+            let _ = std::fs::remove_dir_all(&obj);
+            Ok(())
+        })?;
         Ok(Self {
-            exe,
-            dir: dir.to_path_buf(),
+            exe: dir.join(EXE),
+            dir,
         })
     }
 
@@ -178,7 +142,7 @@ impl CoreSim {
         jobs: &[CoreJob],
         model: MemModel,
         max_cycles: u64,
-    ) -> Result<SimRun, CoreSimError> {
+    ) -> Result<SimRun, SimError> {
         static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tag = format!("{}-{n}", std::process::id());
@@ -212,7 +176,7 @@ impl CoreSim {
             .map_err(io(&self.exe))?;
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         if !out.status.success() {
-            return Err(CoreSimError::Run(format!(
+            return Err(SimError::Run(format!(
                 "harness exited with {}: {stdout}{}",
                 out.status,
                 String::from_utf8_lossy(&out.stderr)
@@ -220,7 +184,7 @@ impl CoreSim {
         }
         let data = std::fs::read(&mout).map_err(io(&mout))?;
         if data.len() != mem.len() {
-            return Err(CoreSimError::Run("memory image changed size".into()));
+            return Err(SimError::Run("memory image changed size".into()));
         }
         mem.copy_from_slice(&data);
         let _ = std::fs::remove_file(&min);
@@ -232,7 +196,7 @@ impl CoreSim {
             let w: Vec<&str> = line.split_whitespace().collect();
             match w.as_slice() {
                 ["job", _, "cycles", c, "done", d] => stats.push(JobStats {
-                    cycles: c.parse().map_err(|_| CoreSimError::Run(line.into()))?,
+                    cycles: c.parse().map_err(|_| SimError::Run(line.into()))?,
                     done: *d == "1",
                 }),
                 ["speed", s] => speed = s.parse().unwrap_or(0.0),
@@ -240,7 +204,7 @@ impl CoreSim {
             }
         }
         if stats.len() != jobs.len() {
-            return Err(CoreSimError::Run(format!(
+            return Err(SimError::Run(format!(
                 "unexpected harness output: {stdout}"
             )));
         }

@@ -1,0 +1,138 @@
+//! The host-side drivers of the kernels, written once over `&mut dyn FpgaDevice`: lay the
+//! data out as the cores read it, allocate and fill device buffers, set the arguments by
+//! name, start, wait with a timeout, read the results back in the golden models' shapes.
+//!
+//! ```text
+//!  host backend (tandem::backend::fpga), `tandem fpga sim`, tests
+//!        |  golden-model arguments (int8 / int16 data, dims)
+//!        v
+//!  drive::{run_router, run_gemm, run_attention}
+//!        |  alloc / write / set_pointer / set_scalar / start / wait / read / free
+//!        v
+//!  &mut dyn FpgaDevice  <--  tandem_sim::SimCard (Verilator) | the XRT driver (a board)
+//! ```
+//!
+//! Every driver takes its device buffers from a [`Scratch`] inside [`with_scratch`], which
+//! frees them whatever happened, so a failed run leaves the card's memory as it found it.
+
+pub mod attention;
+pub mod gemm;
+pub mod router;
+
+use std::time::Duration;
+
+pub use attention::{AttentionDims, KvHead, QueryHead, run_attention, run_attention_head};
+pub use gemm::run_gemm;
+pub use router::run_router;
+
+use crate::device::{DeviceBuffer, FpgaDevice, FpgaError, RunStats, SyncDir};
+
+/// Device memory that one driver call allocates (bank 0), freed by [`with_scratch`].
+#[derive(Debug, Default)]
+pub struct Scratch {
+    bufs: Vec<DeviceBuffer>,
+}
+
+impl Scratch {
+    /// Allocates a buffer of `bytes` (at least 8, the width of a memory word) in bank 0.
+    pub fn alloc(
+        &mut self,
+        dev: &mut dyn FpgaDevice,
+        bytes: usize,
+    ) -> Result<DeviceBuffer, FpgaError> {
+        let b = dev.alloc(0, bytes.max(8) as u64)?;
+        self.bufs.push(b);
+        Ok(b)
+    }
+
+    /// Allocates a buffer holding `data` and moves it to the device.
+    pub fn upload(
+        &mut self,
+        dev: &mut dyn FpgaDevice,
+        data: &[u8],
+    ) -> Result<DeviceBuffer, FpgaError> {
+        let b = self.alloc(dev, data.len())?;
+        write(dev, &b, data)?;
+        Ok(b)
+    }
+}
+
+/// Runs `f` with a [`Scratch`], then frees every buffer it allocated (newest first), whatever
+/// `f` returned. An error of `f` wins over an error while freeing.
+pub fn with_scratch<T>(
+    dev: &mut dyn FpgaDevice,
+    f: impl FnOnce(&mut dyn FpgaDevice, &mut Scratch) -> Result<T, FpgaError>,
+) -> Result<T, FpgaError> {
+    let mut scratch = Scratch::default();
+    let result = f(dev, &mut scratch);
+    let mut freed = Ok(());
+    for b in scratch.bufs.into_iter().rev() {
+        if let Err(e) = dev.free(b)
+            && freed.is_ok()
+        {
+            freed = Err(e);
+        }
+    }
+    let value = result?;
+    freed?;
+    Ok(value)
+}
+
+/// Writes `data` at the start of `buf` and moves it to the device.
+pub fn write(dev: &mut dyn FpgaDevice, buf: &DeviceBuffer, data: &[u8]) -> Result<(), FpgaError> {
+    dev.write(buf, 0, data)?;
+    dev.sync(buf, SyncDir::ToDevice)
+}
+
+/// Moves `buf` from the device and reads its first `len` bytes.
+pub fn read(
+    dev: &mut dyn FpgaDevice,
+    buf: &DeviceBuffer,
+    len: usize,
+) -> Result<Vec<u8>, FpgaError> {
+    dev.sync(buf, SyncDir::FromDevice)?;
+    let mut out = vec![0u8; len];
+    dev.read(buf, 0, &mut out)?;
+    Ok(out)
+}
+
+/// Sets the pointer and scalar arguments by name (in the order given), starts the kernel and
+/// waits for ap_done, at most `timeout`.
+pub fn launch(
+    dev: &mut dyn FpgaDevice,
+    pointers: &[(&str, &DeviceBuffer)],
+    scalars: &[(&str, u32)],
+    timeout: Duration,
+) -> Result<RunStats, FpgaError> {
+    for (name, buf) in pointers {
+        dev.set_pointer(name, buf)?;
+    }
+    for &(name, value) in scalars {
+        dev.set_scalar(name, value)?;
+    }
+    dev.start()?;
+    dev.wait(timeout)
+}
+
+/// A [`FpgaError::BadArgument`] of `kernel`.
+pub(crate) fn bad(kernel: &str, msg: String) -> FpgaError {
+    FpgaError::BadArgument {
+        kernel: kernel.into(),
+        msg,
+    }
+}
+
+/// `v` as a 32-bit register value, or a [`FpgaError::BadArgument`] naming `what`.
+pub(crate) fn u32_of(kernel: &str, what: &str, v: usize) -> Result<u32, FpgaError> {
+    u32::try_from(v).map_err(|_| bad(kernel, format!("{what} = {v} is too large")))
+}
+
+/// 64-bit words as little-endian bytes.
+pub(crate) fn words(v: &[u64]) -> Vec<u8> {
+    v.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+/// int8 values as the bytes the cores read.
+pub(crate) fn bytes_of(v: &[i8]) -> Vec<u8> {
+    v.iter().map(|&x| x as u8).collect()
+}

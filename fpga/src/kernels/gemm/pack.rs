@@ -1,0 +1,74 @@
+//! The data layouts the GEMM core reads (x rows zero padded to a multiple of 8 bytes, the
+//! packed W stream, the per-column parameter words), shared by the host drivers
+//! ([`crate::drive`]) and the tests.
+
+use crate::golden::gemm::Requant;
+
+/// `n` rounded up to a multiple of 8.
+pub fn pad8(n: usize) -> usize {
+    n.div_ceil(8) * 8
+}
+
+/// x `[M][K]` -> `[M][pad8(K)]` with zero columns.
+pub fn pad_x(x: &[i8], m: usize, k: usize) -> Vec<i8> {
+    let kp = pad8(k);
+    let mut out = vec![0i8; m * kp];
+    for (o, i) in out.chunks_exact_mut(kp).zip(x.chunks_exact(k.max(1))) {
+        o[..k].copy_from_slice(i);
+    }
+    out
+}
+
+/// w `[N][K]` -> the packed stream: for each tile of 8 rows of w and each k, one 64-bit word
+/// whose byte c is `w[n0+c][k]` (zero padded to `pad8(N)` x `pad8(K)`).
+pub fn pack_w(w: &[i8], n: usize, k: usize) -> Vec<u64> {
+    let (np, kp) = (pad8(n), pad8(k));
+    let mut out = vec![0u64; np / 8 * kp];
+    for n0 in (0..np).step_by(8) {
+        for kk in 0..k {
+            let mut word = 0u64;
+            for c in 0..8 {
+                let row = n0 + c;
+                if row < n {
+                    word |= u64::from(w[row * k + kk] as u8) << (8 * c);
+                }
+            }
+            out[n0 / 8 * kp + kk] = word;
+        }
+    }
+    out
+}
+
+/// Per-column parameter words: bits 31:0 bias, 47:32 mult, 53:48 shift (zero padded to
+/// `pad8(N)` columns).
+pub fn pack_params(bias: &[i32], rq: &[Requant]) -> Vec<u64> {
+    let np = pad8(bias.len());
+    (0..np)
+        .map(|i| match (bias.get(i), rq.get(i)) {
+            (Some(&b), Some(r)) => {
+                u64::from(b as u32) | (u64::from(r.mult) << 32) | (u64::from(r.shift & 63) << 48)
+            }
+            _ => 0,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packing_layouts() {
+        // w [N=3][K=2]: tile 0, k 0 holds w[0][0], w[1][0], w[2][0] in bytes 0..3
+        let w = [1i8, 2, 3, 4, -1, 6];
+        let p = pack_w(&w, 3, 2);
+        assert_eq!(p.len(), 8);
+        assert_eq!(p[0] & 0xFF_FFFF, 0xFF_0301);
+        assert_eq!(p[1] & 0xFF_FFFF, 0x06_0402);
+        assert_eq!(p[2], 0);
+        let q = pack_params(&[-2], &[Requant { mult: 7, shift: 9 }]);
+        assert_eq!(q.len(), 8);
+        assert_eq!(q[0], 0xFFFF_FFFE | (7 << 32) | (9 << 48));
+        assert_eq!(pad_x(&[5, 6, 7], 1, 3), vec![5, 6, 7, 0, 0, 0, 0, 0]);
+    }
+}

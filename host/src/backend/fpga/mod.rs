@@ -1,0 +1,499 @@
+//! The FPGA backend: runs kernels on `FpgaDevice`s through the one set of drivers in
+//! `tandem_fpga::drive`. The cards come from an [`OpenDevice`] factory: the Verilator-simulated
+//! card (`tandem_sim`, listed as `fpga-sim:0`) today, the XRT board driver next; nothing here
+//! but [`sim_factory`] knows which.
+//!
+//! What stays here is the host's side of each op: whether a build takes it, quantising the
+//! inputs and dequantising the outputs, and building the output tensors.
+//!
+//! - `moe_route` ([`route`]): renormalised top-k, E <= e_max, k <= k_max of the loaded build,
+//!   on the router kernel; the outputs the kernel does not make are computed by `ops::moe`
+//!   (`moe_router_int16+host_align`).
+//! - `linear` ([`linear`]): no activation or ReLU, N, K <= 4096, at most 2^26 MACs so the
+//!   simulation stays quick, on the GEMM kernel (`linear_int8_gemm`).
+//! - `attention` ([`attention`]): head dim <= 128, Nkv <= 512, on the streaming attention
+//!   kernel (`attention_int8_stream`).
+//!
+//! Everything else answers [`Support::No`] so the planner keeps it on the CPU. Each kernel has
+//! its own card, opened and loaded at first use. `LaunchInfo::cycles` is the kernel cycles
+//! (ap_start to ap_done) and `device_time` = cycles / the card's clock
+//! (`FpgaDevice::clock_hz`: the build's target clock, `tandem_fpga::DEFAULT_CLOCK_MHZ`, unless
+//! `FpgaOptions::clock_mhz` says otherwise).
+
+pub mod attention;
+pub mod linear;
+pub mod route;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tandem_fpga::core::KernelCore;
+use tandem_fpga::kernels::attention::AttentionCore;
+use tandem_fpga::kernels::gemm::GemmCore;
+use tandem_fpga::kernels::router::RouterCore;
+use tandem_fpga::shell::ShellConfig;
+use tandem_fpga::{DEFAULT_CLOCK_MHZ, FpgaDevice, FpgaError};
+
+pub use attention::ATTENTION_KERNEL;
+pub use linear::GEMM_KERNEL;
+pub use route::ROUTER_KERNEL;
+
+use super::{
+    Backend, DeviceId, DeviceInfo, DeviceKind, DeviceStorage, Launch, LaunchInfo, Missing, Support,
+};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ops::Op;
+use crate::options::FpgaOptions;
+use crate::sync::Completion;
+use crate::tensor::{Tensor, TensorMeta};
+
+/// Longest a kernel run may take (wall clock) before it is a timeout.
+const RUN_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Opens an FPGA card for one kernel, configured by the options: the simulated card today,
+/// the XRT driver next.
+pub type OpenDevice =
+    Box<dyn Fn(&FpgaOptions) -> std::result::Result<Box<dyn FpgaDevice>, FpgaError> + Send + Sync>;
+
+/// Looks for simulated and real FPGA cards.
+pub fn discover(opts: &FpgaOptions) -> (Vec<Arc<dyn Backend>>, Vec<Missing>) {
+    let mut missing = vec![Missing {
+        kind: DeviceKind::FpgaXrt,
+        reason: "tandem was built without the `xrt` feature (no Alveo board driver)".into(),
+    }];
+    match tandem_sim::available() {
+        Ok(version) => {
+            let mem = tandem_sim::MemConfig::default();
+            let card = CardInfo {
+                kind: DeviceKind::FpgaSim,
+                name: "Alveo (Verilator-simulated)".into(),
+                memory_bytes: u64::from(mem.banks) * mem.bank_bytes,
+                details: vec![("simulator".into(), version)],
+            };
+            let b = FpgaBackend::new(card, opts.clone(), sim_factory());
+            (vec![Arc::new(b)], missing)
+        }
+        Err(e) => {
+            missing.push(Missing {
+                kind: DeviceKind::FpgaSim,
+                reason: e.to_string(),
+            });
+            (Vec::new(), missing)
+        }
+    }
+}
+
+/// The factory of simulated cards: a `tandem_sim::SimCard` configured from the options (clock
+/// override, build cache, C++ compiler, memory, VCD trace).
+pub fn sim_factory() -> OpenDevice {
+    Box::new(|o: &FpgaOptions| {
+        let mut mem = tandem_sim::MemConfig::default();
+        if let Some(l) = o.sim_read_latency {
+            mem.read_latency = l;
+        }
+        if let Some(b) = o.sim_bytes_per_cycle {
+            mem.bytes_per_cycle = b;
+        }
+        let cfg = tandem_sim::SimConfig {
+            mem,
+            clock_mhz: o.clock_mhz,
+            vcd: o.sim_vcd.clone(),
+            toolchain: tandem_sim::Toolchain {
+                cache_dir: o.sim_cache.clone(),
+                cxx: o.cxx.clone(),
+            },
+        };
+        let card = tandem_sim::SimCard::open(cfg)?;
+        Ok(Box::new(card) as Box<dyn FpgaDevice>)
+    })
+}
+
+/// What a kind of card is, as the backend reports it.
+#[derive(Debug, Clone)]
+pub struct CardInfo {
+    /// Device kind (simulated or a board).
+    pub kind: DeviceKind,
+    /// Human-readable name.
+    pub name: String,
+    /// Device memory in bytes.
+    pub memory_bytes: u64,
+    /// Details of the card (simulator version, board, shell).
+    pub details: Vec<(String, String)>,
+}
+
+/// FPGA cards as a device: one card per kernel, opened by the factory and loaded at the
+/// kernel's first launch.
+pub struct FpgaBackend {
+    info: DeviceInfo,
+    opts: FpgaOptions,
+    open: OpenDevice,
+    router: RouterCore,
+    gemm: GemmCore,
+    attention: [(&'static str, AttentionCore); 2],
+    /// One card per kernel build (the first Verilator build of a kernel takes a while; later
+    /// ones load from the cache).
+    cards: Mutex<HashMap<&'static str, Box<dyn FpgaDevice>>>,
+}
+
+impl std::fmt::Debug for FpgaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let cards = self
+            .cards
+            .lock()
+            .map(|c| c.keys().copied().collect::<Vec<_>>())
+            .unwrap_or_default();
+        f.debug_struct("FpgaBackend")
+            .field("info", &self.info)
+            .field("opts", &self.opts)
+            .field("cards", &cards)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FpgaBackend {
+    /// A backend over cards of kind `card` that `open` makes, with the default builds: the
+    /// router, an 8-row GEMM (K, N up to 4096) and the attention builds.
+    pub fn new(card: CardInfo, opts: FpgaOptions, open: OpenDevice) -> Self {
+        let router = RouterCore::default();
+        let gemm = GemmCore {
+            rows: 8,
+            k_max: 4096,
+            n_max: 4096,
+        };
+        let attention = attention::builds();
+        let clock_mhz = opts.clock_mhz.unwrap_or(DEFAULT_CLOCK_MHZ);
+        let clock = clock_mhz * 1e6;
+        let mut details = card.details;
+        details.extend([
+            ("clock".into(), format!("{clock_mhz} MHz")),
+            (
+                "kernels".into(),
+                format!(
+                    "router (e_max={}, k_max={}), gemm (rows={}, k_max={}, n_max={}), \
+                     attention (d_max={} and {}, nkv_max={}, kv_tile={})",
+                    router.e_max,
+                    router.k_max,
+                    gemm.rows,
+                    gemm.k_max,
+                    gemm.n_max,
+                    attention[0].1.d_max,
+                    attention[1].1.d_max,
+                    attention[0].1.nkv_max,
+                    attention[0].1.kv_tile
+                ),
+            ),
+        ]);
+        let info = DeviceInfo {
+            id: DeviceId {
+                kind: card.kind,
+                index: 0,
+            },
+            name: card.name,
+            memory_bytes: card.memory_bytes,
+            // The router: one logit per cycle, ~8 operations each.
+            peak_flops: 8.0 * clock,
+            peak_bandwidth: 8.0 * clock,
+            compute_dtype: DType::I8,
+            details,
+        };
+        Self {
+            info,
+            opts,
+            open,
+            router,
+            gemm,
+            attention,
+            cards: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The clock the planner's estimates use, Hz: the option's, else the builds' target.
+    fn nominal_clock_hz(&self) -> f64 {
+        self.opts.clock_mhz.unwrap_or(DEFAULT_CLOCK_MHZ) * 1e6
+    }
+
+    /// Runs `f` on the card of build `name` (opening it and loading `core` first if needed);
+    /// returns its result and the card's clock in Hz.
+    fn with_card<R>(
+        &self,
+        name: &'static str,
+        core: &dyn KernelCore,
+        f: impl FnOnce(&mut dyn FpgaDevice) -> std::result::Result<R, FpgaError>,
+    ) -> Result<(R, f64)> {
+        let device = self.id().to_string();
+        let mut cards = self.cards.lock().unwrap_or_else(|e| e.into_inner());
+        if !cards.contains_key(name) {
+            let mut card = (self.open)(&self.opts).map_err(|e| fpga_err(&device, e))?;
+            card.load_core(core, ShellConfig::default())
+                .map_err(|e| fpga_err(&device, e))?;
+            cards.insert(name, card);
+        }
+        let card = cards
+            .get_mut(name)
+            .ok_or_else(|| Error::Internal(format!("{device} card {name} missing")))?;
+        let r = f(card.as_mut()).map_err(|e| fpga_err(&device, e))?;
+        Ok((r, card.clock_hz()))
+    }
+}
+
+/// An FPGA device error as the library's, by meaning: a bad argument or access is the
+/// caller's, memory is exhausted, a run timed out, a card or its kernel is unavailable, or
+/// the device failed.
+fn fpga_err(device: &str, e: FpgaError) -> Error {
+    match e {
+        FpgaError::BadArgument { .. } | FpgaError::OutOfRange { .. } => {
+            Error::bad_argument(device, e.to_string()).with_source(e)
+        }
+        FpgaError::OutOfMemory { bytes, free, .. } => {
+            Error::out_of_memory(device, bytes, Some(free)).with_source(e)
+        }
+        FpgaError::Timeout {
+            kernel, timeout, ..
+        } => Error::Timeout {
+            what: format!("{device} kernel {kernel}"),
+            timeout,
+        },
+        FpgaError::Unavailable { reason, .. } => Error::Unavailable {
+            device: device.into(),
+            reason,
+        },
+        // A core that did not build or load (Verilator, or an xclbin on a board): the card
+        // itself is fine, as with a kernel NVRTC refuses.
+        FpgaError::Load {
+            ref kernel,
+            ref msg,
+        } => Error::compile(device, kernel.clone(), msg.clone(), "").with_source(e),
+        FpgaError::NotLoaded { .. } => {
+            Error::Internal(format!("{device}: driven before its core was loaded: {e}"))
+        }
+        FpgaError::Device { ref msg, .. } => Error::device(device, msg.clone()).with_source(e),
+        FpgaError::Io { path, source } => Error::file(path, source.to_string()),
+    }
+}
+
+fn host_tensor(s: &DeviceStorage) -> Result<&Tensor> {
+    s.downcast::<Tensor>()
+        .ok_or_else(|| Error::Internal(format!("{s:?} is not FPGA storage")))
+}
+
+impl Backend for FpgaBackend {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn supports(&self, op: &Op, inputs: &[TensorMeta]) -> Support {
+        match op {
+            Op::MoeRoute(p) => route::support(&self.router, p, inputs),
+            Op::Linear(p) => linear::support(&self.gemm, p, inputs),
+            Op::Attention(p) => attention::support(&self.attention, p, inputs),
+            other => Support::No(format!(
+                "no FPGA kernel for {} in this build (router, GEMM and attention are plugged in)",
+                other.name()
+            )),
+        }
+    }
+
+    /// The card's buffers are filled at launch (the drivers allocate them per run): storage
+    /// is a host copy tagged with this device.
+    fn upload(&self, host: &Tensor) -> Result<DeviceStorage> {
+        Ok(DeviceStorage::new(self.id(), host.meta(), host.clone()))
+    }
+
+    fn download(&self, storage: &DeviceStorage) -> Result<Tensor> {
+        host_tensor(storage).cloned()
+    }
+
+    fn launch(&self, op: &Op, inputs: &[&DeviceStorage]) -> Result<Launch> {
+        let metas: Vec<TensorMeta> = inputs.iter().map(|s| s.meta.clone()).collect();
+        if let Support::No(why) = self.supports(op, &metas) {
+            return Err(Error::Unsupported {
+                op: op.name().into(),
+                device: self.id().to_string(),
+                why,
+            });
+        }
+        let tensors = inputs
+            .iter()
+            .map(|s| host_tensor(s))
+            .collect::<Result<Vec<_>>>()?;
+        let (outs, cycles, clock_hz, kernel) = match op {
+            Op::MoeRoute(p) => {
+                let job = route::RouteJob::new(p, tensors[0])?;
+                let ((out, st), clock) =
+                    self.with_card("router", &self.router, |dev| job.run(dev, RUN_TIMEOUT))?;
+                (job.outputs(out)?, st.cycles, clock, ROUTER_KERNEL)
+            }
+            Op::Linear(p) => {
+                let job = linear::LinearJob::new(p, &tensors)?;
+                let ((y, st), clock) =
+                    self.with_card("gemm", &self.gemm, |dev| job.run(dev, RUN_TIMEOUT))?;
+                (vec![job.output(&y)?], st.cycles, clock, GEMM_KERNEL)
+            }
+            Op::Attention(p) => {
+                let job = attention::AttentionJob::new(p, &tensors)?;
+                let (heads, cycles, clock) = if job.is_empty() {
+                    (Vec::new(), 0, self.nominal_clock_hz())
+                } else {
+                    let d = metas.first().and_then(|m| m.shape.last()).copied();
+                    let (name, core) = d
+                        .and_then(|d| attention::pick(&self.attention, d))
+                        .ok_or_else(|| {
+                            Error::Internal("no attention build for this shape".into())
+                        })?;
+                    let ((heads, st), clock) =
+                        self.with_card(name, &core, |dev| job.run(dev, RUN_TIMEOUT))?;
+                    (heads, st.cycles, clock)
+                };
+                (job.outputs(&heads)?, cycles, clock, ATTENTION_KERNEL)
+            }
+            other => {
+                return Err(Error::Internal(format!(
+                    "{} cannot launch {}",
+                    self.id(),
+                    other.name()
+                )));
+            }
+        };
+        let device_time = Duration::from_secs_f64(cycles as f64 / clock_hz);
+        Ok(Launch {
+            outputs: outs
+                .into_iter()
+                .map(|t| DeviceStorage::new(self.id(), t.meta(), t))
+                .collect(),
+            done: Completion::done(),
+            info: Arc::new(Mutex::new(LaunchInfo {
+                kernel: kernel.into(),
+                device_time: Some(device_time),
+                cycles: Some(cycles),
+            })),
+        })
+    }
+
+    /// Attention: the kernel's cycle model (`attention::estimate_cycles`, within a few percent
+    /// of the simulated cycles) at the clock; other ops: the op's cost at the device's rates.
+    fn estimate(&self, op: &Op, inputs: &[TensorMeta]) -> Duration {
+        if let Op::Attention(p) = op
+            && let Ok(s) = p.shape(inputs)
+        {
+            let cycles = attention::estimate_cycles(p.causal, &s);
+            return Duration::from_secs_f64(cycles as f64 / self.nominal_clock_hz())
+                + self.launch_overhead();
+        }
+        let c = op.cost(inputs);
+        let t = (c.flops / self.info.peak_flops.max(1.0))
+            .max(c.bytes / self.info.peak_bandwidth.max(1.0));
+        Duration::from_secs_f64(t) + self.launch_overhead()
+    }
+
+    fn launch_overhead(&self) -> Duration {
+        Duration::from_micros(20)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+    use crate::ops::MoeRouteParams;
+
+    fn backend() -> FpgaBackend {
+        let card = CardInfo {
+            kind: DeviceKind::FpgaSim,
+            name: "test".into(),
+            memory_bytes: 1 << 30,
+            details: Vec::new(),
+        };
+        FpgaBackend::new(card, FpgaOptions::default(), sim_factory())
+    }
+
+    #[test]
+    fn unsupported_ops_say_why() {
+        let b = backend();
+        let m = TensorMeta::new(vec![4, 512], DType::F32);
+        let p = MoeRouteParams::default();
+        assert!(matches!(
+            b.supports(&Op::MoeRoute(p), std::slice::from_ref(&m)),
+            Support::No(_)
+        ));
+        let m = TensorMeta::new(vec![4, 64], DType::F32);
+        assert_eq!(
+            b.supports(&Op::MoeRoute(p), std::slice::from_ref(&m)),
+            Support::Native
+        );
+        assert!(matches!(
+            b.supports(&Op::Add, &[m.clone(), m]),
+            Support::No(_)
+        ));
+    }
+
+    #[test]
+    fn clock_comes_from_the_options() {
+        let b = backend();
+        assert_eq!(b.nominal_clock_hz(), DEFAULT_CLOCK_MHZ * 1e6);
+        let clock = b.info().details.iter().find(|(k, _)| k == "clock");
+        let want = format!("{DEFAULT_CLOCK_MHZ} MHz");
+        assert_eq!(clock.map(|(_, v)| v.as_str()), Some(want.as_str()));
+    }
+
+    #[test]
+    fn device_errors_keep_their_meaning() {
+        let d = "fpga-sim:0";
+        let kind = |e: FpgaError| fpga_err(d, e).kind();
+        let bad = FpgaError::BadArgument {
+            kernel: "gemm".into(),
+            msg: "m".into(),
+        };
+        assert_eq!(kind(bad), ErrorKind::BadArgument);
+        let range = FpgaError::OutOfRange { msg: "x".into() };
+        assert_eq!(kind(range), ErrorKind::BadArgument);
+        let oom = FpgaError::OutOfMemory {
+            bank: 0,
+            bytes: 10,
+            free: 1,
+        };
+        let e = fpga_err(d, oom);
+        assert!(matches!(
+            e,
+            Error::OutOfMemory {
+                bytes: Some(10),
+                free: Some(1),
+                ..
+            }
+        ));
+        assert!(
+            std::error::Error::source(&e).is_some(),
+            "the FpgaError is kept"
+        );
+        let timeout = FpgaError::Timeout {
+            kernel: "router".into(),
+            timeout: Duration::from_secs(1),
+            cycles: 5,
+        };
+        assert_eq!(kind(timeout), ErrorKind::DeadlineExceeded);
+        let none = FpgaError::Unavailable {
+            device: d.into(),
+            reason: "no verilator".into(),
+        };
+        assert_eq!(kind(none), ErrorKind::Unavailable);
+        let load = FpgaError::Load {
+            kernel: "router".into(),
+            msg: "build failed".into(),
+        };
+        assert_eq!(kind(load), ErrorKind::Compile);
+        assert_eq!(
+            kind(FpgaError::NotLoaded { device: d.into() }),
+            ErrorKind::Internal
+        );
+        let dev = FpgaError::Device {
+            device: d.into(),
+            msg: "bus hang".into(),
+        };
+        assert!(matches!(fpga_err(d, dev), Error::Device { .. }));
+    }
+}
