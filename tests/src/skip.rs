@@ -7,7 +7,7 @@
 //! - `TANDEM_REQUIRE_GPU=1`: every GPU skip panics (the GPU machine sets it);
 //! - `TANDEM_SEED=N`: the seed of the clock-seeded generators ([`crate::cuda::clock_rng`]), to
 //!   replay a failure;
-//! - `TANDEM_SKIP_LOG=FILE`: each skip appends `test-binary: reason` to FILE.
+//! - `TANDEM_SKIP_LOG=FILE`: each skip appends `test-binary test<TAB>reason` to FILE.
 
 use std::io::Write as _;
 use std::sync::OnceLock;
@@ -77,13 +77,14 @@ pub fn skip(need: Need, why: &str) {
             .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
             .unwrap_or_default();
         let test = std::thread::current().name().unwrap_or("?").to_string();
-        // One line per skip; appends of one short line do not interleave.
         if let Ok(mut f) = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(path)
         {
-            let _ = writeln!(f, "{exe} {test}: {why}");
+            // One write of the whole line: appends of a short line do not interleave.
+            let line = format!("{exe} {test}\t{why}\n");
+            let _ = f.write_all(line.as_bytes());
         }
     }
 }

@@ -148,7 +148,8 @@ impl MoeExpertsParams {
         Ok(vec![Tensor::from_vec_f32(&[sh.t, sh.h], y)?])
     }
 
-    /// f64 reference: every slot's FFN as direct dot products, then the same slot-order sum.
+    /// f64 reference: plain loops over the definition ([`super::super::textbook::moe_experts`]);
+    /// `slot_plan` only validates.
     pub fn reference(&self, inputs: &[ArrayD<f64>]) -> Result<Vec<ArrayD<f64>>> {
         let dtypes = [
             DType::F32,
@@ -161,32 +162,13 @@ impl MoeExpertsParams {
         ];
         let sh = self.shape(&reference_metas(inputs, &dtypes))?;
         let ints = |i: usize| int_values(&inputs[i], EXPERT_INPUTS[i]);
-        let plan = slot_plan(&sh, &ints(1)?, &ints(3)?, &ints(4)?)?;
-        let x = view2(&inputs[0])?;
-        let w: Vec<f64> = inputs[2].iter().copied().collect();
-        let gate_up = view3(&inputs[5])?;
-        let down = view3(&inputs[6])?;
-        let outs: Vec<Array2<f64>> = plan
-            .iter()
-            .enumerate()
-            .map(|(e, slots)| {
-                let (gu, dn) = (gate_up.slice(s![e, .., ..]), down.slice(s![e, .., ..]));
-                let mut ye = Array2::<f64>::zeros((slots.len(), sh.h));
-                for (r, &slot) in slots.iter().enumerate() {
-                    let xt = x.row(slot / sh.k);
-                    let act: Vec<f64> = (0..sh.f)
-                        .map(|i| silu(gu.row(i).dot(&xt)) * gu.row(sh.f + i).dot(&xt))
-                        .collect();
-                    for (o, drow) in ye.row_mut(r).iter_mut().zip(dn.rows()) {
-                        *o = drow.iter().zip(&act).map(|(a, b)| a * b).sum();
-                    }
-                }
-                ye
-            })
-            .collect();
-        let y = combine(&sh, &plan, &outs, &w);
-        let y = ArrayD::from_shape_vec(IxDyn(&[sh.t, sh.h]), y)
-            .map_err(|e| Error::Internal(format!("moe_experts: {e}")))?;
+        let (ids, sorted, offsets) = (ints(1)?, ints(3)?, ints(4)?);
+        // Validation only (the same errors as the fast path); the arithmetic, the dropped
+        // slots included, is written separately from the definition.
+        slot_plan(&sh, &ids, &sorted, &offsets)?;
+        let y = super::super::textbook::moe_experts(
+            &inputs[0], &ids, &inputs[2], &sorted, &offsets, &inputs[5], &inputs[6],
+        )?;
         Ok(vec![y])
     }
 }

@@ -115,15 +115,25 @@ impl MoeRouteParams {
         ])
     }
 
-    /// f64 reference (ids, counts and offsets as f64 values).
+    /// f64 reference (ids, counts and offsets as f64 values): the definition written as plain
+    /// loops ([`super::super::textbook::moe_route`]), sharing no code with [`Self::cpu`].
     pub fn reference(&self, inputs: &[ArrayD<f64>]) -> Result<Vec<ArrayD<f64>>> {
         let outs = self.validate(&reference_metas(inputs, &[]))?;
-        let r = self.route(&inputs[0].as_standard_layout(), &outs)?;
+        let e = inputs[0].shape()[1];
+        let logits: Vec<f64> = inputs[0].iter().copied().collect();
+        check_finite(&logits, e)?;
+        let r = super::super::textbook::moe_route(
+            &inputs[0],
+            self.top_k,
+            self.renormalize,
+            self.block_size,
+            outs[3].shape[0],
+        );
         let arr = |m: &TensorMeta, v: Vec<f64>| {
             ArrayD::from_shape_vec(IxDyn(&m.shape), v)
                 .map_err(|e| Error::Internal(format!("moe_route: {e}")))
         };
-        let wide = |v: Vec<i32>| v.into_iter().map(f64::from).collect::<Vec<_>>();
+        let wide = |v: Vec<i64>| v.into_iter().map(|x| x as f64).collect::<Vec<_>>();
         Ok(vec![
             arr(&outs[0], wide(r.ids))?,
             arr(&outs[1], r.weights)?,
