@@ -389,8 +389,9 @@ mod tests {
         let r = p.reference(&[x]).expect("reference");
         let counts: Vec<i32> = r[2].iter().map(|&c| c as i32).collect();
         let (aux, z) = router_losses(&logits, e, &counts);
-        assert_eq!(aux, r[5][[0]]);
-        assert_eq!(z, r[6][[0]]);
+        // The reference sums in another order (it is written apart): equal to f64 rounding.
+        assert!((aux - r[5][[0]]).abs() <= 1e-12 * aux.abs(), "{aux}");
+        assert!((z - r[6][[0]]).abs() <= 1e-12 * z.abs(), "{z}");
         assert_eq!(router_losses(&[], e, &[0; 5]), (0.0, 0.0));
     }
 }
