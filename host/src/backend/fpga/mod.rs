@@ -152,16 +152,22 @@ impl std::fmt::Debug for FpgaBackend {
     }
 }
 
+/// The GEMM build the backend loads: an 8-row array, K and N up to 4096 (the build the
+/// bit-exact tests of the shipped builds check).
+pub fn gemm_build() -> GemmCore {
+    GemmCore {
+        rows: 8,
+        k_max: 4096,
+        n_max: 4096,
+    }
+}
+
 impl FpgaBackend {
     /// A backend over cards of kind `card` that `open` makes, with the default builds: the
     /// router, an 8-row GEMM (K, N up to 4096) and the attention builds.
     pub fn new(card: CardInfo, opts: FpgaOptions, open: OpenDevice) -> Self {
         let router = RouterCore::default();
-        let gemm = GemmCore {
-            rows: 8,
-            k_max: 4096,
-            n_max: 4096,
-        };
+        let gemm = gemm_build();
         let attention = attention::builds();
         let clock_mhz = opts.clock_mhz.unwrap_or(DEFAULT_CLOCK_MHZ);
         let clock = clock_mhz * 1e6;
