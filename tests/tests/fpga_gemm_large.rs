@@ -118,7 +118,13 @@ fn attention_64_lanes_utilisation() {
     let v = core.core_verilog().expect("verilog");
     let s = CoreSim::build(&Toolchain::default(), &v, "attention_core").expect("build");
     let mut rng = ChaCha8Rng::seed_from_u64(42);
-    for &(nq, nkv, causal) in &[(256, 512, false), (384, 384, true)] {
+    // (nq, nkv, causal, least busy fraction the cycle model predicts: K/V load amortised over
+    // Nq rows, the bottom-right triangle when causal).
+    for &(nq, nkv, causal, min_busy) in &[
+        (256, 512, false, 0.90),
+        (384, 384, true, 0.85),
+        (64, 512, false, 0.75),
+    ] {
         let d = 64;
         let mut g = |n: usize| -> Vec<i8> { (0..n).map(|_| rng.r#gen()).collect() };
         let (q, k, v) = (g(nq * d), g(nkv * d), g(nkv * d));
@@ -180,6 +186,6 @@ fn attention_64_lanes_utilisation() {
             util * 100.0,
             r.cycles_per_sec
         );
-        assert!(util >= 0.80, "busy {:.1}%", util * 100.0);
+        assert!(util >= min_busy, "busy {:.1}%", util * 100.0);
     }
 }
