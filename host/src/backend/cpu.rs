@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use super::{Backend, DeviceId, DeviceInfo, DeviceStorage, Launch, LaunchInfo, Support};
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ops::Op;
 use crate::sync::Completion;
 use crate::tensor::{Tensor, TensorMeta};
@@ -98,11 +98,6 @@ fn simd_features() -> String {
     }
 }
 
-fn host_tensor(s: &DeviceStorage) -> Result<&Tensor> {
-    s.downcast::<Tensor>()
-        .ok_or_else(|| Error::Internal(format!("{s:?} is not CPU storage")))
-}
-
 impl Backend for CpuBackend {
     fn info(&self) -> &DeviceInfo {
         &self.info
@@ -117,13 +112,13 @@ impl Backend for CpuBackend {
     }
 
     fn download(&self, storage: &DeviceStorage) -> Result<Tensor> {
-        host_tensor(storage).cloned()
+        storage.host_tensor("CPU").cloned()
     }
 
     fn launch(&self, op: &Op, inputs: &[&DeviceStorage]) -> Result<Launch> {
         let tensors = inputs
             .iter()
-            .map(|s| host_tensor(s))
+            .map(|s| s.host_tensor("CPU"))
             .collect::<Result<Vec<_>>>()?;
         let t0 = Instant::now();
         let outs = op.run_cpu(&tensors)?;

@@ -187,6 +187,13 @@ impl DeviceStorage {
     pub fn downcast<T: Any + Send + Sync>(&self) -> Option<&T> {
         self.inner.downcast_ref::<T>()
     }
+
+    /// The host tensor of a backend that keeps its storage in host memory (the CPU, and the
+    /// simulated card until a launch writes its banks); `who` names the backend in the error.
+    pub fn host_tensor(&self, who: &str) -> Result<&Tensor> {
+        self.downcast::<Tensor>()
+            .ok_or_else(|| crate::error::Error::Internal(format!("{self:?} is not {who} storage")))
+    }
 }
 
 /// How an op was run: which kernel, and what the device itself measured.

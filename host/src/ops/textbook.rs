@@ -132,7 +132,7 @@ pub fn moe_experts(
 ) -> Result<ArrayD<f64>> {
     let (t, h) = (x.shape()[0], x.shape()[1]);
     let (e_count, f) = (gate_up.shape()[0], gate_up.shape()[1] / 2);
-    let k = if t == 0 { 0 } else { ids.len() / t };
+    let k = ids.len().checked_div(t).unwrap_or(0);
     let xs: Vec<f64> = x.iter().copied().collect();
     let ws: Vec<f64> = w.iter().copied().collect();
     let gu: Vec<f64> = gate_up.iter().copied().collect();

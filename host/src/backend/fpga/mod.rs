@@ -279,11 +279,6 @@ fn fpga_err(device: &str, e: FpgaError) -> Error {
     }
 }
 
-fn host_tensor(s: &DeviceStorage) -> Result<&Tensor> {
-    s.downcast::<Tensor>()
-        .ok_or_else(|| Error::Internal(format!("{s:?} is not FPGA storage")))
-}
-
 impl Backend for FpgaBackend {
     fn info(&self) -> &DeviceInfo {
         &self.info
@@ -308,7 +303,7 @@ impl Backend for FpgaBackend {
     }
 
     fn download(&self, storage: &DeviceStorage) -> Result<Tensor> {
-        host_tensor(storage).cloned()
+        storage.host_tensor("FPGA").cloned()
     }
 
     fn launch(&self, op: &Op, inputs: &[&DeviceStorage]) -> Result<Launch> {
@@ -322,7 +317,7 @@ impl Backend for FpgaBackend {
         }
         let tensors = inputs
             .iter()
-            .map(|s| host_tensor(s))
+            .map(|s| s.host_tensor("FPGA"))
             .collect::<Result<Vec<_>>>()?;
         let (outs, cycles, clock_hz, kernel) = match op {
             Op::MoeRoute(p) => {

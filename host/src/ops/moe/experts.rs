@@ -1,7 +1,7 @@
 //! MoE experts: each expert's SwiGLU FFN over its slots, combined per token by the routing
 //! weights.
 
-use ndarray::{Array2, ArrayD, ArrayView2, ArrayView3, Ix2, Ix3, IxDyn, s};
+use ndarray::{Array2, ArrayD, ArrayView2, ArrayView3, Ix2, Ix3, s};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -12,6 +12,18 @@ use super::EXPERT_INPUTS;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::{Tensor, TensorMeta};
+
+/// The dtypes of the experts inputs, in [`EXPERT_INPUTS`] order: x, topk_ids, topk_weights,
+/// sorted_token_ids, expert_offsets, gate_up, down.
+const EXPERT_DTYPES: [DType; 7] = [
+    DType::F32,
+    DType::I32,
+    DType::F32,
+    DType::I32,
+    DType::I32,
+    DType::F32,
+    DType::F32,
+];
 
 /// Parameters of the MoE experts (shapes come from the inputs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -38,15 +50,7 @@ impl MoeExpertsParams {
     /// Reads and checks the problem shape.
     pub fn shape(&self, inputs: &[TensorMeta]) -> Result<ExpertsShape> {
         let op = "moe_experts";
-        let want = [
-            DType::F32,
-            DType::I32,
-            DType::F32,
-            DType::I32,
-            DType::I32,
-            DType::F32,
-            DType::F32,
-        ];
+        let want = EXPERT_DTYPES;
         for ((m, d), n) in inputs.iter().zip(want).zip(EXPERT_INPUTS) {
             if m.dtype != d {
                 return Err(Error::invalid(
@@ -151,16 +155,7 @@ impl MoeExpertsParams {
     /// f64 reference: plain loops over the definition ([`super::super::textbook::moe_experts`]);
     /// `slot_plan` only validates.
     pub fn reference(&self, inputs: &[ArrayD<f64>]) -> Result<Vec<ArrayD<f64>>> {
-        let dtypes = [
-            DType::F32,
-            DType::I32,
-            DType::F32,
-            DType::I32,
-            DType::I32,
-            DType::F32,
-            DType::F32,
-        ];
-        let sh = self.shape(&reference_metas(inputs, &dtypes))?;
+        let sh = self.shape(&reference_metas(inputs, &EXPERT_DTYPES))?;
         let ints = |i: usize| int_values(&inputs[i], EXPERT_INPUTS[i]);
         let (ids, sorted, offsets) = (ints(1)?, ints(3)?, ints(4)?);
         // Validation only (the same errors as the fast path); the arithmetic, the dropped
