@@ -130,12 +130,12 @@ pub fn emit(core: &dyn KernelCore, cfg: ShellConfig, dir: &Path) -> Result<Emitt
     };
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let verilog = dir.join(&manifest.verilog);
-    std::fs::write(&verilog, &v).map_err(io(&verilog))?;
+    write_atomic(&verilog, v.as_bytes()).map_err(io(&verilog))?;
     let kernel_xml = dir.join("kernel.xml");
-    std::fs::write(&kernel_xml, desc.kernel_xml()?).map_err(io(&kernel_xml))?;
+    write_atomic(&kernel_xml, desc.kernel_xml()?.as_bytes()).map_err(io(&kernel_xml))?;
     let manifest_path = dir.join(Manifest::FILE);
     let json = serde_json::to_string_pretty(&manifest).unwrap_or_default();
-    std::fs::write(&manifest_path, json).map_err(io(&manifest_path))?;
+    write_atomic(&manifest_path, json.as_bytes()).map_err(io(&manifest_path))?;
     tracing::debug!(kernel = core.name(), dir = %dir.display(), "emitted kernel");
     Ok(Emitted {
         dir: dir.to_path_buf(),
@@ -145,6 +145,24 @@ pub fn emit(core: &dyn KernelCore, cfg: ShellConfig, dir: &Path) -> Result<Emitt
         manifest,
         desc,
     })
+}
+
+/// Writes `bytes` to `path` through a temporary file of a name unique to this process and call,
+/// renamed into place: a reader (Verilator building the same kernel in another test or process)
+/// sees the old file or the new one, never a truncated one.
+fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = path
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.{}.{n}.partial", std::process::id()));
+    let r = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r
 }
 
 /// Lower-case hex of bytes.
