@@ -274,3 +274,56 @@ fn large_sizes_take_the_parallel_paths() -> TestResult {
     });
     check("rope", run(&op, &[x])?, &[want])
 }
+
+/// The GEMM (`gemm` crate) on shapes off every block size, against the f64 reference, on a
+/// 1-thread rayon pool and on one of several threads: within 1e-5 of f64 on both, and the
+/// two f32 results bit-identical (the thread count does not change the result). The error
+/// is relative to the norm of |x| |W|^T + |b| (the sum's magnitude before cancellation): with
+/// M = N = 1 a single output can cancel to near zero, where a plain relative error measures
+/// the conditioning of that one sum rather than the kernel.
+#[test]
+fn linear_odd_shapes_and_thread_counts() -> TestResult {
+    const SIZES: [usize; 6] = [1, 3, 17, 65, 129, 257];
+    let one = rayon::ThreadPoolBuilder::new().num_threads(1).build()?;
+    let many = rayon::ThreadPoolBuilder::new()
+        .num_threads(std::thread::available_parallelism().map_or(4, |n| n.get().max(3)))
+        .build()?;
+    let mut seed = 100;
+    for &m in &SIZES {
+        for &n in &SIZES {
+            for &k in &SIZES {
+                seed += 1;
+                let mut r = rng(seed);
+                let inputs = vec![
+                    uniform(&mut r, &[m, k], 1.0),
+                    uniform(&mut r, &[n, k], 1.0),
+                    uniform(&mut r, &[n], 1.0),
+                ];
+                let op = Op::Linear(LinearParams {
+                    act: Activation::Gelu,
+                    bias: true,
+                });
+                let single = one.install(|| run(&op, &inputs).map_err(|e| e.to_string()))?;
+                let multi = many.install(|| run(&op, &inputs).map_err(|e| e.to_string()))?;
+                let abs: Vec<ArrayD<f64>> = inputs
+                    .iter()
+                    .map(|a| a.mapv(|v| f64::from(v).abs()))
+                    .collect();
+                let plain = Op::Linear(LinearParams {
+                    act: Activation::None,
+                    bias: true,
+                });
+                let scale = plain.reference(&abs)?[0].mapv(|v| v * v).sum().sqrt();
+                let diff = (&single.0[0] - &single.1[0]).mapv(|v| v * v).sum().sqrt();
+                let e = diff / scale;
+                if e >= F32_TOL {
+                    return Err(format!("linear M{m} N{n} K{k}: f32 {e:.2e}").into());
+                }
+                if single.0[0] != multi.0[0] {
+                    return Err(format!("linear M{m} N{n} K{k}: 1 thread != n threads").into());
+                }
+            }
+        }
+    }
+    Ok(())
+}
