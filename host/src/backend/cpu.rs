@@ -1,13 +1,11 @@
 //! The CPU backend: always present; runs every op with the f32 implementations in `ops`.
 
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::{Backend, DeviceId, DeviceInfo, DeviceStorage, Launch, LaunchInfo, Support};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::Op;
-use crate::sync::Completion;
 use crate::tensor::{Tensor, TensorMeta};
 
 /// The host CPU as a device.
@@ -123,18 +121,15 @@ impl Backend for CpuBackend {
         let t0 = Instant::now();
         let outs = op.run_cpu(&tensors)?;
         let elapsed = t0.elapsed();
-        Ok(Launch {
-            outputs: outs
-                .into_iter()
-                .map(|t| DeviceStorage::new(self.id(), t.meta(), t))
-                .collect(),
-            done: Completion::done(),
-            info: Arc::new(Mutex::new(LaunchInfo {
+        Ok(Launch::finished_on_host(
+            self.id(),
+            outs,
+            LaunchInfo {
                 kernel: format!("{}_f32_cpu", op.name()),
                 device_time: Some(elapsed),
                 cycles: None,
-            })),
-        })
+            },
+        ))
     }
 
     fn launch_overhead(&self) -> std::time::Duration {

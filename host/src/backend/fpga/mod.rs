@@ -46,7 +46,6 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::Op;
 use crate::options::FpgaOptions;
-use crate::sync::Completion;
 use crate::tensor::{Tensor, TensorMeta};
 
 /// Longest a kernel run may take (wall clock) before it is a timeout.
@@ -358,18 +357,15 @@ impl Backend for FpgaBackend {
             }
         };
         let device_time = Duration::from_secs_f64(cycles as f64 / clock_hz);
-        Ok(Launch {
-            outputs: outs
-                .into_iter()
-                .map(|t| DeviceStorage::new(self.id(), t.meta(), t))
-                .collect(),
-            done: Completion::done(),
-            info: Arc::new(Mutex::new(LaunchInfo {
+        Ok(Launch::finished_on_host(
+            self.id(),
+            outs,
+            LaunchInfo {
                 kernel: kernel.into(),
                 device_time: Some(device_time),
                 cycles: Some(cycles),
-            })),
-        })
+            },
+        ))
     }
 
     /// Attention: the kernel's cycle model (`attention::estimate_cycles`, within a few percent
