@@ -21,6 +21,7 @@ use crate::graph::Graph;
 use crate::memory::{Access, Buffer};
 use crate::plan::Plan;
 use crate::resident::ResidentCache;
+use crate::sync::Deadline;
 use crate::tensor::Tensor;
 
 /// Options of a run.
@@ -381,11 +382,19 @@ fn run_node(
     }
     let refs: Vec<_> = inputs.iter().collect();
     let t0 = Instant::now();
-    let launch = backend.launch(&node.op, &refs)?;
-    launch.done.wait(
-        opts.timeout,
-        &format!("{} ({}) on {device}", node.name, node.op.name()),
-    )?;
+    let what = format!("{} ({}) on {device}", node.name, node.op.name());
+    let deadline = Deadline::after(opts.timeout);
+    let launch = backend
+        .launch_within(&node.op, &refs, &deadline)
+        .map_err(|e| match e {
+            // Name the node, as the wait below does.
+            Error::Timeout { timeout, .. } => Error::Timeout {
+                what: what.clone(),
+                timeout,
+            },
+            e => e,
+        })?;
+    launch.done.wait(deadline.remaining(), &what)?;
     let wall = t0.elapsed();
     if launch.outputs.len() != node.outputs.len() {
         return Err(Error::Internal(format!(

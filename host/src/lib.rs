@@ -21,6 +21,7 @@ pub mod error;
 pub mod exec;
 pub mod graph;
 pub mod io;
+pub mod limits;
 pub mod memory;
 pub mod ops;
 pub mod options;

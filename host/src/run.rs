@@ -5,10 +5,13 @@ use crate::backend::DeviceRegistry;
 use crate::error::Result;
 use crate::exec::{ExecOptions, Execution, Executor};
 use crate::graph::Graph;
+use crate::limits::{self, Limits};
 use crate::plan::{BackendChoice, History, Plan, plan_with_history};
 use crate::report::{NodeReport, RunReport};
 use crate::tensor::{TensorMeta, rel_error};
-use crate::verify::{NodeError, check_nodes, reference_chain};
+use crate::verify::{
+    NodeError, check_finite_constants, check_finite_outputs, check_nodes, reference_chain,
+};
 
 /// Options of [`run_graph`].
 #[derive(Debug, Clone)]
@@ -29,6 +32,11 @@ pub struct RunOptions {
     pub warmup: usize,
     /// Measured times: used by the planner, and the run's own times are added to it.
     pub history: Option<std::sync::Arc<std::sync::Mutex<History>>>,
+    /// Host memory the run may allocate; checked before anything runs.
+    pub limits: Limits,
+    /// Run even when inputs or weights hold NaN or infinities (the run still fails if an
+    /// output is not finite); by default such inputs are rejected before the run.
+    pub allow_nonfinite: bool,
 }
 
 /// Everything a run produced.
@@ -57,6 +65,10 @@ pub fn run_graph_with(
     opts: &RunOptions,
 ) -> Result<RunOutcome> {
     let metas = graph.validate()?;
+    limits::admit_graph(graph, opts.check, &opts.limits)?;
+    if !opts.allow_nonfinite {
+        check_finite_constants(graph)?;
+    }
     let plan = match &opts.history {
         Some(h) => {
             let h = h.lock().unwrap_or_else(|e| e.into_inner());
@@ -87,6 +99,7 @@ pub fn run_graph_with(
             tracing::warn!(error = %e, "could not save the op-time history");
         }
     }
+    check_finite_outputs(graph, &exec, reg, opts.check)?;
     let errors = if opts.check {
         check_nodes(graph, &exec, reg)?
     } else {

@@ -9,6 +9,61 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 
+/// When work on the host must stop: a point in time (or none), checked by CPU ops between
+/// blocks of work and turned into the remaining wait of device launches, so `--timeout` ends
+/// any op on any backend. A block that sees the deadline passed skips its work; the op then
+/// returns [`Error::Timeout`] instead of a partial result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadline {
+    at: Option<Instant>,
+    timeout: Duration,
+}
+
+impl Deadline {
+    /// No deadline.
+    pub const NONE: Deadline = Deadline {
+        at: None,
+        timeout: Duration::MAX,
+    };
+
+    /// `timeout` from now (none if that is past what the clock can represent).
+    pub fn after(timeout: Duration) -> Self {
+        Self {
+            at: Instant::now().checked_add(timeout),
+            timeout,
+        }
+    }
+
+    /// Whether the deadline has passed.
+    pub fn expired(&self) -> bool {
+        self.at.is_some_and(|t| Instant::now() >= t)
+    }
+
+    /// Time left (zero once passed; `Duration::MAX` without a deadline).
+    pub fn remaining(&self) -> Duration {
+        match self.at {
+            Some(t) => t.saturating_duration_since(Instant::now()),
+            None => Duration::MAX,
+        }
+    }
+
+    /// The timeout this deadline was made from.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// [`Error::Timeout`] naming `what` once the deadline has passed.
+    pub fn check(&self, what: &str) -> Result<()> {
+        if self.expired() {
+            return Err(Error::Timeout {
+                what: what.to_string(),
+                timeout: self.timeout,
+            });
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
     value: u64,

@@ -25,14 +25,18 @@ impl TensorMeta {
         }
     }
 
-    /// Number of elements.
+    /// Number of elements (saturating at `usize::MAX`; [`crate::limits::numel`] says when
+    /// a shape overflows).
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        self.shape
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .unwrap_or(usize::MAX)
     }
 
-    /// Bytes of data.
+    /// Bytes of data (saturating).
     pub fn bytes(&self) -> usize {
-        self.numel() * self.dtype.size()
+        self.numel().saturating_mul(self.dtype.size())
     }
 }
 
@@ -55,6 +59,18 @@ pub enum HostData {
     I8(ArrayD<i8>),
     /// i32 data.
     I32(ArrayD<i32>),
+}
+
+/// The index of element `flat` (row-major) of an array of `shape`.
+pub fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
+    let mut idx = vec![0; shape.len()];
+    for (i, &d) in shape.iter().enumerate().rev() {
+        if d > 0 {
+            idx[i] = flat % d;
+            flat /= d;
+        }
+    }
+    idx
 }
 
 /// A tensor in host memory.
@@ -150,7 +166,27 @@ impl Tensor {
 
     /// Number of elements.
     pub fn numel(&self) -> usize {
-        self.shape().iter().product()
+        self.meta().numel()
+    }
+
+    /// The first element (in row-major order) that is NaN or infinite, with its index and
+    /// value; `None` for integer tensors and finite data.
+    pub fn first_non_finite(&self) -> Option<(Vec<usize>, f64)> {
+        fn find<T: Copy>(a: &ArrayD<T>, bad: impl Fn(T) -> bool) -> Option<(usize, T)> {
+            a.iter()
+                .enumerate()
+                .find(|&(_, &x)| bad(x))
+                .map(|(i, &x)| (i, x))
+        }
+        let (flat, v) = match &self.data {
+            HostData::F32(a) => find(a, |x: f32| !x.is_finite()).map(|(i, v)| (i, f64::from(v))),
+            HostData::F16(a) => find(a, |x: f16| !x.is_finite()).map(|(i, v)| (i, f64::from(v))),
+            HostData::BF16(a) => {
+                find(a, |x: bf16| !x.is_finite()).map(|(i, v)| (i, f64::from(v)))
+            }
+            HostData::I8(_) | HostData::I32(_) => None,
+        }?;
+        Some((unravel(flat, self.shape()), v))
     }
 
     /// The f32 array, if this is an f32 tensor.

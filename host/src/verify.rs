@@ -89,6 +89,60 @@ pub fn check_nodes(
         .collect()
 }
 
+/// Rejects non-finite inputs and weights: the first constant (by name) holding a NaN or an
+/// infinity, with the index of the first such element. Every backend then sees the same
+/// finite data (an int8 FPGA kernel cannot even represent NaN).
+pub fn check_finite_constants(graph: &Graph) -> Result<()> {
+    for (name, t) in &graph.constants {
+        if let Some((idx, v)) = t.first_non_finite() {
+            let kind = if graph.is_param(name) { "weight" } else { "input" };
+            return Err(Error::invalid(
+                "workload",
+                format!(
+                    "{kind} '{name}' holds {v} at {idx:?}; tandem accepts finite values only \
+                     (--allow-nonfinite runs anyway and fails the run if an output is not finite)"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The first node (in execution order) whose output holds a NaN or an infinity, as an error
+/// naming the node, the op, the device, the tensor and the first index: an op that
+/// overflowed, or a non-finite input let through. With `all_nodes` false only the graph's
+/// outputs are read back (no download of intermediates).
+pub fn check_finite_outputs(
+    graph: &Graph,
+    exec: &Execution,
+    reg: &DeviceRegistry,
+    all_nodes: bool,
+) -> Result<()> {
+    for (node, run) in graph.nodes.iter().zip(&exec.runs) {
+        for name in &node.outputs {
+            if !all_nodes && !graph.outputs.contains(name) {
+                continue;
+            }
+            let Some(b) = exec.buffers.get(name) else {
+                continue;
+            };
+            if !b.meta().dtype.is_float() {
+                continue;
+            }
+            if let Some((idx, v)) = b.to_host(reg)?.first_non_finite() {
+                return Err(Error::invalid(
+                    format!("node '{}' ({}) on {}", node.name, node.op.name(), run.device),
+                    format!(
+                        "output '{name}' holds {v} at {idx:?} (the op overflowed f32, or a \
+                         non-finite input reached it); nothing is saved"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The whole graph in f64, from its constants: every tensor by name.
 pub fn reference_chain(graph: &Graph) -> Result<BTreeMap<String, ArrayD<f64>>> {
     let mut vals: BTreeMap<String, ArrayD<f64>> = graph

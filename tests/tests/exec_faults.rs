@@ -213,6 +213,8 @@ fn opts(timeout: Duration) -> RunOptions {
         check: true,
         workload: "faults".into(),
         history: None,
+        limits: tandem::limits::Limits::default(),
+        allow_nonfinite: false,
         warmup: 0,
     }
 }

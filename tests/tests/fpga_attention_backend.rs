@@ -262,6 +262,8 @@ fn small_layer_runs_attention_on_the_card() -> TestResult {
         check: true,
         workload: "default".into(),
         history: None,
+        limits: tandem::limits::Limits::default(),
+        allow_nonfinite: false,
         warmup: 0,
     };
     let plan = tandem::plan::plan(&g, &reg, choice)?;

@@ -16,6 +16,8 @@ fn cpu_opts(name: &str) -> RunOptions {
         check: true,
         workload: name.into(),
         history: None,
+        limits: tandem::limits::Limits::default(),
+        allow_nonfinite: false,
         warmup: 0,
     }
 }

@@ -50,7 +50,7 @@ pub struct QueryHead<'a> {
 }
 
 /// Runs every query head on `dev` (which must have the attention kernel loaded), one launch
-/// after another; K and V of each kv head are written once. Returns each head's output (o
+/// after another, all within `timeout`; K and V of each kv head are written once. Returns each head's output (o
 /// `[Nq, D]`, per row e and l) in the order of `heads`, and the counters with `cycles` and
 /// `wall` summed over the launches.
 pub fn run_attention(
@@ -104,6 +104,8 @@ pub fn run_attention(
         let qb = s.alloc(dev, nq * dp)?;
         let ob = s.alloc(dev, obytes)?;
         let sb = s.alloc(dev, sbytes)?;
+        // One deadline for all the launches of the op.
+        let deadline = std::time::Instant::now().checked_add(timeout);
         let mut outs = Vec::with_capacity(heads.len());
         let mut total = RunStats::default();
         for h in heads {
@@ -113,7 +115,10 @@ pub fn run_attention(
             let mut scalars = sizes.to_vec();
             scalars.push(("score_mult", u32::from(h.score_mult)));
             scalars.push(("score_shift", u32::from(h.score_shift)));
-            let st = launch(dev, &pointers, &scalars, timeout)?;
+            let left = deadline.map_or(timeout, |d| {
+                d.saturating_duration_since(std::time::Instant::now())
+            });
+            let st = launch(dev, &pointers, &scalars, left)?;
             total = RunStats {
                 cycles: total.cycles + st.cycles,
                 total_cycles: st.total_cycles,

@@ -6,6 +6,7 @@ use super::{Backend, DeviceId, DeviceInfo, DeviceStorage, Launch, LaunchInfo, Su
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::Op;
+use crate::sync::Deadline;
 use crate::tensor::{Tensor, TensorMeta};
 
 /// The host CPU as a device.
@@ -114,12 +115,21 @@ impl Backend for CpuBackend {
     }
 
     fn launch(&self, op: &Op, inputs: &[&DeviceStorage]) -> Result<Launch> {
+        self.launch_within(op, inputs, &Deadline::NONE)
+    }
+
+    fn launch_within(
+        &self,
+        op: &Op,
+        inputs: &[&DeviceStorage],
+        deadline: &Deadline,
+    ) -> Result<Launch> {
         let tensors = inputs
             .iter()
             .map(|s| s.host_tensor("CPU"))
             .collect::<Result<Vec<_>>>()?;
         let t0 = Instant::now();
-        let outs = op.run_cpu(&tensors)?;
+        let outs = op.run_cpu_within(&tensors, deadline)?;
         let elapsed = t0.elapsed();
         Ok(Launch::finished_on_host(
             self.id(),

@@ -270,6 +270,19 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Starts `op` on validated inputs that live on this device.
     fn launch(&self, op: &Op, inputs: &[&DeviceStorage]) -> Result<Launch>;
 
+    /// [`Backend::launch`] with the deadline of the wait that follows. Backends that do the
+    /// work inside the call (the CPU, the simulated card) stop at the deadline with
+    /// [`crate::Error::Timeout`]; the others start the work, and the caller's wait on the
+    /// returned completion enforces it.
+    fn launch_within(
+        &self,
+        op: &Op,
+        inputs: &[&DeviceStorage],
+        _deadline: &crate::sync::Deadline,
+    ) -> Result<Launch> {
+        self.launch(op, inputs)
+    }
+
     /// Estimated time of `op` on this device (from the op's cost and the device's rates,
     /// refined by calibration where the backend has it).
     fn estimate(&self, op: &Op, inputs: &[TensorMeta]) -> Duration {

@@ -28,7 +28,7 @@ struct Comparison {
 
 /// Runs the workload once per device kind and prints per-op time and error side by side.
 pub fn run(args: &CompareArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
-    let (graph, _, label) = super::run::build(&args.run)?;
+    let (graph, _, label) = super::run::build(&args.run, &reg.options().limits())?;
     let mut kinds: Vec<_> = reg.backends().iter().map(|b| b.id().kind).collect();
     kinds.dedup();
     let mut runs = Vec::new();
@@ -43,6 +43,8 @@ pub fn run(args: &CompareArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
             check: !args.run.no_check,
             workload: label.clone(),
             history: Some(super::history(reg.options())),
+            limits: reg.options().limits(),
+            allow_nonfinite: args.run.allow_nonfinite,
             warmup: args.run.warmup,
         };
         runs.push(run_graph(&graph, reg, &opts)?.report);

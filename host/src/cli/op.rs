@@ -66,6 +66,14 @@ pub struct OpArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Longest wait for the op, in seconds (any backend: CPU and simulated-card work stops
+    /// at the deadline).
+    #[arg(long, default_value_t = 300)]
+    pub timeout: u64,
+    /// Run even when inputs hold NaN or infinities (rejected by default); the run still fails
+    /// (exit 1) if any output is not finite.
+    #[arg(long)]
+    pub allow_nonfinite: bool,
 }
 
 /// Runs one op.
@@ -129,11 +137,13 @@ pub fn run(args: &OpArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
         backend: args.backend,
         backend_label: args.backend.name().into(),
         exec: ExecOptions {
-            timeout: Duration::from_secs(300),
+            timeout: Duration::from_secs(args.timeout),
             fallback: true,
         },
         check: true,
         history: Some(super::history(reg.options())),
+        limits: reg.options().limits(),
+        allow_nonfinite: args.allow_nonfinite,
         warmup: 1,
         workload: format!("{} on {}", op.name(), args.inputs.display()),
     };

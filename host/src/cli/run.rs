@@ -51,6 +51,10 @@ pub struct RunArgs {
     /// $TANDEM_CUDA_DTYPE, else bf16.
     #[arg(long, value_name = "DTYPE", value_parser = super::cuda_dtype_parser())]
     pub cuda_dtype: Option<CudaDType>,
+    /// Run even when inputs or weights hold NaN or infinities (rejected by default); the run
+    /// still fails (exit 1) if any output is not finite.
+    #[arg(long)]
+    pub allow_nonfinite: bool,
     #[command(flatten)]
     pub sizes: SizeArgs,
 }
@@ -115,7 +119,10 @@ impl SizeArgs {
 }
 
 /// Builds the graph `args` describe, with its config.
-pub fn build(args: &RunArgs) -> anyhow::Result<(tandem::graph::Graph, MixtralConfig, String)> {
+pub fn build(
+    args: &RunArgs,
+    limits: &tandem::limits::Limits,
+) -> anyhow::Result<(tandem::graph::Graph, MixtralConfig, String)> {
     let (mut c, name) = match &args.workload {
         Some(p) => {
             let w = WorkloadFile::load(p)?;
@@ -149,7 +156,7 @@ pub fn build(args: &RunArgs) -> anyhow::Result<(tandem::graph::Graph, MixtralCon
         }
     };
     c.check()?;
-    let g = workload::mixtral_layer(&c, weights, input)?;
+    let g = workload::mixtral_layer_within(&c, weights, input, limits)?;
     let label = format!(
         "{name}: B={} T={} d_model={} heads={}/{} head_dim={} experts={} top-{} ffn={} seed={} {}",
         c.batch,
@@ -170,7 +177,7 @@ pub fn build(args: &RunArgs) -> anyhow::Result<(tandem::graph::Graph, MixtralCon
 /// Runs the workload.
 pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     let backend = args.backend;
-    let (graph, config, label) = build(args)?;
+    let (graph, config, label) = build(args, &reg.options().limits())?;
     if args.explain {
         let h = super::history(reg.options());
         let h = h.lock().unwrap_or_else(|e| e.into_inner());
@@ -187,6 +194,8 @@ pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
         check: !args.no_check,
         workload: label,
         history: Some(super::history(reg.options())),
+        limits: reg.options().limits(),
+        allow_nonfinite: args.allow_nonfinite,
         warmup: args.warmup,
     };
     let out = run_graph(&graph, reg, &opts)?;
@@ -229,7 +238,7 @@ pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
 /// `tandem plan`: where each op of the workload would run, and why.
 pub fn plan_only(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     let backend = args.backend;
-    let (graph, _, label) = build(args)?;
+    let (graph, _, label) = build(args, &reg.options().limits())?;
     let h = super::history(reg.options());
     let h = h.lock().unwrap_or_else(|e| e.into_inner());
     let p = plan::plan_with_history(&graph, reg, backend, Some(&h))?;

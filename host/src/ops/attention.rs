@@ -14,6 +14,7 @@ use super::elementwise::{exp_shifted, max_of};
 use super::{CPU_PAR_MIN, expect_inputs, metas, reference_metas};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::sync::Deadline;
 use crate::tensor::{Tensor, TensorMeta};
 
 /// Parameters of attention.
@@ -153,6 +154,12 @@ impl AttentionParams {
     /// an online softmax over blocks of keys (two GEMMs per key block), so no more than a
     /// [BLOCK_Q, BLOCK_K] tile of scores exists at a time.
     pub fn cpu(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        self.cpu_within(inputs, &Deadline::NONE)
+    }
+
+    /// [`Self::cpu`], stopping with [`Error::Timeout`] once `deadline` passes (each block of
+    /// queries looks at it before it starts).
+    pub fn cpu_within(&self, inputs: &[&Tensor], deadline: &Deadline) -> Result<Vec<Tensor>> {
         let sh = self.shape(&metas(inputs))?;
         let (q, k, v) = (
             view4(inputs[0].as_f32()?)?,
@@ -171,6 +178,9 @@ impl AttentionParams {
         let mut lse = vec![f32::NEG_INFINITY; sh.b * sh.hq * sh.nq];
         // One work item: query block `blk` of plane `plane` (= b * Hq + h).
         let block = |plane: usize, blk: usize, o_b: &mut [f32], lse_b: &mut [f32]| {
+            if deadline.expired() {
+                return;
+            }
             let (b, h) = (plane / sh.hq, plane % sh.hq);
             let kh = k.slice(s![b, h / group, .., ..]);
             let vh = v.slice(s![b, h / group, .., ..]);
@@ -201,6 +211,7 @@ impl AttentionParams {
                     .for_each(|(blk, (o_b, lse_b))| block(plane, blk, o_b, lse_b));
             });
         }
+        deadline.check("attention on the CPU")?;
         Ok(vec![
             Tensor::from_vec_f32(&[sh.b, sh.hq, sh.nq, d], o)?,
             Tensor::from_vec_f32(&[sh.b, sh.hq, sh.nq], lse)?,

@@ -9,6 +9,7 @@ use super::elementwise::{Real, gelu_tanh, relu, silu};
 use super::{expect_inputs, metas, reference_metas};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::sync::Deadline;
 use crate::tensor::{Tensor, TensorMeta};
 
 /// Activation applied after the bias.
@@ -137,12 +138,24 @@ impl LinearParams {
     /// CPU f32 implementation: one GEMM (matrixmultiply, split over rayon threads) with the
     /// bias and activation applied to each block of the result while it is in cache.
     pub fn cpu(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        self.cpu_within(inputs, &Deadline::NONE)
+    }
+
+    /// [`Self::cpu`], stopping with [`Error::Timeout`] once `deadline` passes.
+    pub fn cpu_within(&self, inputs: &[&Tensor], deadline: &Deadline) -> Result<Vec<Tensor>> {
         let out = self.validate(&metas(inputs))?;
         let b = match self.bias {
             true => Some(inputs[2].as_f32()?),
             false => None,
         };
-        let y = self.run(inputs[0].as_f32()?, inputs[1].as_f32()?, b, &out[0].shape)?;
+        let y = self.run(
+            inputs[0].as_f32()?,
+            inputs[1].as_f32()?,
+            b,
+            &out[0].shape,
+            deadline,
+        )?;
+        deadline.check("linear on the CPU")?;
         Ok(vec![Tensor::from_f32(y)])
     }
 
@@ -162,6 +175,7 @@ impl LinearParams {
         w: &ArrayD<T>,
         b: Option<&ArrayD<T>>,
         out_shape: &[usize],
+        deadline: &Deadline,
     ) -> Result<ArrayD<T>> {
         let (n, k) = (w.shape()[0], w.shape()[1]);
         let m = x.len() / k;
@@ -171,7 +185,7 @@ impl LinearParams {
         let bias: Option<Vec<T>> = b.map(|b| b.iter().copied().collect());
         let act = self.act;
         let mut y = Array2::<T>::zeros((m, n));
-        matmul_bt(x2.view(), w2, y.view_mut(), |mut blk, col0| {
+        matmul_bt(x2.view(), w2, y.view_mut(), deadline, |mut blk, col0| {
             for mut row in blk.rows_mut() {
                 for (j, v) in row.iter_mut().enumerate() {
                     let z = match &bias {
@@ -192,10 +206,15 @@ const PAR_MIN_WORK: usize = 1 << 18;
 /// c = a b^T (a [M, K], b [N, K], c [M, N]), then `epilogue(block, first column)` on each
 /// block of c. Splits rows of c over rayon threads (columns when M is small); each block is
 /// one matrixmultiply GEMM, so results do not depend on the thread count.
+///
+/// Each block first looks at `deadline`: once it has passed, the remaining blocks are skipped
+/// (the caller then reports [`Error::Timeout`] through [`Deadline::check`], so the partly
+/// written `c` is never used).
 pub(crate) fn matmul_bt<T, F>(
     a: ArrayView2<T>,
     b: ArrayView2<T>,
     mut c: ArrayViewMut2<T>,
+    deadline: &Deadline,
     epilogue: F,
 ) where
     T: Real,
@@ -204,11 +223,21 @@ pub(crate) fn matmul_bt<T, F>(
     let (m, k, n) = (a.nrows(), a.ncols(), b.nrows());
     let threads = rayon::current_num_threads();
     let gemm = |a: ArrayView2<T>, b: ArrayView2<T>, mut c: ArrayViewMut2<T>, col0: usize| {
+        if deadline.expired() {
+            return;
+        }
         general_mat_mul(T::one(), &a, &b.t(), T::zero(), &mut c);
         epilogue(c, col0);
     };
-    if m * n * k < PAR_MIN_WORK || threads == 1 {
+    if m * n * k < PAR_MIN_WORK {
         gemm(a, b, c, 0);
+    } else if threads == 1 {
+        // Row blocks one after another, so a deadline is seen between them.
+        let rows = m.div_ceil(8).max(64);
+        for (i, cb) in c.axis_chunks_iter_mut(Axis(0), rows).enumerate() {
+            let r0 = i * rows;
+            gemm(a.slice(s![r0..r0 + cb.nrows(), ..]), b, cb, 0);
+        }
     } else if m >= 64 * threads {
         let rows = m.div_ceil(4 * threads).max(64);
         c.axis_chunks_iter_mut(Axis(0), rows)

@@ -25,6 +25,7 @@ pub use norm::RmsNormParams;
 pub use rope::RopeParams;
 
 use crate::error::Result;
+use crate::sync::Deadline;
 use crate::tensor::{Tensor, TensorMeta};
 
 /// One op with its parameters.
@@ -247,8 +248,34 @@ impl Op {
 
     /// Runs the op on the CPU in f32 (validating first).
     pub fn run_cpu(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        self.run_cpu_within(inputs, &Deadline::NONE)
+    }
+
+    /// [`Op::run_cpu`] that stops at `deadline`: the compute-bound ops (attention, linear,
+    /// experts) check it between blocks of work, the others before and after their one pass;
+    /// past it, the result is [`crate::Error::Timeout`], never a partial output.
+    pub fn run_cpu_within(&self, inputs: &[&Tensor], deadline: &Deadline) -> Result<Vec<Tensor>> {
         let metas: Vec<TensorMeta> = inputs.iter().map(|t| t.meta()).collect();
-        self.validate(&metas)?;
+        let outs = self.validate(&metas)?;
+        if outs.iter().all(|m| m.numel() == 0) {
+            // Nothing to write: no work, however large the other dimensions are.
+            return Ok(outs.iter().map(Tensor::zeros).collect());
+        }
+        let what = format!("{} on the CPU", self.name());
+        deadline.check(&what)?;
+        let outs = match self {
+            Op::Attention(p) => p.cpu_within(inputs, deadline),
+            Op::MoeExperts(p) => p.cpu_within(inputs, deadline),
+            Op::Linear(p) => p.cpu_within(inputs, deadline),
+            _ => self.run_cpu_unbounded(inputs),
+        }?;
+        deadline.check(&what)?;
+        Ok(outs)
+    }
+
+    /// The memory-bound ops, one pass each (bounded by their sizes, which admission control
+    /// checked).
+    fn run_cpu_unbounded(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         match self {
             Op::Attention(p) => p.cpu(inputs),
             Op::MoeRoute(p) => p.cpu(inputs),
@@ -266,6 +293,17 @@ impl Op {
     /// come back as f64 values.
     pub fn reference(&self, inputs: &[ArrayD<f64>]) -> Result<Vec<ArrayD<f64>>> {
         check_arity(self, inputs.len())?;
+        let dtypes: &[crate::dtype::DType] = match self {
+            Op::MoeExperts(_) => &moe::EXPERT_DTYPES,
+            _ => &[],
+        };
+        let outs = self.validate(&reference_metas(inputs, dtypes))?;
+        if outs.iter().all(|m| m.numel() == 0) {
+            return Ok(outs
+                .iter()
+                .map(|m| ArrayD::zeros(ndarray::IxDyn(&m.shape)))
+                .collect());
+        }
         match self {
             Op::Attention(p) => p.reference(inputs),
             Op::MoeRoute(p) => p.reference(inputs),

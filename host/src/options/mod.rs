@@ -127,6 +127,10 @@ pub struct Options {
     /// [`user_cache_dir`]); `None` keeps them in memory only: `TANDEM_HISTORY=off` or `0`, no
     /// cache folder, and the default.
     pub history: Option<PathBuf>,
+    /// Host memory a run may allocate (`TANDEM_MAX_MEMORY`: bytes, or with a K/M/G/T
+    /// suffix); `None`: the host's available memory when the run starts
+    /// ([`crate::limits::Limits::host`]).
+    pub max_memory: Option<u64>,
 }
 
 impl Default for Options {
@@ -136,6 +140,7 @@ impl Default for Options {
             cuda: CudaOptions::default(),
             fpga: FpgaOptions::default(),
             history: None,
+            max_memory: None,
         }
     }
 }
@@ -156,9 +161,37 @@ impl Options {
                 Some("off" | "0") => None,
                 _ => user_cache_dir(env).map(|d| d.join("history.json")),
             },
+            max_memory: match env.text(MAX_MEMORY_VAR)? {
+                None => None,
+                Some(t) => Some(
+                    crate::limits::parse_bytes(&t)
+                        .filter(|&b| b > 0)
+                        .ok_or_else(|| {
+                            crate::Error::invalid(
+                                MAX_MEMORY_VAR,
+                                format!(
+                                    "{t:?} is not accepted: a positive byte count, optionally \
+                                     with a K, M, G or T suffix (e.g. 24G)"
+                                ),
+                            )
+                        })?,
+                ),
+            },
         })
     }
+
+    /// The memory limits of a run: [`Options::max_memory`] if set, else what the host has
+    /// available now.
+    pub fn limits(&self) -> crate::limits::Limits {
+        match self.max_memory {
+            Some(b) => crate::limits::Limits::with_memory(b),
+            None => crate::limits::Limits::host(),
+        }
+    }
 }
+
+/// The environment variable that sets [`Options::max_memory`].
+pub const MAX_MEMORY_VAR: &str = "TANDEM_MAX_MEMORY";
 
 #[cfg(test)]
 mod tests {

@@ -22,6 +22,8 @@ use crate::ops::{
     Activation, AttentionParams, LinearParams, MoeExpertsParams, MoeRouteParams, Op, RmsNormParams,
     RopeParams, SplitHeadsParams,
 };
+use crate::limits::{self, Limits};
+use crate::ops::moe::MAX_EXPERTS;
 use crate::tensor::Tensor;
 
 /// Sizes and settings of one Mixtral decoder layer (transformers' MixtralDecoderLayer).
@@ -108,7 +110,39 @@ impl MixtralConfig {
 
     /// Tokens in the batch.
     pub fn tokens(&self) -> usize {
-        self.batch * self.seq_len
+        self.batch.saturating_mul(self.seq_len)
+    }
+
+    /// Bytes of the layer's weights in f32, or `None` when the sizes overflow.
+    pub fn weight_bytes(&self) -> Option<u64> {
+        let (h, f, e) = (self.d_model as u64, self.ffn as u64, self.experts as u64);
+        let d = (self.d_model / self.heads.max(1)) as u64;
+        let (hq, hkv) = (self.heads as u64, self.kv_heads as u64);
+        let m = |a: u64, b: u64| a.checked_mul(b);
+        let elems = limits::sum([
+            m(hq, d).and_then(|x| m(x, h)),                 // wq
+            m(hkv, d).and_then(|x| m(x, h)).and_then(|x| m(x, 2)), // wk, wv
+            m(hq, d).and_then(|x| m(x, h)),                 // wo
+            m(h, 2),                                        // ln1, ln2
+            m(e, h),                                        // gate
+            m(e, f).and_then(|x| m(x, h)).and_then(|x| m(x, 3)), // gate_up, down
+        ])?;
+        elems.checked_mul(4)
+    }
+
+    /// Bytes of the layer's input `[B*T, H]` in f32, or `None` when they overflow.
+    pub fn input_bytes(&self) -> Option<u64> {
+        limits::numel(&[self.batch, self.seq_len, self.d_model])?.checked_mul(4)
+    }
+
+    /// Bytes that building the layer allocates (weights and input), or `None` on overflow.
+    pub fn host_bytes(&self) -> Option<u64> {
+        limits::sum([self.weight_bytes(), self.input_bytes()])
+    }
+
+    /// Checks that building the layer fits `limits` (run after [`MixtralConfig::check`]).
+    pub fn admit(&self, limits: &Limits) -> Result<()> {
+        limits.admit("workload", self.host_bytes())
     }
 
     /// Checks that the sizes make a layer; errors name the key, the value and what is accepted.
@@ -153,6 +187,24 @@ impl MixtralConfig {
                 self.kv_heads.to_string(),
                 &format!("must divide heads = {}", self.heads),
             );
+        }
+        if self.experts > MAX_EXPERTS {
+            return bad(
+                "experts",
+                self.experts.to_string(),
+                &format!("at most {MAX_EXPERTS}"),
+            );
+        }
+        if self.host_bytes().is_none() {
+            return Err(Error::invalid(
+                "workload",
+                format!(
+                    "batch = {}, seq_len = {}, d_model = {}, experts = {}, ffn = {}: the \
+                     layer's weights and input would need more than 16 EiB (their sizes \
+                     overflow)",
+                    self.batch, self.seq_len, self.d_model, self.experts, self.ffn
+                ),
+            ));
         }
         if self.top_k > self.experts {
             return bad(
@@ -448,7 +500,18 @@ pub fn mixtral_layer(
     weights: Option<MixtralWeights>,
     input: Option<Tensor>,
 ) -> Result<Graph> {
+    mixtral_layer_within(c, weights, input, &Limits::host())
+}
+
+/// [`mixtral_layer`], refusing sizes whose weights and input would not fit `limits`.
+pub fn mixtral_layer_within(
+    c: &MixtralConfig,
+    weights: Option<MixtralWeights>,
+    input: Option<Tensor>,
+    limits: &Limits,
+) -> Result<Graph> {
     c.check()?;
+    c.admit(limits)?;
     let mut rng = ChaCha8Rng::seed_from_u64(c.seed);
     let w = match weights {
         Some(w) => w,

@@ -46,10 +46,12 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::Op;
 use crate::options::FpgaOptions;
+use crate::sync::Deadline;
 use crate::tensor::{Tensor, TensorMeta};
 
-/// Longest a kernel run may take (wall clock) before it is a timeout.
-const RUN_TIMEOUT: Duration = Duration::from_secs(600);
+/// Longest a kernel run may take (wall clock) when [`Backend::launch`] is called without a
+/// deadline (the executor always gives one: `--timeout`).
+const DEFAULT_RUN_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Opens an FPGA card for one kernel, configured by the options: the simulated card today,
 /// the XRT driver next.
@@ -238,8 +240,18 @@ impl FpgaBackend {
         let card = cards
             .get_mut(name)
             .ok_or_else(|| Error::Internal(format!("{device} card {name} missing")))?;
-        let r = f(card.as_mut()).map_err(|e| fpga_err(&device, e))?;
-        Ok((r, card.clock_hz()))
+        let clock = card.clock_hz();
+        match f(card.as_mut()) {
+            Ok(r) => Ok((r, clock)),
+            Err(e) => {
+                if matches!(e, FpgaError::Timeout { .. } | FpgaError::Device { .. }) {
+                    // The kernel may still be running, or the card is in an unknown state:
+                    // close it; the next launch opens and loads a fresh one.
+                    cards.remove(name);
+                }
+                Err(fpga_err(&device, e))
+            }
+        }
     }
 }
 
@@ -306,6 +318,17 @@ impl Backend for FpgaBackend {
     }
 
     fn launch(&self, op: &Op, inputs: &[&DeviceStorage]) -> Result<Launch> {
+        self.launch_within(op, inputs, &Deadline::after(DEFAULT_RUN_TIMEOUT))
+    }
+
+    /// Runs the op on the card, each kernel run waiting at most until `deadline` (the
+    /// simulator stops at it; a card that timed out is closed and reopened at its next use).
+    fn launch_within(
+        &self,
+        op: &Op,
+        inputs: &[&DeviceStorage],
+        deadline: &Deadline,
+    ) -> Result<Launch> {
         let metas: Vec<TensorMeta> = inputs.iter().map(|s| s.meta.clone()).collect();
         if let Support::No(why) = self.supports(op, &metas) {
             return Err(Error::Unsupported {
@@ -322,13 +345,13 @@ impl Backend for FpgaBackend {
             Op::MoeRoute(p) => {
                 let job = route::RouteJob::new(p, tensors[0])?;
                 let ((out, st), clock) =
-                    self.with_card("router", &self.router, |dev| job.run(dev, RUN_TIMEOUT))?;
+                    self.with_card("router", &self.router, |dev| job.run(dev, deadline.remaining()))?;
                 (job.outputs(out)?, st.cycles, clock, ROUTER_KERNEL)
             }
             Op::Linear(p) => {
                 let job = linear::LinearJob::new(p, &tensors)?;
                 let ((y, st), clock) =
-                    self.with_card("gemm", &self.gemm, |dev| job.run(dev, RUN_TIMEOUT))?;
+                    self.with_card("gemm", &self.gemm, |dev| job.run(dev, deadline.remaining()))?;
                 (vec![job.output(&y)?], st.cycles, clock, GEMM_KERNEL)
             }
             Op::Attention(p) => {
@@ -343,7 +366,7 @@ impl Backend for FpgaBackend {
                             Error::Internal("no attention build for this shape".into())
                         })?;
                     let ((heads, st), clock) =
-                        self.with_card(name, &core, |dev| job.run(dev, RUN_TIMEOUT))?;
+                        self.with_card(name, &core, |dev| job.run(dev, deadline.remaining()))?;
                     (heads, st.cycles, clock)
                 };
                 (job.outputs(&heads)?, cycles, clock, ATTENTION_KERNEL)

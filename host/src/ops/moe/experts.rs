@@ -11,11 +11,12 @@ use super::super::{CPU_PAR_MIN, metas, reference_metas};
 use super::EXPERT_INPUTS;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::sync::Deadline;
 use crate::tensor::{Tensor, TensorMeta};
 
 /// The dtypes of the experts inputs, in [`EXPERT_INPUTS`] order: x, topk_ids, topk_weights,
 /// sorted_token_ids, expert_offsets, gate_up, down.
-const EXPERT_DTYPES: [DType; 7] = [
+pub(crate) const EXPERT_DTYPES: [DType; 7] = [
     DType::F32,
     DType::I32,
     DType::F32,
@@ -126,6 +127,12 @@ impl MoeExpertsParams {
     /// and runs its FFN as GEMMs (experts in parallel), then sums each token's k slots in
     /// slot order.
     pub fn cpu(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        self.cpu_within(inputs, &Deadline::NONE)
+    }
+
+    /// [`Self::cpu`], stopping with [`Error::Timeout`] once `deadline` passes (checked
+    /// between the GEMM blocks of every expert).
+    pub fn cpu_within(&self, inputs: &[&Tensor], deadline: &Deadline) -> Result<Vec<Tensor>> {
         let sh = self.shape(&metas(inputs))?;
         let ints = |i: usize| -> Result<Vec<i64>> {
             Ok(inputs[i].as_i32()?.iter().map(|&v| i64::from(v)).collect())
@@ -141,6 +148,7 @@ impl MoeExpertsParams {
                 xe.view(),
                 gate_up.slice(s![e, .., ..]),
                 down.slice(s![e, .., ..]),
+                deadline,
             )
         };
         let outs: Vec<Array2<f32>> = if sh.t * sh.k * sh.h * sh.f < CPU_PAR_MIN {
@@ -148,6 +156,7 @@ impl MoeExpertsParams {
         } else {
             plan.par_iter().enumerate().map(ffn).collect()
         };
+        deadline.check("moe_experts on the CPU")?;
         let y = combine(&sh, &plan, &outs, &w);
         Ok(vec![Tensor::from_vec_f32(&[sh.t, sh.h], y)?])
     }
@@ -272,13 +281,18 @@ fn gather_rows<T: Real>(x: ArrayView2<T>, slots: &[usize], k: usize) -> Array2<T
 
 /// One expert's FFN on its gathered tokens: down (silu(gate x) * (up x)), as three GEMMs
 /// (gate and up in one). `gate_up` [2F, H], `down` [H, F]; returns [rows, H].
-fn expert_ffn<T: Real>(x: ArrayView2<T>, gate_up: ArrayView2<T>, down: ArrayView2<T>) -> Array2<T> {
+fn expert_ffn<T: Real>(
+    x: ArrayView2<T>,
+    gate_up: ArrayView2<T>,
+    down: ArrayView2<T>,
+    deadline: &Deadline,
+) -> Array2<T> {
     let (n, f) = (x.nrows(), gate_up.nrows() / 2);
     let mut gu = Array2::<T>::zeros((n, 2 * f));
-    matmul_bt(x, gate_up, gu.view_mut(), |_, _| {});
+    matmul_bt(x, gate_up, gu.view_mut(), deadline, |_, _| {});
     let act = Array2::from_shape_fn((n, f), |(r, i)| silu(gu[[r, i]]) * gu[[r, f + i]]);
     let mut y = Array2::<T>::zeros((n, down.nrows()));
-    matmul_bt(act.view(), down, y.view_mut(), |_, _| {});
+    matmul_bt(act.view(), down, y.view_mut(), deadline, |_, _| {});
     y
 }
 

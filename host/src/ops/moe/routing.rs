@@ -10,6 +10,13 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::{Tensor, TensorMeta};
 
+/// Most experts a router takes (DeepSeek-V3 has 256; the padded permutation grows with
+/// experts x block size, so an absurd count is refused before anything is allocated).
+pub const MAX_EXPERTS: usize = 1 << 16;
+
+/// Largest block size of the padded expert segments.
+pub const MAX_BLOCK_SIZE: usize = 4096;
+
 /// Parameters of MoE routing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MoeRouteParams {
@@ -58,8 +65,20 @@ impl MoeRouteParams {
             ));
         }
         let (t, e) = (l.shape[0], l.shape[1]);
-        if e == 0 {
-            return Err(Error::invalid(op, "logits have 0 experts"));
+        if e == 0 || e > MAX_EXPERTS {
+            return Err(Error::invalid(
+                op,
+                format!("logits have {e} experts (accepted: 1..={MAX_EXPERTS})"),
+            ));
+        }
+        if self.block_size > MAX_BLOCK_SIZE {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "block_size = {} (accepted: 1..={MAX_BLOCK_SIZE})",
+                    self.block_size
+                ),
+            ));
         }
         if self.top_k == 0 || self.top_k > e {
             return Err(Error::invalid(
