@@ -323,3 +323,72 @@ fn timeout_ends_simulated_card_work() -> TestResult {
     assert_refused(&o, &["did not finish within 0ns"]);
     Ok(())
 }
+
+#[test]
+fn concurrent_fpga_sim_runs_on_an_empty_cache_agree() -> TestResult {
+    if tandem_sim::available().is_err() {
+        println!("SKIP: Verilator is not installed (the simulated card cannot run)");
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let cache = dir.path().join("cache");
+    let logits = f32s(&[64, 8], |i| noise(i) * 3.0);
+    let p = save(dir.path(), "route.safetensors", &[("logits", logits)])?;
+    let runs = 4;
+    let children = (0..runs)
+        .map(|i| {
+            let out = dir.path().join(format!("out{i}.safetensors"));
+            let child = Command::new(bin())
+                .args(["op", "moe-route", "--backend", "fpga-sim", "--renormalize"])
+                .arg("--inputs")
+                .arg(&p)
+                .arg("--save")
+                .arg(&out)
+                .env("TANDEM_LOG", "warn")
+                .env("TANDEM_HISTORY", "off")
+                .env("TANDEM_SIM_CACHE", &cache)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()?;
+            Ok((out, child))
+        })
+        .collect::<Result<Vec<_>, std::io::Error>>()?;
+    let mut saved = Vec::new();
+    for (out, child) in children {
+        let o = child.wait_with_output()?;
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{err}");
+        // Every run used the card: no build failure sent the router back to the CPU.
+        assert!(!err.contains("re-planning onto the CPU"), "{err}");
+        saved.push(tandem::io::read_safetensors(&out)?);
+    }
+    for s in &saved[1..] {
+        assert_eq!(s, &saved[0], "concurrent runs disagree");
+    }
+    // Builds land through private folders renamed into place: none is left behind.
+    let mut leftovers = Vec::new();
+    for entry in walk(&cache)? {
+        let name = entry.file_name().map(|n| n.to_string_lossy().into_owned());
+        if name.as_deref().is_some_and(|n| n.starts_with('.')) {
+            leftovers.push(entry);
+        }
+    }
+    assert!(leftovers.is_empty(), "left behind: {leftovers:?}");
+    Ok(())
+}
+
+/// Every path under `dir`.
+fn walk(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    if !dir.exists() {
+        return Ok(out);
+    }
+    for e in std::fs::read_dir(dir)? {
+        let p = e?.path();
+        if p.is_dir() {
+            out.extend(walk(&p)?);
+        }
+        out.push(p);
+    }
+    Ok(out)
+}
