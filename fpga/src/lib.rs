@@ -18,6 +18,7 @@ pub mod core;
 pub mod device;
 pub mod drive;
 pub mod emit;
+pub mod flow;
 pub mod golden;
 pub mod kernels;
 pub mod platform;

@@ -306,7 +306,7 @@ pub fn check_against_manifest(path: &Path, entry: &ManifestEntry) -> Result<Xclb
     let bytes = read_file(path)?;
     let in_file = |e: XclbinError| XclbinError::InFile {
         path: path.to_path_buf(),
-        source: Box::new(e),
+        error: Box::new(e),
     };
     let x = Xclbin::parse(&bytes).map_err(in_file)?;
     let name = entry.name.clone();

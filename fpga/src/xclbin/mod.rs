@@ -96,14 +96,14 @@ pub enum XclbinError {
         /// The sections it has.
         present: String,
     },
-    /// An error in the file `path`.
-    #[error("{path}: {source}")]
+    /// An error in the file `path` (the message includes the inner error, which is
+    /// therefore not reported again as a source).
+    #[error("{path}: {error}")]
     InFile {
         /// The file.
         path: PathBuf,
         /// The error.
-        #[source]
-        source: Box<XclbinError>,
+        error: Box<XclbinError>,
     },
 }
 
@@ -134,7 +134,7 @@ impl Xclbin {
         let bytes = read_file(path)?;
         Self::parse(&bytes).map_err(|e| XclbinError::InFile {
             path: path.to_path_buf(),
-            source: Box::new(e),
+            error: Box::new(e),
         })
     }
 

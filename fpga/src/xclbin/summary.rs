@@ -194,8 +194,7 @@ impl std::fmt::Display for Summary {
                     .map(|b| format!("{}: {}", b.cu, b.bank))
                     .collect::<Vec<_>>()
                     .join(", ");
-                let _ = writeln!(
-                    s,
+                let line = format!(
                     "    {:>2}  {:<10} {:<8} {:<7} {:#06x}  {:<14} {}",
                     m.id,
                     m.name,
@@ -209,6 +208,7 @@ impl std::fmt::Display for Summary {
                         banks
                     }
                 );
+                let _ = writeln!(s, "{}", line.trim_end());
             }
         }
         let used = self.memories.iter().filter(|m| m.used).count();
