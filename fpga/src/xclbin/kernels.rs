@@ -69,9 +69,10 @@ impl KernelInfo {
 }
 
 /// Joins the sections into the kernel list: the metadata's kernels in order, then kernels
-/// that only IP_LAYOUT names. A connection that points outside IP_LAYOUT or MEM_TOPOLOGY, at
-/// an IP that is not a compute unit, or at an argument id the kernel's metadata lacks, is an
-/// error naming the entry.
+/// that only IP_LAYOUT names. Where IP_LAYOUT, MEM_TOPOLOGY and CONNECTIVITY are all present,
+/// a connection that points outside IP_LAYOUT or MEM_TOPOLOGY, at an IP that is not a
+/// compute unit, or at an argument id the kernel's metadata lacks, is an error naming the
+/// entry.
 pub(crate) fn join(
     meta: Option<&[KernelMeta]>,
     ips: Option<&[IpData]>,
@@ -97,8 +98,9 @@ pub(crate) fn join(
             compute_units: Vec::new(),
         })
         .collect();
-    let ips = ips.unwrap_or_default();
-    for (i, ip) in ips.iter().enumerate().filter(|(_, ip)| ip.is_kernel()) {
+    for (i, ip) in ips
+        .unwrap_or_default()
+        .iter().enumerate().filter(|(_, ip)| ip.is_kernel()) {
         let cu = ComputeUnit {
             name: ip.cu_name().to_string(),
             base_address: ip.base_address,
@@ -117,9 +119,13 @@ pub(crate) fn join(
             }),
         }
     }
-    let mems = mems.unwrap_or_default();
+    // Without IP_LAYOUT or MEM_TOPOLOGY (a section removed) the connections cannot be
+    // resolved: the kernels are listed without banks rather than the file refused.
+    let (Some(ips), Some(mems), Some(conns)) = (ips, mems, conns) else {
+        return Ok(out);
+    };
     let has_meta = meta.is_some();
-    for (i, c) in conns.unwrap_or_default().iter().enumerate() {
+    for (i, c) in conns.iter().enumerate() {
         let corrupt = |field: &str, msg: String| XclbinError::Corrupt {
             field: format!("CONNECTIVITY[{i}].{field}"),
             msg,
