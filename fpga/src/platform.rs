@@ -125,12 +125,25 @@ mod tests {
     fn lookup_by_key_vbnv_and_shell() {
         assert_eq!(platform("U55C").map(|p| p.vbnv).ok(), Some(U55C.vbnv));
         assert_eq!(
-            platform("xilinx_u250_gen3x16_xdma_4_1_202210_1").map(|p| p.key).ok(),
+            platform("xilinx_u250_gen3x16_xdma_4_1_202210_1")
+                .map(|p| p.key)
+                .ok(),
             Some("u250")
         );
-        assert_eq!(platform("xilinx_u55c_gen3x16_xdma_base_3").map(|p| p.key).ok(), Some("u55c"));
-        let e = platform("u280").err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(e.contains("unknown platform `u280`") && e.contains("u55c = xilinx_u55c"), "{e}");
+        assert_eq!(
+            platform("xilinx_u55c_gen3x16_xdma_base_3")
+                .map(|p| p.key)
+                .ok(),
+            Some("u55c")
+        );
+        let e = platform("u280")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            e.contains("unknown platform `u280`") && e.contains("u55c = xilinx_u55c"),
+            "{e}"
+        );
     }
 
     #[test]

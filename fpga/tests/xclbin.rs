@@ -93,8 +93,12 @@ fn parse_info(text: &str) -> Info {
         }
         let Some((k, v)) = t.split_once(':') else {
             if in_sections && !t.is_empty() && !t.starts_with('=') {
-                info.sections
-                    .extend(t.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from));
+                info.sections.extend(
+                    t.split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(String::from),
+                );
             } else {
                 in_sections = false;
             }
@@ -107,8 +111,12 @@ fn parse_info(text: &str) -> Info {
             (_, "Platform VBNV") => info.platform = v,
             (_, "Sections") => {
                 in_sections = true;
-                info.sections
-                    .extend(v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from));
+                info.sections.extend(
+                    v.split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(String::from),
+                );
             }
             ("clocks" | "memories", _) => {
                 let list = if block == "clocks" {
@@ -130,7 +138,8 @@ fn parse_info(text: &str) -> Info {
 }
 
 fn s(v: &Value) -> &str {
-    v.as_str().unwrap_or_else(|| panic!("xclbinutil JSON value {v} is not a string"))
+    v.as_str()
+        .unwrap_or_else(|| panic!("xclbinutil JSON value {v} is not a string"))
 }
 
 /// Checks everything tandem read from `x` against xclbinutil's report of the same file.
@@ -151,12 +160,17 @@ fn agree_with_xclbinutil(x: &Xclbin, info_text: &str, dumps: &BTreeMap<String, V
             assert_eq!(ip.name, s(&w["m_name"]));
             assert_eq!(format!("{:#x}", ip.base_address), s(&w["m_base_address"]));
             assert_eq!(ip.control_protocol(), s(&w["m_ip_control"]));
-            assert_eq!(u8::from(ip.interrupt_enabled()).to_string(), s(&w["m_int_enable"]));
+            assert_eq!(
+                u8::from(ip.interrupt_enabled()).to_string(),
+                s(&w["m_int_enable"])
+            );
         }
     }
     if let Some(d) = dumps.get("CONNECTIVITY") {
         let cs = x.connectivity.as_deref().expect("CONNECTIVITY read");
-        let want = d["connectivity"]["m_connection"].as_array().expect("m_connection");
+        let want = d["connectivity"]["m_connection"]
+            .as_array()
+            .expect("m_connection");
         assert_eq!(want.len(), cs.len());
         for (c, w) in cs.iter().zip(want) {
             assert_eq!(c.arg_index.to_string(), s(&w["arg_index"]));
@@ -166,7 +180,9 @@ fn agree_with_xclbinutil(x: &Xclbin, info_text: &str, dumps: &BTreeMap<String, V
     }
     if let Some(d) = dumps.get("MEM_TOPOLOGY") {
         let ms = x.mem_topology.as_deref().expect("MEM_TOPOLOGY read");
-        let want = d["mem_topology"]["m_mem_data"].as_array().expect("m_mem_data");
+        let want = d["mem_topology"]["m_mem_data"]
+            .as_array()
+            .expect("m_mem_data");
         assert_eq!(want.len(), ms.len());
         for (m, w) in ms.iter().zip(want) {
             assert_eq!(m.type_name(), s(&w["m_type"]));
@@ -186,7 +202,9 @@ fn agree_with_xclbinutil(x: &Xclbin, info_text: &str, dumps: &BTreeMap<String, V
     }
     if let Some(d) = dumps.get("CLOCK_FREQ_TOPOLOGY") {
         let cs = x.clocks.as_deref().expect("CLOCK_FREQ_TOPOLOGY read");
-        let want = d["clock_freq_topology"]["m_clock_freq"].as_array().expect("m_clock_freq");
+        let want = d["clock_freq_topology"]["m_clock_freq"]
+            .as_array()
+            .expect("m_clock_freq");
         assert_eq!(want.len(), cs.len());
         for (c, w) in cs.iter().zip(want) {
             assert_eq!(c.freq_mhz.to_string(), s(&w["m_freq_Mhz"]));
@@ -203,7 +221,12 @@ fn agree_with_xclbinutil(x: &Xclbin, info_text: &str, dumps: &BTreeMap<String, V
     }
 }
 
-const DUMPED: [&str; 4] = ["IP_LAYOUT", "MEM_TOPOLOGY", "CONNECTIVITY", "CLOCK_FREQ_TOPOLOGY"];
+const DUMPED: [&str; 4] = [
+    "IP_LAYOUT",
+    "MEM_TOPOLOGY",
+    "CONNECTIVITY",
+    "CLOCK_FREQ_TOPOLOGY",
+];
 
 #[test]
 fn the_fixture_reads_as_xclbinutil_reads_it() {
@@ -214,7 +237,10 @@ fn the_fixture_reads_as_xclbinutil_reads_it() {
         .iter()
         .map(|k| {
             let t = std::fs::read_to_string(dir.join(format!("gemm_u55c.{k}.json"))).expect("dump");
-            (k.to_string(), serde_json::from_str::<Value>(&t).expect("json"))
+            (
+                k.to_string(),
+                serde_json::from_str::<Value>(&t).expect("json"),
+            )
         })
         .collect();
     agree_with_xclbinutil(&x, &info, &dumps);
@@ -225,10 +251,19 @@ fn the_fixture_reads_as_xclbinutil_reads_it() {
     assert_eq!(x.kernel_clock_mhz(), Some(300));
     let k = x.kernel("gemm").expect("gemm");
     assert_eq!(k.compute_units.len(), 1);
-    assert_eq!((k.compute_units[0].name.as_str(), k.compute_units[0].base_address), ("gemm_1", 0x80_0000));
+    assert_eq!(
+        (
+            k.compute_units[0].name.as_str(),
+            k.compute_units[0].base_address
+        ),
+        ("gemm_1", 0x80_0000)
+    );
     let xml = std::fs::read(dir.join("gemm_kernel.xml")).expect("kernel.xml");
     let meta = metadata::parse_kernels(&xml).expect("kernel.xml parses");
-    assert_eq!(k.args.iter().map(|a| &a.meta).collect::<Vec<_>>(), meta[0].args.iter().collect::<Vec<_>>());
+    assert_eq!(
+        k.args.iter().map(|a| &a.meta).collect::<Vec<_>>(),
+        meta[0].args.iter().collect::<Vec<_>>()
+    );
     for a in &k.args {
         let banks: Vec<&str> = a.banks.iter().map(|b| b.bank.as_str()).collect();
         let want: &[&str] = if a.meta.is_buffer() { &["HBM[0]"] } else { &[] };
@@ -248,8 +283,14 @@ fn the_fixture_reads_as_xclbinutil_reads_it() {
 fn sections_for(kernel: &KernelMeta, p: &Platform) -> [(&'static str, Value); 4] {
     let banks = port_banks(kernel, p).expect("ports fit");
     let bank_of = |port: &str| -> usize {
-        let tag = &banks.iter().find(|(q, _)| q == port).expect("port has a bank").1;
-        (0..p.banks).position(|i| &p.bank_name(i) == tag).expect("bank index")
+        let tag = &banks
+            .iter()
+            .find(|(q, _)| q == port)
+            .expect("port has a bank")
+            .1;
+        (0..p.banks)
+            .position(|i| &p.bank_name(i) == tag)
+            .expect("bank index")
     };
     let ip = json!({"ip_layout": {"m_count": "1", "m_ip_data": [{
         "m_type": "IP_KERNEL", "m_int_enable": "1", "m_interrupt_id": "0",
@@ -274,21 +315,33 @@ fn sections_for(kernel: &KernelMeta, p: &Platform) -> [(&'static str, Value); 4]
         .args
         .iter()
         .filter(|a| a.is_buffer())
-        .map(|a| json!({"arg_index": a.id.to_string(), "m_ip_layout_index": "0",
-                        "mem_data_index": bank_of(&a.port).to_string()}))
+        .map(|a| {
+            json!({"arg_index": a.id.to_string(), "m_ip_layout_index": "0",
+                        "mem_data_index": bank_of(&a.port).to_string()})
+        })
         .collect();
     let conn = json!({"connectivity": {"m_count": conns.len().to_string(), "m_connection": conns}});
     let clk = json!({"clock_freq_topology": {"m_count": "2", "m_clock_freq": [
         {"m_freq_Mhz": "300", "m_type": "DATA", "m_name": "DATA_CLK"},
         {"m_freq_Mhz": "500", "m_type": "KERNEL", "m_name": "KERNEL_CLK"}]}});
-    [("IP_LAYOUT", ip), ("MEM_TOPOLOGY", mem), ("CONNECTIVITY", conn), ("CLOCK_FREQ_TOPOLOGY", clk)]
+    [
+        ("IP_LAYOUT", ip),
+        ("MEM_TOPOLOGY", mem),
+        ("CONNECTIVITY", conn),
+        ("CLOCK_FREQ_TOPOLOGY", clk),
+    ]
 }
 
 /// Emits `kernel`, builds `<kernel>.xclbin` for `p` with xclbinutil in `dir`, dumps its
 /// info and sections, and returns (file, emitted kernel metadata, --info text, dumps).
-fn build(dir: &Path, kernel: &str, p: &Platform) -> (PathBuf, KernelMeta, String, BTreeMap<String, Value>) {
+fn build(
+    dir: &Path,
+    kernel: &str,
+    p: &Platform,
+) -> (PathBuf, KernelMeta, String, BTreeMap<String, Value>) {
     let core = tandem_fpga::kernels::core_for(kernel, &[]).expect("core");
-    let e = tandem_fpga::emit::emit(core.as_ref(), ShellConfig::default(), &dir.join("rtl")).expect("emit");
+    let e = tandem_fpga::emit::emit(core.as_ref(), ShellConfig::default(), &dir.join("rtl"))
+        .expect("emit");
     let meta = metadata::parse_kernels(&std::fs::read(&e.kernel_xml).expect("xml"))
         .expect("kernel.xml parses")
         .remove(0);
@@ -299,7 +352,10 @@ fn build(dir: &Path, kernel: &str, p: &Platform) -> (PathBuf, KernelMeta, String
         args.extend(["--add-section".into(), format!("{name}:JSON:{f}")]);
     }
     let xml = e.kernel_xml.to_string_lossy().to_string();
-    args.extend(["--add-section".into(), format!("EMBEDDED_METADATA:RAW:{xml}")]);
+    args.extend([
+        "--add-section".into(),
+        format!("EMBEDDED_METADATA:RAW:{xml}"),
+    ]);
     args.extend(["--key-value".into(), format!("SYS:PlatformVBNV:{}", p.vbnv)]);
     let out = format!("{kernel}.xclbin");
     args.extend(["--quiet".into(), "--output".into(), out.clone()]);
@@ -317,12 +373,25 @@ fn xclbinutil_reading(dir: &Path, file: &str) -> (String, BTreeMap<String, Value
     let mut dumps = BTreeMap::new();
     let x = Xclbin::read(&dir.join(file)).expect("parse");
     for k in DUMPED {
-        let kind = (0..32).map(SectionKind).find(|s| s.name() == k).expect("kind");
+        let kind = (0..32)
+            .map(SectionKind)
+            .find(|s| s.name() == k)
+            .expect("kind");
         if x.section(kind).is_none() {
             continue;
         }
         let f = format!("{file}.{k}.json");
-        run_xclbinutil(dir, &["--quiet", "--input", file, "--dump-section", &format!("{k}:JSON:{f}")], &f);
+        run_xclbinutil(
+            dir,
+            &[
+                "--quiet",
+                "--input",
+                file,
+                "--dump-section",
+                &format!("{k}:JSON:{f}"),
+            ],
+            &f,
+        );
         let t = std::fs::read_to_string(dir.join(&f)).expect("dump");
         dumps.insert(k.to_string(), serde_json::from_str(&t).expect("json"));
     }
@@ -332,7 +401,9 @@ fn xclbinutil_reading(dir: &Path, file: &str) -> (String, BTreeMap<String, Value
 #[test]
 fn files_xclbinutil_builds_for_u55c_and_u250_read_back() {
     if let Err(why) = xclbinutil() {
-        println!("SKIP: {why}; the committed fixture is still read (the_fixture_reads_as_xclbinutil_reads_it)");
+        println!(
+            "SKIP: {why}; the committed fixture is still read (the_fixture_reads_as_xclbinutil_reads_it)"
+        );
         return;
     }
     for (kernel, p) in [("gemm", &U55C), ("router", &U250), ("attention", &U55C)] {
@@ -346,7 +417,14 @@ fn files_xclbinutil_builds_for_u55c_and_u250_read_back() {
         assert_eq!(k.args.len(), meta.args.len());
         for a in &k.args {
             let want: Vec<String> = if a.meta.is_buffer() {
-                vec![banks.iter().find(|(q, _)| *q == a.meta.port).expect("port").1.clone()]
+                vec![
+                    banks
+                        .iter()
+                        .find(|(q, _)| *q == a.meta.port)
+                        .expect("port")
+                        .1
+                        .clone(),
+                ]
             } else {
                 vec![]
             };
@@ -355,7 +433,13 @@ fn files_xclbinutil_builds_for_u55c_and_u250_read_back() {
             assert!(a.banks.iter().all(|b| b.cu == cu_name(kernel)));
         }
         let prefix = format!("{}[", p.bank_prefix);
-        assert!(x.mem_topology.as_deref().unwrap_or_default().iter().all(|m| m.tag.starts_with(&prefix)));
+        assert!(
+            x.mem_topology
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .all(|m| m.tag.starts_with(&prefix))
+        );
     }
 }
 
@@ -367,24 +451,64 @@ fn a_removed_section_is_reported_missing() {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let (file, _, _, _) = build(dir.path(), "gemm", &U55C);
-    let name = file.file_name().and_then(|n| n.to_str()).expect("name").to_string();
-    for k in ["CONNECTIVITY", "EMBEDDED_METADATA", "IP_LAYOUT", "MEM_TOPOLOGY", "CLOCK_FREQ_TOPOLOGY"] {
+    let name = file
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("name")
+        .to_string();
+    for k in [
+        "CONNECTIVITY",
+        "EMBEDDED_METADATA",
+        "IP_LAYOUT",
+        "MEM_TOPOLOGY",
+        "CLOCK_FREQ_TOPOLOGY",
+    ] {
         let out = format!("no_{k}.xclbin");
-        run_xclbinutil(dir.path(), &["--quiet", "--input", &name, "--remove-section", k, "--output", &out], &out);
+        run_xclbinutil(
+            dir.path(),
+            &[
+                "--quiet",
+                "--input",
+                &name,
+                "--remove-section",
+                k,
+                "--output",
+                &out,
+            ],
+            &out,
+        );
         let x = Xclbin::read(&dir.path().join(&out)).unwrap_or_else(|e| panic!("without {k}: {e}"));
         let (info, dumps) = xclbinutil_reading(dir.path(), &out);
         agree_with_xclbinutil(&x, &info, &dumps);
-        let kind = (0..32).map(SectionKind).find(|s| s.name() == k).expect("kind");
-        let e = x.require(kind).err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(e.starts_with(&format!("the xclbin has no {k} section (it has: ")), "{e}");
-        assert!(!e.contains(&format!(" {k},")) && !e.ends_with(&format!("{k})")), "{e}");
+        let kind = (0..32)
+            .map(SectionKind)
+            .find(|s| s.name() == k)
+            .expect("kind");
+        let e = x
+            .require(kind)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            e.starts_with(&format!("the xclbin has no {k} section (it has: ")),
+            "{e}"
+        );
+        assert!(
+            !e.contains(&format!(" {k},")) && !e.ends_with(&format!("{k})")),
+            "{e}"
+        );
         let gemm = x.kernel("gemm").expect("gemm is still listed");
         match k {
             "CONNECTIVITY" | "MEM_TOPOLOGY" | "IP_LAYOUT" => {
-                assert!(gemm.args.iter().all(|a| a.banks.is_empty()), "{k}: no banks without it")
+                assert!(
+                    gemm.args.iter().all(|a| a.banks.is_empty()),
+                    "{k}: no banks without it"
+                )
             }
             "EMBEDDED_METADATA" => {
-                assert!(x.metadata.is_none() && gemm.args.is_empty() && gemm.compute_units.len() == 1)
+                assert!(
+                    x.metadata.is_none() && gemm.args.is_empty() && gemm.compute_units.len() == 1
+                )
             }
             _ => assert_eq!(x.kernel_clock_mhz(), None),
         }
@@ -411,8 +535,12 @@ fn parse_consistent(b: &[u8]) -> Result<Xclbin, String> {
 fn every_truncation_is_an_error_naming_what_is_cut() {
     let f = fixture();
     for n in 0..f.len() {
-        let e = parse_consistent(&f[..n]).err().unwrap_or_else(|| panic!("{n} bytes parsed"));
-        let field_named = ["magic", "axlf_header", "m_length", "truncated"].iter().any(|w| e.contains(w));
+        let e = parse_consistent(&f[..n])
+            .err()
+            .unwrap_or_else(|| panic!("{n} bytes parsed"));
+        let field_named = ["magic", "axlf_header", "m_length", "truncated"]
+            .iter()
+            .any(|w| e.contains(w));
         assert!(field_named, "{n} bytes: {e}");
     }
     assert!(parse_consistent(&f).is_ok());
@@ -426,6 +554,9 @@ fn put_u64(b: &mut [u8], at: usize, v: u64) {
     b[at..at + 8].copy_from_slice(&v.to_le_bytes());
 }
 
+/// An edit of the fixture's bytes.
+type Edit<'a> = Box<dyn Fn(&mut Vec<u8>) + 'a>;
+
 #[test]
 fn corrupt_fields_are_named() {
     let f = fixture();
@@ -434,22 +565,63 @@ fn corrupt_fields_are_named() {
     let err = |edit: &dyn Fn(&mut Vec<u8>)| {
         let mut b = f.clone();
         edit(&mut b);
-        parse_consistent(&b).err().unwrap_or_else(|| "parsed".into())
+        parse_consistent(&b)
+            .err()
+            .unwrap_or_else(|| "parsed".into())
     };
-    let cases: Vec<(&str, Box<dyn Fn(&mut Vec<u8>)>)> = vec![
-        ("not an xclbin: the file starts with \"xclbin1", Box::new(|b| b[6] = b'1')),
-        ("corrupt m_length: the header says the file is", Box::new(|b| put_u64(b, 304, 1 << 40))),
+    let cases: Vec<(&str, Edit<'_>)> = vec![
+        (
+            "not an xclbin: the file starts with \"xclbin1",
+            Box::new(|b| b[6] = b'1'),
+        ),
+        (
+            "corrupt m_length: the header says the file is",
+            Box::new(|b| put_u64(b, 304, 1 << 40)),
+        ),
         ("corrupt m_length", Box::new(|b| put_u64(b, 304, 1000))),
-        ("corrupt m_numSections: 4294967295 is more than XRT's limit", Box::new(|b| put_u32(b, 448, u32::MAX))),
-        ("corrupt m_numSections: 1000 section headers end at byte 40456, past m_length", Box::new(|b| put_u32(b, 448, 1000))),
-        ("corrupt section header 0 (IP_LAYOUT): payload at offset", Box::new(|b| put_u64(b, 456 + 24, u64::MAX - 4))),
-        ("corrupt IP_LAYOUT m_count: 2147483647 entries of 80 bytes do not fit", Box::new(move |b| put_u32(b, off(SectionKind::IP_LAYOUT), i32::MAX as u32))),
-        ("corrupt MEM_TOPOLOGY m_count: -1 is negative", Box::new(move |b| put_u32(b, off(SectionKind::MEM_TOPOLOGY), u32::MAX))),
-        ("corrupt CONNECTIVITY[2].mem_data_index: 99 but MEM_TOPOLOGY has 33 entries", Box::new(move |b| put_u32(b, off(SectionKind::CONNECTIVITY) + 4 + 2 * 12 + 8, 99))),
-        ("corrupt CONNECTIVITY[0].m_ip_layout_index: 5 but IP_LAYOUT has 1 entries", Box::new(move |b| put_u32(b, off(SectionKind::CONNECTIVITY) + 4 + 4, 5))),
-        ("corrupt CONNECTIVITY[1].arg_index: 42: kernel `gemm` has no argument with that id", Box::new(move |b| put_u32(b, off(SectionKind::CONNECTIVITY) + 4 + 12, 42))),
-        ("EMBEDDED_METADATA: not XML", Box::new(move |b| b[off(SectionKind::EMBEDDED_METADATA) + 40] = b'<')),
-        ("corrupt CLOCK_FREQ_TOPOLOGY m_count: -2 is negative", Box::new(move |b| b[off(SectionKind::CLOCK_FREQ_TOPOLOGY)..][..2].copy_from_slice(&(-2i16).to_le_bytes()))),
+        (
+            "corrupt m_numSections: 4294967295 is more than XRT's limit",
+            Box::new(|b| put_u32(b, 448, u32::MAX)),
+        ),
+        (
+            "corrupt m_numSections: 1000 section headers end at byte 40456, past m_length",
+            Box::new(|b| put_u32(b, 448, 1000)),
+        ),
+        (
+            "corrupt section header 0 (IP_LAYOUT): payload at offset",
+            Box::new(|b| put_u64(b, 456 + 24, u64::MAX - 4)),
+        ),
+        (
+            "corrupt IP_LAYOUT m_count: 2147483647 entries of 80 bytes do not fit",
+            Box::new(move |b| put_u32(b, off(SectionKind::IP_LAYOUT), i32::MAX as u32)),
+        ),
+        (
+            "corrupt MEM_TOPOLOGY m_count: -1 is negative",
+            Box::new(move |b| put_u32(b, off(SectionKind::MEM_TOPOLOGY), u32::MAX)),
+        ),
+        (
+            "corrupt CONNECTIVITY[2].mem_data_index: 99 but MEM_TOPOLOGY has 33 entries",
+            Box::new(move |b| put_u32(b, off(SectionKind::CONNECTIVITY) + 4 + 2 * 12 + 8, 99)),
+        ),
+        (
+            "corrupt CONNECTIVITY[0].m_ip_layout_index: 5 but IP_LAYOUT has 1 entries",
+            Box::new(move |b| put_u32(b, off(SectionKind::CONNECTIVITY) + 4 + 4, 5)),
+        ),
+        (
+            "corrupt CONNECTIVITY[1].arg_index: 42: kernel `gemm` has no argument with that id",
+            Box::new(move |b| put_u32(b, off(SectionKind::CONNECTIVITY) + 4 + 12, 42)),
+        ),
+        (
+            "EMBEDDED_METADATA: not XML",
+            Box::new(move |b| b[off(SectionKind::EMBEDDED_METADATA) + 40] = b'<'),
+        ),
+        (
+            "corrupt CLOCK_FREQ_TOPOLOGY m_count: -2 is negative",
+            Box::new(move |b| {
+                b[off(SectionKind::CLOCK_FREQ_TOPOLOGY)..][..2]
+                    .copy_from_slice(&(-2i16).to_le_bytes())
+            }),
+        ),
     ];
     for (want, edit) in &cases {
         let e = err(edit.as_ref());
@@ -463,9 +635,15 @@ fn thousands_of_mutations_never_panic() {
     let x = Xclbin::parse(&f).expect("fixture");
     // Where the structure is: header fields, section headers, the counts and entries.
     let mut hot: Vec<usize> = vec![0, 8, 304, 312, 448];
-    hot.extend((0..x.sections.len()).flat_map(|i| [456 + 40 * i, 456 + 40 * i + 24, 456 + 40 * i + 32]));
+    hot.extend(
+        (0..x.sections.len()).flat_map(|i| [456 + 40 * i, 456 + 40 * i + 24, 456 + 40 * i + 32]),
+    );
     for s in &x.sections {
-        hot.extend((0..64).map(|k| s.offset as usize + 4 * k).filter(|&a| a + 8 <= f.len()));
+        hot.extend(
+            (0..64)
+                .map(|k| s.offset as usize + 4 * k)
+                .filter(|&a| a + 8 <= f.len()),
+        );
     }
     let mut rng = ChaCha8Rng::seed_from_u64(0x0c1b_1200);
     let (mut ok, mut err) = (0u32, 0u32);
@@ -517,5 +695,8 @@ fn thousands_of_mutations_never_panic() {
         }
     }
     println!("20000 mutations: {ok} parsed, {err} rejected");
-    assert!(err > 10_000, "most mutations of structure must be rejected ({err})");
+    assert!(
+        err > 10_000,
+        "most mutations of structure must be rejected ({err})"
+    );
 }

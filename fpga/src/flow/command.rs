@@ -19,8 +19,7 @@ pub struct ToolCommand {
 /// `s` quoted for a POSIX shell where it needs it.
 pub fn shell_quote(s: &str) -> String {
     let plain = !s.is_empty()
-        && s
-            .bytes()
+        && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-_./=:+,@%[]".contains(&b));
     if plain {
         s.to_string()
@@ -52,7 +51,9 @@ impl ToolCommand {
 
 /// A shell script that runs `cmds` in order and stops at the first failure.
 pub fn script(title: &str, cmds: &[ToolCommand]) -> String {
-    let mut s = format!("#!/bin/sh\n# {title}\n# Written by tandem; needs Vivado/Vitis on PATH (source <Vitis>/settings64.sh).\nset -e\n");
+    let mut s = format!(
+        "#!/bin/sh\n# {title}\n# Written by tandem; needs Vivado/Vitis on PATH (source <Vitis>/settings64.sh).\nset -e\n"
+    );
     for c in cmds {
         s.push_str(&format!("# {}\n{}\n", c.step, c.shell()));
     }

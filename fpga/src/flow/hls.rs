@@ -65,7 +65,10 @@ mod tests {
         let c = hls_command(&hls, "gemm").expect("gemm.tcl exists");
         assert_eq!(c.line(), "vitis_hls -f tcl/gemm.tcl");
         assert!(c.cwd.ends_with("hls"));
-        let e = hls_command(&hls, "nope").err().map(|e| e.to_string()).unwrap_or_default();
+        let e = hls_command(&hls, "nope")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(e.contains("tcl/nope.tcl does not exist"), "{e}");
     }
 }

@@ -15,11 +15,17 @@ pub fn cu_name(kernel: &str) -> String {
 
 /// The banks of `kernel`'s memory ports on `platform`, in port order: port `i` gets bank
 /// `i`. More ports than the platform has banks is an error.
-pub fn port_banks(kernel: &KernelMeta, platform: &Platform) -> Result<Vec<(String, String)>, FlowError> {
+pub fn port_banks(
+    kernel: &KernelMeta,
+    platform: &Platform,
+) -> Result<Vec<(String, String)>, FlowError> {
     let ports: Vec<&str> = kernel.memory_ports().map(|p| p.name.as_str()).collect();
     if ports.is_empty() {
         return Err(FlowError::Config {
-            msg: format!("kernel `{}` has no AXI master port in its kernel.xml", kernel.name),
+            msg: format!(
+                "kernel `{}` has no AXI master port in its kernel.xml",
+                kernel.name
+            ),
         });
     }
     if ports.len() > platform.banks as usize {
@@ -52,7 +58,11 @@ pub fn link_config(kernel: &KernelMeta, platform: &Platform) -> Result<String, F
         "# v++ link configuration of `{k}` for the {} ({}), written by `tandem fpga package`.",
         platform.board, platform.vbnv
     );
-    let _ = writeln!(s, "# One compute unit; each AXI master port on its own {} bank.", platform.bank_prefix);
+    let _ = writeln!(
+        s,
+        "# One compute unit; each AXI master port on its own {} bank.",
+        platform.bank_prefix
+    );
     let _ = writeln!(s, "[connectivity]");
     let _ = writeln!(s, "nk={k}:1:{cu}");
     for (port, bank) in &banks {
@@ -61,14 +71,17 @@ pub fn link_config(kernel: &KernelMeta, platform: &Platform) -> Result<String, F
     let _ = writeln!(s);
     let _ = writeln!(s, "[vivado]");
     let _ = writeln!(s, "prop=run.impl_1.STEPS.OPT_DESIGN.ARGS.DIRECTIVE=Explore");
-    let _ = writeln!(s, "prop=run.impl_1.STEPS.ROUTE_DESIGN.ARGS.DIRECTIVE=Explore");
+    let _ = writeln!(
+        s,
+        "prop=run.impl_1.STEPS.ROUTE_DESIGN.ARGS.DIRECTIVE=Explore"
+    );
     Ok(s)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::platform::{U250, U55C};
+    use crate::platform::{U55C, U250};
     use crate::xclbin::PortMeta;
 
     fn kernel(ports: &[&str]) -> KernelMeta {
@@ -120,7 +133,9 @@ mod tests {
             .map(|e| e.to_string());
         assert_eq!(
             e.as_deref(),
-            Some("kernel `gemm` has 5 memory ports, the Alveo U250 has 4 DDR banks (one bank per port)")
+            Some(
+                "kernel `gemm` has 5 memory ports, the Alveo U250 has 4 DDR banks (one bank per port)"
+            )
         );
         assert!(link_config(&kernel(&[]), &U55C).is_err());
     }

@@ -57,7 +57,12 @@ impl PackageFiles {
 
 /// The two commands of a package, run in `dir`: Vivado batch `package_xo` on `rtl/`, then
 /// `v++ --link` with `link.cfg`.
-pub fn package_commands(dir: &Path, kernel: &str, platform: &Platform, clock_mhz: u32) -> Vec<ToolCommand> {
+pub fn package_commands(
+    dir: &Path,
+    kernel: &str,
+    platform: &Platform,
+    clock_mhz: u32,
+) -> Vec<ToolCommand> {
     let f = PackageFiles::new(kernel, platform);
     let s = |x: &str| x.to_string();
     vec![
@@ -148,7 +153,11 @@ pub fn prepare(req: PackageRequest<'_>, dir: &Path) -> Result<PackagePlan, FlowE
         .into_iter()
         .find(|k| k.name == req.core.name())
         .ok_or_else(|| FlowError::Config {
-            msg: format!("{}: no kernel `{}`", emitted.kernel_xml.display(), req.core.name()),
+            msg: format!(
+                "{}: no kernel `{}`",
+                emitted.kernel_xml.display(),
+                req.core.name()
+            ),
         })?;
     let cfg = link_config(&kernel, req.platform)?;
     let link_cfg = dir.join("link.cfg");
@@ -216,9 +225,15 @@ impl PackagePlan {
                 msg: format!("{}: no kernel `{}`", self.xclbin.display(), self.kernel),
             });
         }
-        let clock_mhz = x.kernel_clock_mhz().map(u32::from).ok_or_else(|| FlowError::Output {
-            msg: format!("{}: no DATA clock in CLOCK_FREQ_TOPOLOGY", self.xclbin.display()),
-        })?;
+        let clock_mhz = x
+            .kernel_clock_mhz()
+            .map(u32::from)
+            .ok_or_else(|| FlowError::Output {
+                msg: format!(
+                    "{}: no DATA clock in CLOCK_FREQ_TOPOLOGY",
+                    self.xclbin.display()
+                ),
+            })?;
         if clock_mhz != self.clock_mhz {
             tracing::warn!(
                 requested = self.clock_mhz,
@@ -262,7 +277,7 @@ impl PackagePlan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::platform::{U250, U55C};
+    use crate::platform::{U55C, U250};
 
     #[test]
     fn the_commands_are_exact() {
@@ -277,7 +292,10 @@ mod tests {
         );
         let u250 = package_commands(Path::new("/b"), "router", &U250, 250);
         assert_eq!(u250[0].args[11], "xcu250-figd2104-2L-e");
-        assert_eq!(u250[1].line(), "v++ --link --target hw --platform xilinx_u250_gen3x16_xdma_4_1_202210_1 --kernel_frequency 250 --config link.cfg --temp_dir _x --log_dir logs --report_dir reports --output router_u250.xclbin router.xo");
+        assert_eq!(
+            u250[1].line(),
+            "v++ --link --target hw --platform xilinx_u250_gen3x16_xdma_4_1_202210_1 --kernel_frequency 250 --config link.cfg --temp_dir _x --log_dir logs --report_dir reports --output router_u250.xclbin router.xo"
+        );
     }
 
     #[test]
@@ -291,11 +309,20 @@ mod tests {
             clock_mhz: 300,
         };
         let plan = prepare(req, dir.path()).expect("prepare");
-        for f in ["rtl/router.v", "rtl/kernel.xml", "package_xo.tcl", "link.cfg", "build.sh"] {
+        for f in [
+            "rtl/router.v",
+            "rtl/kernel.xml",
+            "package_xo.tcl",
+            "link.cfg",
+            "build.sh",
+        ] {
             assert!(plan.dir.join(f).is_file(), "{f} missing");
         }
         let cfg = std::fs::read_to_string(&plan.link_cfg).expect("cfg");
-        assert!(cfg.contains("nk=router:1:router_1\nsp=router_1.m_axi_gmem:HBM[0]\n"), "{cfg}");
+        assert!(
+            cfg.contains("nk=router:1:router_1\nsp=router_1.m_axi_gmem:HBM[0]\n"),
+            "{cfg}"
+        );
         let sh = std::fs::read_to_string(&plan.script).expect("script");
         for c in &plan.commands {
             assert!(sh.contains(&c.shell()), "{sh}");

@@ -80,7 +80,11 @@ mod tests {
             cwd: ".".into(),
         };
         assert_eq!(
-            missing_tools(&[c("sh"), c("tandem-no-such-tool-xyz"), c("tandem-no-such-tool-xyz")]),
+            missing_tools(&[
+                c("sh"),
+                c("tandem-no-such-tool-xyz"),
+                c("tandem-no-such-tool-xyz")
+            ]),
             ["tandem-no-such-tool-xyz"]
         );
     }
@@ -100,7 +104,10 @@ mod tests {
             args: vec!["-c".into(), "echo broke >&2; exit 3".into()],
             cwd: dir.path().into(),
         };
-        let e = run_all(&[ok, bad], dir.path()).err().map(|e| e.to_string()).unwrap_or_default();
+        let e = run_all(&[ok, bad], dir.path())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(e.contains("second failed (exit status: 3)"), "{e}");
         let first = std::fs::read_to_string(dir.path().join("first.log")).unwrap_or_default();
         let second = std::fs::read_to_string(dir.path().join("second.log")).unwrap_or_default();

@@ -29,9 +29,10 @@ pub struct ClockFreq {
 impl ClockFreq {
     /// Name of `m_type`: `UNUSED`, `DATA`, `KERNEL`, `SYSTEM`.
     pub fn type_name(&self) -> String {
-        CLOCK_TYPES
-            .get(self.clock_type as usize)
-            .map_or_else(|| format!("UNKNOWN({})", self.clock_type), |s| (*s).to_string())
+        CLOCK_TYPES.get(self.clock_type as usize).map_or_else(
+            || format!("UNKNOWN({})", self.clock_type),
+            |s| (*s).to_string(),
+        )
     }
 }
 

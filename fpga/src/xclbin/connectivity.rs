@@ -24,7 +24,12 @@ pub struct Connection {
 pub(crate) fn parse(data: &[u8], base: u64) -> Result<Vec<Connection>, XclbinError> {
     let b = Bytes::new(data, base);
     let raw = b.i32(0, "CONNECTIVITY m_count")?;
-    let n = b.count(i64::from(raw), FIRST, CONNECTION_SIZE, "CONNECTIVITY m_count")?;
+    let n = b.count(
+        i64::from(raw),
+        FIRST,
+        CONNECTION_SIZE,
+        "CONNECTIVITY m_count",
+    )?;
     let mut v = Vec::with_capacity(n);
     for i in 0..n {
         let at = FIRST + i * CONNECTION_SIZE;

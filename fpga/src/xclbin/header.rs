@@ -235,10 +235,14 @@ impl Header {
         if hdr.num_sections > MAX_SECTIONS {
             return Err(XclbinError::Corrupt {
                 field: "m_numSections".into(),
-                msg: format!("{} is more than XRT's limit of {MAX_SECTIONS}", hdr.num_sections),
+                msg: format!(
+                    "{} is more than XRT's limit of {MAX_SECTIONS}",
+                    hdr.num_sections
+                ),
             });
         }
-        let table_end = SECTIONS_OFFSET as u64 + u64::from(hdr.num_sections) * SECTION_HEADER_SIZE as u64;
+        let table_end =
+            SECTIONS_OFFSET as u64 + u64::from(hdr.num_sections) * SECTION_HEADER_SIZE as u64;
         if table_end > hdr.length {
             return Err(XclbinError::Corrupt {
                 field: "m_numSections".into(),
@@ -307,7 +311,10 @@ mod tests {
     #[test]
     fn section_kinds_have_xrt_names() {
         assert_eq!(SectionKind::IP_LAYOUT.name(), "IP_LAYOUT");
-        assert_eq!(SectionKind::CLOCK_FREQ_TOPOLOGY.name(), "CLOCK_FREQ_TOPOLOGY");
+        assert_eq!(
+            SectionKind::CLOCK_FREQ_TOPOLOGY.name(),
+            "CLOCK_FREQ_TOPOLOGY"
+        );
         assert_eq!(SectionKind(31).name(), "VENDER_METADATA");
         assert_eq!(SectionKind(99).name(), "UNKNOWN(99)");
     }

@@ -51,9 +51,10 @@ pub struct IpData {
 impl IpData {
     /// Name of `m_type`, e.g. `IP_KERNEL`.
     pub fn type_name(&self) -> String {
-        IP_TYPES
-            .get(self.ip_type as usize)
-            .map_or_else(|| format!("UNKNOWN({})", self.ip_type), |s| (*s).to_string())
+        IP_TYPES.get(self.ip_type as usize).map_or_else(
+            || format!("UNKNOWN({})", self.ip_type),
+            |s| (*s).to_string(),
+        )
     }
 
     /// Whether this is a compute unit (`IP_KERNEL`).

@@ -100,7 +100,10 @@ pub(crate) fn join(
         .collect();
     for (i, ip) in ips
         .unwrap_or_default()
-        .iter().enumerate().filter(|(_, ip)| ip.is_kernel()) {
+        .iter()
+        .enumerate()
+        .filter(|(_, ip)| ip.is_kernel())
+    {
         let cu = ComputeUnit {
             name: ip.cu_name().to_string(),
             base_address: ip.base_address,
@@ -133,19 +136,32 @@ pub(crate) fn join(
         let ip = ips.get(c.ip_layout_index as usize).ok_or_else(|| {
             corrupt(
                 "m_ip_layout_index",
-                format!("{} but IP_LAYOUT has {} entries", c.ip_layout_index, ips.len()),
+                format!(
+                    "{} but IP_LAYOUT has {} entries",
+                    c.ip_layout_index,
+                    ips.len()
+                ),
             )
         })?;
         if !ip.is_kernel() {
             return Err(corrupt(
                 "m_ip_layout_index",
-                format!("{} names `{}`, a {}, not a compute unit", c.ip_layout_index, ip.name, ip.type_name()),
+                format!(
+                    "{} names `{}`, a {}, not a compute unit",
+                    c.ip_layout_index,
+                    ip.name,
+                    ip.type_name()
+                ),
             ));
         }
         let mem = mems.get(c.mem_data_index as usize).ok_or_else(|| {
             corrupt(
                 "mem_data_index",
-                format!("{} but MEM_TOPOLOGY has {} entries", c.mem_data_index, mems.len()),
+                format!(
+                    "{} but MEM_TOPOLOGY has {} entries",
+                    c.mem_data_index,
+                    mems.len()
+                ),
             )
         })?;
         let Some(k) = out.iter_mut().find(|k| k.name == ip.kernel_name()) else {
@@ -163,7 +179,10 @@ pub(crate) fn join(
             None => {
                 return Err(corrupt(
                     "arg_index",
-                    format!("{}: kernel `{}` has no argument with that id", c.arg_index, k.name),
+                    format!(
+                        "{}: kernel `{}` has no argument with that id",
+                        c.arg_index, k.name
+                    ),
                 ));
             }
         }

@@ -137,7 +137,9 @@ pub enum ManifestError {
     #[error(transparent)]
     Xclbin(#[from] XclbinError),
     /// The file's SHA-256 differs from the manifest's.
-    #[error("{path}: SHA-256 is {file}, the manifest entry `{name}` says {manifest}: the file changed or is not the one built")]
+    #[error(
+        "{path}: SHA-256 is {file}, the manifest entry `{name}` says {manifest}: the file changed or is not the one built"
+    )]
     Hash {
         /// The file.
         path: PathBuf,
@@ -161,7 +163,9 @@ pub enum ManifestError {
         file: String,
     },
     /// A kernel of the entry is not in the file.
-    #[error("{path}: no kernel `{kernel}` (the manifest entry `{name}` lists it; the file has: {present})")]
+    #[error(
+        "{path}: no kernel `{kernel}` (the manifest entry `{name}` lists it; the file has: {present})"
+    )]
     KernelMissing {
         /// The file.
         path: PathBuf,
@@ -173,7 +177,9 @@ pub enum ManifestError {
         present: String,
     },
     /// The kernel clock differs.
-    #[error("{path}: kernel clock (DATA_CLK) is {file}, the manifest entry `{name}` says {manifest} MHz")]
+    #[error(
+        "{path}: kernel clock (DATA_CLK) is {file}, the manifest entry `{name}` says {manifest} MHz"
+    )]
     Clock {
         /// The file.
         path: PathBuf,
@@ -330,7 +336,11 @@ pub fn check_against_manifest(path: &Path, entry: &ManifestEntry) -> Result<Xclb
     }
     for k in &entry.kernels {
         if x.kernel(k).is_none() {
-            let present = x.kernels.iter().map(|k| k.name.as_str()).collect::<Vec<_>>();
+            let present = x
+                .kernels
+                .iter()
+                .map(|k| k.name.as_str())
+                .collect::<Vec<_>>();
             return Err(ManifestError::KernelMissing {
                 path: p(),
                 name,
@@ -376,8 +386,7 @@ pub fn check_against_manifest(path: &Path, entry: &ManifestEntry) -> Result<Xclb
 /// platform in tandem's table ([`crate::platform`]) match; unknown names must be equal.
 pub fn check_board_platform(x: &Xclbin, path: &Path, board: &str) -> Result<(), ManifestError> {
     let file = x.platform();
-    let same = file == board
-        || crate::platform::platform(file).is_ok_and(|p| p.matches(board));
+    let same = file == board || crate::platform::platform(file).is_ok_and(|p| p.matches(board));
     if same {
         Ok(())
     } else {
@@ -417,7 +426,10 @@ mod tests {
         let back = BitstreamManifest::parse(&text, Path::new("m.toml")).expect("parse");
         assert_eq!(back, m);
         assert!(back.find("gemm", "u55c").is_some());
-        assert!(back.find("gemm", "xilinx_u55c_gen3x16_xdma_base_3").is_some());
+        assert!(
+            back.find("gemm", "xilinx_u55c_gen3x16_xdma_base_3")
+                .is_some()
+        );
         assert!(back.find("gemm", "u250").is_none());
         assert!(back.find("router", "u55c").is_none());
         // Replacing keeps one entry of the name.
@@ -431,15 +443,28 @@ mod tests {
     #[test]
     fn bad_manifests_say_why() {
         let p = Path::new("m.toml");
-        let e = |t: &str| BitstreamManifest::parse(t, p).err().map(|e| e.to_string()).unwrap_or_default();
+        let e = |t: &str| {
+            BitstreamManifest::parse(t, p)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
         let ok = BitstreamManifest {
             entries: vec![entry()],
         }
         .to_toml()
         .expect("toml");
-        assert!(e(&ok.replace(&"ab".repeat(32), "xyz")).contains("sha256 = \"xyz\" is not 64 hex digits"));
-        assert!(e(&ok.replace("kernels = [\"gemm\"]", "kernels = []")).contains("kernels is empty"));
-        assert!(e(&format!("{ok}\n{}", ok.replace(MANIFEST_HEADER, ""))).contains("two entries are named `gemm_u55c`"));
+        assert!(
+            e(&ok.replace(&"ab".repeat(32), "xyz"))
+                .contains("sha256 = \"xyz\" is not 64 hex digits")
+        );
+        assert!(
+            e(&ok.replace("kernels = [\"gemm\"]", "kernels = []")).contains("kernels is empty")
+        );
+        assert!(
+            e(&format!("{ok}\n{}", ok.replace(MANIFEST_HEADER, "")))
+                .contains("two entries are named `gemm_u55c`")
+        );
         assert!(e("[[xclbin]]\nname = \"x\"\n").contains("missing field"));
         assert!(e(&ok.replace("clock_mhz", "clock_hz")).contains("unknown field"));
         // The manifest checked in parses.

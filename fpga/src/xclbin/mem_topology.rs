@@ -43,9 +43,10 @@ pub struct MemData {
 impl MemData {
     /// Name of `m_type`, e.g. `MEM_DRAM`.
     pub fn type_name(&self) -> String {
-        MEM_TYPES
-            .get(self.mem_type as usize)
-            .map_or_else(|| format!("UNKNOWN({})", self.mem_type), |s| (*s).to_string())
+        MEM_TYPES.get(self.mem_type as usize).map_or_else(
+            || format!("UNKNOWN({})", self.mem_type),
+            |s| (*s).to_string(),
+        )
     }
 
     /// Size in bytes (saturating).

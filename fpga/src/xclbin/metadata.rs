@@ -159,8 +159,11 @@ fn arg(kernel: &str, n: roxmltree::Node<'_, '_>) -> Result<ArgMeta, XclbinError>
         .attribute("name")
         .ok_or_else(|| err(format!("kernel `{kernel}`: an <arg> has no name")))?;
     let attr = |a: &str| {
-        n.attribute(a)
-            .ok_or_else(|| err(format!("kernel `{kernel}` argument `{aname}`: no `{a}` attribute")))
+        n.attribute(a).ok_or_else(|| {
+            err(format!(
+                "kernel `{kernel}` argument `{aname}`: no `{a}` attribute"
+            ))
+        })
     };
     let num = |a: &str| -> Result<u64, XclbinError> {
         let s = attr(a)?;
@@ -207,7 +210,9 @@ mod tests {
         assert_eq!(k.name, "k");
         assert_eq!(k.control_protocol.as_deref(), Some("ap_ctrl_hs"));
         assert_eq!(
-            k.memory_ports().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+            k.memory_ports()
+                .map(|p| p.name.as_str())
+                .collect::<Vec<_>>(),
             ["m_axi_gmem"]
         );
         let slots = d.slots().expect("slots");
@@ -242,7 +247,11 @@ mod tests {
         assert!(e("<root><kernel").is_some_and(|m| m.contains("not XML")));
         assert!(e("<root><kernel/></root>").is_some_and(|m| m.contains("no name")));
         let bad = r#"<root><kernel name="k"><args><arg name="a" addressQualifier="1" id="x" size="8" offset="0x10"/></args></kernel></root>"#;
-        assert!(e(bad).is_some_and(|m| m.contains("id=\"x\" is not a number")), "{:?}", e(bad));
+        assert!(
+            e(bad).is_some_and(|m| m.contains("id=\"x\" is not a number")),
+            "{:?}",
+            e(bad)
+        );
         assert!(parse_kernels(&[0xff, 0xfe]).is_err());
     }
 }

@@ -215,10 +215,11 @@ impl Xclbin {
 
     /// The first section of `kind`, or an error that lists the sections present.
     pub fn require(&self, kind: SectionKind) -> Result<&SectionHeader, XclbinError> {
-        self.section(kind).ok_or_else(|| XclbinError::MissingSection {
-            section: kind.name(),
-            present: self.section_names(),
-        })
+        self.section(kind)
+            .ok_or_else(|| XclbinError::MissingSection {
+                section: kind.name(),
+                present: self.section_names(),
+            })
     }
 
     /// The names of the sections present, comma-separated (`none` if there are none).

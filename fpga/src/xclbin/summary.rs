@@ -133,7 +133,7 @@ impl Summary {
 fn size(n: u64) -> String {
     const UNITS: [(u64, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
     for (u, name) in UNITS {
-        if n >= u && n % u == 0 {
+        if n >= u && n.is_multiple_of(u) {
             return format!("{} {name}", n / u);
         }
     }
@@ -167,7 +167,11 @@ impl std::fmt::Display for Summary {
         let mut s = String::new();
         let _ = writeln!(s, "platform  {}", self.platform);
         let _ = writeln!(s, "uuid      {}", self.uuid);
-        let _ = writeln!(s, "created   {} (xclbin {} {}, {} bytes)", self.created, self.version, self.mode, self.length);
+        let _ = writeln!(
+            s,
+            "created   {} (xclbin {} {}, {} bytes)",
+            self.created, self.version, self.mode, self.length
+        );
         let _ = writeln!(s, "kernels   {}", self.kernels.len());
         for k in &self.kernels {
             let cus = k
@@ -184,7 +188,11 @@ impl std::fmt::Display for Summary {
                     .as_deref()
                     .map(|p| format!(", {p}"))
                     .unwrap_or_default(),
-                if cus.is_empty() { "none".into() } else { cus.join(", ") }
+                if cus.is_empty() {
+                    "none".into()
+                } else {
+                    cus.join(", ")
+                }
             );
             for a in &k.args {
                 let m = &a.meta;
@@ -231,7 +239,11 @@ impl std::fmt::Display for Summary {
         }
         let _ = writeln!(s, "sections  {}", self.sections.len());
         for x in &self.sections {
-            let _ = writeln!(s, "  {:<20} offset {:>8}  {:>8} bytes", x.kind, x.offset, x.size);
+            let _ = writeln!(
+                s,
+                "  {:<20} offset {:>8}  {:>8} bytes",
+                x.kind, x.offset, x.size
+            );
         }
         f.write_str(s.trim_end())
     }

@@ -387,7 +387,7 @@ fn hls(kernel: &str, hls_dir: &Path) -> anyhow::Result<()> {
 
 /// `n` bytes as `512 MiB` or `16 GiB`.
 fn human_bytes(n: u64) -> String {
-    if n >= 1 << 30 && n % (1 << 30) == 0 {
+    if n >= 1 << 30 && n.trailing_zeros() >= 30 {
         format!("{} GiB", n >> 30)
     } else {
         format!("{} MiB", n >> 20)
