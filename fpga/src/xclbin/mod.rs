@@ -6,7 +6,7 @@
 //! MEM_TOPOLOGY ([`mem_topology`]), CLOCK_FREQ_TOPOLOGY ([`clocks`]) and EMBEDDED_METADATA
 //! ([`metadata`]), and joins them into [`Xclbin::kernels`]: each kernel's arguments and the
 //! bank each argument is connected to. Every field is read little-endian through a bounds
-//! check ([`bytes`]), every count is checked against its section's size before anything is
+//! check (module `bytes`), every count is checked against its section's size before anything is
 //! allocated: truncated or corrupt input is an [`XclbinError`] that names the field, never a
 //! panic. Layouts follow XRT 2.13's `xclbin.h`.
 //!
