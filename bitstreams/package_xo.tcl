@@ -21,7 +21,10 @@ set core [ipx::current_core]
 set_property core_revision 1 $core
 foreach up [ipx::get_user_parameters] { ipx::remove_user_parameter [get_property NAME $up] $core }
 ipx::associate_bus_interfaces -busif s_axi_control -clock ap_clk $core
-ipx::associate_bus_interfaces -busif m_axi_gmem -clock ap_clk $core
+# Every AXI master (m_axi_gmem, m_axi_gmem0, ...) runs on ap_clk.
+foreach busif [ipx::get_bus_interfaces -of_objects $core m_axi_*] {
+  ipx::associate_bus_interfaces -busif [get_property NAME $busif] -clock ap_clk $core
+}
 set_property sdx_kernel true $core
 set_property sdx_kernel_type rtl $core
 set_property ipi_drc {ignore_freq_hz true} $core

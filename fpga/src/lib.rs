@@ -9,6 +9,8 @@
 //! - [`golden`]: bit-exact fixed-point models of the kernels in plain Rust.
 //! - [`emit`], [`synth`]: Verilog + kernel.xml + manifest to a folder; yosys `synth_xilinx`.
 //! - [`device`]: the [`FpgaDevice`] trait and its error type.
+//! - [`xclbin`]: the xclbin reader and the manifest of built xclbins; [`platform`]: the
+//!   Alveo platforms; [`flow`]: the commands that build an xclbin (package_xo, v++, vitis_hls).
 //! - [`drive`]: the host-side drivers of the kernels, written once over `&mut dyn FpgaDevice`
 //!   (the simulated card and the XRT driver alike).
 
@@ -16,11 +18,14 @@ pub mod core;
 pub mod device;
 pub mod drive;
 pub mod emit;
+pub mod flow;
 pub mod golden;
 pub mod kernels;
+pub mod platform;
 pub mod regmap;
 pub mod shell;
 pub mod synth;
+pub mod xclbin;
 
 /// Target clock of every build, MHz: what the pipelines are cut for, recorded in each emitted
 /// manifest and read back by the device (`FpgaDevice::clock_hz`).

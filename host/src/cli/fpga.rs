@@ -1,10 +1,12 @@
-//! `tandem fpga`: emit a kernel's RTL, estimate its resources with yosys, simulate it.
+//! `tandem fpga`: emit a kernel's RTL, estimate its resources with yosys, simulate it; read
+//! an xclbin (`inspect`); build one with Vivado/Vitis (`package`, `hls`), or, where they are
+//! absent, write the generated files and print the exact commands.
 //!
 //! `tandem fpga sim` opens the card through the FPGA backend's device factory
 //! (`tandem::backend::fpga::sim_factory`) and runs the kernel through the same drivers as the
 //! backend (`tandem_fpga::drive`), checking the result bit for bit against the golden model.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -15,7 +17,8 @@ use tandem::options::FpgaOptions;
 use tandem_fpga::core::KernelCore;
 use tandem_fpga::kernels::{core_for, parse_params};
 use tandem_fpga::shell::ShellConfig;
-use tandem_fpga::{FpgaDevice, drive, golden};
+use tandem_fpga::xclbin::{Summary, Xclbin};
+use tandem_fpga::{FpgaDevice, drive, flow, golden};
 
 /// Longest one simulated run may take (wall clock).
 const SIM_TIMEOUT: Duration = Duration::from_secs(600);
@@ -50,6 +53,45 @@ impl KernelArgs {
 /// `tandem fpga` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum FpgaCmd {
+    /// List an xclbin's platform, UUID, kernels with their arguments and banks, memories,
+    /// clocks and sections.
+    Inspect {
+        /// The xclbin file.
+        file: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Build an xclbin: emit the RTL kernel, run Vivado's package_xo and `v++ --link` with
+    /// generated connectivity (one HBM/DDR bank per AXI port), record it in the manifest.
+    /// Without Vivado/Vitis: write the generated files, print the commands, exit 1.
+    Package {
+        /// Kernel and build parameters.
+        #[command(flatten)]
+        kernel: KernelArgs,
+        /// Target platform: u55c, u250, or its full name.
+        #[arg(long)]
+        platform: String,
+        /// Build folder (default: build/xclbin/<kernel>_<platform>).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// The bitstream manifest to record the xclbin in (the xclbin is copied next to it).
+        #[arg(long, default_value = "bitstreams/manifest.toml")]
+        manifest: PathBuf,
+        /// Kernel clock to ask v++ for, MHz.
+        #[arg(long, default_value_t = tandem_fpga::DEFAULT_CLOCK_MHZ as u32)]
+        clock_mhz: u32,
+    },
+    /// Run Vitis HLS on the kernel's C++ version (hls/tcl/<kernel>.tcl: csim, csynth, export
+    /// of an .xo). Without vitis_hls: print the command, exit 1.
+    Hls {
+        /// Kernel: router, gemm or attention.
+        #[arg(long)]
+        kernel: String,
+        /// The folder of the HLS sources and scripts.
+        #[arg(long, default_value = "hls")]
+        hls_dir: PathBuf,
+    },
     /// Write the kernel's Verilog, kernel.xml and manifest.json to a folder.
     Emit {
         /// Kernel and build parameters.
@@ -113,6 +155,15 @@ pub enum FpgaCmd {
 /// Runs a `tandem fpga` subcommand.
 pub fn run(cmd: &FpgaCmd, fpga_opts: &FpgaOptions) -> anyhow::Result<()> {
     match cmd {
+        FpgaCmd::Inspect { file, json } => inspect(file, *json),
+        FpgaCmd::Package {
+            kernel,
+            platform,
+            out,
+            manifest,
+            clock_mhz,
+        } => package(kernel, platform, out.as_deref(), manifest, *clock_mhz),
+        FpgaCmd::Hls { kernel, hls_dir } => hls(kernel, hls_dir),
         FpgaCmd::Emit { kernel, out } => {
             let core = kernel.core()?;
             let e = tandem_fpga::emit::emit(core.as_ref(), kernel.shell(), out)?;
@@ -240,6 +291,106 @@ pub fn run(cmd: &FpgaCmd, fpga_opts: &FpgaOptions) -> anyhow::Result<()> {
             }
             Ok(())
         }
+    }
+}
+
+/// `tandem fpga inspect`.
+fn inspect(file: &Path, json: bool) -> anyhow::Result<()> {
+    let x = Xclbin::read(file)?;
+    let s = Summary::of(&x);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    } else {
+        println!("{s}");
+    }
+    Ok(())
+}
+
+/// `tandem fpga package`.
+fn package(
+    kernel: &KernelArgs,
+    platform: &str,
+    out: Option<&Path>,
+    manifest: &Path,
+    clock_mhz: u32,
+) -> anyhow::Result<()> {
+    let platform = tandem_fpga::platform::platform(platform)?;
+    if clock_mhz == 0 {
+        bail!("--clock-mhz 0: the kernel clock must be positive (MHz)");
+    }
+    let core = kernel.core()?;
+    let dir = out.map_or_else(
+        || PathBuf::from(format!("build/xclbin/{}_{}", core.name(), platform.key)),
+        Path::to_path_buf,
+    );
+    let req = flow::PackageRequest {
+        core: core.as_ref(),
+        shell: kernel.shell(),
+        platform,
+        clock_mhz,
+    };
+    let plan = flow::prepare(req, &dir)?;
+    println!(
+        "{} {:?} for the {} ({}, {} x {} {} banks) at {clock_mhz} MHz",
+        plan.kernel,
+        plan.params,
+        platform.board,
+        platform.vbnv,
+        platform.banks,
+        human_bytes(platform.bank_bytes),
+        platform.bank_prefix,
+    );
+    println!("  rtl      {}", plan.emitted.dir.display());
+    println!("  link     {}", plan.link_cfg.display());
+    for l in std::fs::read_to_string(&plan.link_cfg)?
+        .lines()
+        .filter(|l| l.starts_with("nk=") || l.starts_with("sp="))
+    {
+        println!("             {l}");
+    }
+    println!("  script   {}", plan.script.display());
+    println!("commands:");
+    for c in &plan.commands {
+        println!("  {}", c.shell());
+    }
+    let xclbin = plan.run()?;
+    let entry = plan.record(manifest)?;
+    println!(
+        "built {} ({} MHz, sha256 {}); recorded as `{}` in {}",
+        xclbin.display(),
+        entry.clock_mhz,
+        entry.sha256,
+        entry.name,
+        manifest.display()
+    );
+    Ok(())
+}
+
+/// `tandem fpga hls`.
+fn hls(kernel: &str, hls_dir: &Path) -> anyhow::Result<()> {
+    if !tandem_fpga::kernels::KERNELS.contains(&kernel) {
+        bail!(
+            "unknown kernel `{kernel}` (known: {})",
+            tandem_fpga::kernels::KERNELS.join(", ")
+        );
+    }
+    let cmd = flow::hls::hls_command(hls_dir, kernel)?;
+    println!("command:");
+    println!("  {}", cmd.shell());
+    flow::hls::run_hls(&cmd)?;
+    println!(
+        "exported {}",
+        cmd.cwd.join(flow::hls::hls_xo(kernel)).display()
+    );
+    Ok(())
+}
+
+/// `n` bytes as `512 MiB` or `16 GiB`.
+fn human_bytes(n: u64) -> String {
+    if n >= 1 << 30 && n.trailing_zeros() >= 30 {
+        format!("{} GiB", n >> 30)
+    } else {
+        format!("{} MiB", n >> 20)
     }
 }
 
