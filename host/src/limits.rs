@@ -226,7 +226,10 @@ mod tests {
     fn admit_says_what_is_needed_and_what_is_there() {
         let l = Limits::with_memory(1 << 30);
         assert!(l.admit("w", Some(1 << 30)).is_ok());
-        let e = l.admit("w", Some(3 << 40)).expect_err("too big").to_string();
+        let e = l
+            .admit("w", Some(3 << 40))
+            .expect_err("too big")
+            .to_string();
         assert!(e.contains("3.0 TiB") && e.contains("1.0 GiB"), "{e}");
         let e = l.admit("w", None).expect_err("overflow").to_string();
         assert!(e.contains("overflow"), "{e}");

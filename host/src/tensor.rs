@@ -181,9 +181,7 @@ impl Tensor {
         let (flat, v) = match &self.data {
             HostData::F32(a) => find(a, |x: f32| !x.is_finite()).map(|(i, v)| (i, f64::from(v))),
             HostData::F16(a) => find(a, |x: f16| !x.is_finite()).map(|(i, v)| (i, f64::from(v))),
-            HostData::BF16(a) => {
-                find(a, |x: bf16| !x.is_finite()).map(|(i, v)| (i, f64::from(v)))
-            }
+            HostData::BF16(a) => find(a, |x: bf16| !x.is_finite()).map(|(i, v)| (i, f64::from(v))),
             HostData::I8(_) | HostData::I32(_) => None,
         }?;
         Some((unravel(flat, self.shape()), v))

@@ -95,7 +95,11 @@ pub fn check_nodes(
 pub fn check_finite_constants(graph: &Graph) -> Result<()> {
     for (name, t) in &graph.constants {
         if let Some((idx, v)) = t.first_non_finite() {
-            let kind = if graph.is_param(name) { "weight" } else { "input" };
+            let kind = if graph.is_param(name) {
+                "weight"
+            } else {
+                "input"
+            };
             return Err(Error::invalid(
                 "workload",
                 format!(
@@ -131,7 +135,12 @@ pub fn check_finite_outputs(
             }
             if let Some((idx, v)) = b.to_host(reg)?.first_non_finite() {
                 return Err(Error::invalid(
-                    format!("node '{}' ({}) on {}", node.name, node.op.name(), run.device),
+                    format!(
+                        "node '{}' ({}) on {}",
+                        node.name,
+                        node.op.name(),
+                        run.device
+                    ),
                     format!(
                         "output '{name}' holds {v} at {idx:?} (the op overflowed f32, or a \
                          non-finite input reached it); nothing is saved"

@@ -39,7 +39,12 @@ fn tandem(args: &[&str]) -> Output {
 /// holding every one of `needles`.
 fn assert_refused(o: &Output, needles: &[&str]) {
     let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "status {:?}, stderr:\n{err}", o.status);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "status {:?}, stderr:\n{err}",
+        o.status
+    );
     assert!(!err.contains("panicked"), "{err}");
     let line = err
         .lines()
@@ -94,7 +99,10 @@ fn sizes_past_the_machine_are_refused_before_anything_is_allocated() {
 fn the_memory_limit_is_a_setting() {
     let o = tandem_env(&["run", "--backend", "cpu"], &[("TANDEM_MAX_MEMORY", "1M")]);
     assert_refused(&o, &["needs", "1.0 MiB allowed (TANDEM_MAX_MEMORY)"]);
-    let o = tandem_env(&["run", "--backend", "cpu"], &[("TANDEM_MAX_MEMORY", "lots")]);
+    let o = tandem_env(
+        &["run", "--backend", "cpu"],
+        &[("TANDEM_MAX_MEMORY", "lots")],
+    );
     assert_refused(&o, &["TANDEM_MAX_MEMORY", "\"lots\""]);
 }
 
@@ -103,7 +111,10 @@ fn huge_toml_workloads_are_refused() -> TestResult {
     let dir = tempfile::tempdir()?;
     for (body, needle) in [
         ("[mixtral]\nbatch = 9223372036854775807\n", "overflow"),
-        ("[mixtral]\nd_model = 4294967296\nheads = 1\nkv_heads = 1\n", "overflow"),
+        (
+            "[mixtral]\nd_model = 4294967296\nheads = 1\nkv_heads = 1\n",
+            "overflow",
+        ),
         ("[mixtral]\nseq_len = 1000000000\n", "needs"),
         ("[mixtral]\nexperts = 100000000\n", "experts"),
     ] {
@@ -171,13 +182,7 @@ fn attention_inputs(dir: &Path, name: &str, poison: Option<(&str, usize, f32)>) 
     ];
     if let Some((which, at, value)) = poison {
         let slot = t.iter_mut().find(|(n, _)| *n == which).ok_or("tensor")?;
-        slot.1 = f32s(&shape, |i| {
-            if i == at {
-                value
-            } else {
-                noise(i + 31)
-            }
-        });
+        slot.1 = f32s(&shape, |i| if i == at { value } else { noise(i + 31) });
     }
     save(dir, name, &t)?;
     Ok(())

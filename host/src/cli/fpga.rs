@@ -20,9 +20,6 @@ use tandem_fpga::shell::ShellConfig;
 use tandem_fpga::xclbin::{Summary, Xclbin};
 use tandem_fpga::{FpgaDevice, drive, flow, golden};
 
-/// Longest one simulated run may take (wall clock).
-const SIM_TIMEOUT: Duration = Duration::from_secs(600);
-
 /// Which kernel and how it is built.
 #[derive(Debug, Clone, Args)]
 pub struct KernelArgs {
@@ -131,6 +128,9 @@ pub enum FpgaCmd {
         /// 32,64,16; D at most the build's d_max).
         #[arg(long)]
         shape: Option<String>,
+        /// Longest the simulated run may take (wall clock), in seconds.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
         /// Causal mask (attention).
         #[arg(long)]
         causal: bool,
@@ -220,6 +220,7 @@ pub fn run(cmd: &FpgaCmd, fpga_opts: &FpgaOptions) -> anyhow::Result<()> {
             top_k,
             shape,
             causal,
+            timeout,
             seed,
             read_latency,
             bytes_per_cycle,
@@ -238,13 +239,19 @@ pub fn run(cmd: &FpgaCmd, fpga_opts: &FpgaOptions) -> anyhow::Result<()> {
                 .with_context(|| format!("loading the {}", core.name()))?;
             let build_s = t_build.elapsed().as_secs_f64();
             let mut rng = ChaCha8Rng::seed_from_u64(*seed);
+            let limit = Duration::from_secs(*timeout);
             let dev = dev.as_mut();
             let out = match core.name() {
-                "router" => sim_router(dev, &mut rng, *tokens, *experts, *top_k)?,
-                "gemm" => sim_gemm(dev, &mut rng, &shape_of(shape.as_deref(), [64, 64, 64])?)?,
+                "router" => sim_router(dev, &mut rng, *tokens, *experts, *top_k, limit)?,
+                "gemm" => sim_gemm(
+                    dev,
+                    &mut rng,
+                    &shape_of(shape.as_deref(), [64, 64, 64])?,
+                    limit,
+                )?,
                 "attention" => {
                     let s = shape_of(shape.as_deref(), [32, 64, 16])?;
-                    sim_attention(dev, core.as_ref(), &mut rng, &s, *causal)?
+                    sim_attention(dev, core.as_ref(), &mut rng, &s, *causal, limit)?
                 }
                 other => bail!("`tandem fpga sim` has no driver for kernel `{other}`"),
             };
@@ -445,11 +452,12 @@ fn sim_router(
     t: usize,
     e: usize,
     k: usize,
+    limit: Duration,
 ) -> anyhow::Result<SimOutcome> {
     let x: Vec<i16> = (0..t * e).map(|_| rng.gen_range(-2048..2048)).collect();
     let want = golden::router::route(&x, t, e, k)?;
     let ((got, st), sim_cycles, sim_wall) =
-        timed(dev, |d| drive::run_router(d, &x, t, e, k, SIM_TIMEOUT))?;
+        timed(dev, |d| drive::run_router(d, &x, t, e, k, limit))?;
     Ok(SimOutcome {
         label: format!("router T={t} E={e} k={k}"),
         bit_exact: got == want,
@@ -466,12 +474,13 @@ fn sim_gemm(
     dev: &mut dyn FpgaDevice,
     rng: &mut ChaCha8Rng,
     &[m, n, k]: &[usize; 3],
+    limit: Duration,
 ) -> anyhow::Result<SimOutcome> {
     let d = golden::gemm::GemmDims { m, n, k };
     let p = golden::gemm::GemmProblem::random(rng, d, 20..=25);
     let want = p.golden(false)?;
     let ((got, st), sim_cycles, sim_wall) = timed(dev, |dv| {
-        drive::run_gemm(dv, &p.x, &p.w, &p.bias, &p.rq, false, d, SIM_TIMEOUT)
+        drive::run_gemm(dv, &p.x, &p.w, &p.bias, &p.rq, false, d, limit)
     })?;
     Ok(SimOutcome {
         label: format!("gemm M={m} N={n} K={k}"),
@@ -491,6 +500,7 @@ fn sim_attention(
     rng: &mut ChaCha8Rng,
     &[nq, nkv, d]: &[usize; 3],
     causal: bool,
+    limit: Duration,
 ) -> anyhow::Result<SimOutcome> {
     use golden::attention::AttentionConfig;
     let kv_tile = core
@@ -513,7 +523,7 @@ fn sim_attention(
     };
     let want = golden::attention::attention(&q, &k, &v, &cfg)?;
     let ((got, st), sim_cycles, sim_wall) = timed(dev, |dv| {
-        drive::run_attention_head(dv, &q, &k, &v, &cfg, SIM_TIMEOUT)
+        drive::run_attention_head(dv, &q, &k, &v, &cfg, limit)
     })?;
     let pairs = (0..nq)
         .map(|i| (0..nkv).filter(|&j| cfg.visible(i, j)).count())

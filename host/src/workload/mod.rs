@@ -18,12 +18,12 @@ use serde::{Deserialize, Serialize};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::Graph;
+use crate::limits::{self, Limits};
+use crate::ops::moe::MAX_EXPERTS;
 use crate::ops::{
     Activation, AttentionParams, LinearParams, MoeExpertsParams, MoeRouteParams, Op, RmsNormParams,
     RopeParams, SplitHeadsParams,
 };
-use crate::limits::{self, Limits};
-use crate::ops::moe::MAX_EXPERTS;
 use crate::tensor::Tensor;
 
 /// Sizes and settings of one Mixtral decoder layer (transformers' MixtralDecoderLayer).
@@ -120,12 +120,12 @@ impl MixtralConfig {
         let (hq, hkv) = (self.heads as u64, self.kv_heads as u64);
         let m = |a: u64, b: u64| a.checked_mul(b);
         let elems = limits::sum([
-            m(hq, d).and_then(|x| m(x, h)),                 // wq
+            m(hq, d).and_then(|x| m(x, h)),                        // wq
             m(hkv, d).and_then(|x| m(x, h)).and_then(|x| m(x, 2)), // wk, wv
-            m(hq, d).and_then(|x| m(x, h)),                 // wo
-            m(h, 2),                                        // ln1, ln2
-            m(e, h),                                        // gate
-            m(e, f).and_then(|x| m(x, h)).and_then(|x| m(x, 3)), // gate_up, down
+            m(hq, d).and_then(|x| m(x, h)),                        // wo
+            m(h, 2),                                               // ln1, ln2
+            m(e, h),                                               // gate
+            m(e, f).and_then(|x| m(x, h)).and_then(|x| m(x, 3)),   // gate_up, down
         ])?;
         elems.checked_mul(4)
     }

@@ -344,8 +344,9 @@ impl Backend for FpgaBackend {
         let (outs, cycles, clock_hz, kernel) = match op {
             Op::MoeRoute(p) => {
                 let job = route::RouteJob::new(p, tensors[0])?;
-                let ((out, st), clock) =
-                    self.with_card("router", &self.router, |dev| job.run(dev, deadline.remaining()))?;
+                let ((out, st), clock) = self.with_card("router", &self.router, |dev| {
+                    job.run(dev, deadline.remaining())
+                })?;
                 (job.outputs(out)?, st.cycles, clock, ROUTER_KERNEL)
             }
             Op::Linear(p) => {

@@ -17,8 +17,8 @@
 mod experts;
 mod routing;
 
-pub use experts::{ExpertsShape, MoeExpertsParams};
 pub(crate) use experts::EXPERT_DTYPES;
+pub use experts::{ExpertsShape, MoeExpertsParams};
 pub use routing::{MAX_BLOCK_SIZE, MAX_EXPERTS, MoeRouteParams};
 pub(crate) use routing::{align_blocks, router_losses};
 
