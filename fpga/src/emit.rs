@@ -187,9 +187,17 @@ mod tests {
         write_atomic(&p, b"module k; endmodule")?;
         let ino = std::fs::metadata(&p)?.ino();
         write_atomic(&p, b"module k; endmodule")?;
-        assert_eq!(std::fs::metadata(&p)?.ino(), ino, "the same file, not a new one");
+        assert_eq!(
+            std::fs::metadata(&p)?.ino(),
+            ino,
+            "the same file, not a new one"
+        );
         write_atomic(&p, b"module k2; endmodule")?;
-        assert_ne!(std::fs::metadata(&p)?.ino(), ino, "new content: renamed into place");
+        assert_ne!(
+            std::fs::metadata(&p)?.ino(),
+            ino,
+            "new content: renamed into place"
+        );
         assert_eq!(std::fs::read(&p)?, b"module k2; endmodule");
         let left: Vec<_> = std::fs::read_dir(d.path())?.flatten().collect();
         assert_eq!(left.len(), 1, "no temporary file left");

@@ -147,7 +147,10 @@ pub fn check_writable(path: &Path) -> Result<()> {
         }
         Err(e) => Err(Error::file(
             path,
-            format!("cannot write here: cannot create a file in {} ({e})", dir.display()),
+            format!(
+                "cannot write here: cannot create a file in {} ({e})",
+                dir.display()
+            ),
         )),
     }
 }
@@ -230,7 +233,10 @@ mod tests {
         let p = d.path().join("out.bin");
         write_atomic(&p, b"first")?;
         write_atomic(&p, b"second")?;
-        assert_eq!(std::fs::read(&p).map_err(|e| Error::file(&p, e.to_string()))?, b"second");
+        assert_eq!(
+            std::fs::read(&p).map_err(|e| Error::file(&p, e.to_string()))?,
+            b"second"
+        );
         assert!(leftovers(d.path()).is_empty());
         Ok(())
     }
@@ -247,7 +253,10 @@ mod tests {
         .expect_err("the writer failed");
         assert!(e.to_string().contains("disk on fire"), "{e}");
         assert!(e.to_string().contains("out.bin"), "{e}");
-        assert_eq!(std::fs::read(&p).map_err(|e| Error::file(&p, e.to_string()))?, b"kept");
+        assert_eq!(
+            std::fs::read(&p).map_err(|e| Error::file(&p, e.to_string()))?,
+            b"kept"
+        );
         assert!(leftovers(d.path()).is_empty());
         Ok(())
     }
@@ -290,7 +299,10 @@ mod tests {
         let f = t.file_name().and_then(|f| f.to_str()).expect("name");
         assert_eq!(temp_pid(f, "out.safetensors"), Some(std::process::id()));
         assert_eq!(temp_pid(f, "out"), None);
-        assert_eq!(temp_pid(".out.safetensors.partial", "out.safetensors"), None);
+        assert_eq!(
+            temp_pid(".out.safetensors.partial", "out.safetensors"),
+            None
+        );
         assert_eq!(temp_pid(".out.12-x-0000abcd.tandem-tmp", "out"), None);
     }
 
@@ -303,12 +315,16 @@ mod tests {
             .map_err(|e| Error::Internal(e.to_string()))?;
         let dead = child.id();
         child.wait().map_err(|e| Error::Internal(e.to_string()))?;
-        let stale = d.path().join(format!(".out.bin.{dead}-0-0000abcd{TEMP_SUFFIX}"));
+        let stale = d
+            .path()
+            .join(format!(".out.bin.{dead}-0-0000abcd{TEMP_SUFFIX}"));
         let mine = d.path().join(format!(
             ".out.bin.{}-0-0000abcd{TEMP_SUFFIX}",
             std::process::id()
         ));
-        let other = d.path().join(format!(".other.bin.{dead}-0-0000abcd{TEMP_SUFFIX}"));
+        let other = d
+            .path()
+            .join(format!(".other.bin.{dead}-0-0000abcd{TEMP_SUFFIX}"));
         for p in [&stale, &mine, &other] {
             std::fs::write(p, b"half").map_err(|e| Error::file(p, e.to_string()))?;
         }

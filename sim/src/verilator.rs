@@ -176,7 +176,9 @@ fn verify(dir: &Path, artifact: &str) -> Cached {
     }
     let want = match std::fs::read_to_string(hash_file(dir, artifact)) {
         Ok(w) => w.trim().to_string(),
-        Err(_) => return Cached::Bad("no recorded content hash (an older or interrupted build)".into()),
+        Err(_) => {
+            return Cached::Bad("no recorded content hash (an older or interrupted build)".into());
+        }
     };
     match sha256_of(&a) {
         Ok(got) if got == want => Cached::Good,
@@ -202,7 +204,9 @@ fn place(tmp: &Path, dir: &Path, artifact: &str) {
         // and try again. Another process doing the same at once only makes one rename fail.
         let aside = dir.with_file_name(format!(
             ".{}-bad-{}",
-            dir.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
+            dir.file_name()
+                .map(|n| n.to_string_lossy())
+                .unwrap_or_default(),
             std::process::id()
         ));
         if std::fs::rename(dir, &aside).is_ok() {
@@ -282,7 +286,10 @@ mod tests {
 
     /// A toolchain with its own cache; `cached` with a fake build (no Verilator needed beyond
     /// its version, which the key includes).
-    fn fake_build(tc: &Toolchain, counter: &std::sync::atomic::AtomicUsize) -> Result<PathBuf, SimError> {
+    fn fake_build(
+        tc: &Toolchain,
+        counter: &std::sync::atomic::AtomicUsize,
+    ) -> Result<PathBuf, SimError> {
         tc.cached("fake", &[b"inputs"], "lib.so", |tmp| {
             counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             std::fs::write(tmp.join("lib.so"), vec![7u8; 4096]).map_err(io(tmp))

@@ -133,7 +133,12 @@ impl FpgaOptions {
             ));
         }
         if let Some(b) = self.sim_bytes_per_cycle {
-            in_range("--bytes-per-cycle", b, &BYTES_PER_CYCLE_RANGE, "bytes per cycle")?;
+            in_range(
+                "--bytes-per-cycle",
+                b,
+                &BYTES_PER_CYCLE_RANGE,
+                "bytes per cycle",
+            )?;
         }
         Ok(())
     }
@@ -156,7 +161,9 @@ mod tests {
     fn clock_is_read_and_checked() {
         let o = FpgaOptions::from_source(&[("TANDEM_FPGA_CLOCK_MHZ", " 250.5 ")]).expect("ok");
         assert_eq!(o.clock_mhz, Some(250.5));
-        for bad in ["0", "-300", "fast", "inf", "NaN", "1e-300", "0.5", "1000.1", "1e300"] {
+        for bad in [
+            "0", "-300", "fast", "inf", "NaN", "1e-300", "0.5", "1000.1", "1e300",
+        ] {
             let e = FpgaOptions::from_source(&[("TANDEM_FPGA_CLOCK_MHZ", bad)])
                 .expect_err("not a clock in range");
             let msg = e.to_string();
@@ -182,7 +189,12 @@ mod tests {
         ok.validate().expect("defaults of the flags");
         for (lat, bpc, name, value) in [
             (Some(100_001), None, "--read-latency", "100001"),
-            (Some(u64::MAX), None, "--read-latency", "18446744073709551615"),
+            (
+                Some(u64::MAX),
+                None,
+                "--read-latency",
+                "18446744073709551615",
+            ),
             (None, Some(0.0), "--bytes-per-cycle", "0"),
             (None, Some(1e-300), "--bytes-per-cycle", "1e-300"),
             (None, Some(f64::NAN), "--bytes-per-cycle", "NaN"),
