@@ -45,7 +45,9 @@ fn corpus(target: &str) -> Vec<PathBuf> {
 fn id(target: &str, p: &Path) -> String {
     format!(
         "{target}/{}",
-        p.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()
+        p.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default()
     )
 }
 
@@ -124,7 +126,11 @@ fn safetensors_corpus() {
             g.constant(n, t[*n].clone());
         }
         g.outputs = g.add("op", op, &inputs);
-        format!("read; {} validates: {}", g.nodes[0].op.name(), outcome(&g.validate()))
+        format!(
+            "read; {} validates: {}",
+            g.nodes[0].op.name(),
+            outcome(&g.validate())
+        )
     });
 }
 
@@ -220,7 +226,12 @@ fn under_real_keys(text: &str, keys: &[String]) -> Option<String> {
         .iter()
         .map(|k| format!("{}: {stat}", serde_json::to_string(k).unwrap_or_default()))
         .collect();
-    Some(format!("{}{}{}", &text[..at], entries.join(", "), &text[end + 1..]))
+    Some(format!(
+        "{}{}{}",
+        &text[..at],
+        entries.join(", "),
+        &text[end + 1..]
+    ))
 }
 
 #[test]
@@ -236,7 +247,11 @@ fn history_corpus() {
     let h = History::open(path);
     assert_eq!(h.len(), keys.len());
     let plan = plan_with_history(&g, &reg, BackendChoice::Auto, Some(&h)).expect("plan");
-    assert!(plan.placements.iter().all(|p| p.reason.contains("measured")));
+    assert!(
+        plan.placements
+            .iter()
+            .all(|p| p.reason.contains("measured"))
+    );
     replay("history", |_, p| {
         let text = std::fs::read(p).expect("corpus file");
         let mut outcomes = Vec::new();
@@ -251,7 +266,11 @@ fn history_corpus() {
             std::fs::write(&path, &v).expect("write");
             let h = History::open(path);
             let plan = plan_with_history(&g, &reg, BackendChoice::Auto, Some(&h));
-            outcomes.push(format!("{} entries kept, plan: {}", h.len(), outcome(&plan)));
+            outcomes.push(format!(
+                "{} entries kept, plan: {}",
+                h.len(),
+                outcome(&plan)
+            ));
         }
         outcomes.join("; ")
     });
