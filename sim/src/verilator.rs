@@ -110,6 +110,7 @@ impl Toolchain {
                 dir.join(artifact).display()
             ),
         }
+        remove_dead_builds(&self.cache_dir, &format!(".{name}-{key}-"));
         let tmp = self
             .cache_dir
             .join(format!(".{name}-{key}-{}", std::process::id()));
@@ -132,6 +133,31 @@ impl Toolchain {
                 "{} after the build: {why}",
                 dir.join(artifact).display()
             ))),
+        }
+    }
+}
+
+/// Removes the private build folders `<prefix><pid>` in `dir` of processes that no longer run
+/// (a build killed half-way leaves its folder behind). Does nothing where `/proc` is missing.
+fn remove_dead_builds(dir: &Path, prefix: &str) {
+    let proc = Path::new("/proc");
+    if !proc.join("self").exists() {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(prefix))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !proc.join(pid.to_string()).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
         }
     }
 }
@@ -328,6 +354,24 @@ mod tests {
         fake_build(&tc, &builds)?;
         assert_eq!(n(), 3);
         assert_eq!(verify(&dir, "lib.so"), Cached::Good);
+        // A folder a killed build left behind is removed by the next build of that key.
+        let mut gone = std::process::Command::new("true")
+            .spawn()
+            .map_err(io(&dir))?;
+        let pid = gone.id();
+        gone.wait().map_err(io(&dir))?;
+        let key = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("fake-"))
+            .unwrap_or_default()
+            .to_string();
+        let dead = cache.path().join(format!(".fake-{key}-{pid}"));
+        std::fs::create_dir(&dead).map_err(io(&dead))?;
+        std::fs::write(dir.join("lib.so"), b"damaged").map_err(io(&dir))?;
+        fake_build(&tc, &builds)?;
+        assert_eq!(n(), 4);
+        assert!(!dead.exists(), "the killed build's folder is removed");
         // Nothing but the build is left in the cache.
         let names: Vec<String> = std::fs::read_dir(cache.path())
             .map_err(io(cache.path()))?
