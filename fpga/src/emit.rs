@@ -149,8 +149,12 @@ pub fn emit(core: &dyn KernelCore, cfg: ShellConfig, dir: &Path) -> Result<Emitt
 
 /// Writes `bytes` to `path` through a temporary file of a name unique to this process and call,
 /// renamed into place: a reader (Verilator building the same kernel in another test or process)
-/// sees the old file or the new one, never a truncated one.
+/// sees the old file or the new one, never a truncated one. A file that already holds `bytes`
+/// is left alone (emitted once per content, not rewritten on every card load).
 fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    if std::fs::read(path).is_ok_and(|old| old == bytes) {
+        return Ok(());
+    }
     static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let name = path
@@ -168,4 +172,35 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// Lower-case hex of bytes.
 pub fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+
+    #[test]
+    fn identical_content_is_not_rewritten_changed_content_is() -> std::io::Result<()> {
+        let d = tempfile::tempdir()?;
+        let p = d.path().join("k.v");
+        write_atomic(&p, b"module k; endmodule")?;
+        let ino = std::fs::metadata(&p)?.ino();
+        write_atomic(&p, b"module k; endmodule")?;
+        assert_eq!(
+            std::fs::metadata(&p)?.ino(),
+            ino,
+            "the same file, not a new one"
+        );
+        write_atomic(&p, b"module k2; endmodule")?;
+        assert_ne!(
+            std::fs::metadata(&p)?.ino(),
+            ino,
+            "new content: renamed into place"
+        );
+        assert_eq!(std::fs::read(&p)?, b"module k2; endmodule");
+        let left: Vec<_> = std::fs::read_dir(d.path())?.flatten().collect();
+        assert_eq!(left.len(), 1, "no temporary file left");
+        Ok(())
+    }
 }

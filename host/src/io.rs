@@ -136,8 +136,9 @@ fn st_dtype(d: DType) -> StDtype {
     }
 }
 
-/// Writes tensors to a safetensors file (written to a temporary file, then renamed, so a
-/// failure never leaves a half-written file).
+/// Writes tensors to a safetensors file through [`crate::files::write_atomic`] (a temporary
+/// file of a unique name, then renamed: a failure or a concurrent writer never leaves a
+/// half-written or mixed file at `path`).
 pub fn write_safetensors(path: impl AsRef<Path>, tensors: &BTreeMap<String, Tensor>) -> Result<()> {
     let path = path.as_ref();
     let owned: Vec<(String, Vec<u8>, Vec<usize>, StDtype)> = tensors
@@ -161,7 +162,5 @@ pub fn write_safetensors(path: impl AsRef<Path>, tensors: &BTreeMap<String, Tens
         .collect::<Result<Vec<_>>>()?;
     let bytes = safetensors::serialize(views, &None)
         .map_err(|e| Error::file(path, format!("cannot serialise: {e}")))?;
-    let tmp = path.with_extension("safetensors.partial");
-    std::fs::write(&tmp, bytes).map_err(|e| Error::file(&tmp, format!("cannot write: {e}")))?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::file(path, format!("cannot write: {e}")))
+    crate::files::write_atomic(path, &bytes)
 }

@@ -19,6 +19,7 @@ pub mod bench;
 pub mod dtype;
 pub mod error;
 pub mod exec;
+pub mod files;
 pub mod graph;
 pub mod io;
 pub mod limits;

@@ -1,6 +1,8 @@
 //! Building an emitted kernel with Verilator, at first use, into the [`Toolchain`]'s cache
 //! (keyed by a hash of the Verilog, the shim, the flags and the Verilator version); and
-//! loading the result (a shared library behind a small C ABI, `shim.cpp`) with libloading.
+//! loading the result (a shared library behind a small C ABI, `shim.cpp`) with libloading. The
+//! cache checks the library against the SHA-256 recorded at build time before [`build`]
+//! returns it, so [`Model::load`] never maps a truncated or damaged file.
 
 use std::ffi::{CString, c_char, c_void};
 use std::path::{Path, PathBuf};

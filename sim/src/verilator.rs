@@ -4,7 +4,11 @@
 //!
 //! A build lands in `<cache_dir>/<name>-<key>`, where the key hashes the build's inputs and
 //! the Verilator version. It is made in a private folder and renamed into place, so
-//! concurrent builds (threads or processes) of the same inputs cannot collide.
+//! concurrent builds (threads or processes) of the same inputs cannot collide. Beside the
+//! artifact the build records its SHA-256 (`<artifact>.sha256`, written before the rename);
+//! the cache hands out an artifact only after checking it against that hash, so a truncated
+//! or damaged library (a full disk, a killed copy) is rebuilt with a warning instead of being
+//! loaded (a truncated shared library kills the process with SIGBUS on first use).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -92,38 +96,150 @@ impl Toolchain {
             .map(|b| format!("{b:02x}"))
             .collect();
         let dir = self.cache_dir.join(format!("{name}-{key}"));
-        if dir.join(artifact).exists() {
+        if verify(&dir, artifact) == Cached::Good {
             return Ok(dir);
         }
         // One build at a time in this process; other processes build in their own folder.
         static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
-        if dir.join(artifact).exists() {
-            return Ok(dir);
+        match verify(&dir, artifact) {
+            Cached::Good => return Ok(dir),
+            Cached::Absent => {}
+            Cached::Bad(why) => tracing::warn!(
+                "cached simulator build {}: {why}; not loading it, rebuilding",
+                dir.join(artifact).display()
+            ),
         }
+        remove_dead_builds(&self.cache_dir, &format!(".{name}-{key}-"));
         let tmp = self
             .cache_dir
             .join(format!(".{name}-{key}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
         let t0 = std::time::Instant::now();
-        if let Err(e) = build(&tmp) {
+        if let Err(e) = build(&tmp).and_then(|()| record_hash(&tmp, artifact)) {
             let _ = std::fs::remove_dir_all(&tmp);
             return Err(e);
         }
-        if std::fs::rename(&tmp, &dir).is_err() {
-            // Another process built the same thing first; use theirs.
-            let _ = std::fs::remove_dir_all(&tmp);
-        }
+        place(&tmp, &dir, artifact);
         tracing::info!(name, dir = %dir.display(), secs = t0.elapsed().as_secs_f64(), "built with Verilator");
-        if !dir.join(artifact).exists() {
-            return Err(SimError::Build(format!(
+        match verify(&dir, artifact) {
+            Cached::Good => Ok(dir),
+            Cached::Absent => Err(SimError::Build(format!(
                 "{} missing after the build",
                 dir.join(artifact).display()
-            )));
+            ))),
+            Cached::Bad(why) => Err(SimError::Build(format!(
+                "{} after the build: {why}",
+                dir.join(artifact).display()
+            ))),
         }
-        Ok(dir)
     }
+}
+
+/// Removes the private build folders `<prefix><pid>` in `dir` of processes that no longer run
+/// (a build killed half-way leaves its folder behind). Does nothing where `/proc` is missing.
+fn remove_dead_builds(dir: &Path, prefix: &str) {
+    let proc = Path::new("/proc");
+    if !proc.join("self").exists() {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(prefix))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !proc.join(pid.to_string()).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// What the cache holds for one build.
+#[derive(Debug, PartialEq, Eq)]
+enum Cached {
+    /// Nothing yet.
+    Absent,
+    /// The artifact and its recorded hash agree.
+    Good,
+    /// The artifact is there but cannot be trusted: why.
+    Bad(String),
+}
+
+/// The file beside `artifact` that holds its SHA-256 (lower-case hex).
+fn hash_file(dir: &Path, artifact: &str) -> PathBuf {
+    dir.join(format!("{artifact}.sha256"))
+}
+
+/// SHA-256 of the file at `path`, in lower-case hex.
+fn sha256_of(path: &Path) -> std::io::Result<String> {
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h)?;
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Records the hash of the freshly built `artifact` in the private folder `dir`.
+fn record_hash(dir: &Path, artifact: &str) -> Result<(), SimError> {
+    let a = dir.join(artifact);
+    let sum = sha256_of(&a).map_err(io(&a))?;
+    let h = hash_file(dir, artifact);
+    std::fs::write(&h, sum).map_err(io(&h))
+}
+
+/// Checks the cached `artifact` in `dir` against its recorded hash.
+fn verify(dir: &Path, artifact: &str) -> Cached {
+    let a = dir.join(artifact);
+    if !a.exists() {
+        return Cached::Absent;
+    }
+    let want = match std::fs::read_to_string(hash_file(dir, artifact)) {
+        Ok(w) => w.trim().to_string(),
+        Err(_) => {
+            return Cached::Bad("no recorded content hash (an older or interrupted build)".into());
+        }
+    };
+    match sha256_of(&a) {
+        Ok(got) if got == want => Cached::Good,
+        Ok(got) => Cached::Bad(format!(
+            "content hash {got} differs from the recorded {want} (truncated or damaged)"
+        )),
+        Err(e) => Cached::Bad(format!("cannot be read ({e})")),
+    }
+}
+
+/// Moves the finished build `tmp` to `dir`: a rename when `dir` is free; when `dir` holds a
+/// build that does not verify, that one is moved aside and removed first. A good build
+/// another process placed first is kept (and `tmp` removed).
+fn place(tmp: &Path, dir: &Path, artifact: &str) {
+    for _ in 0..3 {
+        if std::fs::rename(tmp, dir).is_ok() {
+            return;
+        }
+        if verify(dir, artifact) == Cached::Good {
+            break;
+        }
+        // A bad build: move it aside (atomically; a process that loaded it keeps its copy)
+        // and try again. Another process doing the same at once only makes one rename fail.
+        let aside = dir.with_file_name(format!(
+            ".{}-bad-{}",
+            dir.file_name()
+                .map(|n| n.to_string_lossy())
+                .unwrap_or_default(),
+            std::process::id()
+        ));
+        if std::fs::rename(dir, &aside).is_ok() {
+            let _ = std::fs::remove_dir_all(&aside);
+        }
+    }
+    let _ = std::fs::remove_dir_all(tmp);
 }
 
 /// The installed Verilator's version, or why it cannot be used (with an install hint).
@@ -193,6 +309,78 @@ pub fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SimError + '_ {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A toolchain with its own cache; `cached` with a fake build (no Verilator needed beyond
+    /// its version, which the key includes).
+    fn fake_build(
+        tc: &Toolchain,
+        counter: &std::sync::atomic::AtomicUsize,
+    ) -> Result<PathBuf, SimError> {
+        tc.cached("fake", &[b"inputs"], "lib.so", |tmp| {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::fs::write(tmp.join("lib.so"), vec![7u8; 4096]).map_err(io(tmp))
+        })
+    }
+
+    #[test]
+    fn damaged_or_unhashed_builds_are_rebuilt_not_used() -> Result<(), SimError> {
+        if let Err(e) = version() {
+            println!("SKIP: {e}");
+            return Ok(());
+        }
+        let cache = tempfile::tempdir().map_err(io(Path::new("tempdir")))?;
+        let tc = Toolchain {
+            cache_dir: cache.path().to_path_buf(),
+            cxx: "g++".into(),
+        };
+        let builds = std::sync::atomic::AtomicUsize::new(0);
+        let n = || builds.load(std::sync::atomic::Ordering::SeqCst);
+        let dir = fake_build(&tc, &builds)?;
+        assert_eq!(n(), 1);
+        assert!(hash_file(&dir, "lib.so").exists());
+        // A second use finds it.
+        assert_eq!(fake_build(&tc, &builds)?, dir);
+        assert_eq!(n(), 1);
+        let lib = dir.join("lib.so");
+        let full = std::fs::read(&lib).map_err(io(&lib))?;
+        // Truncated in place.
+        std::fs::write(&lib, &full[..100]).map_err(io(&lib))?;
+        assert!(matches!(verify(&dir, "lib.so"), Cached::Bad(_)));
+        assert_eq!(fake_build(&tc, &builds)?, dir);
+        assert_eq!(n(), 2);
+        assert_eq!(std::fs::read(&lib).map_err(io(&lib))?, full);
+        // The hash file missing (a build of an older tandem).
+        std::fs::remove_file(hash_file(&dir, "lib.so")).map_err(io(&dir))?;
+        fake_build(&tc, &builds)?;
+        assert_eq!(n(), 3);
+        assert_eq!(verify(&dir, "lib.so"), Cached::Good);
+        // A folder a killed build left behind is removed by the next build of that key.
+        let mut gone = std::process::Command::new("true")
+            .spawn()
+            .map_err(io(&dir))?;
+        let pid = gone.id();
+        gone.wait().map_err(io(&dir))?;
+        let key = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("fake-"))
+            .unwrap_or_default()
+            .to_string();
+        let dead = cache.path().join(format!(".fake-{key}-{pid}"));
+        std::fs::create_dir(&dead).map_err(io(&dead))?;
+        std::fs::write(dir.join("lib.so"), b"damaged").map_err(io(&dir))?;
+        fake_build(&tc, &builds)?;
+        assert_eq!(n(), 4);
+        assert!(!dead.exists(), "the killed build's folder is removed");
+        // Nothing but the build is left in the cache.
+        let names: Vec<String> = std::fs::read_dir(cache.path())
+            .map_err(io(cache.path()))?
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        Ok(())
+    }
 
     #[test]
     fn a_missing_verilator_is_unavailable_with_a_hint() {

@@ -289,7 +289,7 @@ pub trait Backend: Send + Sync + fmt::Debug {
         let c = op.cost(inputs);
         let info = self.info();
         let t = (c.flops / info.peak_flops.max(1.0)).max(c.bytes / info.peak_bandwidth.max(1.0));
-        Duration::from_secs_f64(t + self.launch_overhead().as_secs_f64())
+        crate::plan::duration_from_secs(t).saturating_add(self.launch_overhead())
     }
 
     /// Fixed cost of one launch on this device.

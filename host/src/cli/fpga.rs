@@ -232,6 +232,7 @@ pub fn run(cmd: &FpgaCmd, fpga_opts: &FpgaOptions) -> anyhow::Result<()> {
             opts.sim_read_latency = Some(*read_latency);
             opts.sim_bytes_per_cycle = Some(*bytes_per_cycle);
             opts.sim_vcd = vcd.clone();
+            opts.validate()?;
             let open = tandem::backend::fpga::sim_factory();
             let mut dev = open(&opts)?;
             let t_build = Instant::now();

@@ -78,6 +78,9 @@ pub struct OpArgs {
 
 /// Runs one op.
 pub fn run(args: &OpArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
+    if let Some(p) = &args.save {
+        tandem::files::check_writable(p)?;
+    }
     let mut tensors = tandem::io::read_safetensors(&args.inputs)?;
     let has = |n: &str| tensors.contains_key(n);
     let op = match args.op {

@@ -4,7 +4,6 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::Args;
 use tandem::backend::CudaDType;
 use tandem::exec::ExecOptions;
@@ -176,6 +175,9 @@ pub fn build(
 
 /// Runs the workload.
 pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
+    for p in args.save.iter().chain(&args.trace) {
+        tandem::files::check_writable(p)?;
+    }
     let backend = args.backend;
     let (graph, config, label) = build(args, &reg.options().limits())?;
     if args.explain {
@@ -219,7 +221,7 @@ pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     }
     if let Some(path) = &args.trace {
         let text = serde_json::to_string(&tandem::report::chrome_trace(&out.report))?;
-        std::fs::write(path, text).with_context(|| format!("{}: cannot write", path.display()))?;
+        tandem::files::write_atomic(path, text.as_bytes())?;
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&out.report)?);

@@ -152,7 +152,7 @@ fn named<T>(
 }
 
 /// An on/off variable: `1`, `on`, `true` or `0`, `off`, `false` (any case), if set.
-fn flag(env: &dyn Env, var: &str) -> Result<Option<bool>> {
+pub(crate) fn flag(env: &dyn Env, var: &str) -> Result<Option<bool>> {
     let Some(v) = env.text(var)? else {
         return Ok(None);
     };

@@ -1,5 +1,6 @@
 //! Options of the FPGA backend (filled by [`super::Options`]).
 
+use std::ops::RangeInclusive;
 use std::path::PathBuf;
 
 use super::Env;
@@ -42,8 +43,35 @@ impl Default for FpgaOptions {
     }
 }
 
+/// Accepted kernel clocks in MHz (`TANDEM_FPGA_CLOCK_MHZ`): Alveo kernels close timing between
+/// a few tens and a few hundreds of MHz; outside this range a device time would be meaningless.
+pub const CLOCK_MHZ_RANGE: RangeInclusive<f64> = 1.0..=1000.0;
+/// Accepted simulated memory read latencies in cycles (`--read-latency`).
+pub const READ_LATENCY_RANGE: RangeInclusive<u64> = 0..=100_000;
+/// Accepted simulated memory bandwidths in bytes per cycle (`--bytes-per-cycle`): below it a
+/// simulation would crawl (one 8-byte beat every 800 cycles at the floor); the simulated memory
+/// delivers at most 64 bytes of credit a cycle.
+pub const BYTES_PER_CYCLE_RANGE: RangeInclusive<f64> = 0.01..=64.0;
+
 /// Accepted values of `TANDEM_FPGA_CLOCK_MHZ`.
-const CLOCK_ACCEPTS: &str = "a positive number of MHz, e.g. 300 or 250.5";
+const CLOCK_ACCEPTS: &str = "a number of MHz from 1 to 1000, e.g. 300 or 250.5";
+
+/// `value` (of `what`) if it is a finite number in `range`, else an error naming `what`, the
+/// value and the range.
+fn in_range(what: &str, value: f64, range: &RangeInclusive<f64>, unit: &str) -> Result<f64> {
+    if value.is_finite() && range.contains(&value) {
+        Ok(value)
+    } else {
+        Err(Error::invalid(
+            what,
+            format!(
+                "`{value:?}` is not accepted; expected a number of {unit} from {} to {}",
+                range.start(),
+                range.end()
+            ),
+        ))
+    }
+}
 
 impl FpgaOptions {
     /// Options from the process environment (see [`FpgaOptions::from_source`]).
@@ -59,7 +87,7 @@ impl FpgaOptions {
         let clock_mhz = match env.text("TANDEM_FPGA_CLOCK_MHZ")? {
             None => None,
             Some(s) => match s.parse::<f64>() {
-                Ok(v) if v.is_finite() && v > 0.0 => Some(v),
+                Ok(v) if v.is_finite() && CLOCK_MHZ_RANGE.contains(&v) => Some(v),
                 _ => {
                     return Err(Error::invalid(
                         "TANDEM_FPGA_CLOCK_MHZ",
@@ -74,12 +102,45 @@ impl FpgaOptions {
             .or_else(|| path("HOME").map(|p| p.join(".cache").join("tandem").join("sim")))
             .unwrap_or(d.sim_cache);
         let cxx = env.text("CXX")?.unwrap_or(d.cxx);
-        Ok(Self {
+        let o = Self {
             clock_mhz,
             sim_cache,
             cxx,
             ..Self::default()
-        })
+        };
+        o.validate()?;
+        Ok(o)
+    }
+
+    /// Checks every number against its accepted range ([`CLOCK_MHZ_RANGE`],
+    /// [`READ_LATENCY_RANGE`], [`BYTES_PER_CYCLE_RANGE`]); call it after setting fields by
+    /// hand (the command line does after its `tandem fpga sim` flags). The error names the
+    /// setting, the value and the range.
+    pub fn validate(&self) -> Result<()> {
+        if let Some(c) = self.clock_mhz {
+            in_range("TANDEM_FPGA_CLOCK_MHZ", c, &CLOCK_MHZ_RANGE, "MHz")?;
+        }
+        if let Some(l) = self.sim_read_latency
+            && !READ_LATENCY_RANGE.contains(&l)
+        {
+            return Err(Error::invalid(
+                "--read-latency",
+                format!(
+                    "`{l}` is not accepted; expected a number of cycles from {} to {}",
+                    READ_LATENCY_RANGE.start(),
+                    READ_LATENCY_RANGE.end()
+                ),
+            ));
+        }
+        if let Some(b) = self.sim_bytes_per_cycle {
+            in_range(
+                "--bytes-per-cycle",
+                b,
+                &BYTES_PER_CYCLE_RANGE,
+                "bytes per cycle",
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -100,17 +161,55 @@ mod tests {
     fn clock_is_read_and_checked() {
         let o = FpgaOptions::from_source(&[("TANDEM_FPGA_CLOCK_MHZ", " 250.5 ")]).expect("ok");
         assert_eq!(o.clock_mhz, Some(250.5));
-        for bad in ["0", "-300", "fast", "inf", "NaN"] {
+        for bad in [
+            "0", "-300", "fast", "inf", "NaN", "1e-300", "0.5", "1000.1", "1e300",
+        ] {
             let e = FpgaOptions::from_source(&[("TANDEM_FPGA_CLOCK_MHZ", bad)])
-                .expect_err("not a positive number");
+                .expect_err("not a clock in range");
             let msg = e.to_string();
             assert!(msg.contains("TANDEM_FPGA_CLOCK_MHZ"), "{msg}");
             assert!(msg.contains(bad), "{msg}");
-            assert!(msg.contains("positive number"), "{msg}");
+            assert!(msg.contains("from 1 to 1000"), "{msg}");
+        }
+        for good in ["1", "1000", "300"] {
+            FpgaOptions::from_source(&[("TANDEM_FPGA_CLOCK_MHZ", good)]).expect(good);
         }
         // empty counts as unset
         let o = FpgaOptions::from_source(&[("TANDEM_FPGA_CLOCK_MHZ", "")]).expect("ok");
         assert_eq!(o.clock_mhz, None);
+    }
+
+    #[test]
+    fn simulated_memory_settings_are_range_checked() {
+        let ok = FpgaOptions {
+            sim_read_latency: Some(40),
+            sim_bytes_per_cycle: Some(8.0),
+            ..FpgaOptions::default()
+        };
+        ok.validate().expect("defaults of the flags");
+        for (lat, bpc, name, value) in [
+            (Some(100_001), None, "--read-latency", "100001"),
+            (
+                Some(u64::MAX),
+                None,
+                "--read-latency",
+                "18446744073709551615",
+            ),
+            (None, Some(0.0), "--bytes-per-cycle", "0"),
+            (None, Some(1e-300), "--bytes-per-cycle", "1e-300"),
+            (None, Some(f64::NAN), "--bytes-per-cycle", "NaN"),
+            (None, Some(f64::INFINITY), "--bytes-per-cycle", "inf"),
+            (None, Some(65.0), "--bytes-per-cycle", "65"),
+        ] {
+            let o = FpgaOptions {
+                sim_read_latency: lat,
+                sim_bytes_per_cycle: bpc,
+                ..FpgaOptions::default()
+            };
+            let msg = o.validate().expect_err(value).to_string();
+            assert!(msg.contains(name) && msg.contains(value), "{msg}");
+            assert!(msg.contains("from "), "{msg}");
+        }
     }
 
     #[test]

@@ -113,7 +113,8 @@ pub fn user_cache_dir(env: &dyn Env) -> Option<PathBuf> {
         .or_else(|| env.path("HOME").map(|h| h.join(".cache").join("tandem")))
 }
 
-/// The environment variable that turns the op-time history off (`off` or `0`).
+/// The environment variable that turns the op-time history off (`off`, `0` or `false`; `on`,
+/// `1`, `true` or unset keep it; anything else is an error).
 pub const HISTORY_VAR: &str = "TANDEM_HISTORY";
 
 /// Every run option of the library.
@@ -157,9 +158,9 @@ impl Options {
         Ok(Self {
             cuda: CudaOptions::from_source(env)?,
             fpga: FpgaOptions::from_source(env)?,
-            history: match env.text(HISTORY_VAR)?.as_deref() {
-                Some("off" | "0") => None,
-                _ => user_cache_dir(env).map(|d| d.join("history.json")),
+            history: match cuda::flag(env, HISTORY_VAR)? {
+                Some(false) => None,
+                Some(true) | None => user_cache_dir(env).map(|d| d.join("history.json")),
             },
             max_memory: match env.text(MAX_MEMORY_VAR)? {
                 None => None,
@@ -215,6 +216,9 @@ mod tests {
             let o = Options::from_source(&[("HOME", "/h"), (HISTORY_VAR, off)])?;
             assert_eq!(o.history, None, "{off}");
         }
+        let e = Options::from_source(&[("HOME", "/h"), (HISTORY_VAR, "maybe")])
+            .expect_err("not on or off");
+        assert!(e.to_string().contains(HISTORY_VAR) && e.to_string().contains("maybe"));
         let none: [(&str, &str); 0] = [];
         assert_eq!(Options::from_source(&none)?.history, None);
         assert_eq!(Options::default().history, None);

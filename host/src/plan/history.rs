@@ -1,9 +1,19 @@
 //! Measured op times per device and shape (StarPU-style history), so the planner's estimates
 //! come from what this machine actually did once an op has run here.
+//!
+//! The file (`history.json` in the user's cache, [`crate::options::Options::history`]) is
+//! `{"version": 2, "entries": {KEY: {"n": N, "mean_s": S}}}`. It is a cache, never trusted:
+//! - on reading, an entry with `n` < 1 or a `mean_s` that is not a finite number in
+//!   0..=[`MAX_MEAN_S`] is dropped with a warning; a file that is not JSON, not an object, or of
+//!   another `version` is set aside (renamed `history.json.bad-<unix time>`) with a warning and
+//!   the history starts empty. Nothing in the file can make the planner panic.
+//! - on saving, the process takes an exclusive lock on `history.json.lock`, reads the file
+//!   again, adds this run's samples to it (means weighted by their counts) and writes it through
+//!   [`crate::files::write_atomic`], so concurrent runs lose no samples.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
@@ -12,8 +22,15 @@ use crate::error::{Error, Result};
 use crate::ops::Op;
 use crate::tensor::TensorMeta;
 
+/// The format version of the history file this build reads and writes.
+pub const HISTORY_VERSION: u64 = 2;
+
+/// The longest mean time (seconds) an entry may hold: longer ones are dropped on reading and
+/// such samples are not recorded (about 28 hours; no op of one run takes that long).
+pub const MAX_MEAN_S: f64 = 1e5;
+
 /// Running mean of one (device, op, shapes) key.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Stat {
     /// Samples.
     pub n: u64,
@@ -21,11 +38,53 @@ pub struct Stat {
     pub mean_s: f64,
 }
 
+impl Stat {
+    /// Why this entry is not acceptable, if it is not.
+    fn problem(&self) -> Option<String> {
+        if self.n == 0 {
+            return Some("n is 0 (at least 1 sample expected)".into());
+        }
+        if !self.mean_s.is_finite() || !(0.0..=MAX_MEAN_S).contains(&self.mean_s) {
+            return Some(format!(
+                "mean_s {} is not a number of seconds in 0..={MAX_MEAN_S}",
+                self.mean_s
+            ));
+        }
+        None
+    }
+
+    /// Adds `other`'s samples (mean weighted by the counts).
+    fn merge(&mut self, other: Stat) {
+        let n = self.n.saturating_add(other.n);
+        if n == 0 {
+            return;
+        }
+        self.mean_s = (self.mean_s * self.n as f64 + other.mean_s * other.n as f64)
+            / (self.n as f64 + other.n as f64);
+        self.n = n;
+    }
+
+    /// Adds one sample.
+    fn add(&mut self, t_s: f64) {
+        self.n = self.n.saturating_add(1);
+        self.mean_s += (t_s - self.mean_s) / self.n as f64;
+    }
+}
+
+/// The file as written.
+#[derive(Serialize)]
+struct FileOut<'a> {
+    version: u64,
+    entries: &'a BTreeMap<String, Stat>,
+}
+
 /// A table of measured op times, optionally kept in a JSON file.
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Debug, Default)]
 pub struct History {
+    /// Everything known: the file as read, plus this process's samples.
     entries: BTreeMap<String, Stat>,
-    #[serde(skip)]
+    /// This process's samples not saved yet (added to the file on [`History::save`]).
+    fresh: BTreeMap<String, Stat>,
     path: Option<PathBuf>,
 }
 
@@ -33,6 +92,144 @@ fn key(device: DeviceId, op: &Op, inputs: &[TensorMeta]) -> String {
     let params = serde_json::to_string(op).unwrap_or_default();
     let shapes: Vec<String> = inputs.iter().map(|m| m.to_string()).collect();
     format!("{device}|{params}|{}", shapes.join(","))
+}
+
+/// What reading the file found.
+enum Read {
+    /// No file.
+    Missing,
+    /// Read, with the entries that were acceptable.
+    Entries(BTreeMap<String, Stat>),
+    /// Not a history file of this version: why.
+    Bad(String),
+}
+
+/// Parses the text of a history file: the acceptable entries (each dropped one with a
+/// warning), or why the whole file is not acceptable.
+fn parse(path: &Path, text: &str) -> std::result::Result<BTreeMap<String, Stat>, String> {
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("not JSON ({e})"))?;
+    let obj = v.as_object().ok_or("not a JSON object")?;
+    match obj.get("version").and_then(|v| v.as_u64()) {
+        Some(HISTORY_VERSION) => {}
+        Some(other) => {
+            return Err(format!(
+                "version {other} (this tandem reads {HISTORY_VERSION})"
+            ));
+        }
+        None => {
+            return Err(format!(
+                "no version (older format; this tandem reads {HISTORY_VERSION})"
+            ));
+        }
+    }
+    let entries = obj
+        .get("entries")
+        .and_then(|e| e.as_object())
+        .ok_or("no `entries` object")?;
+    let mut out = BTreeMap::new();
+    let mut dropped = 0usize;
+    for (k, v) in entries {
+        let problem = match serde_json::from_value::<Stat>(v.clone()) {
+            Ok(s) => match s.problem() {
+                None => {
+                    out.insert(k.clone(), s);
+                    continue;
+                }
+                Some(p) => p,
+            },
+            Err(e) => format!("not {{\"n\": N, \"mean_s\": S}} ({e})"),
+        };
+        dropped += 1;
+        if dropped <= 3 {
+            tracing::warn!(file = %path.display(), key = %k, "op-time history: entry dropped: {problem}");
+        }
+    }
+    if dropped > 3 {
+        tracing::warn!(file = %path.display(), "op-time history: {dropped} entries dropped in all");
+    }
+    Ok(out)
+}
+
+/// Reads the history file at `path`.
+fn read(path: &Path) -> Read {
+    match std::fs::read(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Read::Missing,
+        Err(e) => Read::Bad(format!("cannot be read ({e})")),
+        Ok(bytes) => match std::str::from_utf8(&bytes) {
+            Err(_) => Read::Bad("not UTF-8 text".into()),
+            Ok(text) => match parse(path, text) {
+                Ok(e) => Read::Entries(e),
+                Err(why) => Read::Bad(why),
+            },
+        },
+    }
+}
+
+/// Moves a bad history file out of the way (`<name>.bad-<unix time>`), with a warning.
+fn set_aside(path: &Path, why: &str) {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "history.json".into());
+    let mut aside = path.with_file_name(format!("{name}.bad-{secs}"));
+    if aside.exists() {
+        aside = path.with_file_name(format!("{name}.bad-{secs}-{}", std::process::id()));
+    }
+    match std::fs::rename(path, &aside) {
+        Ok(()) => tracing::warn!(
+            "op-time history {}: {why}; set aside as {} and starting afresh",
+            path.display(),
+            aside.display()
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(
+            "op-time history {}: {why}; not used (cannot set it aside: {e})",
+            path.display()
+        ),
+    }
+}
+
+/// An exclusive lock on `<path>.lock`, held until dropped; `None` (with a warning) where the
+/// file system cannot lock: the caller goes on unlocked.
+// `File::lock` is stable since Rust 1.89; the workspace's `rust-version` (1.85) is older than
+// what the code already needs (let chains, 1.88) and is to be raised with its own lint fixes.
+#[allow(clippy::incompatible_msrv)]
+fn lock(path: &Path) -> Option<std::fs::File> {
+    let mut name = path.file_name()?.to_os_string();
+    name.push(".lock");
+    let lock_path = path.with_file_name(name);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path);
+    match file.and_then(|f| f.lock().map(|()| f)) {
+        Ok(f) => Some(f),
+        Err(e) => {
+            tracing::warn!(
+                "op-time history: cannot lock {} ({e}); saving without the lock",
+                lock_path.display()
+            );
+            None
+        }
+    }
+}
+
+/// The entries of the file at `path`, the file set aside when it is bad. Call under
+/// [`lock`], so a file another process just wrote is never set aside.
+fn read_or_set_aside(path: &Path) -> BTreeMap<String, Stat> {
+    match read(path) {
+        Read::Missing => BTreeMap::new(),
+        Read::Entries(e) => e,
+        Read::Bad(why) => {
+            set_aside(path, &why);
+            BTreeMap::new()
+        }
+    }
 }
 
 impl History {
@@ -50,24 +247,39 @@ impl History {
         }
     }
 
-    /// The history kept at `path` (new if the file is missing or unreadable).
+    /// The history kept at `path`: empty if the file is missing; a bad file is set aside with a
+    /// warning (see the module documentation), bad entries are dropped with one.
     pub fn open(path: PathBuf) -> Self {
-        let mut h: History = std::fs::read_to_string(&path)
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or_default();
-        h.path = Some(path);
-        h
+        let entries = match read(&path) {
+            Read::Missing => BTreeMap::new(),
+            Read::Entries(e) => e,
+            Read::Bad(_) => {
+                // Look again under the lock: another process may have replaced it meanwhile.
+                let _lock = lock(&path);
+                read_or_set_aside(&path)
+            }
+        };
+        Self {
+            entries,
+            fresh: BTreeMap::new(),
+            path: Some(path),
+        }
     }
 
-    /// Records one measured time.
+    /// Records one measured time (a time over [`MAX_MEAN_S`] is not recorded).
     pub fn record(&mut self, device: DeviceId, op: &Op, inputs: &[TensorMeta], t: Duration) {
-        let s = self.entries.entry(key(device, op, inputs)).or_default();
-        s.n += 1;
-        s.mean_s += (t.as_secs_f64() - s.mean_s) / s.n as f64;
+        let t_s = t.as_secs_f64();
+        if t_s > MAX_MEAN_S {
+            tracing::debug!(secs = t_s, "op-time history: sample too long, not recorded");
+            return;
+        }
+        let k = key(device, op, inputs);
+        self.entries.entry(k.clone()).or_default().add(t_s);
+        self.fresh.entry(k).or_default().add(t_s);
     }
 
-    /// The measured mean, if this op with these shapes ran on this device before.
+    /// The measured mean and its sample count, if this op with these shapes ran on this
+    /// device before.
     pub fn estimate(
         &self,
         device: DeviceId,
@@ -76,7 +288,14 @@ impl History {
     ) -> Option<(Duration, u64)> {
         self.entries
             .get(&key(device, op, inputs))
-            .map(|s| (Duration::from_secs_f64(s.mean_s.max(0.0)), s.n))
+            .map(|s| (super::duration_from_secs(s.mean_s), s.n))
+    }
+
+    /// The samples and mean seconds of every key (for inspection and tests).
+    pub fn entries(&self) -> impl Iterator<Item = (&str, u64, f64)> {
+        self.entries
+            .iter()
+            .map(|(k, s)| (k.as_str(), s.n, s.mean_s))
     }
 
     /// Number of keys.
@@ -89,20 +308,32 @@ impl History {
         self.entries.is_empty()
     }
 
-    /// Writes the file, if this history has one (atomically: temporary file, then rename).
-    pub fn save(&self) -> Result<()> {
-        let Some(path) = &self.path else {
+    /// Adds this process's new samples to the file, if this history has one: under an
+    /// exclusive lock, the file is read again (other runs may have saved since), the samples
+    /// are merged in, and the result is written atomically. Afterwards this history holds what
+    /// the file holds.
+    pub fn save(&mut self) -> Result<()> {
+        let Some(path) = self.path.clone() else {
             return Ok(());
         };
-        if let Some(dir) = path.parent() {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)
                 .map_err(|e| Error::file(dir, format!("cannot create: {e}")))?;
         }
-        let text =
-            serde_json::to_string(self).map_err(|e| Error::Internal(format!("history: {e}")))?;
-        let tmp = path.with_extension("json.partial");
-        std::fs::write(&tmp, text).map_err(|e| Error::file(&tmp, format!("cannot write: {e}")))?;
-        std::fs::rename(&tmp, path).map_err(|e| Error::file(path, format!("cannot write: {e}")))
+        let _lock = lock(&path);
+        let mut merged = read_or_set_aside(&path);
+        for (k, s) in &self.fresh {
+            merged.entry(k.clone()).or_default().merge(*s);
+        }
+        let text = serde_json::to_string(&FileOut {
+            version: HISTORY_VERSION,
+            entries: &merged,
+        })
+        .map_err(|e| Error::Internal(format!("history: {e}")))?;
+        crate::files::write_atomic(&path, text.as_bytes())?;
+        self.entries = merged;
+        self.fresh.clear();
+        Ok(())
     }
 }
 
@@ -111,12 +342,16 @@ mod tests {
     use super::*;
     use crate::dtype::DType;
 
+    fn ins() -> Vec<TensorMeta> {
+        vec![TensorMeta::new(vec![4], DType::F32); 2]
+    }
+
     #[test]
     fn mean_and_round_trip() -> Result<()> {
         let dir = tempfile::tempdir().map_err(|e| Error::Internal(e.to_string()))?;
         let path = dir.path().join("h.json");
         let op = Op::Add;
-        let ins = vec![TensorMeta::new(vec![4], DType::F32); 2];
+        let ins = ins();
         let mut h = History::open(path.clone());
         assert!(h.estimate(DeviceId::CPU, &op, &ins).is_none());
         h.record(DeviceId::CPU, &op, &ins, Duration::from_millis(2));
@@ -131,5 +366,89 @@ mod tests {
         let other = vec![TensorMeta::new(vec![5], DType::F32); 2];
         assert!(h2.estimate(DeviceId::CPU, &op, &other).is_none());
         Ok(())
+    }
+
+    #[test]
+    fn saves_merge_with_what_others_saved() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::Internal(e.to_string()))?;
+        let path = dir.path().join("h.json");
+        let op = Op::Add;
+        let ins = ins();
+        // Two runs open the same (empty) file, each records, each saves.
+        let mut a = History::open(path.clone());
+        let mut b = History::open(path.clone());
+        a.record(DeviceId::CPU, &op, &ins, Duration::from_millis(1));
+        b.record(DeviceId::CPU, &op, &ins, Duration::from_millis(3));
+        b.record(DeviceId::CPU, &op, &ins, Duration::from_millis(3));
+        a.save()?;
+        b.save()?;
+        // Saving again adds nothing twice.
+        a.save()?;
+        let h = History::open(path);
+        let (t, n) = h
+            .estimate(DeviceId::CPU, &op, &ins)
+            .ok_or(Error::Internal("lost".into()))?;
+        assert_eq!(n, 3);
+        assert!((t.as_secs_f64() - 7e-3 / 3.0).abs() < 1e-9, "{t:?}");
+        Ok(())
+    }
+
+    fn file_with(entries: &str) -> String {
+        format!("{{\"version\": {HISTORY_VERSION}, \"entries\": {{{entries}}}}}")
+    }
+
+    #[test]
+    fn bad_entries_are_dropped_good_ones_kept() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::Internal(e.to_string()))?;
+        let path = dir.path().join("h.json");
+        let text = file_with(
+            r#""huge": {"n": 1, "mean_s": 1e300}, "overflow": {"n": 3, "mean_s": 1.5e19},
+               "neg": {"n": 1, "mean_s": -1}, "zero": {"n": 0, "mean_s": 1},
+               "text": {"n": 1, "mean_s": "NaN"}, "short": {"n": 1},
+               "ok": {"n": 2, "mean_s": 0.5}"#,
+        );
+        std::fs::write(&path, text).map_err(|e| Error::file(&path, e.to_string()))?;
+        let h = History::open(path.clone());
+        let e: Vec<_> = h.entries().collect();
+        assert_eq!(e, vec![("ok", 2, 0.5)]);
+        assert!(path.exists(), "a file with some good entries is kept");
+        Ok(())
+    }
+
+    #[test]
+    fn bad_files_are_set_aside() -> Result<()> {
+        for text in [
+            "garbage".to_string(),
+            "[1, 2]".into(),
+            // the unversioned format of earlier builds
+            r#"{"entries": {"k": {"n": 1, "mean_s": 1e300}}}"#.into(),
+            format!(r#"{{"version": {}, "entries": {{}}}}"#, HISTORY_VERSION + 1),
+            format!(r#"{{"version": {HISTORY_VERSION}}}"#),
+        ] {
+            let dir = tempfile::tempdir().map_err(|e| Error::Internal(e.to_string()))?;
+            let path = dir.path().join("history.json");
+            std::fs::write(&path, &text).map_err(|e| Error::file(&path, e.to_string()))?;
+            let mut h = History::open(path.clone());
+            assert!(h.is_empty(), "{text}");
+            assert!(!path.exists(), "{text}: set aside");
+            let aside: Vec<String> = std::fs::read_dir(dir.path())
+                .map_err(|e| Error::file(dir.path(), e.to_string()))?
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("history.json.bad-"))
+                .collect();
+            assert_eq!(aside.len(), 1, "{text}: {aside:?}");
+            h.record(DeviceId::CPU, &Op::Add, &ins(), Duration::from_millis(1));
+            h.save()?;
+            assert_eq!(History::open(path).len(), 1, "{text}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn overlong_samples_are_not_recorded() {
+        let mut h = History::in_memory();
+        h.record(DeviceId::CPU, &Op::Add, &ins(), Duration::MAX);
+        assert!(h.is_empty());
     }
 }

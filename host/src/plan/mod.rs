@@ -4,7 +4,7 @@
 
 mod history;
 
-pub use history::History;
+pub use history::{HISTORY_VERSION, History, MAX_MEAN_S};
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
@@ -78,6 +78,16 @@ pub struct Plan {
     pub makespan: Duration,
 }
 
+/// `secs` seconds as a [`Duration`], saturating: NaN and negative values give zero, values
+/// past [`Duration::MAX`] give it (`Duration::from_secs_f64` panics on both). Every estimate
+/// computed in floating point goes through here.
+pub fn duration_from_secs(secs: f64) -> Duration {
+    if secs.is_nan() || secs <= 0.0 {
+        return Duration::ZERO;
+    }
+    Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX)
+}
+
 /// Bandwidth assumed between host and an accelerator (PCIe 4 x16 in practice).
 const HOST_LINK_BPS: f64 = 20e9;
 /// Fixed cost of one transfer.
@@ -93,7 +103,7 @@ pub fn transfer_cost(bytes: usize, from: DeviceId, to: DeviceId) -> Duration {
     } else {
         2.0
     };
-    TRANSFER_LATENCY + Duration::from_secs_f64(hops * bytes as f64 / HOST_LINK_BPS)
+    TRANSFER_LATENCY.saturating_add(duration_from_secs(hops * bytes as f64 / HOST_LINK_BPS))
 }
 
 /// Places every node of `graph`. Never fails for a missing device: work falls back to the
@@ -172,12 +182,12 @@ pub fn plan_with_history(
                         .get(name.as_str())
                         .copied()
                         .unwrap_or((DeviceId::CPU, Duration::ZERO));
-                    t + transfer_cost(m.bytes(), at, dev)
+                    t.saturating_add(transfer_cost(m.bytes(), at, dev))
                 })
                 .max()
                 .unwrap_or_default();
             let start = ready.max(device_free.get(&dev).copied().unwrap_or_default());
-            let finish = start + est;
+            let finish = start.saturating_add(est);
             considered.push(format!(
                 "{dev}: {:.3} ms{measured}",
                 finish.as_secs_f64() * 1e3

@@ -120,14 +120,10 @@ impl Compiler {
         );
         if let Some(dir) = path.parent() {
             if std::fs::create_dir_all(dir).is_ok() {
-                // A name of its own per write: two backends of one process (bf16 and f16
-                // storage, say) may compile the same module at once, and a reader must never
-                // see a half-written file under the final name.
-                static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-                let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
-                if std::fs::write(&tmp, &bin).is_ok() {
-                    let _ = std::fs::rename(&tmp, &path);
+                // Two backends of one process (bf16 and f16 storage, say) or two processes may
+                // compile the same module at once; a reader never sees a half-written file.
+                if let Err(e) = crate::files::write_atomic(&path, &bin) {
+                    tracing::debug!(error = %e, "CUBIN not cached");
                 }
             }
         }

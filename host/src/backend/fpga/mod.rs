@@ -380,7 +380,7 @@ impl Backend for FpgaBackend {
                 )));
             }
         };
-        let device_time = Duration::from_secs_f64(cycles as f64 / clock_hz);
+        let device_time = crate::plan::duration_from_secs(cycles as f64 / clock_hz);
         Ok(Launch::finished_on_host(
             self.id(),
             outs,
@@ -399,13 +399,13 @@ impl Backend for FpgaBackend {
             && let Ok(s) = p.shape(inputs)
         {
             let cycles = attention::estimate_cycles(p.causal, &s);
-            return Duration::from_secs_f64(cycles as f64 / self.nominal_clock_hz())
-                + self.launch_overhead();
+            return crate::plan::duration_from_secs(cycles as f64 / self.nominal_clock_hz())
+                .saturating_add(self.launch_overhead());
         }
         let c = op.cost(inputs);
         let t = (c.flops / self.info.peak_flops.max(1.0))
             .max(c.bytes / self.info.peak_bandwidth.max(1.0));
-        Duration::from_secs_f64(t) + self.launch_overhead()
+        crate::plan::duration_from_secs(t).saturating_add(self.launch_overhead())
     }
 
     fn launch_overhead(&self) -> Duration {
