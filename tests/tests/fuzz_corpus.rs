@@ -9,9 +9,8 @@
 //! planner's op-time history: opened, then a plan made with it, also with its entries under the
 //! keys a real plan looks up).
 //!
-//! `expected_to_be_fixed_by_admission.txt` lists inputs that still panic or abort the process
-//! where the graph is built (size admission control is to turn them into errors); those steps
-//! are skipped for them, with a printed line.
+//! `must_be_refused.txt` lists the inputs whose sizes no machine has (they used to panic or
+//! abort where the graph was built): loading or building them must be an error.
 
 use std::collections::BTreeSet;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -51,9 +50,10 @@ fn id(target: &str, p: &Path) -> String {
     )
 }
 
-/// The inputs listed in `expected_to_be_fixed_by_admission.txt`.
-fn expected_to_be_fixed() -> BTreeSet<String> {
-    std::fs::read_to_string(fuzz_dir().join("expected_to_be_fixed_by_admission.txt"))
+/// The inputs listed in `must_be_refused.txt`: sizes no machine has (they used to panic or
+/// abort where the graph was built; admission control refuses them before any allocation).
+fn must_be_refused() -> BTreeSet<String> {
+    std::fs::read_to_string(fuzz_dir().join("must_be_refused.txt"))
         .unwrap_or_default()
         .lines()
         .map(|l| l.split('#').next().unwrap_or("").trim().to_string())
@@ -136,30 +136,22 @@ fn safetensors_corpus() {
 
 #[test]
 fn workload_corpus() {
-    let fixes = expected_to_be_fixed();
+    let refused = must_be_refused();
     replay("workload", |name, p| {
-        let w = match WorkloadFile::load(p) {
-            Ok(w) => w,
-            Err(e) => {
-                if fixes.contains(name) {
-                    println!(
-                        "{name} is now rejected before the graph is built: remove it from \
-                         expected_to_be_fixed_by_admission.txt"
-                    );
-                }
-                return outcome::<()>(&Err(e));
-            }
-        };
-        if fixes.contains(name) {
-            return "loaded; SKIP building its graph (listed in \
-                    expected_to_be_fixed_by_admission.txt: it panics or aborts there today)"
-                .into();
-        }
-        format!(
-            "loaded; graph: {}",
-            outcome(&mixtral_layer(&w.mixtral, None, None).and_then(|g| g.validate()))
-        )
+        let built = WorkloadFile::load(p)
+            .and_then(|w| mixtral_layer(&w.mixtral, None, None).and_then(|g| g.validate()));
+        assert!(
+            !(refused.contains(name) && built.is_ok()),
+            "{name} asks for more than any machine has and must be refused"
+        );
+        format!("load + graph: {}", outcome(&built))
     });
+    for name in &refused {
+        assert!(
+            fuzz_dir().join(name).exists(),
+            "{name} is listed in must_be_refused.txt but not in the corpus"
+        );
+    }
 }
 
 #[test]
