@@ -11,6 +11,7 @@
 //! - [`device`]: the [`FpgaDevice`] trait and its error type.
 //! - [`drive`]: the host-side drivers of the kernels, written once over `&mut dyn FpgaDevice`
 //!   (the simulated card and the XRT driver alike).
+//! - [`xrt`]: the XRT driver: Alveo boards through XRT's C API, loaded at run time.
 
 pub mod core;
 pub mod device;
@@ -21,6 +22,7 @@ pub mod kernels;
 pub mod regmap;
 pub mod shell;
 pub mod synth;
+pub mod xrt;
 
 /// Target clock of every build, MHz: what the pipelines are cut for, recorded in each emitted
 /// manifest and read back by the device (`FpgaDevice::clock_hz`).
