@@ -135,7 +135,17 @@ pub struct XrtEnv {
     pub xilinx_xrt: Option<PathBuf>,
     /// `XCL_EMULATION_MODE` (`sw_emu`, `hw_emu`), if set.
     pub emulation: Option<String>,
+    /// `XILINX_VITIS`: emulation runs Vitis's device process from there.
+    pub xilinx_vitis: Option<PathBuf>,
 }
+
+/// The device process XRT 2.13's software emulation forks and execs (below `XILINX_VITIS`); it
+/// ships with Vitis only. Without it XRT prints "[SW-EM 10]" / "[SW-EM 11]" and then ends the
+/// whole process with exit code 1 ("[SDx-EM 08-0] Failed to connect to device process").
+pub const SW_EMU_MODELS: [&str; 2] = [
+    "data/emulation/unified/sw_emu/generic_pcie/model/genericpciemodel",
+    "data/emulation/unified/cpu_em/generic_pcie/model/genericpciemodel",
+];
 
 impl XrtEnv {
     /// Checks that calling into libxrt cannot abort for want of its environment: `XILINX_XRT`
@@ -175,6 +185,20 @@ impl XrtEnv {
                 "XILINX_XRT={} has no lib/{shim}, and XRT 2.13 aborts the process without it; {hint}",
                 prefix.display()
             )));
+        }
+        if shim != CORE_SHIM {
+            let vitis = self.xilinx_vitis.as_deref();
+            let model = vitis.and_then(|v| SW_EMU_MODELS.iter().map(|m| v.join(m)).find(|m| m.is_file()));
+            if model.is_none() {
+                return Err(unavailable(format!(
+                    "XCL_EMULATION_MODE={}: XRT's emulation forks Vitis's device process \
+                     ($XILINX_VITIS/{}), which is not here (XILINX_VITIS {}); without it XRT ends \
+                     the process. Emulation needs a Vitis install",
+                    self.emulation.as_deref().unwrap_or_default(),
+                    SW_EMU_MODELS[1],
+                    vitis.map_or("is not set".to_string(), |v| format!("= {}", v.display()))
+                )));
+            }
         }
         Ok(())
     }

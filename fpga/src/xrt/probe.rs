@@ -73,7 +73,7 @@ pub struct XrtReport {
 pub fn probe(search: &XrtSearch, cache: &Path, child: Command) -> Result<XrtReport, FpgaError> {
     let install = XrtInstall::find(search)?;
     let prefix = install.make_prefix(cache)?;
-    let boards = run_child(&install, &prefix, child, PROBE_TIMEOUT);
+    let boards = run_child(&install, Some(&prefix), child, PROBE_TIMEOUT);
     Ok(XrtReport {
         install,
         prefix,
@@ -82,16 +82,18 @@ pub fn probe(search: &XrtSearch, cache: &Path, child: Command) -> Result<XrtRepo
     })
 }
 
-/// Runs the child with `XILINX_XRT=prefix` and reads its report.
+/// Runs the child with `XILINX_XRT=prefix` (`None`: as `child` has it) and reads its report.
 pub fn run_child(
     install: &XrtInstall,
-    prefix: &Path,
+    prefix: Option<&Path>,
     mut child: Command,
     timeout: Duration,
 ) -> Result<Vec<XrtBoard>, String> {
+    if let Some(p) = prefix {
+        child.env("XILINX_XRT", p);
+    }
     child
         .arg(&install.library)
-        .env("XILINX_XRT", prefix)
         .env_remove("XCL_EMULATION_MODE")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -100,7 +102,7 @@ pub fn run_child(
     let report = out
         .stdout
         .lines()
-        .find_map(|l| l.strip_prefix(PROBE_MARK))
+        .find_map(|l| l.find(PROBE_MARK).map(|i| &l[i + PROBE_MARK.len()..]))
         .map(serde_json::from_str::<ChildReport>);
     match report {
         Some(Ok(r)) => Ok(r.boards),
@@ -208,7 +210,8 @@ pub fn child_main(library: &Path) -> i32 {
     }
     match serde_json::to_string(&ChildReport { boards }) {
         Ok(j) => {
-            println!("{PROBE_MARK}{j}");
+            // On a line of its own, whatever was printed before (a test harness's name).
+            println!("\n{PROBE_MARK}{j}");
             0
         }
         Err(e) => {
