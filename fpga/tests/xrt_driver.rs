@@ -60,13 +60,14 @@ fn no_xrt_is_a_reason_not_a_crash() {
 #[test]
 fn xrt_without_xilinx_xrt_aborts_only_the_child() {
     let Some(install) = installed() else { return };
-    // What XRT 2.13 does without XILINX_XRT: the child dies of SIGABRT; the parent reports it.
+    // What XRT 2.13 does without XILINX_XRT: it throws "XILINX_XRT not set" out of its C API,
+    // which aborts the child (SIGABRT); the parent reports it and goes on.
     let mut c = child("child_probe");
     c.env_remove("XILINX_XRT");
     let err = probe::run_child(&install, None, c, Duration::from_secs(60))
         .expect_err("XRT aborts without XILINX_XRT");
     assert!(err.contains("SIGABRT"), "{err}");
-    assert!(err.contains("XILINX_XRT not set"), "{err}");
+    assert!(err.contains("no report"), "{err}");
     // A prefix without the shim library: XRT throws a C++ exception through its C API, which
     // ends the (child) process too.
     let empty = tempfile::tempdir().expect("temp dir");
