@@ -8,7 +8,9 @@ use support::xrt_bindgen;
 #[test]
 fn committed_bindings_match_the_installed_headers() {
     let Some(include) = xrt_bindgen::include_dir() else {
-        println!("SKIP: no XRT headers (/usr/include/xrt from libxrt-dev, or /opt/xilinx/xrt/include)");
+        println!(
+            "SKIP: no XRT headers (/usr/include/xrt from libxrt-dev, or /opt/xilinx/xrt/include)"
+        );
         return;
     };
     // bindgen panics when it cannot load libclang; that is a missing tool, not a stale file.

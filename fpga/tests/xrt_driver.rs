@@ -17,7 +17,13 @@ use tandem_fpga::xrt::{BoardId, Xrt, XrtCard, XrtCardConfig, XrtEnv, XrtInstall,
 fn child(name: &str) -> Command {
     let exe = std::env::current_exe().expect("test binary");
     let mut c = Command::new(exe);
-    c.args(["--exact", name, "--ignored", "--nocapture", "--test-threads=1"]);
+    c.args([
+        "--exact",
+        name,
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ]);
     c
 }
 
@@ -35,7 +41,10 @@ fn installed() -> Option<XrtInstall> {
 #[test]
 #[ignore = "run by the probe tests in a child process"]
 fn child_probe() {
-    let lib = std::env::args().last().map(PathBuf::from).expect("library argument");
+    let lib = std::env::args()
+        .last()
+        .map(PathBuf::from)
+        .expect("library argument");
     std::process::exit(probe::child_main(&lib));
 }
 
@@ -71,8 +80,13 @@ fn xrt_without_xilinx_xrt_aborts_only_the_child() {
     // A prefix without the shim library: XRT throws a C++ exception through its C API, which
     // ends the (child) process too.
     let empty = tempfile::tempdir().expect("temp dir");
-    let err = probe::run_child(&install, Some(empty.path()), child("child_probe"), Duration::from_secs(60))
-        .expect_err("XRT aborts without its shim");
+    let err = probe::run_child(
+        &install,
+        Some(empty.path()),
+        child("child_probe"),
+        Duration::from_secs(60),
+    )
+    .expect_err("XRT aborts without its shim");
     assert!(err.contains("SIGABRT"), "{err}");
     // In process, the loader refuses before any XRT call, naming the variable and a fix.
     let e = Xrt::load(&XrtSearch::default(), &XrtEnv::default()).expect_err("no XILINX_XRT");
@@ -97,11 +111,16 @@ fn no_board_is_listed_as_none_with_the_version() {
     assert!(report.prefix.join("lib/libxrt_core.so.2").is_file());
     let boards = report.boards.expect("the probe ran");
     if !report.pci.is_empty() || !boards.is_empty() {
-        println!("SKIP: this machine has a board: {boards:?} {:?}", report.pci);
+        println!(
+            "SKIP: this machine has a board: {boards:?} {:?}",
+            report.pci
+        );
         return;
     }
     assert!(boards.is_empty());
-    let v = install.version.expect("version from the library's file name");
+    let v = install
+        .version
+        .expect("version from the library's file name");
     assert!(v.starts_with("2."), "{v}");
 }
 
@@ -115,7 +134,9 @@ fn emulation_without_vitis_is_refused_before_xrt_ends_the_process() {
         emulation: Some("sw_emu".into()),
         xilinx_vitis: Some(cache.path().to_path_buf()),
     };
-    let e = env.check(&install).expect_err("no Vitis device process here");
+    let e = env
+        .check(&install)
+        .expect_err("no Vitis device process here");
     let msg = e.to_string();
     assert!(msg.contains("genericpciemodel"), "{msg}");
     assert!(msg.contains("Vitis"), "{msg}");
@@ -154,7 +175,10 @@ fn child_driver_errors() {
         xclbin_dir: None,
     };
     let e = XrtCard::open(xrt.clone(), cfg).expect_err("no board there");
-    assert!(e.to_string().contains("no Alveo board at xrt:0000:ff:00.1"), "{e}");
+    assert!(
+        e.to_string().contains("no Alveo board at xrt:0000:ff:00.1"),
+        "{e}"
+    );
     // An xclbin XRT cannot read: a Load error naming the file.
     let dir = tempfile::tempdir().expect("temp dir");
     let bad = dir.path().join("bad.xclbin");
@@ -185,7 +209,10 @@ fn driver_errors_are_clear() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "child failed: {text}");
-    assert!(text.contains("child_driver_errors: ok"), "the child test did not run: {text}");
+    assert!(
+        text.contains("child_driver_errors: ok"),
+        "the child test did not run: {text}"
+    );
 }
 
 #[test]
@@ -206,7 +233,10 @@ fn pci_scan_reads_xilinx_functions_from_sysfs() {
     let found = probe::pci_boards(root.path());
     assert_eq!(found.len(), 1, "{found:?}");
     assert_eq!(found[0].bdf, "0000:65:00.1");
-    assert_eq!(found[0].platform.as_deref(), Some("xilinx_u55c_gen3x16_xdma_base_3"));
+    assert_eq!(
+        found[0].platform.as_deref(),
+        Some("xilinx_u55c_gen3x16_xdma_base_3")
+    );
     assert!(probe::pci_boards(Path::new("/nonexistent")).is_empty());
     let _ = PROBE_MARK;
 }

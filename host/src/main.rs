@@ -58,9 +58,15 @@ fn main() -> ExitCode {
     // `tandem __xrt-probe LIBRARY`: the child that lists Alveo boards for its parent (XRT can
     // end the process it runs in); nothing else runs in it, devices are not discovered.
     let args: Vec<std::ffi::OsString> = std::env::args_os().take(3).collect();
-    if args.get(1).is_some_and(|a| a == tandem::backend::fpga::xrt::PROBE_COMMAND) {
+    if args
+        .get(1)
+        .is_some_and(|a| a == tandem::backend::fpga::xrt::PROBE_COMMAND)
+    {
         let Some(lib) = args.get(2) else {
-            eprintln!("tandem: {} needs the XRT library's path", tandem::backend::fpga::xrt::PROBE_COMMAND);
+            eprintln!(
+                "tandem: {} needs the XRT library's path",
+                tandem::backend::fpga::xrt::PROBE_COMMAND
+            );
             return ExitCode::from(2);
         };
         let code = tandem_fpga::xrt::probe::child_main(std::path::Path::new(lib));

@@ -91,8 +91,14 @@ fn devices_says_what_xrt_found() {
     let o = tandem_env(&["devices"], &[("TANDEM_XRT_LIB", dir.as_str())]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
-    let line = out.lines().find(|l| l.starts_with("fpga ")).unwrap_or_default();
-    assert!(line.contains("XRT not found") && line.contains(&dir), "{out}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("fpga "))
+        .unwrap_or_default();
+    assert!(
+        line.contains("XRT not found") && line.contains(&dir),
+        "{out}"
+    );
     // XRT as installed: the driver and its version, and a board or "no Alveo board".
     let o = tandem(&["devices"]);
     let (out, err) = text(&o);

@@ -41,7 +41,11 @@ impl XrtBo {
                 .xrtBOAlloc(dev.raw(), size, u64::from(ffi::XRT_BO_FLAGS_NONE), group)
         };
         if handle.is_null() {
-            let e = null_handle(dev.name(), "xrtBOAlloc", &format!("{bytes} bytes, group {group}"));
+            let e = null_handle(
+                dev.name(),
+                "xrtBOAlloc",
+                &format!("{bytes} bytes, group {group}"),
+            );
             tracing::debug!(%e, "BO allocation failed");
             return Err(FpgaError::OutOfMemory {
                 bank: group,
@@ -66,7 +70,10 @@ impl XrtBo {
     }
 
     fn range(&self, what: &str, offset: u64, len: usize) -> Result<(), FpgaError> {
-        if offset.checked_add(len as u64).is_none_or(|end| end > self.size) {
+        if offset
+            .checked_add(len as u64)
+            .is_none_or(|end| end > self.size)
+        {
             return Err(FpgaError::OutOfRange {
                 msg: format!(
                     "{what} of {len} bytes at {offset} in a {}-byte buffer",
@@ -89,7 +96,12 @@ impl XrtBo {
                 offset as usize,
             )
         };
-        check(&self.device, "xrtBOWrite", &format!("{} bytes at {offset}", data.len()), rc)
+        check(
+            &self.device,
+            "xrtBOWrite",
+            &format!("{} bytes at {offset}", data.len()),
+            rc,
+        )
     }
 
     /// Copies the host copy at `offset` into `out`.
@@ -104,7 +116,12 @@ impl XrtBo {
                 offset as usize,
             )
         };
-        check(&self.device, "xrtBORead", &format!("{} bytes at {offset}", out.len()), rc)
+        check(
+            &self.device,
+            "xrtBORead",
+            &format!("{} bytes at {offset}", out.len()),
+            rc,
+        )
     }
 
     /// Moves the whole buffer between the host copy and the device.
@@ -114,8 +131,17 @@ impl XrtBo {
             SyncDir::FromDevice => ffi::XCL_BO_SYNC_BO_FROM_DEVICE,
         };
         // SAFETY: the BO handle is live; size and offset cover exactly the buffer.
-        let rc = unsafe { self.xrt.api().xrtBOSync(self.handle, d, self.size as usize, 0) };
-        check(&self.device, "xrtBOSync", &format!("{dir:?}, {} bytes", self.size), rc)
+        let rc = unsafe {
+            self.xrt
+                .api()
+                .xrtBOSync(self.handle, d, self.size as usize, 0)
+        };
+        check(
+            &self.device,
+            "xrtBOSync",
+            &format!("{dir:?}, {} bytes", self.size),
+            rc,
+        )
     }
 }
 

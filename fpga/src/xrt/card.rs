@@ -327,11 +327,9 @@ impl FpgaDevice for XrtCard {
             }
         };
         let bo = XrtBo::alloc(&self.device, bytes, group).map_err(|e| match e {
-            FpgaError::OutOfMemory { bytes, free, .. } => FpgaError::OutOfMemory {
-                bank,
-                bytes,
-                free,
-            },
+            FpgaError::OutOfMemory { bytes, free, .. } => {
+                FpgaError::OutOfMemory { bank, bytes, free }
+            }
             other => other,
         })?;
         let buf = DeviceBuffer {
@@ -415,7 +413,10 @@ impl FpgaDevice for XrtCard {
             });
         if !known {
             return Err(FpgaError::OutOfRange {
-                msg: format!("register {offset:#x} is not in kernel {}'s map", l.desc.name),
+                msg: format!(
+                    "register {offset:#x} is not in kernel {}'s map",
+                    l.desc.name
+                ),
             });
         }
         // Interrupt registers belong to XRT's scheduler: kept, not written to the board.

@@ -91,7 +91,11 @@ impl XrtDevice {
     pub fn load_xclbin(&mut self, path: &Path) -> Result<XrtXclbin, FpgaError> {
         let x = XrtXclbin::open(self.xrt.clone(), path)?;
         // SAFETY: both handles are live.
-        let rc = unsafe { self.xrt.api().xrtDeviceLoadXclbinHandle(self.handle, x.raw()) };
+        let rc = unsafe {
+            self.xrt
+                .api()
+                .xrtDeviceLoadXclbinHandle(self.handle, x.raw())
+        };
         check(
             &self.name,
             "xrtDeviceLoadXclbinHandle",

@@ -34,12 +34,18 @@ impl XrtKernel {
         })?;
         let xrt = dev.xrt().clone();
         // SAFETY: the device handle is live, `uuid` is 16 bytes, `c` a valid C string.
-        let handle = unsafe { xrt.api().xrtPLKernelOpen(dev.raw(), uuid.0.as_ptr(), c.as_ptr()) };
+        let handle = unsafe {
+            xrt.api()
+                .xrtPLKernelOpen(dev.raw(), uuid.0.as_ptr(), c.as_ptr())
+        };
         if handle.is_null() {
             let e = null_handle(dev.name(), "xrtPLKernelOpen", name);
             return Err(FpgaError::Load {
                 kernel: name.into(),
-                msg: format!("the xclbin {uuid} on {} has no usable kernel `{name}`: {e}", dev.name()),
+                msg: format!(
+                    "the xclbin {uuid} on {} has no usable kernel `{name}`: {e}",
+                    dev.name()
+                ),
             });
         }
         Ok(Self {
@@ -62,7 +68,11 @@ impl XrtKernel {
     /// to: where its buffer must be allocated.
     pub fn group_id(&self, argno: usize) -> Result<u32, FpgaError> {
         // SAFETY: the kernel handle is live.
-        let g = unsafe { self.xrt.api().xrtKernelArgGroupId(self.handle, argno as i32) };
+        let g = unsafe {
+            self.xrt
+                .api()
+                .xrtKernelArgGroupId(self.handle, argno as i32)
+        };
         u32::try_from(g).map_err(|_| FpgaError::BadArgument {
             kernel: self.name.clone(),
             msg: format!("argument {argno} has no memory connection (xrtKernelArgGroupId: {g})"),
@@ -88,16 +98,34 @@ impl XrtKernel {
     pub fn read_register(&self, offset: u32) -> Result<u32, FpgaError> {
         let mut v = 0u32;
         // SAFETY: the kernel handle is live, `v` a valid out pointer.
-        let rc = unsafe { self.xrt.api().xrtKernelReadRegister(self.handle, offset, &mut v) };
-        check(&self.device, "xrtKernelReadRegister", &format!("{offset:#x}"), rc)?;
+        let rc = unsafe {
+            self.xrt
+                .api()
+                .xrtKernelReadRegister(self.handle, offset, &mut v)
+        };
+        check(
+            &self.device,
+            "xrtKernelReadRegister",
+            &format!("{offset:#x}"),
+            rc,
+        )?;
         Ok(v)
     }
 
     /// Writes a control register (exclusive access only, as [`XrtKernel::read_register`]).
     pub fn write_register(&self, offset: u32, value: u32) -> Result<(), FpgaError> {
         // SAFETY: the kernel handle is live.
-        let rc = unsafe { self.xrt.api().xrtKernelWriteRegister(self.handle, offset, value) };
-        check(&self.device, "xrtKernelWriteRegister", &format!("{offset:#x}"), rc)
+        let rc = unsafe {
+            self.xrt
+                .api()
+                .xrtKernelWriteRegister(self.handle, offset, value)
+        };
+        check(
+            &self.device,
+            "xrtKernelWriteRegister",
+            &format!("{offset:#x}"),
+            rc,
+        )
     }
 }
 

@@ -45,7 +45,12 @@ impl XrtSearch {
         }
         v.push(PathBuf::from("/opt/xilinx/xrt/lib"));
         let multiarch = format!("/usr/lib/{}-linux-gnu", std::env::consts::ARCH);
-        for d in ["/usr/local/lib", multiarch.as_str(), "/usr/lib64", "/usr/lib"] {
+        for d in [
+            "/usr/local/lib",
+            multiarch.as_str(),
+            "/usr/lib64",
+            "/usr/lib",
+        ] {
             v.push(PathBuf::from(d));
         }
         v
@@ -85,10 +90,9 @@ impl XrtInstall {
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
             .and_then(|n| n.strip_prefix("libxrt_coreutil.so.").map(str::to_string))
             .filter(|v| v.contains('.'));
-        let prefix = (dir.file_name().is_some_and(|n| n == "lib")
-            && dir.join(CORE_SHIM).is_file())
-        .then(|| dir.parent().map(Path::to_path_buf))
-        .flatten();
+        let prefix = (dir.file_name().is_some_and(|n| n == "lib") && dir.join(CORE_SHIM).is_file())
+            .then(|| dir.parent().map(Path::to_path_buf))
+            .flatten();
         Ok(Self {
             library,
             version,
@@ -188,7 +192,12 @@ impl XrtEnv {
         }
         if shim != CORE_SHIM {
             let vitis = self.xilinx_vitis.as_deref();
-            let model = vitis.and_then(|v| SW_EMU_MODELS.iter().map(|m| v.join(m)).find(|m| m.is_file()));
+            let model = vitis.and_then(|v| {
+                SW_EMU_MODELS
+                    .iter()
+                    .map(|m| v.join(m))
+                    .find(|m| m.is_file())
+            });
             if model.is_none() {
                 return Err(unavailable(format!(
                     "XCL_EMULATION_MODE={}: XRT's emulation forks Vitis's device process \

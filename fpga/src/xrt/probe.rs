@@ -120,7 +120,7 @@ pub fn run_child(
                 if said.is_empty() {
                     String::new()
                 } else {
-                    format!("; XRT said: {}", said.join(" / ").trim())
+                    format!("; it said: {}", said.join(" / ").trim())
                 }
             ))
         }
@@ -148,8 +148,18 @@ fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Result<ChildOutput, 
             s
         })
     };
-    let out = drain(child.stdout.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
-    let err = drain(child.stderr.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
     let t0 = Instant::now();
     let status = loop {
         match child.try_wait() {
@@ -226,7 +236,11 @@ pub fn pci_boards(sysfs: &Path) -> Vec<PciBoard> {
     let Ok(entries) = std::fs::read_dir(sysfs) else {
         return Vec::new();
     };
-    let read = |p: PathBuf| std::fs::read_to_string(p).ok().map(|s| s.trim().to_string());
+    let read = |p: PathBuf| {
+        std::fs::read_to_string(p)
+            .ok()
+            .map(|s| s.trim().to_string())
+    };
     let mut v: Vec<PciBoard> = entries
         .flatten()
         .filter(|e| read(e.path().join("vendor")).as_deref() == Some("0x10ee"))

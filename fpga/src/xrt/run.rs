@@ -95,14 +95,24 @@ impl XrtRun {
     pub fn set_scalar(&mut self, index: usize, value: u32) -> Result<(), FpgaError> {
         // SAFETY: XRT reads a 32-bit scalar (`uint` in the xclbin) with va_arg(unsigned int).
         let rc = unsafe { (self.xrt.api().xrtRunSetArg)(self.handle, index as i32, value) };
-        check(&self.kernel, "xrtRunSetArg", &format!("{index} = {value}"), rc)
+        check(
+            &self.kernel,
+            "xrtRunSetArg",
+            &format!("{index} = {value}"),
+            rc,
+        )
     }
 
     /// Sets the buffer argument `index` to `bo`.
     pub fn set_buffer(&mut self, index: usize, bo: &XrtBo) -> Result<(), FpgaError> {
         // SAFETY: XRT reads a global argument with va_arg(xrtBufferHandle); `bo` is live.
         let rc = unsafe { (self.xrt.api().xrtRunSetArg)(self.handle, index as i32, bo.raw()) };
-        check(&self.kernel, "xrtRunSetArg", &format!("{index} = BO at {:#x}", bo.addr), rc)
+        check(
+            &self.kernel,
+            "xrtRunSetArg",
+            &format!("{index} = BO at {:#x}", bo.addr),
+            rc,
+        )
     }
 
     /// Starts the run.

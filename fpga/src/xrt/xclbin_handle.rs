@@ -84,7 +84,12 @@ impl XrtXclbin {
                 .api()
                 .xrtXclbinGetUUID(self.handle, out.as_mut_ptr())
         };
-        check("xrt", "xrtXclbinGetUUID", &self.path.display().to_string(), rc)?;
+        check(
+            "xrt",
+            "xrtXclbinGetUUID",
+            &self.path.display().to_string(),
+            rc,
+        )?;
         Ok(Uuid(out))
     }
 
@@ -102,7 +107,12 @@ impl XrtXclbin {
                 &mut len,
             )
         };
-        check("xrt", "xrtXclbinGetXSAName", &self.path.display().to_string(), rc)?;
+        check(
+            "xrt",
+            "xrtXclbinGetXSAName",
+            &self.path.display().to_string(),
+            rc,
+        )?;
         let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
         Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
     }

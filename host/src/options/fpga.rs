@@ -172,7 +172,10 @@ mod tests {
         assert_eq!(o.xclbin_dir, Some(PathBuf::from("/b")));
         assert_eq!(o.xrt_emulation.as_deref(), Some("sw_emu"));
         assert_eq!(o.xilinx_vitis, Some(PathBuf::from("/tools/Vitis")));
-        assert_eq!(o.xrt_probe, None, "set by the binary, never from the environment");
+        assert_eq!(
+            o.xrt_probe, None,
+            "set by the binary, never from the environment"
+        );
         let o = FpgaOptions::from_source(&[("XILINX_XRT", "")]).expect("ok");
         assert_eq!(o.xilinx_xrt, None, "empty counts as unset");
     }

@@ -92,7 +92,12 @@ pub fn discover(opts: &FpgaOptions) -> (Vec<Arc<dyn Backend>>, Vec<Missing>) {
     } = report;
     let boards = match boards {
         Ok(b) => b,
-        Err(why) => return missing(format!("{} found; listing boards failed: {why}", driver(&install))),
+        Err(why) => {
+            return missing(format!(
+                "{} found; listing boards failed: {why}",
+                driver(&install)
+            ));
+        }
     };
     let pci_text = pci
         .iter()
@@ -111,7 +116,10 @@ pub fn discover(opts: &FpgaOptions) -> (Vec<Arc<dyn Backend>>, Vec<Missing>) {
                  the xocl driver loaded?)"
             )
         };
-        return missing(format!("driver found: {}; no Alveo board{seen}", driver(&install)));
+        return missing(format!(
+            "driver found: {}; no Alveo board{seen}",
+            driver(&install)
+        ));
     }
     // A board is usable in this process only if XRT's environment is set (else XRT aborts).
     if let Err(e) = env(opts).check(&install) {
@@ -189,7 +197,11 @@ mod tests {
         assert!(found.is_empty());
         assert_eq!(missing.len(), 1);
         assert_eq!(missing[0].kind, DeviceKind::FpgaXrt);
-        assert!(missing[0].reason.contains("XRT not found"), "{}", missing[0].reason);
+        assert!(
+            missing[0].reason.contains("XRT not found"),
+            "{}",
+            missing[0].reason
+        );
         let _ = std::fs::remove_dir(&empty);
     }
 
@@ -207,7 +219,11 @@ mod tests {
         };
         let (found, missing) = discover(&opts);
         assert!(found.is_empty());
-        assert!(missing[0].reason.contains("cannot start the XRT probe"), "{}", missing[0].reason);
+        assert!(
+            missing[0].reason.contains("cannot start the XRT probe"),
+            "{}",
+            missing[0].reason
+        );
         let _ = std::fs::remove_dir_all(&cache);
     }
 
