@@ -42,7 +42,7 @@ fn installed() -> Option<XrtInstall> {
 #[ignore = "run by the probe tests in a child process"]
 fn child_probe() {
     let lib = std::env::args()
-        .last()
+        .next_back()
         .map(PathBuf::from)
         .expect("library argument");
     std::process::exit(probe::child_main(&lib));
