@@ -13,6 +13,7 @@
 //!   Alveo platforms; [`flow`]: the commands that build an xclbin (package_xo, v++, vitis_hls).
 //! - [`drive`]: the host-side drivers of the kernels, written once over `&mut dyn FpgaDevice`
 //!   (the simulated card and the XRT driver alike).
+//! - [`xrt`]: the XRT driver: Alveo boards through XRT's C API, loaded at run time.
 
 pub mod core;
 pub mod device;
@@ -26,6 +27,7 @@ pub mod regmap;
 pub mod shell;
 pub mod synth;
 pub mod xclbin;
+pub mod xrt;
 
 /// Target clock of every build, MHz: what the pipelines are cut for, recorded in each emitted
 /// manifest and read back by the device (`FpgaDevice::clock_hz`).

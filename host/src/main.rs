@@ -55,6 +55,23 @@ impl Command {
 }
 
 fn main() -> ExitCode {
+    // `tandem __xrt-probe LIBRARY`: the child that lists Alveo boards for its parent (XRT can
+    // end the process it runs in); nothing else runs in it, devices are not discovered.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().take(3).collect();
+    if args
+        .get(1)
+        .is_some_and(|a| a == tandem::backend::fpga::xrt::PROBE_COMMAND)
+    {
+        let Some(lib) = args.get(2) else {
+            eprintln!(
+                "tandem: {} needs the XRT library's path",
+                tandem::backend::fpga::xrt::PROBE_COMMAND
+            );
+            return ExitCode::from(2);
+        };
+        let code = tandem_fpga::xrt::probe::child_main(std::path::Path::new(lib));
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_env("TANDEM_LOG").unwrap_or_else(|_| EnvFilter::new("warn")),
@@ -71,13 +88,15 @@ fn main() -> ExitCode {
         .map(|d| (CudaDType::ENV, d.name()))
         .into_iter()
         .collect();
-    let options = match Options::from_source(&Layered(&flags, &ProcessEnv)) {
+    let mut options = match Options::from_source(&Layered(&flags, &ProcessEnv)) {
         Ok(o) => o,
         Err(e) => {
             eprintln!("tandem: {e}");
             return ExitCode::from(1);
         }
     };
+    // Boards are listed by this binary's `__xrt-probe` in a child process.
+    options.fpga.xrt_probe = std::env::current_exe().ok();
     let reg = DeviceRegistry::discover_with(Probe {
         options,
         ..Probe::default()

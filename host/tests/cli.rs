@@ -84,6 +84,37 @@ fn devices_lists_cpu_and_says_why_others_are_missing() {
 }
 
 #[test]
+fn devices_says_what_xrt_found() {
+    // No XRT (the search pointed at an empty folder): the reason says where it looked.
+    let empty = tempfile::tempdir().expect("temp dir");
+    let dir = empty.path().to_string_lossy().into_owned();
+    let o = tandem_env(&["devices"], &[("TANDEM_XRT_LIB", dir.as_str())]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("fpga "))
+        .unwrap_or_default();
+    assert!(
+        line.contains("XRT not found") && line.contains(&dir),
+        "{out}"
+    );
+    // XRT as installed: the driver and its version, and a board or "no Alveo board".
+    let o = tandem(&["devices"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    if out.contains("XRT not found") {
+        println!("SKIP: XRT is not installed here");
+        return;
+    }
+    let board = out.lines().any(|l| l.starts_with("fpga:"));
+    assert!(
+        board || out.contains("driver found: XRT 2.") && out.contains("no Alveo board"),
+        "{out}"
+    );
+}
+
+#[test]
 fn run_default_workload_on_cpu() {
     let o = tandem(&[
         "run",

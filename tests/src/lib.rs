@@ -145,7 +145,32 @@ pub fn options(dtype: tandem::backend::CudaDType) -> tandem::options::Options {
             dtype,
             ..tandem::options::CudaOptions::machine(&tandem::options::ProcessEnv)
         },
+        fpga: board_options(),
         ..tandem::options::Options::default()
+    }
+}
+
+/// FPGA options with what reaching an Alveo board needs: XRT's settings from the environment
+/// (`XILINX_XRT`, `TANDEM_XRT_LIB`, `TANDEM_XCLBIN_DIR`, `XCL_EMULATION_MODE`,
+/// `XILINX_VITIS`) and the `tandem` binary cargo built beside this test as the board probe
+/// (without it, boards are not listed and the board cases say so).
+pub fn board_options() -> tandem::options::FpgaOptions {
+    let d = tandem::options::FpgaOptions::default();
+    let Ok(env) = tandem::options::FpgaOptions::from_source(&tandem::options::ProcessEnv) else {
+        return d;
+    };
+    let probe = std::env::current_exe()
+        .ok()
+        .and_then(|p| Some(p.parent()?.parent()?.join("tandem")))
+        .filter(|p| p.is_file());
+    tandem::options::FpgaOptions {
+        xilinx_xrt: env.xilinx_xrt,
+        xrt_lib: env.xrt_lib,
+        xclbin_dir: env.xclbin_dir,
+        xrt_emulation: env.xrt_emulation,
+        xilinx_vitis: env.xilinx_vitis,
+        xrt_probe: probe,
+        ..d
     }
 }
 

@@ -1,5 +1,5 @@
 //! The conformance suite every backend runs: written once, instantiated per device kind
-//! (cpu, cuda in both storage precisions bf16 and f16, fpga-sim). Each case uploads fresh random inputs, launches the op through the
+//! (cpu, cuda in both storage precisions bf16 and f16, fpga-sim, an Alveo board through XRT). Each case uploads fresh random inputs, launches the op through the
 //! `Backend` trait, waits with a timeout, downloads, and compares with the f64 reference at
 //! the device's precision. A device that is missing, or lacks an op, says so (printed) and
 //! the case returns: it never passes silently.
@@ -87,7 +87,7 @@ fn expected_decline(b: &dyn Backend, op: &Op, head_dim: Option<usize>) -> Option
             _ => None,
         };
     }
-    if b.id().kind != DeviceKind::FpgaSim {
+    if !matches!(b.id().kind, DeviceKind::FpgaSim | DeviceKind::FpgaXrt) {
         return None;
     }
     match op {
@@ -422,6 +422,10 @@ macro_rules! per_device {
                 #[test]
                 fn fpga_sim() -> TestResult {
                     super::$case(Target::Kind(DeviceKind::FpgaSim))
+                }
+                #[test]
+                fn fpga_board() -> TestResult {
+                    super::$case(Target::Kind(DeviceKind::FpgaXrt))
                 }
             }
         )*

@@ -7,7 +7,8 @@ use super::Env;
 use crate::error::{Error, Result};
 
 /// Options of the FPGA backend: the clock device time is computed at, where the simulator
-/// caches its builds, the C++ compiler of those builds, and the simulated memory.
+/// caches its builds, the C++ compiler of those builds, the simulated memory, and where XRT
+/// and the boards' xclbins are.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FpgaOptions {
     /// Kernel clock in MHz (`TANDEM_FPGA_CLOCK_MHZ`); `None`: each build's target clock
@@ -27,6 +28,22 @@ pub struct FpgaOptions {
     pub sim_bytes_per_cycle: Option<f64>,
     /// Write a VCD trace of every signal of the simulated card here (`tandem fpga sim --vcd`).
     pub sim_vcd: Option<PathBuf>,
+    /// XRT's install prefix (`XILINX_XRT`): its `lib/` is searched first for
+    /// libxrt_coreutil, and XRT itself needs it set to reach a board.
+    pub xilinx_xrt: Option<PathBuf>,
+    /// Look for libxrt_coreutil.so.2 in this folder only (`TANDEM_XRT_LIB`); `None`:
+    /// `$XILINX_XRT/lib`, `/opt/xilinx/xrt/lib`, then the system's library folders.
+    pub xrt_lib: Option<PathBuf>,
+    /// Folder of the boards' xclbins, one per kernel, `<kernel>.xclbin` (`TANDEM_XCLBIN_DIR`).
+    pub xclbin_dir: Option<PathBuf>,
+    /// `XCL_EMULATION_MODE` (XRT's emulation: `sw_emu`, `hw_emu`), as XRT will read it.
+    pub xrt_emulation: Option<String>,
+    /// `XILINX_VITIS` (XRT's emulation runs Vitis's device process from there).
+    pub xilinx_vitis: Option<PathBuf>,
+    /// The program whose `__xrt-probe` command lists boards in a child process (XRT can end
+    /// the process it runs in): the `tandem` binary sets itself here; `None` (a library user,
+    /// a test) lists no boards and says so.
+    pub xrt_probe: Option<PathBuf>,
 }
 
 impl Default for FpgaOptions {
@@ -39,6 +56,12 @@ impl Default for FpgaOptions {
             sim_read_latency: None,
             sim_bytes_per_cycle: None,
             sim_vcd: None,
+            xilinx_xrt: None,
+            xrt_lib: None,
+            xclbin_dir: None,
+            xrt_emulation: None,
+            xilinx_vitis: None,
+            xrt_probe: None,
         }
     }
 }
@@ -80,7 +103,8 @@ impl FpgaOptions {
     }
 
     /// Options from `env` (`TANDEM_FPGA_CLOCK_MHZ`, `TANDEM_SIM_CACHE`, `XDG_CACHE_HOME`,
-    /// `HOME`, `CXX`); a clock that is not a positive number is an error naming the variable,
+    /// `HOME`, `CXX`, `XILINX_XRT`, `TANDEM_XRT_LIB`, `TANDEM_XCLBIN_DIR`, `XCL_EMULATION_MODE`,
+    /// `XILINX_VITIS`); a clock that is not a positive number is an error naming the variable,
     /// the value and what is accepted.
     pub fn from_source(env: &dyn Env) -> Result<Self> {
         let d = Self::default();
@@ -106,6 +130,11 @@ impl FpgaOptions {
             clock_mhz,
             sim_cache,
             cxx,
+            xilinx_xrt: path("XILINX_XRT"),
+            xrt_lib: path("TANDEM_XRT_LIB"),
+            xclbin_dir: path("TANDEM_XCLBIN_DIR"),
+            xrt_emulation: env.text("XCL_EMULATION_MODE")?,
+            xilinx_vitis: path("XILINX_VITIS"),
             ..Self::default()
         };
         o.validate()?;
@@ -225,6 +254,29 @@ mod tests {
         assert_eq!(o.sim_cache, PathBuf::from("/x/tandem/sim"));
         let o = FpgaOptions::from_source(&[("HOME", "/h")]).expect("ok");
         assert_eq!(o.sim_cache, PathBuf::from("/h/.cache/tandem/sim"));
+    }
+
+    #[test]
+    fn xrt_paths_are_read() {
+        let o = FpgaOptions::from_source(&[
+            ("XILINX_XRT", "/opt/xilinx/xrt"),
+            ("TANDEM_XRT_LIB", "/x/lib"),
+            ("TANDEM_XCLBIN_DIR", "/b"),
+            ("XCL_EMULATION_MODE", "sw_emu"),
+            ("XILINX_VITIS", "/tools/Vitis"),
+        ])
+        .expect("ok");
+        assert_eq!(o.xilinx_xrt, Some(PathBuf::from("/opt/xilinx/xrt")));
+        assert_eq!(o.xrt_lib, Some(PathBuf::from("/x/lib")));
+        assert_eq!(o.xclbin_dir, Some(PathBuf::from("/b")));
+        assert_eq!(o.xrt_emulation.as_deref(), Some("sw_emu"));
+        assert_eq!(o.xilinx_vitis, Some(PathBuf::from("/tools/Vitis")));
+        assert_eq!(
+            o.xrt_probe, None,
+            "set by the binary, never from the environment"
+        );
+        let o = FpgaOptions::from_source(&[("XILINX_XRT", "")]).expect("ok");
+        assert_eq!(o.xilinx_xrt, None, "empty counts as unset");
     }
 
     #[test]

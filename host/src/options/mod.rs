@@ -8,7 +8,7 @@
 //!
 //! - [`CudaOptions`]: the CUDA backend (storage precision, attention build, MoE experts path
 //!   and tile, kernel source folder, compile cache, output poisoning, library folders).
-//! - [`FpgaOptions`]: the FPGA backend (clock, simulator cache, simulation settings).
+//! - [`FpgaOptions`]: the FPGA backend (clock, simulator cache, simulation settings, XRT).
 //! - [`Options::history`]: where the planner keeps the op times it measured (none: it learns
 //!   in memory only).
 

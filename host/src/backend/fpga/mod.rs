@@ -1,7 +1,8 @@
 //! The FPGA backend: runs kernels on `FpgaDevice`s through the one set of drivers in
 //! `tandem_fpga::drive`. The cards come from an [`OpenDevice`] factory: the Verilator-simulated
-//! card (`tandem_sim`, listed as `fpga-sim:0`) today, the XRT board driver next; nothing here
-//! but [`sim_factory`] knows which.
+//! card (`tandem_sim`, listed as `fpga-sim:0`, [`sim_factory`]) or an Alveo board through XRT
+//! (`fpga:N`, [`xrt_factory`], one backend per board the XRT probe found); nothing else here
+//! knows which.
 //!
 //! What stays here is the host's side of each op: whether a build takes it, quantising the
 //! inputs and dequantising the outputs, and building the output tensors.
@@ -23,6 +24,7 @@
 pub mod attention;
 pub mod linear;
 pub mod route;
+pub mod xrt;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -53,38 +55,35 @@ use crate::tensor::{Tensor, TensorMeta};
 /// deadline (the executor always gives one: `--timeout`).
 const DEFAULT_RUN_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Opens an FPGA card for one kernel, configured by the options: the simulated card today,
-/// the XRT driver next.
+/// Opens an FPGA card for one kernel, configured by the options: a simulated card or a board.
 pub type OpenDevice =
     Box<dyn Fn(&FpgaOptions) -> std::result::Result<Box<dyn FpgaDevice>, FpgaError> + Send + Sync>;
 
-/// Looks for simulated and real FPGA cards.
+/// Looks for Alveo boards (through XRT, [`xrt::discover`]) and the simulated card.
 pub fn discover(opts: &FpgaOptions) -> (Vec<Arc<dyn Backend>>, Vec<Missing>) {
-    let mut missing = vec![Missing {
-        kind: DeviceKind::FpgaXrt,
-        reason: "tandem was built without the `xrt` feature (no Alveo board driver)".into(),
-    }];
+    let (mut found, mut missing) = xrt::discover(opts);
     match tandem_sim::available() {
         Ok(version) => {
             let mem = tandem_sim::MemConfig::default();
             let card = CardInfo {
                 kind: DeviceKind::FpgaSim,
+                index: 0,
                 name: "Alveo (Verilator-simulated)".into(),
                 memory_bytes: u64::from(mem.banks) * mem.bank_bytes,
                 details: vec![("simulator".into(), version)],
             };
             let b = FpgaBackend::new(card, opts.clone(), sim_factory());
-            (vec![Arc::new(b)], missing)
+            found.push(Arc::new(b));
         }
-        Err(e) => {
-            missing.push(Missing {
-                kind: DeviceKind::FpgaSim,
-                reason: e.to_string(),
-            });
-            (Vec::new(), missing)
-        }
+        Err(e) => missing.push(Missing {
+            kind: DeviceKind::FpgaSim,
+            reason: e.to_string(),
+        }),
     }
+    (found, missing)
 }
+
+pub use xrt::xrt_factory;
 
 /// The factory of simulated cards: a `tandem_sim::SimCard` configured from the options (clock
 /// override, build cache, C++ compiler, memory, VCD trace).
@@ -116,6 +115,8 @@ pub fn sim_factory() -> OpenDevice {
 pub struct CardInfo {
     /// Device kind (simulated or a board).
     pub kind: DeviceKind,
+    /// Index among the devices of its kind (`fpga:1` is the second board).
+    pub index: usize,
     /// Human-readable name.
     pub name: String,
     /// Device memory in bytes.
@@ -195,7 +196,7 @@ impl FpgaBackend {
         let info = DeviceInfo {
             id: DeviceId {
                 kind: card.kind,
-                index: 0,
+                index: card.index,
             },
             name: card.name,
             memory_bytes: card.memory_bytes,
@@ -426,6 +427,7 @@ mod tests {
     fn backend() -> FpgaBackend {
         let card = CardInfo {
             kind: DeviceKind::FpgaSim,
+            index: 0,
             name: "test".into(),
             memory_bytes: 1 << 30,
             details: Vec::new(),
