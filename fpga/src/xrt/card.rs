@@ -137,6 +137,26 @@ impl XrtCard {
                 ),
             });
         }
+        // A manifest beside the xclbins (what `tandem fpga package` writes) vouches for the
+        // file: its hash, platform, kernels and clock are checked before XRT sees it.
+        let manifest = dir.join("manifest.toml");
+        if manifest.is_file() {
+            let load_err = |msg: String| FpgaError::Load {
+                kernel: name.into(),
+                msg,
+            };
+            let m = crate::xclbin::manifest::BitstreamManifest::load(&manifest)
+                .map_err(|e| load_err(e.to_string()))?;
+            if let Some(entry) = m
+                .entries
+                .iter()
+                .find(|e| e.file_in(dir) == path || e.kernels.iter().any(|k| k == name))
+            {
+                crate::xclbin::check_against_manifest(&entry.file_in(dir), entry)
+                    .map_err(|e| load_err(e.to_string()))?;
+                return Ok(entry.file_in(dir));
+            }
+        }
         Ok(path)
     }
 
@@ -254,6 +274,24 @@ impl FpgaDevice for XrtCard {
         self.xclbin = None;
         self.shadow.clear();
         let slots = desc.slots().map_err(|e| load_err(e.msg))?;
+        // tandem reads the file first: a truncated or corrupt xclbin, or one without this
+        // kernel, is a clear error here instead of whatever XRT makes of it.
+        let parsed = crate::xclbin::Xclbin::read(path)
+            .map_err(|e| load_err(format!("{}: {e}", path.display())))?;
+        if parsed.kernel(&desc.name).is_none() {
+            return Err(load_err(format!(
+                "{} (platform {}) holds no kernel `{}` (it holds: {})",
+                path.display(),
+                parsed.platform(),
+                desc.name,
+                parsed
+                    .kernels
+                    .iter()
+                    .map(|k| k.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
         let xclbin = self.device.load_xclbin(path)?;
         let uuid = xclbin.uuid()?;
         let kernel = XrtKernel::open(&self.device, &uuid, &desc.name)?;
