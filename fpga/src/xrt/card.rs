@@ -114,48 +114,46 @@ impl XrtCard {
         self.xclbin.as_ref().and_then(|x| x.platform().ok())
     }
 
-    /// The xclbin of `core`: `<xclbin_dir>/<kernel>.xclbin`. This is the seam where the
-    /// bitstreams/manifest.toml checks (platform, kernels, clock, sha256) plug in.
+    /// The xclbin of `core`: the entry of a `manifest.toml` in the xclbin folder (what
+    /// `tandem fpga package` writes into bitstreams/) whose kernels include it, checked against
+    /// the file (hash, platform, kernels, clock) before XRT sees it; else
+    /// `<xclbin_dir>/<kernel>.xclbin`.
     pub fn find_xclbin(&self, core: &dyn KernelCore) -> Result<PathBuf, FpgaError> {
         let name = core.name();
-        let Some(dir) = &self.cfg.xclbin_dir else {
-            return Err(FpgaError::Load {
-                kernel: name.into(),
-                msg: "no xclbin folder is configured: set TANDEM_XCLBIN_DIR to a folder holding \
-                      <kernel>.xclbin files (built with `tandem fpga package`)"
-                    .into(),
-            });
+        let load_err = |msg: String| FpgaError::Load {
+            kernel: name.into(),
+            msg,
         };
-        let path = dir.join(format!("{name}.xclbin"));
-        if !path.is_file() {
-            return Err(FpgaError::Load {
-                kernel: name.into(),
-                msg: format!(
-                    "no xclbin for kernel `{name}`: {} does not exist (build it with `tandem fpga \
-                     package --kernel {name}`)",
-                    path.display()
-                ),
-            });
-        }
-        // A manifest beside the xclbins (what `tandem fpga package` writes) vouches for the
-        // file: its hash, platform, kernels and clock are checked before XRT sees it.
+        let Some(dir) = &self.cfg.xclbin_dir else {
+            return Err(load_err(
+                "no xclbin folder is configured: set TANDEM_XCLBIN_DIR to the folder of the \
+                 xclbins and their manifest.toml (bitstreams/, filled by `tandem fpga package`)"
+                    .into(),
+            ));
+        };
         let manifest = dir.join("manifest.toml");
         if manifest.is_file() {
-            let load_err = |msg: String| FpgaError::Load {
-                kernel: name.into(),
-                msg,
-            };
             let m = crate::xclbin::manifest::BitstreamManifest::load(&manifest)
                 .map_err(|e| load_err(e.to_string()))?;
             if let Some(entry) = m
                 .entries
                 .iter()
-                .find(|e| e.file_in(dir) == path || e.kernels.iter().any(|k| k == name))
+                .find(|e| e.kernels.iter().any(|k| k == name))
             {
-                crate::xclbin::check_against_manifest(&entry.file_in(dir), entry)
+                let path = entry.file_in(dir);
+                crate::xclbin::check_against_manifest(&path, entry)
                     .map_err(|e| load_err(e.to_string()))?;
-                return Ok(entry.file_in(dir));
+                return Ok(path);
             }
+        }
+        let path = dir.join(format!("{name}.xclbin"));
+        if !path.is_file() {
+            return Err(load_err(format!(
+                "no xclbin for kernel `{name}`: no entry in {} and no {} (build it with `tandem \
+                 fpga package --kernel {name}`)",
+                manifest.display(),
+                path.display()
+            )));
         }
         Ok(path)
     }
