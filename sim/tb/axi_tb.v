@@ -286,13 +286,15 @@ module axi_tb;
                 @(posedge ap_clk);
                 n = n + 1;
                 if (s_awvalid && s_awready === 1'b1) begin aw_done = 1'b1; s_awvalid <= 1'b0; end
-                if (s_wvalid && s_wready === 1'b1) begin w_done = 1'b1; s_wvalid <= 1'b0; end
+                if (s_wvalid && s_wready === 1'b1) begin
+                    w_done = 1'b1; s_wvalid <= 1'b0;
+                    if (a == 12'h000 && d[0]) t_start = cycle;  // ap_start written
+                end
                 if (aw_done && w_done && s_bready && s_bvalid === 1'b1) b_done = 1'b1;
             end
             s_awvalid <= 1'b0; s_wvalid <= 1'b0; s_bready <= 1'b0;
             ok = b_done;
             if (!b_done) violation("s_axi_control write not answered");
-            if (a == 12'h000 && d[0]) t_start = cycle;
         end
     endtask
 

@@ -61,7 +61,7 @@ fn router_4state_matches_golden_under_stalls() {
     };
     let mut rng = ChaCha8Rng::seed_from_u64(0x4e0);
     let mut shapes = vec![(7, 10, 3), (3, 64, 8), (4, 6, 6), (9, 8, 1), (5, 5, 2)];
-    for _ in 0..3 {
+    for _ in 0..8 {
         let e = rng.gen_range(2..=64);
         shapes.push((rng.gen_range(1..=8), e, rng.gen_range(1..=e.min(8))));
     }
@@ -90,7 +90,7 @@ fn gemm_4state_matches_golden_under_stalls() {
     };
     let mut rng = ChaCha8Rng::seed_from_u64(0x9e3);
     let mut shapes = vec![(5, 12, 20, false), (1, 3, 7, true), (9, 16, 40, true)];
-    for _ in 0..2 {
+    for _ in 0..6 {
         shapes.push((
             rng.gen_range(1..=9),
             rng.gen_range(1..=32),
@@ -178,11 +178,12 @@ fn attention_4state_matches_golden_under_stalls() {
         case(5, 13, 8, false, false),
         case(9, 20, 13, true, false),
         case(12, 7, 24, true, true),
+        case(3, 64, 20, false, true),
     ];
-    for _ in 0..2 {
+    for _ in 0..6 {
         cases.push(case(
-            rng.gen_range(1..=10),
-            rng.gen_range(1..=40),
+            rng.gen_range(1..=12),
+            rng.gen_range(1..=64),
             rng.gen_range(1..=24),
             rng.r#gen(),
             rng.r#gen(),
