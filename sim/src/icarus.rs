@@ -225,7 +225,10 @@ impl Vvp {
                 return Ok(rest.trim().to_string());
             }
             if let Some(rest) = l.strip_prefix("ERR") {
-                return Err(device(format!("testbench refused `{cmd}`: {}", rest.trim())));
+                return Err(device(format!(
+                    "testbench refused `{cmd}`: {}",
+                    rest.trim()
+                )));
             }
             if let Some(v) = l.strip_prefix("VIOLATION ") {
                 violations.push(v.to_string());
@@ -291,8 +294,7 @@ impl IcarusCard {
     /// Opens a card (nothing loaded): fails with [`SimError::Unavailable`] (and the install
     /// hint) where Icarus Verilog is missing or too old, or on a bad configuration.
     pub fn open(cfg: IcarusConfig) -> Result<Self, SimError> {
-        if cfg.mem_bytes < ALIGN || !cfg.mem_bytes.is_multiple_of(8) || cfg.mem_bytes > 1 << 30
-        {
+        if cfg.mem_bytes < ALIGN || !cfg.mem_bytes.is_multiple_of(8) || cfg.mem_bytes > 1 << 30 {
             return Err(SimError::Run(format!(
                 "mem_bytes = {} must be a multiple of 8 in {ALIGN}..=1 GiB",
                 cfg.mem_bytes
@@ -503,13 +505,13 @@ impl FpgaDevice for IcarusCard {
     }
 
     fn free(&mut self, buf: DeviceBuffer) -> Result<(), FpgaError> {
-        let i = self
-            .bufs
-            .iter()
-            .position(|s| s.buf == buf)
-            .ok_or_else(|| FpgaError::OutOfRange {
-                msg: format!("free of an unknown buffer at {:#x}", buf.addr),
-            })?;
+        let i =
+            self.bufs
+                .iter()
+                .position(|s| s.buf == buf)
+                .ok_or_else(|| FpgaError::OutOfRange {
+                    msg: format!("free of an unknown buffer at {:#x}", buf.addr),
+                })?;
         self.bufs.swap_remove(i);
         Ok(())
     }
@@ -626,7 +628,10 @@ impl FpgaDevice for IcarusCard {
         let t0 = Instant::now();
         loop {
             let a = self.command(&format!("C {:x} 0", self.cfg.poll_cycles))?;
-            let f: Vec<u64> = a.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+            let f: Vec<u64> = a
+                .split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect();
             let [done, ran, last] = f[..] else {
                 return Err(device(format!("unexpected answer to a poll: {a:?}")));
             };

@@ -231,7 +231,10 @@ fn attention_4state_matches_golden_under_stalls() {
         let want = gatt::attention(&qs[h], k, v, &cfg).expect("golden");
         assert_eq!(*out, want, "GQA head {h}");
     }
-    println!("attention GQA 4 heads / 2 kv heads: bit-exact, {} cycles", st.cycles);
+    println!(
+        "attention GQA 4 heads / 2 kv heads: bit-exact, {} cycles",
+        st.cycles
+    );
     assert!(c.violations().is_empty(), "{:?}", c.violations());
 }
 
