@@ -146,6 +146,8 @@ struct Vvp {
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
     run_dir: PathBuf,
+    /// `VIOLATION` lines printed before `READY`, handed over with the first command.
+    early: Vec<String>,
 }
 
 impl Vvp {
@@ -181,6 +183,7 @@ impl Vvp {
             stdin,
             stdout: BufReader::new(stdout),
             run_dir,
+            early: Vec::new(),
         };
         let mut line = String::new();
         loop {
@@ -198,12 +201,16 @@ impl Vvp {
             if line.starts_with("READY") {
                 return Ok(vvp);
             }
+            if let Some(v) = line.trim_end().strip_prefix("VIOLATION ") {
+                vvp.early.push(v.to_string());
+            }
         }
     }
 
     /// Sends one command and returns the words after `OK`; `VIOLATION` lines seen meanwhile
     /// go into `violations`.
     fn command(&mut self, cmd: &str, violations: &mut Vec<String>) -> Result<String, FpgaError> {
+        violations.append(&mut self.early);
         writeln!(self.stdin, "{cmd}")
             .and_then(|()| self.stdin.flush())
             .map_err(|e| device(format!("writing to vvp ({cmd}): {e}; {}", self.log_tail())))?;

@@ -107,7 +107,10 @@ module axi_tb;
     integer violations = 0;
     always @(posedge ap_clk) cycle <= cycle + 64'd1;
 
-    task violation(input [8*96-1:0] what);
+    // automatic: several always blocks may report in the same time step, and a static task's
+    // argument is one variable shared by all callers (Icarus then prints the last caller's
+    // text for every call)
+    task automatic violation(input [8*96-1:0] what);
         begin
             violations = violations + 1;
             if (violations <= 50) begin

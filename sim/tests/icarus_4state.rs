@@ -260,3 +260,123 @@ fn unwritten_memory_reads_back_as_x() {
     assert!(err.to_string().contains("are X"), "{err}");
     c.free(b).expect("free");
 }
+
+/// A kernel that breaks the AXI rules on purpose (an AR burst across a 4 KiB page whose address
+/// changes while stalled, a W beat with no AW, X on wdata): the testbench reports each breach
+/// and the device call that ran those cycles fails, so the checks above can fail.
+const RULE_BREAKER: &str = r#"
+`timescale 1ns/1ps
+module breaker (
+    input ap_clk, input ap_rst_n,
+    input s_axi_control_awvalid, output s_axi_control_awready, input [11:0] s_axi_control_awaddr,
+    input s_axi_control_wvalid, output s_axi_control_wready, input [31:0] s_axi_control_wdata,
+    input [3:0] s_axi_control_wstrb,
+    output reg s_axi_control_bvalid, input s_axi_control_bready, output [1:0] s_axi_control_bresp,
+    input s_axi_control_arvalid, output s_axi_control_arready, input [11:0] s_axi_control_araddr,
+    output reg s_axi_control_rvalid, input s_axi_control_rready, output [31:0] s_axi_control_rdata,
+    output [1:0] s_axi_control_rresp,
+    output m_axi_gmem_awvalid, input m_axi_gmem_awready, output [63:0] m_axi_gmem_awaddr,
+    output [7:0] m_axi_gmem_awlen, output [2:0] m_axi_gmem_awsize, output [1:0] m_axi_gmem_awburst,
+    output reg m_axi_gmem_wvalid, input m_axi_gmem_wready, output [63:0] m_axi_gmem_wdata,
+    output [7:0] m_axi_gmem_wstrb, output m_axi_gmem_wlast,
+    input m_axi_gmem_bvalid, output m_axi_gmem_bready, input [1:0] m_axi_gmem_bresp,
+    output reg m_axi_gmem_arvalid, input m_axi_gmem_arready, output reg [63:0] m_axi_gmem_araddr,
+    output [7:0] m_axi_gmem_arlen, output [2:0] m_axi_gmem_arsize, output [1:0] m_axi_gmem_arburst,
+    input m_axi_gmem_rvalid, output m_axi_gmem_rready, input [63:0] m_axi_gmem_rdata,
+    input m_axi_gmem_rlast, input [1:0] m_axi_gmem_rresp,
+    output interrupt
+);
+    assign s_axi_control_awready = 1'b1;
+    assign s_axi_control_wready = 1'b1;
+    assign s_axi_control_arready = 1'b1;
+    assign s_axi_control_bresp = 2'd0;
+    assign s_axi_control_rresp = 2'd0;
+    assign s_axi_control_rdata = 32'd4;
+    always @(posedge ap_clk) begin
+        s_axi_control_bvalid <= ap_rst_n && s_axi_control_wvalid;
+        s_axi_control_rvalid <= ap_rst_n && s_axi_control_arvalid;
+    end
+    assign m_axi_gmem_awvalid = 1'b0;
+    assign m_axi_gmem_awaddr = 64'd0;
+    assign m_axi_gmem_awlen = 8'd0;
+    assign m_axi_gmem_awsize = 3'd3;
+    assign m_axi_gmem_awburst = 2'd1;
+    assign m_axi_gmem_wdata = 64'bx;
+    assign m_axi_gmem_wstrb = 8'hff;
+    assign m_axi_gmem_wlast = 1'b1;
+    assign m_axi_gmem_bready = 1'b1;
+    assign m_axi_gmem_arlen = 8'd3;
+    assign m_axi_gmem_arsize = 3'd3;
+    assign m_axi_gmem_arburst = 2'd1;
+    assign m_axi_gmem_rready = 1'b1;
+    assign interrupt = 1'b0;
+    reg w_sent;
+    reg [7:0] n, moved;
+    always @(posedge ap_clk) begin
+        if (!ap_rst_n) begin
+            m_axi_gmem_arvalid <= 1'b0; m_axi_gmem_wvalid <= 1'b0; w_sent <= 1'b0;
+            m_axi_gmem_araddr <= 64'h4_0000_0ff0; n <= 8'd0; moved <= 8'd0;
+        end else begin
+            if (n != 8'hff) n <= n + 8'd1;
+            // from cycle 20: AR bursts over a page boundary, the address moved (3 times) while
+            // stalled; one W beat with no AW before it
+            m_axi_gmem_arvalid <= n >= 8'd20;
+            if (m_axi_gmem_arvalid && !m_axi_gmem_arready && moved < 8'd3) begin
+                m_axi_gmem_araddr <= m_axi_gmem_araddr + 64'd8;
+                moved <= moved + 8'd1;
+            end
+            m_axi_gmem_wvalid <= n >= 8'd20 && !w_sent && !(m_axi_gmem_wvalid && m_axi_gmem_wready);
+            if (m_axi_gmem_wvalid && m_axi_gmem_wready) w_sent <= 1'b1;
+        end
+    end
+endmodule
+"#;
+
+#[test]
+fn axi_rule_breaches_are_reported() {
+    let cfg = IcarusConfig {
+        seed: 5,
+        stall_percent: 50,
+        ..IcarusConfig::default()
+    };
+    let mut c = match IcarusCard::open(cfg.clone()) {
+        Ok(c) => c,
+        Err(SimError::Unavailable(why)) => {
+            println!("SKIP: {why}");
+            return;
+        }
+        Err(e) => panic!("opening the Icarus card: {e}"),
+    };
+    let dir = cfg.work_dir.join(format!("breaker-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::write(dir.join("breaker.v"), RULE_BREAKER).expect("verilog");
+    std::fs::write(
+        dir.join("manifest.json"),
+        r#"{"kernel":"breaker","params":[],"shell":{"max_burst":8},"clock_mhz":300.0,"args":[],"verilog_sha256":"-","verilog":"breaker.v"}"#,
+    )
+    .expect("manifest");
+    let desc = tandem_fpga::regmap::KernelDesc {
+        name: "breaker".into(),
+        args: vec![],
+    };
+    c.load(&tandem_fpga::KernelBuild::Simulated {
+        dir: dir.clone(),
+        desc,
+    })
+    .expect("load the rule breaker");
+    let err = c
+        .run_until_done(Duration::from_secs(10))
+        .expect_err("breaches fail the call");
+    let msg = err.to_string();
+    println!("{msg}");
+    for what in [
+        "within one 4 KiB page",
+        "AR changed or dropped while stalled",
+        "W beat before the AW",
+        "X on wdata",
+    ] {
+        assert!(msg.contains(what), "no `{what}` in: {msg}");
+    }
+    drop(c);
+    let _ = std::fs::remove_dir_all(&dir);
+}
