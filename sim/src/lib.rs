@@ -11,21 +11,28 @@
 //! [`core_sim`] runs a bare kernel core (no shell) in a C++ testbench, for bit-exact core
 //! tests. Both go through one [`Toolchain`] ([`verilator`]): the Verilator check, the C++
 //! compiler and the build cache, which the host passes in (this crate reads no environment).
+//!
+//! [`icarus`] runs an emitted kernel in Icarus Verilog, a 4-state simulator, inside a
+//! hand-written AXI testbench with random stalls and protocol checks ([`IcarusCard`], also an
+//! `FpgaDevice`): the tests use it so that X-propagation (which Verilator's 2-state model
+//! hides) cannot creep into the kernels.
 
 pub mod card;
 pub mod core_sim;
+pub mod icarus;
 pub mod memory;
 pub mod model;
 pub mod verilator;
 
 pub use card::{SimCard, SimConfig};
+pub use icarus::{IcarusCard, IcarusConfig};
 pub use memory::MemConfig;
 pub use verilator::Toolchain;
 
 /// Errors of the simulator.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
-    /// Verilator (or a C++ compiler) is missing or too old.
+    /// Verilator, Icarus Verilog or a C++ compiler is missing or too old.
     #[error("simulated FPGA card unavailable: {0}")]
     Unavailable(String),
     /// Building or loading the model failed.

@@ -6,7 +6,10 @@
 //!
 //! Dataflow:
 //! - *load*: K and V (`[Nkv][d]` int8) are read once into on-chip banks (one 64-bit bank per
-//!   8 lanes), then Q rows stream into a one-row prefetch buffer.
+//!   8 lanes), then Q rows stream into a one-row prefetch buffer. A run with `d < d_max`
+//!   loads only the first `d / 8` banks; the others read as zero (`bank_on`), not as what the
+//!   RAM held, so no unknown value reaches a score (in a 4-state simulator an unloaded lane
+//!   is X, and X x 0 is X).
 //! - *score stage*: one key per cycle for the current query row: the K row meets the Q row in
 //!   `d_max` 8x8 multipliers and an adder tree (int32 score), then the 32x16 score multiplier
 //!   and the round-half-up shift give the log2-domain logit `t` (48 bit). Logits go into a
@@ -151,8 +154,8 @@ fn attention_verilog(p: &AttentionCore) -> String {
             "always @(posedge clock) begin\n\
              \x20   if (kv_we && !c_isv && c_b == {adw}'d{b}) kb_{b}[c_row[{ajh}:0]] <= rd_data;\n\
              \x20   if (kv_we && c_isv && c_b == {adw}'d{b}) vb_{b}[c_row[{ajh}:0]] <= rd_data;\n\
-             \x20   if (s_issue) kr_{b} <= kb_{b}[s_jcur[{ajh}:0]];\n\
-             \x20   if (p_pop) vr_{b} <= vb_{b}[tf_j[{ajh}:0]];\n\
+             \x20   if (s_issue) kr_{b} <= bank_on[{b}] ? kb_{b}[s_jcur[{ajh}:0]] : 64'd0;\n\
+             \x20   if (p_pop) vr_{b} <= bank_on[{b}] ? vb_{b}[tf_j[{ajh}:0]] : 64'd0;\n\
              end",
             ajh = aj - 1
         );
@@ -225,6 +228,15 @@ fn attention_verilog(p: &AttentionCore) -> String {
     }
     let tile = p.kv_tile;
     let afw = clog2((lanes / 4) as u32);
+    // bank b is on when d_words = arg2 / 8 > b
+    let bank_on_init = format!(
+        "{{{}}}",
+        (0..dw)
+            .rev()
+            .map(|b| format!("(arg2[31:3] > 29'd{b})"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     format!(
         r#"
 // Attention core (tandem-fpga): d_max = {lanes} lanes, nkv_max = {nkv_max}, kv_tile = {tile}.
@@ -251,6 +263,9 @@ reg [31:0] nq_q, nkv_q, d_q, d_words, mult_q;
 reg [5:0] shift_q;
 reg causal_q;
 reg [63:0] pq_q, pk_q, pv_q, po_q, ps_q;
+// banks holding lanes < d: a run loads only those, so the others read as zero (never as
+// whatever the unloaded RAM holds: X in a 4-state simulator, X x 0 = X in every score)
+reg [{dwh}:0] bank_on;
 assign busy = running;
 wire args_ok = (arg0 != 32'd0) && (arg1 != 32'd0) && (arg1 <= NKV_MAX) && (arg2 != 32'd0)
             && (arg2[2:0] == 3'd0) && (arg2 <= D_MAX) && (arg4 <= 32'd65535) && (arg5 <= 32'd47);
@@ -374,6 +389,7 @@ always @(posedge clock) begin
             if (args_ok) begin
                 running <= 1'b1;
                 nq_q <= arg0; nkv_q <= arg1; d_q <= arg2; d_words <= arg2 >> 3; causal_q <= arg3[0];
+                bank_on <= {bank_on_init};
                 mult_q <= arg4; shift_q <= arg5[5:0];
                 pq_q <= ptr0; pk_q <= ptr1; pv_q <= ptr2; po_q <= ptr3; ps_q <= ptr4;
                 g_ph <= 2'd0; c_ph <= 2'd0; c_row <= 32'd0; c_b <= 0; c_qrows <= 32'd0;
@@ -495,6 +511,8 @@ endmodule // attention_core
         afwh = afw - 1,
         pad_dw = 32 - adw,
         pad_fw = 32 - afw,
+        dwh = dw - 1,
+        bank_on_init = bank_on_init,
     )
 }
 

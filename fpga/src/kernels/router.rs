@@ -306,6 +306,9 @@ reg [31:0] h_lo_q;
 reg [IW-1:0] pq [0:{q_last}];
 reg [QW:0] q_wp, q_rp;
 wire [QW:0] q_cnt = q_wp - q_rp;
+// the slot after q_wp, wrapped to QW bits here: an index written `pq[q_wp + 1]` relies on
+// the addition wrapping at the index's width, which Icarus Verilog 11 does not do (its #515)
+wire [QW-1:0] q_wp1 = q_wp[QW-1:0] + {{{{(QW-1){{1'b0}}}}, 1'b1}};
 wire q_room = ({{1'b0, q_cnt}} + {{{{QW{{1'b0}}}}, 2'd2}} <= {{1'b0, {q_depth}}});
 wire reading = (wph == W_HDATA);
 wire incr = clr_done && !reading && (q_cnt != {{(QW+1){{1'b0}}}});
@@ -411,7 +414,7 @@ always @(posedge clock) begin
                     ow <= {{rec_b, rec_a}};
                     ow_valid <= 1'b1;
                     pq[q_wp[QW-1:0]] <= sa_i;
-                    if (b_ok) pq[q_wp[QW-1:0] + {{{{(QW-1){{1'b0}}}}, 1'b1}}] <= sb_i;
+                    if (b_ok) pq[q_wp1] <= sb_i;
                     q_wp <= q_wp + (b_ok ? {{{{(QW-1){{1'b0}}}}, 2'd2}} : {{{{QW{{1'b0}}}}, 1'b1}});
                     if (last_pair) begin
                         ph <= P_IDLE; hand_full <= 1'b0; tout <= tout + 32'd1;
