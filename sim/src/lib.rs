@@ -16,10 +16,12 @@ pub mod card;
 pub mod core_sim;
 pub mod memory;
 pub mod model;
+pub mod modelled;
 pub mod verilator;
 
 pub use card::{SimCard, SimConfig};
 pub use memory::MemConfig;
+pub use modelled::{ModelCard, ModelConfig};
 pub use verilator::Toolchain;
 
 /// Errors of the simulator.
