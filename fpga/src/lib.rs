@@ -11,6 +11,7 @@
 //! - [`device`]: the [`FpgaDevice`] trait and its error type.
 //! - [`xclbin`]: the xclbin reader and the manifest of built xclbins; [`platform`]: the
 //!   Alveo platforms; [`flow`]: the commands that build an xclbin (package_xo, v++, vitis_hls).
+//! - [`timing`]: the analytic cycle models of the kernels (the modelled card, the planner).
 //! - [`drive`]: the host-side drivers of the kernels, written once over `&mut dyn FpgaDevice`
 //!   (the simulated card and the XRT driver alike).
 //! - [`xrt`]: the XRT driver: Alveo boards through XRT's C API, loaded at run time.
@@ -26,6 +27,7 @@ pub mod platform;
 pub mod regmap;
 pub mod shell;
 pub mod synth;
+pub mod timing;
 pub mod xclbin;
 pub mod xrt;
 

@@ -81,7 +81,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         };
                         let (_, st) =
                             run_attention(&mut c, dims, &[KvHead { k: &k, v: &v }], &[head], T)?;
-                        println!("attention,{nq},{nkv},{d},{},{}", u8::from(causal), st.cycles);
+                        println!(
+                            "attention,{nq},{nkv},{d},{},{}",
+                            u8::from(causal),
+                            st.cycles
+                        );
                     }
                 }
             }

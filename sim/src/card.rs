@@ -12,7 +12,7 @@ use tandem_fpga::shell::ShellConfig;
 use tandem_fpga::{DeviceBuffer, FpgaDevice, FpgaError, KernelBuild, RunStats};
 
 use crate::SimError;
-use crate::memory::{BANK_SHIFT, MemConfig, Memory};
+use crate::memory::{MemConfig, Memory};
 use crate::model::{self, Model, PinsIn, PinsOut};
 use crate::verilator::{self, Toolchain};
 
@@ -246,80 +246,23 @@ impl FpgaDevice for SimCard {
     }
 
     fn alloc(&mut self, bank: u32, bytes: u64) -> Result<DeviceBuffer, FpgaError> {
-        let cap = self.mem.cfg.bank_bytes;
-        let top = self
-            .mem
-            .tops
-            .get_mut(bank as usize)
-            .ok_or_else(|| FpgaError::OutOfRange {
-                msg: format!("bank {bank} (the card has {})", self.mem.cfg.banks),
-            })?;
-        let len = bytes.max(1).div_ceil(4096) * 4096;
-        if *top + len > cap {
-            return Err(FpgaError::OutOfMemory {
-                bank,
-                bytes,
-                free: cap - *top,
-            });
-        }
-        let addr = ((u64::from(bank) + 1) << BANK_SHIFT) + *top;
-        *top += len;
-        Ok(DeviceBuffer {
-            bank,
-            addr,
-            len: bytes,
-        })
+        self.mem.alloc(bank, bytes)
     }
 
     fn free(&mut self, buf: DeviceBuffer) -> Result<(), FpgaError> {
-        // A bump allocator: only the most recent buffer of a bank returns its space.
-        let len = buf.len.max(1).div_ceil(4096) * 4096;
-        if let Some(top) = self.mem.tops.get_mut(buf.bank as usize) {
-            let off = buf.addr - ((u64::from(buf.bank) + 1) << BANK_SHIFT);
-            if off + len == *top {
-                *top = off;
-            }
-        }
+        self.mem.free(buf);
         Ok(())
     }
 
     fn write(&mut self, buf: &DeviceBuffer, offset: u64, data: &[u8]) -> Result<(), FpgaError> {
-        if offset + data.len() as u64 > buf.len {
-            return Err(FpgaError::OutOfRange {
-                msg: format!(
-                    "write of {} bytes at {offset} into a {}-byte buffer",
-                    data.len(),
-                    buf.len
-                ),
-            });
-        }
-        let s = self
-            .mem
-            .bytes_mut(buf.addr + offset, data.len() as u64)
-            .ok_or_else(|| FpgaError::OutOfRange {
-                msg: format!("address {:#x}", buf.addr + offset),
-            })?;
-        s.copy_from_slice(data);
+        self.mem
+            .buffer_bytes(buf, offset, data.len(), "write")?
+            .copy_from_slice(data);
         Ok(())
     }
 
     fn read(&mut self, buf: &DeviceBuffer, offset: u64, out: &mut [u8]) -> Result<(), FpgaError> {
-        if offset + out.len() as u64 > buf.len {
-            return Err(FpgaError::OutOfRange {
-                msg: format!(
-                    "read of {} bytes at {offset} from a {}-byte buffer",
-                    out.len(),
-                    buf.len
-                ),
-            });
-        }
-        let s = self
-            .mem
-            .bytes_mut(buf.addr + offset, out.len() as u64)
-            .ok_or_else(|| FpgaError::OutOfRange {
-                msg: format!("address {:#x}", buf.addr + offset),
-            })?;
-        out.copy_from_slice(s);
+        out.copy_from_slice(self.mem.buffer_bytes(buf, offset, out.len(), "read")?);
         Ok(())
     }
 

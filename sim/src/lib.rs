@@ -22,11 +22,13 @@ pub mod core_sim;
 pub mod icarus;
 pub mod memory;
 pub mod model;
+pub mod modelled;
 pub mod verilator;
 
 pub use card::{SimCard, SimConfig};
 pub use icarus::{IcarusCard, IcarusConfig};
 pub use memory::MemConfig;
+pub use modelled::{ModelCard, ModelConfig};
 pub use verilator::Toolchain;
 
 /// Errors of the simulator.

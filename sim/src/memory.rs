@@ -3,6 +3,8 @@
 
 use std::collections::VecDeque;
 
+use tandem_fpga::{DeviceBuffer, FpgaError};
+
 use crate::model::{PinsIn, PinsOut};
 
 /// Bank `b` starts at `(b + 1) << BANK_SHIFT` (so no buffer has address 0).
@@ -105,6 +107,69 @@ impl Memory {
             v.resize(end as usize, 0);
         }
         Some(&mut v[off as usize..end as usize])
+    }
+
+    /// Allocates `bytes` in `bank`, aligned to 4 KiB (a bump allocator per bank).
+    pub fn alloc(&mut self, bank: u32, bytes: u64) -> Result<DeviceBuffer, FpgaError> {
+        let cap = self.cfg.bank_bytes;
+        let banks = self.cfg.banks;
+        let top = self
+            .tops
+            .get_mut(bank as usize)
+            .ok_or_else(|| FpgaError::OutOfRange {
+                msg: format!("bank {bank} (the card has {banks})"),
+            })?;
+        let len = bytes.max(1).div_ceil(4096) * 4096;
+        if *top + len > cap {
+            return Err(FpgaError::OutOfMemory {
+                bank,
+                bytes,
+                free: cap - *top,
+            });
+        }
+        let addr = ((u64::from(bank) + 1) << BANK_SHIFT) + *top;
+        *top += len;
+        Ok(DeviceBuffer {
+            bank,
+            addr,
+            len: bytes,
+        })
+    }
+
+    /// Frees a buffer: only the most recent buffer of a bank returns its space.
+    pub fn free(&mut self, buf: DeviceBuffer) {
+        let len = buf.len.max(1).div_ceil(4096) * 4096;
+        if let Some(top) = self.tops.get_mut(buf.bank as usize) {
+            let off = buf.addr - ((u64::from(buf.bank) + 1) << BANK_SHIFT);
+            if off + len == *top {
+                *top = off;
+            }
+        }
+    }
+
+    /// The bytes `[offset, offset + len)` of `buf`, checked against the buffer and the bank.
+    pub fn buffer_bytes(
+        &mut self,
+        buf: &DeviceBuffer,
+        offset: u64,
+        len: usize,
+        what: &str,
+    ) -> Result<&mut [u8], FpgaError> {
+        if offset
+            .checked_add(len as u64)
+            .is_none_or(|end| end > buf.len)
+        {
+            return Err(FpgaError::OutOfRange {
+                msg: format!(
+                    "{what} of {len} bytes at {offset} in a {}-byte buffer",
+                    buf.len
+                ),
+            });
+        }
+        self.bytes_mut(buf.addr + offset, len as u64)
+            .ok_or_else(|| FpgaError::OutOfRange {
+                msg: format!("address {:#x}", buf.addr + offset),
+            })
     }
 
     fn read_word(&mut self, addr: u64) -> u64 {

@@ -62,46 +62,86 @@ fn get_u32(
     }
 }
 
+/// A kernel build with its parameters, typed: what the host backend, the cycle models
+/// ([`crate::timing`]) and the modelled card need to know about a core beyond its Verilog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Build {
+    /// The MoE router.
+    Router(router::RouterCore),
+    /// The GEMM.
+    Gemm(gemm::GemmCore),
+    /// Streaming attention.
+    Attention(attention::AttentionCore),
+}
+
+impl Build {
+    /// The build of kernel `name` with `params` (unknown keys are an error; missing ones take
+    /// the defaults).
+    pub fn parse(name: &str, params: &[(String, i64)]) -> Result<Self, CoreError> {
+        let b = match name {
+            "router" => {
+                let m = take(name, params, &["e_max", "k_max"])?;
+                let d = router::RouterCore::default();
+                Build::Router(router::RouterCore {
+                    e_max: get_u32(name, &m, "e_max", d.e_max)?,
+                    k_max: get_u32(name, &m, "k_max", d.k_max)?,
+                })
+            }
+            "gemm" => {
+                let m = take(name, params, &["rows", "k_max", "n_max"])?;
+                let d = gemm::GemmCore::default();
+                Build::Gemm(gemm::GemmCore {
+                    rows: get_u32(name, &m, "rows", d.rows)?,
+                    k_max: get_u32(name, &m, "k_max", d.k_max)?,
+                    n_max: get_u32(name, &m, "n_max", d.n_max)?,
+                })
+            }
+            "attention" => {
+                let m = take(name, params, &["d_max", "nkv_max", "kv_tile"])?;
+                let d = attention::AttentionCore::default();
+                Build::Attention(attention::AttentionCore {
+                    d_max: get_u32(name, &m, "d_max", d.d_max)?,
+                    nkv_max: get_u32(name, &m, "nkv_max", d.nkv_max)?,
+                    kv_tile: get_u32(name, &m, "kv_tile", d.kv_tile)?,
+                })
+            }
+            _ => {
+                return Err(CoreError::Param {
+                    kernel: name.into(),
+                    msg: format!("unknown kernel (known: {})", KERNELS.join(", ")),
+                });
+            }
+        };
+        match &b {
+            Build::Router(c) => c.validate()?,
+            Build::Gemm(c) => c.validate()?,
+            Build::Attention(c) => c.validate()?,
+        }
+        Ok(b)
+    }
+
+    /// The build of a core (by its name and parameters).
+    pub fn of(core: &dyn KernelCore) -> Result<Self, CoreError> {
+        Self::parse(core.name(), &core.params())
+    }
+
+    /// The core as a trait object.
+    pub fn core(&self) -> &dyn KernelCore {
+        match self {
+            Build::Router(c) => c,
+            Build::Gemm(c) => c,
+            Build::Attention(c) => c,
+        }
+    }
+}
+
 /// The core of kernel `name` built with `params` (unknown keys are an error).
 pub fn core_for(name: &str, params: &[(String, i64)]) -> Result<Box<dyn KernelCore>, CoreError> {
-    match name {
-        "router" => {
-            let m = take(name, params, &["e_max", "k_max"])?;
-            let d = router::RouterCore::default();
-            let c = router::RouterCore {
-                e_max: get_u32(name, &m, "e_max", d.e_max)?,
-                k_max: get_u32(name, &m, "k_max", d.k_max)?,
-            };
-            c.validate()?;
-            Ok(Box::new(c))
-        }
-        "gemm" => {
-            let m = take(name, params, &["rows", "k_max", "n_max"])?;
-            let d = gemm::GemmCore::default();
-            let c = gemm::GemmCore {
-                rows: get_u32(name, &m, "rows", d.rows)?,
-                k_max: get_u32(name, &m, "k_max", d.k_max)?,
-                n_max: get_u32(name, &m, "n_max", d.n_max)?,
-            };
-            c.validate()?;
-            Ok(Box::new(c))
-        }
-        "attention" => {
-            let m = take(name, params, &["d_max", "nkv_max", "kv_tile"])?;
-            let d = attention::AttentionCore::default();
-            let c = attention::AttentionCore {
-                d_max: get_u32(name, &m, "d_max", d.d_max)?,
-                nkv_max: get_u32(name, &m, "nkv_max", d.nkv_max)?,
-                kv_tile: get_u32(name, &m, "kv_tile", d.kv_tile)?,
-            };
-            c.validate()?;
-            Ok(Box::new(c))
-        }
-        _ => Err(CoreError::Param {
-            kernel: name.into(),
-            msg: format!("unknown kernel (known: {})", KERNELS.join(", ")),
-        }),
-    }
+    Ok(match Build::parse(name, params)? {
+        Build::Router(c) => Box::new(c),
+        Build::Gemm(c) => Box::new(c),
+        Build::Attention(c) => Box::new(c),
+    })
 }
 
 #[cfg(test)]

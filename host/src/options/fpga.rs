@@ -28,6 +28,9 @@ pub struct FpgaOptions {
     pub sim_bytes_per_cycle: Option<f64>,
     /// Write a VCD trace of every signal of the simulated card here (`tandem fpga sim --vcd`).
     pub sim_vcd: Option<PathBuf>,
+    /// How the simulated card runs a kernel (`TANDEM_FPGA_SIM_MODE`, `--fpga-sim-mode`): the
+    /// RTL under Verilator, the modelled card, or chosen per launch by size (the default).
+    pub sim_mode: SimMode,
     /// XRT's install prefix (`XILINX_XRT`): its `lib/` is searched first for
     /// libxrt_coreutil, and XRT itself needs it set to reach a board.
     pub xilinx_xrt: Option<PathBuf>,
@@ -56,6 +59,7 @@ impl Default for FpgaOptions {
             sim_read_latency: None,
             sim_bytes_per_cycle: None,
             sim_vcd: None,
+            sim_mode: SimMode::Auto,
             xilinx_xrt: None,
             xrt_lib: None,
             xclbin_dir: None,
@@ -63,6 +67,47 @@ impl Default for FpgaOptions {
             xilinx_vitis: None,
             xrt_probe: None,
         }
+    }
+}
+
+/// How the simulated card (`fpga-sim`) runs kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SimMode {
+    /// The RTL under Verilator for launches of up to `AUTO_MODEL_CYCLES` estimated cycles
+    /// (seconds of simulation), the modelled card above.
+    #[default]
+    Auto,
+    /// Always the RTL under Verilator: exact cycles, the real pipeline (slow at model size).
+    Rtl,
+    /// Always the modelled card: the golden models' results (the same bits as the RTL) and
+    /// the analytic cycle models of `tandem_fpga::timing` (within 5% of the RTL's cycles).
+    Model,
+}
+
+impl SimMode {
+    /// The environment variable that sets it.
+    pub const ENV: &'static str = "TANDEM_FPGA_SIM_MODE";
+    /// Every mode.
+    pub const ALL: [SimMode; 3] = [SimMode::Auto, SimMode::Rtl, SimMode::Model];
+
+    /// Its name (`auto`, `rtl`, `model`).
+    pub fn name(self) -> &'static str {
+        match self {
+            SimMode::Auto => "auto",
+            SimMode::Rtl => "rtl",
+            SimMode::Model => "model",
+        }
+    }
+}
+
+impl std::str::FromStr for SimMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        SimMode::ALL
+            .into_iter()
+            .find(|m| m.name().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| format!("`{s}` is not accepted; expected one of auto, rtl, model"))
     }
 }
 
@@ -126,10 +171,15 @@ impl FpgaOptions {
             .or_else(|| path("HOME").map(|p| p.join(".cache").join("tandem").join("sim")))
             .unwrap_or(d.sim_cache);
         let cxx = env.text("CXX")?.unwrap_or(d.cxx);
+        let sim_mode = match env.text(SimMode::ENV)? {
+            None => SimMode::Auto,
+            Some(s) => s.parse().map_err(|e: String| Error::invalid(SimMode::ENV, e))?,
+        };
         let o = Self {
             clock_mhz,
             sim_cache,
             cxx,
+            sim_mode,
             xilinx_xrt: path("XILINX_XRT"),
             xrt_lib: path("TANDEM_XRT_LIB"),
             xclbin_dir: path("TANDEM_XCLBIN_DIR"),

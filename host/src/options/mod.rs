@@ -19,7 +19,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 pub use cuda::CudaOptions;
-pub use fpga::FpgaOptions;
+pub use fpga::{FpgaOptions, SimMode};
 
 use crate::error::Result;
 

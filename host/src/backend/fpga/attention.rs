@@ -17,6 +17,7 @@ use tandem_fpga::golden::attention::{AttentionConfig, AttentionOut, MAX_NKV};
 use tandem_fpga::golden::gemm as gq;
 use tandem_fpga::kernels::attention::AttentionCore;
 use tandem_fpga::kernels::gemm::pad8;
+use tandem_fpga::timing::{self, MemTiming};
 use tandem_fpga::{FpgaDevice, FpgaError, RunStats, drive};
 
 use super::Support;
@@ -28,9 +29,13 @@ use crate::tensor::{Tensor, TensorMeta};
 /// Kernel name reported for attention (o and lse both from the kernel).
 pub const ATTENTION_KERNEL: &str = "attention_int8_stream";
 
-/// Largest attention the simulated card takes, in estimated kernel cycles summed over the
+/// Largest attention the RTL simulation takes, in estimated kernel cycles summed over the
 /// heads ([`estimate_cycles`]): a few seconds of simulation.
 pub const MAX_SIM_CYCLES: u64 = 1 << 22;
+
+/// Largest attention the modelled card takes (the golden model's time on the host: about
+/// `d` operations per visible pair and head).
+pub const MAX_MODEL_CYCLES: u64 = 1 << 34;
 
 /// The attention builds the backend loads (each on its own card, at its first launch),
 /// smallest first: 64 + 64 and 128 + 128 MAC lanes (head dim up to 64 and 128), both with
@@ -62,28 +67,18 @@ pub fn pick(
         .copied()
 }
 
-/// (query, key) pairs a query row set sees: all of them, or the bottom-right causal ones.
-pub fn visible_pairs(causal: bool, nq: usize, nkv: usize) -> u64 {
-    if !causal {
-        return nq as u64 * nkv as u64;
-    }
-    (0..nq)
-        .map(|i| (i + 1 + nkv).saturating_sub(nq).min(nkv) as u64)
-        .sum()
-}
-
-/// Cycle estimate of one head (the documented cycle model): K/V load `2 Nkv dp / 8` and Q
-/// `Nq dp / 8` words, one cycle per visible pair, about one per row more, and a fixed
-/// latency and drain. Within 2% of the simulated cycles on the default layer (a little
-/// high).
-fn head_cycles(causal: bool, nq: usize, nkv: usize, dp: usize) -> u64 {
-    let load = 2 * (nkv * dp / 8) as u64 + (nq * dp / 8) as u64;
-    load + visible_pairs(causal, nq, nkv) + nq as u64 + 100
-}
-
-/// Estimated kernel cycles of the whole op (all heads, run one after another).
-pub fn estimate_cycles(causal: bool, s: &AttentionShape) -> u64 {
-    (s.b * s.hq) as u64 * head_cycles(causal, s.nq, s.nkv, pad8(s.d))
+/// Estimated kernel cycles of the whole op on `core` (all heads, run one after another):
+/// `tandem_fpga::timing::attention_cycles` per head (within 5% of the RTL's cycles).
+pub fn estimate_cycles(core: &AttentionCore, causal: bool, s: &AttentionShape) -> u64 {
+    let per_head = timing::attention_cycles(
+        core,
+        s.nq as u64,
+        s.nkv as u64,
+        pad8(s.d) as u64,
+        causal,
+        &MemTiming::default(),
+    );
+    ((s.b * s.hq) as u64).saturating_mul(per_head)
 }
 
 /// Whether one of `builds` takes this attention.
@@ -91,6 +86,7 @@ pub fn support(
     builds: &[(&'static str, AttentionCore)],
     p: &AttentionParams,
     inputs: &[TensorMeta],
+    max_cycles: u64,
 ) -> Support {
     let s = match p.shape(inputs) {
         Ok(s) => s,
@@ -114,10 +110,11 @@ pub fn support(
     if u32::try_from(s.nq).is_err() {
         return Support::No(format!("query length {} does not fit 32 bits", s.nq));
     }
-    let cycles = estimate_cycles(p.causal, &s);
-    if cycles > MAX_SIM_CYCLES {
+    let cycles = estimate_cycles(&core, p.causal, &s);
+    if cycles > max_cycles {
         return Support::No(format!(
-            "about {cycles} kernel cycles is more than the simulator runs quickly ({MAX_SIM_CYCLES})"
+            "about {cycles} kernel cycles is more than the simulated card runs quickly \
+             ({max_cycles}; the modelled card takes more: --fpga-sim-mode model or auto)"
         ));
     }
     Support::Native
@@ -268,6 +265,7 @@ mod tests {
 
     #[test]
     fn pairs_count_the_causal_triangle() {
+        use timing::visible_pairs;
         assert_eq!(visible_pairs(false, 3, 5), 15);
         // Nq = Nkv = 4: 1 + 2 + 3 + 4.
         assert_eq!(visible_pairs(true, 4, 4), 10);
@@ -287,12 +285,20 @@ mod tests {
         let p = AttentionParams::default();
         let m = |b, h, n, d| TensorMeta::new(vec![b, h, n, d], DType::F32);
         let ok = [m(1, 4, 24, 16), m(1, 2, 24, 16), m(1, 2, 24, 16)];
-        assert_eq!(support(&core, &p, &ok), Support::Native);
+        assert_eq!(support(&core, &p, &ok, MAX_SIM_CYCLES), Support::Native);
         let wide = [m(1, 2, 8, 136), m(1, 2, 8, 136), m(1, 2, 8, 136)];
-        assert!(matches!(support(&core, &p, &wide), Support::No(_)));
+        assert!(matches!(support(&core, &p, &wide, MAX_SIM_CYCLES), Support::No(_)));
         let long = [m(1, 2, 8, 16), m(1, 2, 600, 16), m(1, 2, 600, 16)];
-        assert!(matches!(support(&core, &p, &long), Support::No(_)));
+        assert!(matches!(support(&core, &p, &long, MAX_SIM_CYCLES), Support::No(_)));
         let many = [m(64, 32, 512, 64), m(64, 8, 512, 64), m(64, 8, 512, 64)];
-        assert!(matches!(support(&core, &p, &many), Support::No(_)));
+        assert!(matches!(
+            support(&core, &p, &many, MAX_SIM_CYCLES),
+            Support::No(_)
+        ));
+        // The modelled card takes it.
+        assert_eq!(
+            support(&core, &p, &many, MAX_MODEL_CYCLES),
+            Support::Native
+        );
     }
 }

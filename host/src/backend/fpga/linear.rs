@@ -19,10 +19,18 @@ pub const GEMM_KERNEL: &str = "linear_int8_gemm";
 
 /// Largest linear (M*N*K multiply-adds) the simulated card takes: about a million cycles on
 /// the 8x8 array, a second or so of simulation.
-const MAX_SIM_MACS: u128 = 1 << 26;
+pub(super) const MAX_SIM_MACS: u128 = 1 << 26;
+
+/// Largest linear the modelled card takes (the golden GEMM's time on the host).
+pub(super) const MAX_MODEL_MACS: u128 = 1 << 37;
 
 /// Whether the GEMM build `core` takes this linear.
-pub(super) fn support(core: &GemmCore, p: &LinearParams, inputs: &[TensorMeta]) -> Support {
+pub(super) fn support(
+    core: &GemmCore,
+    p: &LinearParams,
+    inputs: &[TensorMeta],
+    max_macs: u128,
+) -> Support {
     let Ok((m, n, k)) = p.mnk(inputs) else {
         return Support::No("invalid linear inputs".into());
     };
@@ -35,9 +43,10 @@ pub(super) fn support(core: &GemmCore, p: &LinearParams, inputs: &[TensorMeta]) 
             core.n_max, core.k_max
         ));
     }
-    if (m as u128) * (n as u128) * (k as u128) > MAX_SIM_MACS {
+    if (m as u128) * (n as u128) * (k as u128) > max_macs {
         return Support::No(format!(
-            "{m}x{n}x{k} MACs is more than the simulator runs quickly ({MAX_SIM_MACS})"
+            "{m}x{n}x{k} MACs is more than the simulated card runs quickly ({max_macs}; the \
+             modelled card takes more: --fpga-sim-mode model or auto)"
         ));
     }
     Support::Native

@@ -34,7 +34,9 @@ use tandem_fpga::core::KernelCore;
 use tandem_fpga::kernels::attention::AttentionCore;
 use tandem_fpga::kernels::gemm::GemmCore;
 use tandem_fpga::kernels::router::RouterCore;
+use tandem_fpga::kernels::gemm::pad8;
 use tandem_fpga::shell::ShellConfig;
+use tandem_fpga::timing::{self, MemTiming};
 use tandem_fpga::{DEFAULT_CLOCK_MHZ, FpgaDevice, FpgaError};
 
 pub use attention::ATTENTION_KERNEL;
@@ -47,7 +49,7 @@ use super::{
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::Op;
-use crate::options::FpgaOptions;
+use crate::options::{FpgaOptions, SimMode};
 use crate::sync::Deadline;
 use crate::tensor::{Tensor, TensorMeta};
 
@@ -72,7 +74,7 @@ pub fn discover(opts: &FpgaOptions) -> (Vec<Arc<dyn Backend>>, Vec<Missing>) {
                 memory_bytes: u64::from(mem.banks) * mem.bank_bytes,
                 details: vec![("simulator".into(), version)],
             };
-            let b = FpgaBackend::new(card, opts.clone(), sim_factory());
+            let b = FpgaBackend::new(card, opts.clone(), sim_factory()).with_model(model_factory());
             found.push(Arc::new(b));
         }
         Err(e) => missing.push(Missing {
@@ -110,6 +112,29 @@ pub fn sim_factory() -> OpenDevice {
     })
 }
 
+/// The factory of modelled cards: a `tandem_sim::ModelCard` (golden-model results, analytic
+/// cycles) with the simulated card's memory and clock options.
+pub fn model_factory() -> OpenDevice {
+    Box::new(|o: &FpgaOptions| {
+        let mut mem = tandem_sim::MemConfig::default();
+        if let Some(l) = o.sim_read_latency {
+            mem.read_latency = l;
+        }
+        if let Some(b) = o.sim_bytes_per_cycle {
+            mem.bytes_per_cycle = b;
+        }
+        let cfg = tandem_sim::ModelConfig {
+            mem,
+            clock_mhz: o.clock_mhz,
+        };
+        Ok(Box::new(tandem_sim::ModelCard::open(cfg)) as Box<dyn FpgaDevice>)
+    })
+}
+
+/// Estimated cycles above which `SimMode::Auto` runs a launch on the modelled card (about
+/// ten seconds of RTL simulation here).
+pub const AUTO_MODEL_CYCLES: u64 = 1 << 22;
+
 /// What a kind of card is, as the backend reports it.
 #[derive(Debug, Clone)]
 pub struct CardInfo {
@@ -131,12 +156,14 @@ pub struct FpgaBackend {
     info: DeviceInfo,
     opts: FpgaOptions,
     open: OpenDevice,
+    /// The modelled cards' factory, where the backend is a simulated card (not a board).
+    modelled: Option<OpenDevice>,
     router: RouterCore,
     gemm: GemmCore,
     attention: [(&'static str, AttentionCore); 2],
-    /// One card per kernel build (the first Verilator build of a kernel takes a while; later
-    /// ones load from the cache).
-    cards: Mutex<HashMap<&'static str, Box<dyn FpgaDevice>>>,
+    /// One card per kernel build and mode (the first Verilator build of a kernel takes a
+    /// while; later ones load from the cache).
+    cards: Mutex<HashMap<(&'static str, bool), Box<dyn FpgaDevice>>>,
 }
 
 impl std::fmt::Debug for FpgaBackend {
@@ -210,10 +237,58 @@ impl FpgaBackend {
             info,
             opts,
             open,
+            modelled: None,
             router,
             gemm,
             attention,
             cards: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Adds the modelled card (`FpgaOptions::sim_mode` decides when it runs a launch).
+    pub fn with_model(mut self, open: OpenDevice) -> Self {
+        self.info
+            .details
+            .push(("sim mode".into(), self.opts.sim_mode.name().into()));
+        self.modelled = Some(open);
+        self
+    }
+
+    /// Whether a launch of about `cycles` runs on the modelled card.
+    fn use_model(&self, cycles: u64) -> bool {
+        match (&self.modelled, self.opts.sim_mode) {
+            (None, _) | (Some(_), SimMode::Rtl) => false,
+            (Some(_), SimMode::Model) => true,
+            (Some(_), SimMode::Auto) => cycles > AUTO_MODEL_CYCLES,
+        }
+    }
+
+    /// Whether sizes past the RTL simulation's ceilings are taken (the modelled card runs them).
+    fn model_sized(&self) -> bool {
+        self.modelled.is_some() && self.opts.sim_mode != SimMode::Rtl
+    }
+
+    /// Estimated kernel cycles of an op this backend supports (the analytic models of
+    /// `tandem_fpga::timing`).
+    fn estimate_cycles(&self, op: &Op, inputs: &[TensorMeta]) -> Option<u64> {
+        let mem = MemTiming::default();
+        match op {
+            Op::MoeRoute(p) => {
+                let l = inputs.first()?;
+                let (t, e) = (*l.shape.first()? as u64, *l.shape.get(1)? as u64);
+                Some(timing::router_cycles(&self.router, t, e, p.top_k as u64, &mem))
+            }
+            Op::Linear(p) => {
+                let (m, n, k) = p.mnk(inputs).ok()?;
+                let (np, kp) = (pad8(n) as u64, pad8(k) as u64);
+                Some(timing::gemm_cycles(&self.gemm, m as u64, np, kp, &mem))
+            }
+            Op::Attention(p) => {
+                let s = p.shape(inputs).ok()?;
+                let (_, core) = attention::pick(&self.attention, s.d)?;
+                Some(attention::estimate_cycles(&core, p.causal, &s))
+            }
+            _ => None,
         }
     }
 
@@ -228,18 +303,24 @@ impl FpgaBackend {
         &self,
         name: &'static str,
         core: &dyn KernelCore,
+        modelled: bool,
         f: impl FnOnce(&mut dyn FpgaDevice) -> std::result::Result<R, FpgaError>,
     ) -> Result<(R, f64)> {
         let device = self.id().to_string();
+        let key = (name, modelled);
         let mut cards = self.cards.lock().unwrap_or_else(|e| e.into_inner());
-        if !cards.contains_key(name) {
-            let mut card = (self.open)(&self.opts).map_err(|e| fpga_err(&device, e))?;
+        if !cards.contains_key(&key) {
+            let open = match (&self.modelled, modelled) {
+                (Some(m), true) => m,
+                _ => &self.open,
+            };
+            let mut card = open(&self.opts).map_err(|e| fpga_err(&device, e))?;
             card.load_core(core, ShellConfig::default())
                 .map_err(|e| fpga_err(&device, e))?;
-            cards.insert(name, card);
+            cards.insert(key, card);
         }
         let card = cards
-            .get_mut(name)
+            .get_mut(&key)
             .ok_or_else(|| Error::Internal(format!("{device} card {name} missing")))?;
         let clock = card.clock_hz();
         match f(card.as_mut()) {
@@ -248,7 +329,7 @@ impl FpgaBackend {
                 if matches!(e, FpgaError::Timeout { .. } | FpgaError::Device { .. }) {
                     // The kernel may still be running, or the card is in an unknown state:
                     // close it; the next launch opens and loads a fresh one.
-                    cards.remove(name);
+                    cards.remove(&key);
                 }
                 Err(fpga_err(&device, e))
             }
@@ -299,8 +380,22 @@ impl Backend for FpgaBackend {
     fn supports(&self, op: &Op, inputs: &[TensorMeta]) -> Support {
         match op {
             Op::MoeRoute(p) => route::support(&self.router, p, inputs),
-            Op::Linear(p) => linear::support(&self.gemm, p, inputs),
-            Op::Attention(p) => attention::support(&self.attention, p, inputs),
+            Op::Linear(p) => {
+                let max = if self.model_sized() {
+                    linear::MAX_MODEL_MACS
+                } else {
+                    linear::MAX_SIM_MACS
+                };
+                linear::support(&self.gemm, p, inputs, max)
+            }
+            Op::Attention(p) => {
+                let max = if self.model_sized() {
+                    attention::MAX_MODEL_CYCLES
+                } else {
+                    attention::MAX_SIM_CYCLES
+                };
+                attention::support(&self.attention, p, inputs, max)
+            }
             other => Support::No(format!(
                 "no FPGA kernel for {} in this build (router, GEMM and attention are plugged in)",
                 other.name()
@@ -342,18 +437,20 @@ impl Backend for FpgaBackend {
             .iter()
             .map(|s| s.host_tensor("FPGA"))
             .collect::<Result<Vec<_>>>()?;
+        let modelled = self.use_model(self.estimate_cycles(op, &metas).unwrap_or(0));
         let (outs, cycles, clock_hz, kernel) = match op {
             Op::MoeRoute(p) => {
                 let job = route::RouteJob::new(p, tensors[0])?;
-                let ((out, st), clock) = self.with_card("router", &self.router, |dev| {
+                let ((out, st), clock) = self.with_card("router", &self.router, modelled, |dev| {
                     job.run(dev, deadline.remaining())
                 })?;
                 (job.outputs(out)?, st.cycles, clock, ROUTER_KERNEL)
             }
             Op::Linear(p) => {
                 let job = linear::LinearJob::new(p, &tensors)?;
-                let ((y, st), clock) =
-                    self.with_card("gemm", &self.gemm, |dev| job.run(dev, deadline.remaining()))?;
+                let ((y, st), clock) = self.with_card("gemm", &self.gemm, modelled, |dev| {
+                    job.run(dev, deadline.remaining())
+                })?;
                 (vec![job.output(&y)?], st.cycles, clock, GEMM_KERNEL)
             }
             Op::Attention(p) => {
@@ -367,8 +464,9 @@ impl Backend for FpgaBackend {
                         .ok_or_else(|| {
                             Error::Internal("no attention build for this shape".into())
                         })?;
-                    let ((heads, st), clock) =
-                        self.with_card(name, &core, |dev| job.run(dev, deadline.remaining()))?;
+                    let ((heads, st), clock) = self.with_card(name, &core, modelled, |dev| {
+                        job.run(dev, deadline.remaining())
+                    })?;
                     (heads, st.cycles, clock)
                 };
                 (job.outputs(&heads)?, cycles, clock, ATTENTION_KERNEL)
@@ -386,20 +484,23 @@ impl Backend for FpgaBackend {
             self.id(),
             outs,
             LaunchInfo {
-                kernel: kernel.into(),
+                // The report says which card produced the figure: cycles simulated from the
+                // RTL, or modelled.
+                kernel: if modelled {
+                    format!("{kernel} (modelled)")
+                } else {
+                    kernel.into()
+                },
                 device_time: Some(device_time),
                 cycles: Some(cycles),
             },
         ))
     }
 
-    /// Attention: the kernel's cycle model (`attention::estimate_cycles`, within a few percent
-    /// of the simulated cycles) at the clock; other ops: the op's cost at the device's rates.
+    /// The kernel's cycle model (`tandem_fpga::timing`, within 5% of the RTL's cycles) at the
+    /// clock; other ops: the op's cost at the device's rates.
     fn estimate(&self, op: &Op, inputs: &[TensorMeta]) -> Duration {
-        if let Op::Attention(p) = op
-            && let Ok(s) = p.shape(inputs)
-        {
-            let cycles = attention::estimate_cycles(p.causal, &s);
+        if let Some(cycles) = self.estimate_cycles(op, inputs) {
             return crate::plan::duration_from_secs(cycles as f64 / self.nominal_clock_hz())
                 .saturating_add(self.launch_overhead());
         }

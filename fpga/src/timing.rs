@@ -1,0 +1,138 @@
+//! Analytic cycle models of the kernels: how many clock cycles a run of a build takes, from
+//! the pipeline structure in docs/FPGA.md (fill and drain, tile loops, one element or key
+//! per cycle) and the memory's latency and bandwidth. They stand in for the RTL where running
+//! it cycle by cycle is too slow (the modelled card, the planner's estimates at any size);
+//! `sim/tests/cycle_model.rs` checks them against the RTL's simulated cycles (within 5%).
+
+use crate::kernels::attention::AttentionCore;
+use crate::kernels::gemm::GemmCore;
+use crate::kernels::router::RouterCore;
+
+/// Memory timing the models take into account (the simulated card's `MemConfig`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MemTiming {
+    /// Cycles from a read request to its first data.
+    pub read_latency: u64,
+    /// Cycles from the last written word to the write response.
+    pub write_latency: u64,
+    /// Bytes per cycle the memory delivers to one port.
+    pub bytes_per_cycle: f64,
+}
+
+impl Default for MemTiming {
+    fn default() -> Self {
+        Self {
+            read_latency: 40,
+            write_latency: 20,
+            bytes_per_cycle: 8.0,
+        }
+    }
+}
+
+impl MemTiming {
+    /// Cycles to stream `words` 64-bit words through the port (one per cycle at most).
+    fn stream(&self, words: u64) -> u64 {
+        let per_word = (8.0 / self.bytes_per_cycle.max(1e-3)).max(1.0);
+        (words as f64 * per_word).ceil() as u64
+    }
+
+    /// Cycles a compute loop of `cycles` takes when it reads `words` along the way: the
+    /// slower of the two.
+    fn bound(&self, cycles: u64, words: u64) -> u64 {
+        cycles.max(self.stream(words))
+    }
+}
+
+/// Cycles of a run whose arguments the kernel refuses (it finishes at once).
+pub const REFUSED_RUN_CYCLES: u64 = 8;
+
+/// Fixed cost of a run as the host sees it: the ap_start write, the first read's latency,
+/// the last write's response and the ap_done poll.
+fn overhead(m: &MemTiming) -> u64 {
+    m.read_latency + m.write_latency
+}
+
+/// The router: one logit per cycle (padding slots of a row's last word are skipped), at least
+/// `2 ceil(k/2) + 6` cycles per token (the softmax of the previous token: two slots per cycle
+/// of exp, the divider, two slots per cycle of normalise), then the histogram write-out (`E`
+/// cycles) and the last token's softmax.
+/// Fitted to the simulated router (e_max 256, k_max 8) within 2 cycles + 1%.
+pub fn router_cycles(_c: &RouterCore, tokens: u64, experts: u64, k: u64, m: &MemTiming) -> u64 {
+    let softmax = 2 * k.div_ceil(2) + 6;
+    let per_token = experts.max(softmax);
+    let stream = m.bound(tokens * per_token, tokens * experts.div_ceil(4));
+    // Small rows end before the pipeline has filled; a wide top-k adds its softmax drain.
+    let short = 8u64.saturating_sub(experts);
+    let drain = if experts >= softmax {
+        k.saturating_sub(2) * 5 / 3
+    } else {
+        k.saturating_sub(2) * 2 / 3
+    };
+    (stream + experts + 18 + drain + overhead(m)).saturating_sub(short)
+}
+
+/// The GEMM (output-stationary, `rows x 8` PEs, one k per cycle): the parameters (`Np` words)
+/// once; per M tile of `r` rows, its x rows (`r Kp / 8` words), then each of the `Np / 8`
+/// column tiles streams `Kp` words, but no faster than the read-out of the previous tile
+/// (`22 + 3 r` cycles: add, multiply, round, one word per row); the last read-out drains at
+/// the end. Fitted to the simulated rows-8 build.
+pub fn gemm_cycles(c: &GemmCore, m: u64, np: u64, kp: u64, mem: &MemTiming) -> u64 {
+    let rows = u64::from(c.rows).max(1);
+    let nt = np / 8;
+    let mut total = mem.stream(np);
+    let mut left = m;
+    let mut last = 0;
+    while left > 0 {
+        let r = left.min(rows);
+        let readout = 22 + 3 * r;
+        total += mem.stream(r * kp / 8) + nt * mem.stream(kp).max(readout);
+        last = r;
+        left -= r;
+    }
+    total + 27 + 3 * last + overhead(mem)
+}
+
+/// (query, key) pairs a head sees: all, or the bottom-right causal ones.
+pub fn visible_pairs(causal: bool, nq: u64, nkv: u64) -> u64 {
+    if !causal {
+        return nq * nkv;
+    }
+    // Row i sees min(nkv, max(0, i + 1 + nkv - nq)) keys: a ramp, then full rows.
+    (0..nq).map(|i| visible(causal, i, nq, nkv)).sum()
+}
+
+fn visible(causal: bool, i: u64, nq: u64, nkv: u64) -> u64 {
+    if causal {
+        (i + 1 + nkv).saturating_sub(nq).min(nkv)
+    } else {
+        nkv
+    }
+}
+
+/// Streaming attention, one head: K and V loaded whole (`2 Nkv dp / 8` words), then one
+/// cycle per visible (query, key) pair; a row after the first takes at least the finaliser's
+/// time for the previous row (`28 + dp / 4` cycles: the dividers), a row without keys one
+/// slot; the last row's finaliser and the pipeline (one tile behind) drain at the end.
+/// Fitted to the simulated d_max 64, kv_tile 16 build.
+pub fn attention_cycles(
+    _c: &AttentionCore,
+    nq: u64,
+    nkv: u64,
+    dp: u64,
+    causal: bool,
+    m: &MemTiming,
+) -> u64 {
+    let load = m.stream(2 * nkv * dp / 8);
+    let fin = 28 + dp / 4;
+    let rows: u64 = if nq == 0 {
+        0
+    } else if !causal {
+        nkv.max(1) + (nq - 1) * nkv.max(fin)
+    } else {
+        let row = |i: u64| visible(true, i, nq, nkv).max(1);
+        // Rows are a ramp: count those below the finaliser's floor in closed form where
+        // the ramp is long.
+        row(0) + (1..nq).map(|i| row(i).max(fin)).sum::<u64>()
+    };
+    load + m.bound(rows, nq * dp / 8) + fin + 12 + nkv.min(14) + dp / 16 + overhead(m)
+}

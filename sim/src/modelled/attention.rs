@@ -1,0 +1,66 @@
+//! Streaming attention on the modelled card: one head's q, K and V rows in, o rows and the
+//! per-row (e, l) statistics out.
+
+use tandem_fpga::FpgaError;
+use tandem_fpga::golden::attention::{AttentionConfig, attention};
+use tandem_fpga::kernels::attention::AttentionCore;
+use tandem_fpga::regmap::KernelDesc;
+use tandem_fpga::timing::{self, MemTiming};
+
+use super::ModelCard;
+
+pub(super) fn run(
+    card: &mut ModelCard,
+    c: &AttentionCore,
+    desc: &KernelDesc,
+    t: &MemTiming,
+) -> Result<u64, FpgaError> {
+    let nq = card.scalar(desc, "nq")?;
+    let nkv = card.scalar(desc, "nkv")?;
+    let dp = card.scalar(desc, "d")?;
+    let causal = card.scalar(desc, "causal")? & 1 == 1;
+    let mult = card.scalar(desc, "score_mult")?;
+    let shift = card.scalar(desc, "score_shift")?;
+    // The RTL's args_ok: anything else finishes at once without touching memory.
+    let ok = nq != 0
+        && nkv != 0
+        && nkv <= c.nkv_max
+        && dp != 0
+        && dp % 8 == 0
+        && dp <= c.d_max
+        && mult <= 65535
+        && shift <= 47;
+    if !ok {
+        return Ok(timing::REFUSED_RUN_CYCLES);
+    }
+    let (nq, nkv, dp) = (nq as usize, nkv as usize, dp as usize);
+    let int8 = |b: Vec<u8>| -> Vec<i8> { b.into_iter().map(|v| v as i8).collect() };
+    let q = int8(card.fetch(card.pointer(desc, "q")?, nq * dp)?);
+    let k = int8(card.fetch(card.pointer(desc, "k")?, nkv * dp)?);
+    let v = int8(card.fetch(card.pointer(desc, "v")?, nkv * dp)?);
+    let cfg = AttentionConfig {
+        nq,
+        nkv,
+        d: dp,
+        kv_tile: c.kv_tile as usize,
+        causal,
+        score_mult: mult as u16,
+        score_shift: shift as u8,
+    };
+    let out = attention(&q, &k, &v, &cfg).map_err(|err| FpgaError::Device {
+        device: card.name_of(),
+        msg: err.to_string(),
+    })?;
+    let o: Vec<u8> = out.o.iter().flat_map(|x| x.to_le_bytes()).collect();
+    card.store(card.pointer(desc, "o")?, &o)?;
+    let stats: Vec<u8> = out
+        .e
+        .iter()
+        .zip(&out.l)
+        .flat_map(|(&e, &l)| (u64::from(l) << 32 | u64::from(e as u32)).to_le_bytes())
+        .collect();
+    card.store(card.pointer(desc, "stats")?, &stats)?;
+    Ok(timing::attention_cycles(
+        c, nq as u64, nkv as u64, dp as u64, causal, t,
+    ))
+}

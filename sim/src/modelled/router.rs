@@ -1,0 +1,61 @@
+//! The router on the modelled card: int16 logit rows in, routes and histogram out.
+
+use tandem_fpga::FpgaError;
+use tandem_fpga::golden::router::{hist_words, logit_row_words, route, route_row_words};
+use tandem_fpga::kernels::router::RouterCore;
+use tandem_fpga::regmap::KernelDesc;
+use tandem_fpga::timing::{self, MemTiming};
+
+use super::ModelCard;
+
+pub(super) fn run(
+    card: &mut ModelCard,
+    c: &RouterCore,
+    desc: &KernelDesc,
+    t: &MemTiming,
+) -> Result<u64, FpgaError> {
+    let tokens = card.scalar(desc, "tokens")? as usize;
+    let experts = card.scalar(desc, "experts")?;
+    let k = card.scalar(desc, "top_k")?;
+    // The RTL's args_ok: anything else finishes at once without touching memory.
+    if experts == 0 || experts > c.e_max || k == 0 || k > c.k_max || k > experts {
+        return Ok(timing::REFUSED_RUN_CYCLES);
+    }
+    let (e, k) = (experts as usize, k as usize);
+    let row = logit_row_words(e) * 8;
+    let bytes = card.fetch(card.pointer(desc, "logits")?, tokens * row)?;
+    let logits: Vec<i16> = bytes
+        .chunks_exact(row)
+        .flat_map(|r| {
+            r.chunks_exact(2)
+                .take(e)
+                .map(|b| i16::from_le_bytes([b[0], b[1]]))
+        })
+        .collect();
+    let out = route(&logits, tokens, e, k).map_err(|err| FpgaError::Device {
+        device: card.name_of(),
+        msg: err.to_string(),
+    })?;
+    let rrow = route_row_words(k) * 8;
+    let mut routes = vec![0u8; tokens * rrow];
+    for (tk, (ids, ws)) in out.ids.chunks(k).zip(out.weights.chunks(k)).enumerate() {
+        for (j, (&id, &w)) in ids.iter().zip(ws).enumerate() {
+            let v = u32::from(w) << 16 | u32::from(id);
+            let o = tk * rrow + 4 * j;
+            routes[o..o + 4].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    card.store(card.pointer(desc, "routes")?, &routes)?;
+    let mut hist = vec![0u8; hist_words(e) * 8];
+    for (i, h) in out.hist.iter().enumerate() {
+        hist[4 * i..4 * i + 4].copy_from_slice(&h.to_le_bytes());
+    }
+    card.store(card.pointer(desc, "hist")?, &hist)?;
+    Ok(timing::router_cycles(
+        c,
+        tokens as u64,
+        e as u64,
+        k as u64,
+        t,
+    ))
+}

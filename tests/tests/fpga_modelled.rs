@@ -1,0 +1,148 @@
+//! The two ways to run the simulated card through the host backend: `SimMode::Rtl` (Verilator)
+//! and `SimMode::Model` (golden results, analytic cycles). On the same ops both give the same
+//! outputs bit for bit, and cycles within 5%; the modelled card takes shapes far past what
+//! the RTL simulation runs quickly; `Auto` picks by size and the report says which ran.
+//! Skipped where Verilator is missing (the RTL side).
+
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use tandem::backend::fpga::{CardInfo, FpgaBackend, model_factory, sim_factory};
+use tandem::backend::{Backend, DeviceKind, LaunchInfo, Support};
+use tandem::ops::{Activation, AttentionParams, LinearParams, MoeRouteParams, Op};
+use tandem::options::{FpgaOptions, SimMode};
+use tandem::{Tensor, TensorMeta};
+
+fn backend(mode: SimMode) -> FpgaBackend {
+    let card = CardInfo {
+        kind: DeviceKind::FpgaSim,
+        index: 0,
+        name: format!("simulated card ({})", mode.name()),
+        memory_bytes: 4 << 30,
+        details: Vec::new(),
+    };
+    let opts = FpgaOptions {
+        sim_mode: mode,
+        ..FpgaOptions::default()
+    };
+    FpgaBackend::new(card, opts, sim_factory()).with_model(model_factory())
+}
+
+fn run(b: &FpgaBackend, op: &Op, inputs: &[Tensor]) -> (Vec<Tensor>, LaunchInfo) {
+    let metas: Vec<TensorMeta> = inputs.iter().map(Tensor::meta).collect();
+    assert_eq!(b.supports(op, &metas), Support::Native, "{}", op.name());
+    let st: Vec<_> = inputs.iter().map(|t| b.upload(t).expect("upload")).collect();
+    let refs: Vec<_> = st.iter().collect();
+    let l = b.launch(op, &refs).expect("launch");
+    l.done
+        .wait(Duration::from_secs(600), op.name())
+        .expect("done");
+    let outs = l
+        .outputs
+        .iter()
+        .map(|o| b.download(o).expect("download"))
+        .collect();
+    let info = l.info.lock().expect("info").clone();
+    (outs, info)
+}
+
+fn random(rng: &mut rand_chacha::ChaCha8Rng, shape: &[usize]) -> Tensor {
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    Tensor::from_vec_f32(shape, v).expect("tensor")
+}
+
+/// The ops of a small layer: routing, a projection, GQA attention.
+fn ops(rng: &mut rand_chacha::ChaCha8Rng) -> Vec<(Op, Vec<Tensor>)> {
+    vec![
+        (
+            Op::MoeRoute(MoeRouteParams {
+                top_k: 2,
+                renormalize: true,
+                block_size: 16,
+            }),
+            vec![random(rng, &[96, 8])],
+        ),
+        (
+            Op::Linear(LinearParams {
+                act: Activation::Relu,
+                bias: true,
+            }),
+            vec![
+                random(rng, &[40, 200]),
+                random(rng, &[72, 200]),
+                random(rng, &[72]),
+            ],
+        ),
+        (
+            Op::Attention(AttentionParams {
+                causal: true,
+                scale: None,
+            }),
+            vec![
+                random(rng, &[1, 4, 48, 64]),
+                random(rng, &[1, 2, 48, 64]),
+                random(rng, &[1, 2, 48, 64]),
+            ],
+        ),
+    ]
+}
+
+#[test]
+fn modelled_and_rtl_cards_agree_on_results_and_cycles() {
+    if let Err(e) = tandem_sim::available() {
+        println!("SKIP: the RTL side needs Verilator: {e}");
+        return;
+    }
+    let (rtl, model) = (backend(SimMode::Rtl), backend(SimMode::Model));
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(99);
+    for (op, inputs) in ops(&mut rng) {
+        let (a, ia) = run(&rtl, &op, &inputs);
+        let (b, ib) = run(&model, &op, &inputs);
+        assert_eq!(a, b, "{}: outputs differ", op.name());
+        let (ca, cb) = (ia.cycles.expect("cycles"), ib.cycles.expect("cycles"));
+        let rel = (cb as f64 - ca as f64).abs() / ca as f64;
+        println!("{}: RTL {ca} cycles, model {cb} ({:.2}%)", op.name(), 100.0 * rel);
+        assert!(rel <= 0.05, "{}: model {cb} vs RTL {ca}", op.name());
+        assert!(!ia.kernel.contains("modelled"), "{}", ia.kernel);
+        assert!(ib.kernel.ends_with("(modelled)"), "{}", ib.kernel);
+    }
+}
+
+#[test]
+fn the_modelled_card_takes_what_the_rtl_simulation_declines() {
+    let (rtl, model, auto) = (
+        backend(SimMode::Rtl),
+        backend(SimMode::Model),
+        backend(SimMode::Auto),
+    );
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+    // 512 x 1024 x 1024: 2^29 MACs, past the RTL ceiling (2^26).
+    let op = Op::Linear(LinearParams {
+        act: Activation::None,
+        bias: false,
+    });
+    let inputs = vec![random(&mut rng, &[512, 1024]), random(&mut rng, &[1024, 1024])];
+    let metas: Vec<TensorMeta> = inputs.iter().map(Tensor::meta).collect();
+    match rtl.supports(&op, &metas) {
+        Support::No(why) => assert!(why.contains("--fpga-sim-mode"), "{why}"),
+        s => panic!("RTL mode took it: {s:?}"),
+    }
+    let (outs, info) = run(&model, &op, &inputs);
+    assert!(info.kernel.ends_with("(modelled)"));
+    // The int8 GEMM's documented bound against the f64 reference.
+    let reference = op
+        .reference(&inputs.iter().map(Tensor::to_f64).collect::<Vec<_>>())
+        .expect("reference");
+    let err = tandem::tensor::rel_error(&outs[0].to_f64(), &reference[0]);
+    assert!(err < 3e-2, "rel. error {err}");
+    // Auto picks the modelled card for it (about 2^23 cycles), the RTL for a small one.
+    let (_, auto_info) = run(&auto, &op, &inputs);
+    assert!(auto_info.kernel.ends_with("(modelled)"), "{}", auto_info.kernel);
+    assert_eq!(auto_info.cycles, info.cycles);
+    // The estimate the planner sees is the model's cycles at the clock.
+    let est = model.estimate(&op, &metas);
+    let device = info.device_time.expect("device time");
+    let rel = (est.as_secs_f64() - device.as_secs_f64()).abs() / device.as_secs_f64();
+    assert!(rel < 0.01, "estimate {est:?} vs modelled {device:?}");
+}
