@@ -31,7 +31,10 @@ fn backend(mode: SimMode) -> FpgaBackend {
 fn run(b: &FpgaBackend, op: &Op, inputs: &[Tensor]) -> (Vec<Tensor>, LaunchInfo) {
     let metas: Vec<TensorMeta> = inputs.iter().map(Tensor::meta).collect();
     assert_eq!(b.supports(op, &metas), Support::Native, "{}", op.name());
-    let st: Vec<_> = inputs.iter().map(|t| b.upload(t).expect("upload")).collect();
+    let st: Vec<_> = inputs
+        .iter()
+        .map(|t| b.upload(t).expect("upload"))
+        .collect();
     let refs: Vec<_> = st.iter().collect();
     let l = b.launch(op, &refs).expect("launch");
     l.done
@@ -102,7 +105,11 @@ fn modelled_and_rtl_cards_agree_on_results_and_cycles() {
         assert_eq!(a, b, "{}: outputs differ", op.name());
         let (ca, cb) = (ia.cycles.expect("cycles"), ib.cycles.expect("cycles"));
         let rel = (cb as f64 - ca as f64).abs() / ca as f64;
-        println!("{}: RTL {ca} cycles, model {cb} ({:.2}%)", op.name(), 100.0 * rel);
+        println!(
+            "{}: RTL {ca} cycles, model {cb} ({:.2}%)",
+            op.name(),
+            100.0 * rel
+        );
         assert!(rel <= 0.05, "{}: model {cb} vs RTL {ca}", op.name());
         assert!(!ia.kernel.contains("modelled"), "{}", ia.kernel);
         assert!(ib.kernel.ends_with("(modelled)"), "{}", ib.kernel);
@@ -122,7 +129,10 @@ fn the_modelled_card_takes_what_the_rtl_simulation_declines() {
         act: Activation::None,
         bias: false,
     });
-    let inputs = vec![random(&mut rng, &[512, 1024]), random(&mut rng, &[1024, 1024])];
+    let inputs = vec![
+        random(&mut rng, &[512, 1024]),
+        random(&mut rng, &[1024, 1024]),
+    ];
     let metas: Vec<TensorMeta> = inputs.iter().map(Tensor::meta).collect();
     match rtl.supports(&op, &metas) {
         Support::No(why) => assert!(why.contains("--fpga-sim-mode"), "{why}"),
@@ -138,7 +148,11 @@ fn the_modelled_card_takes_what_the_rtl_simulation_declines() {
     assert!(err < 3e-2, "rel. error {err}");
     // Auto picks the modelled card for it (about 2^23 cycles), the RTL for a small one.
     let (_, auto_info) = run(&auto, &op, &inputs);
-    assert!(auto_info.kernel.ends_with("(modelled)"), "{}", auto_info.kernel);
+    assert!(
+        auto_info.kernel.ends_with("(modelled)"),
+        "{}",
+        auto_info.kernel
+    );
     assert_eq!(auto_info.cycles, info.cycles);
     // The estimate the planner sees is the model's cycles at the clock.
     let est = model.estimate(&op, &metas);

@@ -173,7 +173,9 @@ impl FpgaOptions {
         let cxx = env.text("CXX")?.unwrap_or(d.cxx);
         let sim_mode = match env.text(SimMode::ENV)? {
             None => SimMode::Auto,
-            Some(s) => s.parse().map_err(|e: String| Error::invalid(SimMode::ENV, e))?,
+            Some(s) => s
+                .parse()
+                .map_err(|e: String| Error::invalid(SimMode::ENV, e))?,
         };
         let o = Self {
             clock_mhz,

@@ -287,18 +287,21 @@ mod tests {
         let ok = [m(1, 4, 24, 16), m(1, 2, 24, 16), m(1, 2, 24, 16)];
         assert_eq!(support(&core, &p, &ok, MAX_SIM_CYCLES), Support::Native);
         let wide = [m(1, 2, 8, 136), m(1, 2, 8, 136), m(1, 2, 8, 136)];
-        assert!(matches!(support(&core, &p, &wide, MAX_SIM_CYCLES), Support::No(_)));
+        assert!(matches!(
+            support(&core, &p, &wide, MAX_SIM_CYCLES),
+            Support::No(_)
+        ));
         let long = [m(1, 2, 8, 16), m(1, 2, 600, 16), m(1, 2, 600, 16)];
-        assert!(matches!(support(&core, &p, &long, MAX_SIM_CYCLES), Support::No(_)));
+        assert!(matches!(
+            support(&core, &p, &long, MAX_SIM_CYCLES),
+            Support::No(_)
+        ));
         let many = [m(64, 32, 512, 64), m(64, 8, 512, 64), m(64, 8, 512, 64)];
         assert!(matches!(
             support(&core, &p, &many, MAX_SIM_CYCLES),
             Support::No(_)
         ));
         // The modelled card takes it.
-        assert_eq!(
-            support(&core, &p, &many, MAX_MODEL_CYCLES),
-            Support::Native
-        );
+        assert_eq!(support(&core, &p, &many, MAX_MODEL_CYCLES), Support::Native);
     }
 }

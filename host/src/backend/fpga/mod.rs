@@ -33,8 +33,8 @@ use std::time::Duration;
 use tandem_fpga::core::KernelCore;
 use tandem_fpga::kernels::attention::AttentionCore;
 use tandem_fpga::kernels::gemm::GemmCore;
-use tandem_fpga::kernels::router::RouterCore;
 use tandem_fpga::kernels::gemm::pad8;
+use tandem_fpga::kernels::router::RouterCore;
 use tandem_fpga::shell::ShellConfig;
 use tandem_fpga::timing::{self, MemTiming};
 use tandem_fpga::{DEFAULT_CLOCK_MHZ, FpgaDevice, FpgaError};
@@ -276,7 +276,13 @@ impl FpgaBackend {
             Op::MoeRoute(p) => {
                 let l = inputs.first()?;
                 let (t, e) = (*l.shape.first()? as u64, *l.shape.get(1)? as u64);
-                Some(timing::router_cycles(&self.router, t, e, p.top_k as u64, &mem))
+                Some(timing::router_cycles(
+                    &self.router,
+                    t,
+                    e,
+                    p.top_k as u64,
+                    &mem,
+                ))
             }
             Op::Linear(p) => {
                 let (m, n, k) = p.mnk(inputs).ok()?;
@@ -441,9 +447,10 @@ impl Backend for FpgaBackend {
         let (outs, cycles, clock_hz, kernel) = match op {
             Op::MoeRoute(p) => {
                 let job = route::RouteJob::new(p, tensors[0])?;
-                let ((out, st), clock) = self.with_card("router", &self.router, modelled, |dev| {
-                    job.run(dev, deadline.remaining())
-                })?;
+                let ((out, st), clock) =
+                    self.with_card("router", &self.router, modelled, |dev| {
+                        job.run(dev, deadline.remaining())
+                    })?;
                 (job.outputs(out)?, st.cycles, clock, ROUTER_KERNEL)
             }
             Op::Linear(p) => {
