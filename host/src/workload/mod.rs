@@ -85,6 +85,9 @@ pub struct WorkloadFile {
     /// The layer's sizes.
     #[serde(default)]
     pub mixtral: MixtralConfig,
+    /// The keys the file's `[mixtral]` table sets (the others are defaults).
+    #[serde(skip)]
+    pub given: Vec<String>,
 }
 
 impl WorkloadFile {
@@ -93,8 +96,13 @@ impl WorkloadFile {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::file(path, format!("cannot read: {e}")))?;
-        let w: WorkloadFile =
+        let mut w: WorkloadFile =
             toml::from_str(&text).map_err(|e| Error::file(path, e.to_string()))?;
+        if let Ok(v) = toml::from_str::<toml::Table>(&text)
+            && let Some(m) = v.get("mixtral").and_then(|m| m.as_table())
+        {
+            w.given = m.keys().cloned().collect();
+        }
         w.mixtral
             .check()
             .map_err(|e| Error::file(path, e.to_string()))?;
@@ -304,6 +312,8 @@ pub struct LoadedLayer {
     pub config: MixtralConfig,
     /// The `input` tensor as [B*T, H], with (B, T), if present.
     pub input: Option<(Tensor, usize, usize)>,
+    /// The prefix of the layer's tensor names in the file (`model.layers.3.`).
+    pub prefix: String,
 }
 
 /// Reads one Mixtral layer's weights from a safetensors file with transformers' names (any
@@ -311,24 +321,77 @@ pub struct LoadedLayer {
 /// (`mlp.experts.gate_up_proj` [E, 2F, H], `mlp.experts.down_proj` [E, H, F]) and the per-expert
 /// layout (`block_sparse_moe.experts.N.w1/w2/w3.weight`) are accepted. `config.heads` must be
 /// right (the weights cannot tell heads from head dim); the other sizes come from the file.
-/// `config.json` is not read here: [`load_hf_layer`] reads it.
+/// `config.json` is not read here: [`load_hf_layer`] reads it. A file holding several layers
+/// is refused, naming them: [`load_layer_at`] picks one.
 pub fn load_layer(path: impl AsRef<Path>, config: &MixtralConfig) -> Result<LoadedLayer> {
+    load_layer_at(path, config, None)
+}
+
+/// The layer number of a name prefix: the last dot-separated part that is a number
+/// (`model.layers.3.` -> 3).
+fn layer_number(prefix: &str) -> Option<usize> {
+    prefix
+        .trim_end_matches('.')
+        .rsplit('.')
+        .find_map(|p| p.parse::<usize>().ok())
+}
+
+/// [`load_layer`] of layer `layer` (the number in its names, `model.layers.N.`), for files
+/// that hold several: `None` is accepted only for a file of one layer; a number the file
+/// does not hold is refused, listing the layers it does.
+pub fn load_layer_at(
+    path: impl AsRef<Path>,
+    config: &MixtralConfig,
+    layer: Option<usize>,
+) -> Result<LoadedLayer> {
+    const Q: &str = "self_attn.q_proj.weight";
     let path = path.as_ref();
     let mut all = crate::io::read_safetensors(path)?;
-    let q_key = all
+    let mut prefixes: Vec<String> = all
         .keys()
-        .filter(|k| k.ends_with("self_attn.q_proj.weight"))
-        .min_by_key(|k| (k.len(), (*k).clone()))
-        .cloned()
-        .ok_or_else(|| {
-            Error::file(
+        .filter_map(|k| k.strip_suffix(Q))
+        .map(str::to_string)
+        .collect();
+    prefixes.sort_by_key(|p| (layer_number(p), p.clone()));
+    if prefixes.is_empty() {
+        return Err(Error::file(
+            path,
+            format!("no tensor named '*{Q}': not a Mixtral layer (expected transformers' Mixtral names)"),
+        ));
+    }
+    let listed = || {
+        prefixes
+            .iter()
+            .map(|p| match layer_number(p) {
+                Some(n) => format!("{n} ({p}*)"),
+                None => format!("{p}*"),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let prefix = match layer {
+        None if prefixes.len() == 1 => prefixes[0].clone(),
+        None => {
+            return Err(Error::file(
                 path,
-                "no tensor named '*self_attn.q_proj.weight': not a Mixtral layer (expected transformers' Mixtral names)",
-            )
-        })?;
-    let prefix = q_key
-        .trim_end_matches("self_attn.q_proj.weight")
-        .to_string();
+                format!(
+                    "holds {} layers: {}; pick one with --layer N",
+                    prefixes.len(),
+                    listed()
+                ),
+            ));
+        }
+        Some(n) => prefixes
+            .iter()
+            .find(|p| layer_number(p) == Some(n) || (n == 0 && prefixes.len() == 1 && layer_number(p).is_none()))
+            .cloned()
+            .ok_or_else(|| {
+                Error::file(
+                    path,
+                    format!("has no layer {n}; it holds: {}", listed()),
+                )
+            })?,
+    };
     let fused = all.contains_key(&format!("{prefix}mlp.experts.gate_up_proj"));
     let mut take = |suffix: &str| -> Result<Tensor> {
         let key = format!("{prefix}{suffix}");
@@ -445,6 +508,7 @@ pub fn load_layer(path: impl AsRef<Path>, config: &MixtralConfig) -> Result<Load
         weights,
         config: c,
         input,
+        prefix,
     })
 }
 
