@@ -153,13 +153,9 @@ pub fn build(
             if let Some(hf) = &hf {
                 hf.apply(&mut c);
             }
-            if !hf_heads && args.sizes.heads.is_none() && !toml_heads {
-                bail!(
-                    "{}: the head count is not known: there is no {} with num_attention_heads beside                      the weights (looked for {}); pass the model's --heads (and --kv-heads, which is                      checked against the weights)",
-                    p.display(),
-                    HfConfig::FILE_NAME,
-                    HfConfig::path_beside(p).display()
-                );
+            if !hf_heads && !toml_heads {
+                // Unknown unless --heads gives it: the loader then refuses, naming the flag.
+                c.heads = 0;
             }
             args.sizes.apply(&mut c);
             let l = workload::load_layer_at(p, &c, args.layer)?;

@@ -612,4 +612,52 @@ mod tests {
         h.record(DeviceId::CPU, &Op::Add, &ins(), Duration::MAX);
         assert!(h.is_empty());
     }
+
+    #[test]
+    fn errors_and_contended_samples_are_kept_and_listed() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::Internal(e.to_string()))?;
+        let path = dir.path().join("history.json");
+        let (op, ins) = (Op::Add, ins());
+        let mut h = History::open(path.clone());
+        h.record_sample(DeviceId::CPU, &op, &ins, Duration::from_millis(1), false, Some(1e-3));
+        h.record_sample(DeviceId::CPU, &op, &ins, Duration::from_millis(3), true, Some(2e-3));
+        h.record_sample(DeviceId::CPU, &op, &ins, Duration::from_millis(5), true, None);
+        h.save()?;
+        let mut h = History::open(path.clone());
+        // The estimate is the uncontended mean; the error the worst of both.
+        let (t, n) = h
+            .estimate(DeviceId::CPU, &op, &ins)
+            .ok_or(Error::Internal("lost".into()))?;
+        assert_eq!((t, n), (Duration::from_millis(1), 1));
+        assert_eq!(h.measured_error(DeviceId::CPU, &op, &ins), Some((2e-3, 2)));
+        let list = h.list();
+        assert_eq!(list.len(), 2);
+        let c = list.iter().find(|e| e.contended).ok_or(Error::Internal("no contended".into()))?;
+        assert_eq!((c.device.as_str(), c.n, c.error_n), ("cpu", 2, 1));
+        assert_eq!(c.op, r#"{"op":"add"}"#);
+        assert_eq!(c.shapes, "f32[4],f32[4]");
+        assert!((c.mean_s - 4e-3).abs() < 1e-12);
+        assert_eq!(h.path(), Some(path.as_path()));
+        // Reset removes the file and forgets everything.
+        assert_eq!(h.reset()?, 2);
+        assert!(h.is_empty() && !path.exists());
+        assert_eq!(h.reset()?, 0);
+        Ok(())
+    }
+
+    #[test]
+    fn a_bad_error_field_drops_the_entry() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::Internal(e.to_string()))?;
+        let path = dir.path().join("h.json");
+        let text = file_with(
+            r#""bad": {"n": 1, "mean_s": 0.5, "max_rel_error": -1, "error_n": 1},
+               "ok": {"n": 1, "mean_s": 0.5, "max_rel_error": 0.25, "error_n": 1}"#,
+        );
+        std::fs::write(&path, text).map_err(|e| Error::file(&path, e.to_string()))?;
+        let h = History::open(path);
+        let keys: Vec<_> = h.entries().map(|(k, _, _)| k.to_string()).collect();
+        assert_eq!(keys, ["ok"]);
+        assert_eq!(h.list()[0].max_rel_error, Some(0.25));
+        Ok(())
+    }
 }

@@ -377,3 +377,203 @@ pub fn plan_with(
             .collect(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::backend::{Backend, DeviceInfo, DeviceStorage, Launch};
+    use crate::dtype::DType;
+    use crate::ops::{Activation, LinearParams, Op, RmsNormParams};
+    use crate::tensor::Tensor;
+
+    /// A device that is very fast at linear and has nothing else, of the numerics its
+    /// `compute_dtype` says. The planner only sees what the trait says; nothing launches here.
+    #[derive(Debug)]
+    struct FastLinear {
+        info: DeviceInfo,
+    }
+
+    impl Backend for FastLinear {
+        fn info(&self) -> &DeviceInfo {
+            &self.info
+        }
+        fn supports(&self, op: &Op, _inputs: &[TensorMeta]) -> Support {
+            match op {
+                Op::Linear(_) => Support::Native,
+                other => Support::No(format!("no {} kernel", other.name())),
+            }
+        }
+        fn upload(&self, host: &Tensor) -> Result<DeviceStorage> {
+            Ok(DeviceStorage::new(self.id(), host.meta(), host.clone()))
+        }
+        fn download(&self, storage: &DeviceStorage) -> Result<Tensor> {
+            storage.host_tensor("fast linear").cloned()
+        }
+        fn launch(&self, _op: &Op, _inputs: &[&DeviceStorage]) -> Result<Launch> {
+            Err(Error::Internal("the planner's test device does not launch".into()))
+        }
+        fn synchronize(&self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    const FAST: DeviceId = DeviceId {
+        kind: DeviceKind::FpgaXrt,
+        index: 0,
+    };
+
+    fn registry(dtype: DType) -> DeviceRegistry {
+        let mut r = DeviceRegistry::cpu_only();
+        r.add(Arc::new(FastLinear {
+            info: DeviceInfo {
+                id: FAST,
+                name: "fast linear".into(),
+                memory_bytes: 1 << 30,
+                peak_flops: 1e18,
+                peak_bandwidth: 1e15,
+                compute_dtype: dtype,
+                details: Vec::new(),
+            },
+        }));
+        r
+    }
+
+    /// x [256, 1024] -> linear (1024 -> 1024) -> rmsnorm.
+    fn graph() -> Graph {
+        let mut g = Graph::default();
+        let t = |s: &[usize]| Tensor::zeros(&TensorMeta::new(s.to_vec(), DType::F32));
+        g.constant("x", t(&[256, 1024]));
+        g.param("w", t(&[1024, 1024]));
+        g.param("g", t(&[1024]));
+        let lin = g.add(
+            "lin",
+            Op::Linear(LinearParams {
+                act: Activation::None,
+                bias: false,
+            }),
+            &["x", "w"],
+        );
+        let norm = g.add(
+            "norm",
+            Op::RmsNorm(RmsNormParams::default()),
+            &[&lin[0], "g"],
+        );
+        g.outputs = norm;
+        g
+    }
+
+    fn devices(p: &Plan) -> Vec<String> {
+        p.placements.iter().map(|p| p.device.to_string()).collect()
+    }
+
+    fn policy(f: impl FnOnce(&mut PlacementPolicy)) -> PlacementPolicy {
+        let mut p = PlacementPolicy::default();
+        f(&mut p);
+        p
+    }
+
+    #[test]
+    fn auto_uses_a_lossy_device_only_when_allowed() -> Result<()> {
+        let g = graph();
+        let reg = registry(DType::I8);
+        let auto = BackendChoice::Auto;
+        let strict = plan(&g, &reg, auto)?;
+        assert_eq!(devices(&strict), ["cpu", "cpu"]);
+        assert_eq!(strict.lossy_refused, ["fpga:0 (int8 fixed point): 1 op"]);
+        assert!(strict.placements[0].reason.contains("--allow-lossy"));
+        assert!(strict.summary(auto).starts_with("auto, exact f32 only"));
+        let any = plan_with(&g, &reg, auto, None, &policy(|p| p.allow_lossy = true))?;
+        assert_eq!(devices(&any), ["fpga:0", "cpu"]);
+        assert!(any.placements[0].numerics.is_lossy());
+        assert!(any.lossy_refused.is_empty());
+        // The same device declaring exact f32 numerics is used without asking.
+        let exact = plan(&g, &registry(DType::F32), auto)?;
+        assert_eq!(devices(&exact), ["fpga:0", "cpu"]);
+        Ok(())
+    }
+
+    #[test]
+    fn max_error_is_checked_against_the_measured_error_else_the_declared_bound() -> Result<()> {
+        let g = graph();
+        let metas = g.validate()?;
+        let ins: Vec<TensorMeta> = g.nodes[0]
+            .inputs
+            .iter()
+            .map(|i| metas[i].clone())
+            .collect();
+        let reg = registry(DType::I8);
+        let auto = BackendChoice::Auto;
+        let tight = policy(|p| p.max_error = Some(1e-2));
+        let loose = policy(|p| p.max_error = Some(1e-1));
+        // Not measured: int8's declared 5e-2 decides.
+        assert_eq!(devices(&plan_with(&g, &reg, auto, None, &tight)?), ["cpu", "cpu"]);
+        assert_eq!(devices(&plan_with(&g, &reg, auto, None, &loose)?), ["fpga:0", "cpu"]);
+        // Measured at 4e-3 on this op and shape: within 1e-2.
+        let mut h = History::in_memory();
+        let lin = &g.nodes[0].op;
+        h.record_sample(FAST, lin, &ins, Duration::from_micros(1), false, Some(4e-3));
+        let p = plan_with(&g, &reg, auto, Some(&h), &tight)?;
+        assert_eq!(devices(&p), ["fpga:0", "cpu"]);
+        // --fresh ignores the measurement (and the times).
+        let fresh = policy(|p| {
+            p.max_error = Some(1e-2);
+            p.fresh = true;
+        });
+        let p = plan_with(&g, &reg, auto, Some(&h), &fresh)?;
+        assert_eq!(devices(&p), ["cpu", "cpu"]);
+        assert_eq!(p.from_history, 0);
+        // A worse measurement later takes the op back off the device.
+        h.record_sample(FAST, lin, &ins, Duration::from_micros(1), false, Some(3e-2));
+        let p = plan_with(&g, &reg, auto, Some(&h), &tight)?;
+        assert_eq!(devices(&p), ["cpu", "cpu"]);
+        assert!(p.placements[0].reason.contains("measured, 2 runs"), "{}", p.placements[0].reason);
+        Ok(())
+    }
+
+    #[test]
+    fn placements_from_the_history_are_counted_and_contended_samples_ignored() -> Result<()> {
+        let g = graph();
+        let metas = g.validate()?;
+        let reg = DeviceRegistry::cpu_only();
+        let mut h = History::in_memory();
+        let ins = |i: usize| -> Vec<TensorMeta> {
+            g.nodes[i].inputs.iter().map(|n| metas[n].clone()).collect()
+        };
+        // Contended samples are kept, but not as estimates.
+        h.record_sample(DeviceId::CPU, &g.nodes[0].op, &ins(0), Duration::from_millis(9), true, None);
+        let p = plan_with_history(&g, &reg, BackendChoice::Auto, Some(&h))?;
+        assert_eq!(p.from_history, 0);
+        h.record(DeviceId::CPU, &g.nodes[0].op, &ins(0), Duration::from_millis(2));
+        let p = plan_with_history(&g, &reg, BackendChoice::Auto, Some(&h))?;
+        assert_eq!(p.from_history, 1);
+        assert_eq!(p.placements[0].history_samples, Some(1));
+        assert_eq!(p.placements[0].estimate, Duration::from_millis(2));
+        assert!(p.summary(BackendChoice::Auto).contains("1 of 2 estimates from the op-time history"));
+        Ok(())
+    }
+
+    #[test]
+    fn a_requested_backend_is_held_to() -> Result<()> {
+        let g = graph();
+        let reg = registry(DType::I8);
+        let fpga = BackendChoice::Only(DeviceKind::FpgaXrt);
+        // It lacks rmsnorm: the CPU runs it, with a warning; --strict refuses.
+        let p = plan(&g, &reg, fpga)?;
+        assert_eq!(devices(&p), ["fpga:0", "cpu"]);
+        assert!(p.warnings[0].contains("no kernel for rmsnorm"), "{:?}", p.warnings);
+        let e = plan_with(&g, &reg, fpga, None, &policy(|p| p.strict = true))
+            .expect_err("strict");
+        assert_eq!(e.kind(), crate::error::ErrorKind::Unimplemented);
+        assert!(e.to_string().contains("rmsnorm"), "{e}");
+        // A kind that is missing is an error, unless the CPU may stand in.
+        let cuda = BackendChoice::Only(DeviceKind::Cuda);
+        let e = plan(&g, &reg, cuda).expect_err("missing");
+        assert_eq!(e.kind(), crate::error::ErrorKind::Unavailable);
+        let p = plan_with(&g, &reg, cuda, None, &policy(|p| p.fallback = true))?;
+        assert_eq!(devices(&p), ["cpu", "cpu"]);
+        assert!(p.warnings[0].contains("running on the CPU"), "{:?}", p.warnings);
+        Ok(())
+    }
+}

@@ -320,8 +320,9 @@ pub struct LoadedLayer {
 /// prefix, e.g. `layer.` or `model.layers.0.`). Both the fused expert layout
 /// (`mlp.experts.gate_up_proj` [E, 2F, H], `mlp.experts.down_proj` [E, H, F]) and the per-expert
 /// layout (`block_sparse_moe.experts.N.w1/w2/w3.weight`) are accepted. `config.heads` must be
-/// right (the weights cannot tell heads from head dim); the other sizes come from the file.
-/// `config.json` is not read here: [`load_hf_layer`] reads it. A file holding several layers
+/// right (the weights cannot tell heads from head dim; 0 means unknown and is refused, naming
+/// `--heads`); the other sizes come from the file. `config.json` is not read here:
+/// [`load_hf_layer`] reads it. A file holding several layers
 /// is refused, naming them: [`load_layer_at`] picks one.
 pub fn load_layer(path: impl AsRef<Path>, config: &MixtralConfig) -> Result<LoadedLayer> {
     load_layer_at(path, config, None)
@@ -444,7 +445,19 @@ pub fn load_layer_at(
     let mut c = config.clone();
     c.d_model = dim(&wq, 1);
     let qdim = dim(&wq, 0);
-    if c.heads == 0 || qdim % c.heads != 0 {
+    if c.heads == 0 {
+        return Err(Error::file(
+            path,
+            format!(
+                "the head count is not known: no {} with num_attention_heads beside the weights \
+                 (looked for {}), and the weights cannot tell heads from head size; pass the \
+                 model's --heads (--kv-heads is then checked against k_proj)",
+                HfConfig::FILE_NAME,
+                HfConfig::path_beside(path).display()
+            ),
+        ));
+    }
+    if qdim % c.heads != 0 {
         return Err(Error::file(
             path,
             format!(
@@ -765,6 +778,51 @@ mod tests {
             .expect_err("heads 0")
             .to_string();
         assert!(m.contains("config.json: num_attention_heads = 0"), "{m}");
+        Ok(())
+    }
+
+    #[test]
+    fn a_file_of_several_layers_needs_the_layer_named()
+    -> std::result::Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let small = MixtralConfig {
+            d_model: 32,
+            heads: 4,
+            kv_heads: 2,
+            experts: 4,
+            top_k: 2,
+            ffn: 16,
+            seq_len: 4,
+            ..MixtralConfig::default()
+        };
+        let names = weight_names();
+        let mut t = BTreeMap::new();
+        for (layer, seed) in [(0, 3), (1, 4)] {
+            let w = MixtralWeights::random(&small, &mut ChaCha8Rng::seed_from_u64(seed));
+            for (short, tensor) in w.all() {
+                let long = names.get(short).ok_or("name")?;
+                t.insert(format!("model.layers.{layer}.{long}"), tensor.clone());
+            }
+        }
+        let path = dir.path().join("two.safetensors");
+        crate::io::write_safetensors(&path, &t)?;
+        let m = load_layer(&path, &small).expect_err("two layers").to_string();
+        assert!(m.contains("holds 2 layers: 0 (model.layers.0.*), 1 (model.layers.1.*)"), "{m}");
+        assert!(m.contains("--layer"), "{m}");
+        let l1 = load_layer_at(&path, &small, Some(1))?;
+        assert_eq!(l1.prefix, "model.layers.1.");
+        let l0 = load_layer_at(&path, &small, Some(0))?;
+        assert_ne!(l0.weights.wq.to_f32(), l1.weights.wq.to_f32());
+        let m = load_layer_at(&path, &small, Some(2))
+            .expect_err("no layer 2")
+            .to_string();
+        assert!(m.contains("has no layer 2"), "{m}");
+        // An unknown head count is refused, naming the flag.
+        let unknown = MixtralConfig { heads: 0, ..small };
+        let m = load_layer_at(&path, &unknown, Some(0))
+            .expect_err("heads unknown")
+            .to_string();
+        assert!(m.contains("head count is not known") && m.contains("--heads"), "{m}");
         Ok(())
     }
 }
