@@ -343,13 +343,14 @@ pub fn plan_with(
     if let (BackendChoice::Only(k), false) = (choice, fell_back.is_empty()) {
         let ops: Vec<&str> = fell_back.keys().copied().collect();
         if policy.strict {
-            let why: Vec<String> = fell_back.iter().map(|(op, w)| format!("{op}: {w}")).collect();
+            // The first reason stands for the others (they differ in the op's name).
+            let (first, why) = fell_back.iter().next().map_or(("", ""), |(o, w)| (*o, w.as_str()));
             return Err(Error::Unsupported {
                 op: ops.join(", "),
                 device: k.name().into(),
                 why: format!(
-                    "{}; --strict does not let them run on the CPU",
-                    why.join("; ")
+                    "{first}: {why}{}; --strict does not let them run on the CPU",
+                    if ops.len() > 1 { " (and likewise for the others)" } else { "" }
                 ),
             });
         }
