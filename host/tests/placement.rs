@@ -87,7 +87,14 @@ fn a_missing_backend_is_an_error_in_every_subcommand_unless_fallback() -> TestRe
         with(&["run", "--backend", "fpga-sim"], &SMALL),
         with(&["plan", "--backend", "fpga-sim"], &SMALL),
         with(&["compare", "--backend", "fpga-sim"], &SMALL),
-        vec!["op", "attention", "--backend", "fpga-sim", "--inputs", attention],
+        vec![
+            "op",
+            "attention",
+            "--backend",
+            "fpga-sim",
+            "--inputs",
+            attention,
+        ],
         vec![
             "bench",
             "rmsnorm",
@@ -132,7 +139,10 @@ fn a_missing_backend_is_an_error_in_every_subcommand_unless_fallback() -> TestRe
     let o = tandem_env(&["fpga", "sim", "--kernel", "router"], &no_verilator);
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("verilator not found") && err.contains("install"), "{err}");
+    assert!(
+        err.contains("verilator not found") && err.contains("install"),
+        "{err}"
+    );
     // The same for CUDA where there is no GPU (CI).
     let o = tandem(&with(&["run", "--backend", "cuda"], &SMALL));
     let (out, err) = text(&o);
@@ -215,7 +225,9 @@ fn input_metas(g: &tandem::graph::Graph, node: usize) -> tandem::Result<Vec<Tens
 fn auto_placement_puts_ops_on_the_int8_card_only_when_allowed() -> TestResult {
     let reg = DeviceRegistry::discover();
     let Some(card) = reg.of_kind(DeviceKind::FpgaSim).first().map(|b| b.id()) else {
-        println!("SKIP: Verilator not found: no simulated card (the planner's unit tests cover a fake lossy device)");
+        println!(
+            "SKIP: Verilator not found: no simulated card (the planner's unit tests cover a fake lossy device)"
+        );
         return Ok(());
     };
     assert!(reg.get(card).is_some_and(|b| b.numerics().is_lossy()));
@@ -293,7 +305,13 @@ fn op_with_backend_auto_keeps_int8_off_by_default() -> TestResult {
         println!("SKIP (part): Verilator not found: the op runs on the CPU either way");
     }
     let o = tandem_cached(
-        &["op", "attention", "--inputs", input.to_str().ok_or("p")?, "--json"],
+        &[
+            "op",
+            "attention",
+            "--inputs",
+            input.to_str().ok_or("p")?,
+            "--json",
+        ],
         cache.path(),
     );
     let (out, err) = text(&o);
@@ -384,7 +402,11 @@ fn explain_shows_estimates_and_then_predicted_against_measured() {
         "{err}"
     );
     let after = err.split("predicted ms").nth(1).unwrap_or_default();
-    assert_eq!(after.lines().filter(|l| l.contains(" cpu ")).count(), 17, "{err}");
+    assert_eq!(
+        after.lines().filter(|l| l.contains(" cpu ")).count(),
+        17,
+        "{err}"
+    );
     assert!(out.contains("placement: cpu as requested"), "{out}");
 }
 
@@ -403,14 +425,33 @@ fn weights_without_config_json_need_the_head_count() -> TestResult {
     );
     // --kv-heads is checked against the weights (this layer has 2).
     let o = tandem(&[
-        "run", "--weights", path, "--heads", "4", "--kv-heads", "4", "--backend", "cpu",
+        "run",
+        "--weights",
+        path,
+        "--heads",
+        "4",
+        "--kv-heads",
+        "4",
+        "--backend",
+        "cpu",
     ]);
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("--kv-heads 4 does not match the weights"), "{err}");
+    assert!(
+        err.contains("--kv-heads 4 does not match the weights"),
+        "{err}"
+    );
     // With them, the header names the weights file, not a seed.
     let o = tandem(&[
-        "run", "--weights", path, "--heads", "4", "--kv-heads", "2", "--backend", "cpu",
+        "run",
+        "--weights",
+        path,
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--backend",
+        "cpu",
     ]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
@@ -446,17 +487,35 @@ fn a_file_of_two_layers_needs_layer() -> TestResult {
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("holds 2 layers: 0 (model.layers.0.*), 1 (model.layers.1.*); pick one with --layer N"),
+        err.contains(
+            "holds 2 layers: 0 (model.layers.0.*), 1 (model.layers.1.*); pick one with --layer N"
+        ),
         "{err}"
     );
     let o = tandem(&[
-        "run", "--weights", path, "--heads", "4", "--layer", "1", "--backend", "cpu",
+        "run",
+        "--weights",
+        path,
+        "--heads",
+        "4",
+        "--layer",
+        "1",
+        "--backend",
+        "cpu",
     ]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     assert!(out.contains("(model.layers.1.*)"), "{out}");
     let o = tandem(&[
-        "run", "--weights", path, "--heads", "4", "--layer", "7", "--backend", "cpu",
+        "run",
+        "--weights",
+        path,
+        "--heads",
+        "4",
+        "--layer",
+        "7",
+        "--backend",
+        "cpu",
     ]);
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");

@@ -158,7 +158,9 @@ mod tests {
         };
         assert!(a(|p| p.allow_lossy = true).check(&reg, auto).is_ok());
         assert!(a(|p| p.strict = true).check(&reg, cpu).is_ok());
-        let e = a(|p| p.fallback = true).check(&reg, auto).expect_err("fallback");
+        let e = a(|p| p.fallback = true)
+            .check(&reg, auto)
+            .expect_err("fallback");
         assert!(e.to_string().contains("--fallback applies"), "{e}");
         let e = a(|p| p.max_error = Some(1e-2))
             .check(&reg, cpu)

@@ -376,7 +376,10 @@ impl History {
         if contended {
             k.push_str(CONTENDED);
         }
-        self.entries.entry(k.clone()).or_default().add(t_s, rel_error);
+        self.entries
+            .entry(k.clone())
+            .or_default()
+            .add(t_s, rel_error);
         self.fresh.entry(k).or_default().add(t_s, rel_error);
     }
 
@@ -404,9 +407,12 @@ impl History {
     ) -> Option<(f64, u64)> {
         let k = key(device, op, inputs);
         let mut out: Option<(f64, u64)> = None;
-        for s in [self.entries.get(&k), self.entries.get(&(k.clone() + CONTENDED))]
-            .into_iter()
-            .flatten()
+        for s in [
+            self.entries.get(&k),
+            self.entries.get(&(k.clone() + CONTENDED)),
+        ]
+        .into_iter()
+        .flatten()
         {
             if let Some(e) = s.max_rel_error {
                 out = Some(match out {
@@ -619,9 +625,30 @@ mod tests {
         let path = dir.path().join("history.json");
         let (op, ins) = (Op::Add, ins());
         let mut h = History::open(path.clone());
-        h.record_sample(DeviceId::CPU, &op, &ins, Duration::from_millis(1), false, Some(1e-3));
-        h.record_sample(DeviceId::CPU, &op, &ins, Duration::from_millis(3), true, Some(2e-3));
-        h.record_sample(DeviceId::CPU, &op, &ins, Duration::from_millis(5), true, None);
+        h.record_sample(
+            DeviceId::CPU,
+            &op,
+            &ins,
+            Duration::from_millis(1),
+            false,
+            Some(1e-3),
+        );
+        h.record_sample(
+            DeviceId::CPU,
+            &op,
+            &ins,
+            Duration::from_millis(3),
+            true,
+            Some(2e-3),
+        );
+        h.record_sample(
+            DeviceId::CPU,
+            &op,
+            &ins,
+            Duration::from_millis(5),
+            true,
+            None,
+        );
         h.save()?;
         let mut h = History::open(path.clone());
         // The estimate is the uncontended mean; the error the worst of both.
@@ -632,7 +659,10 @@ mod tests {
         assert_eq!(h.measured_error(DeviceId::CPU, &op, &ins), Some((2e-3, 2)));
         let list = h.list();
         assert_eq!(list.len(), 2);
-        let c = list.iter().find(|e| e.contended).ok_or(Error::Internal("no contended".into()))?;
+        let c = list
+            .iter()
+            .find(|e| e.contended)
+            .ok_or(Error::Internal("no contended".into()))?;
         assert_eq!((c.device.as_str(), c.n, c.error_n), ("cpu", 2, 1));
         assert_eq!(c.op, r#"{"op":"add"}"#);
         assert_eq!(c.shapes, "f32[4],f32[4]");

@@ -344,13 +344,20 @@ pub fn plan_with(
         let ops: Vec<&str> = fell_back.keys().copied().collect();
         if policy.strict {
             // The first reason stands for the others (they differ in the op's name).
-            let (first, why) = fell_back.iter().next().map_or(("", ""), |(o, w)| (*o, w.as_str()));
+            let (first, why) = fell_back
+                .iter()
+                .next()
+                .map_or(("", ""), |(o, w)| (*o, w.as_str()));
             return Err(Error::Unsupported {
                 op: ops.join(", "),
                 device: k.name().into(),
                 why: format!(
                     "{first}: {why}{}; --strict does not let them run on the CPU",
-                    if ops.len() > 1 { " (and likewise for the others)" } else { "" }
+                    if ops.len() > 1 {
+                        " (and likewise for the others)"
+                    } else {
+                        ""
+                    }
                 ),
             });
         }
@@ -413,7 +420,9 @@ mod tests {
             storage.host_tensor("fast linear").cloned()
         }
         fn launch(&self, _op: &Op, _inputs: &[&DeviceStorage]) -> Result<Launch> {
-            Err(Error::Internal("the planner's test device does not launch".into()))
+            Err(Error::Internal(
+                "the planner's test device does not launch".into(),
+            ))
         }
         fn synchronize(&self) -> Result<()> {
             Ok(())
@@ -499,18 +508,20 @@ mod tests {
     fn max_error_is_checked_against_the_measured_error_else_the_declared_bound() -> Result<()> {
         let g = graph();
         let metas = g.validate()?;
-        let ins: Vec<TensorMeta> = g.nodes[0]
-            .inputs
-            .iter()
-            .map(|i| metas[i].clone())
-            .collect();
+        let ins: Vec<TensorMeta> = g.nodes[0].inputs.iter().map(|i| metas[i].clone()).collect();
         let reg = registry(DType::I8);
         let auto = BackendChoice::Auto;
         let tight = policy(|p| p.max_error = Some(1e-2));
         let loose = policy(|p| p.max_error = Some(1e-1));
         // Not measured: int8's declared 5e-2 decides.
-        assert_eq!(devices(&plan_with(&g, &reg, auto, None, &tight)?), ["cpu", "cpu"]);
-        assert_eq!(devices(&plan_with(&g, &reg, auto, None, &loose)?), ["fpga:0", "cpu"]);
+        assert_eq!(
+            devices(&plan_with(&g, &reg, auto, None, &tight)?),
+            ["cpu", "cpu"]
+        );
+        assert_eq!(
+            devices(&plan_with(&g, &reg, auto, None, &loose)?),
+            ["fpga:0", "cpu"]
+        );
         // Measured at 4e-3 on this op and shape: within 1e-2.
         let mut h = History::in_memory();
         let lin = &g.nodes[0].op;
@@ -529,7 +540,11 @@ mod tests {
         h.record_sample(FAST, lin, &ins, Duration::from_micros(1), false, Some(3e-2));
         let p = plan_with(&g, &reg, auto, Some(&h), &tight)?;
         assert_eq!(devices(&p), ["cpu", "cpu"]);
-        assert!(p.placements[0].reason.contains("measured, 2 runs"), "{}", p.placements[0].reason);
+        assert!(
+            p.placements[0].reason.contains("measured, 2 runs"),
+            "{}",
+            p.placements[0].reason
+        );
         Ok(())
     }
 
@@ -543,15 +558,30 @@ mod tests {
             g.nodes[i].inputs.iter().map(|n| metas[n].clone()).collect()
         };
         // Contended samples are kept, but not as estimates.
-        h.record_sample(DeviceId::CPU, &g.nodes[0].op, &ins(0), Duration::from_millis(9), true, None);
+        h.record_sample(
+            DeviceId::CPU,
+            &g.nodes[0].op,
+            &ins(0),
+            Duration::from_millis(9),
+            true,
+            None,
+        );
         let p = plan_with_history(&g, &reg, BackendChoice::Auto, Some(&h))?;
         assert_eq!(p.from_history, 0);
-        h.record(DeviceId::CPU, &g.nodes[0].op, &ins(0), Duration::from_millis(2));
+        h.record(
+            DeviceId::CPU,
+            &g.nodes[0].op,
+            &ins(0),
+            Duration::from_millis(2),
+        );
         let p = plan_with_history(&g, &reg, BackendChoice::Auto, Some(&h))?;
         assert_eq!(p.from_history, 1);
         assert_eq!(p.placements[0].history_samples, Some(1));
         assert_eq!(p.placements[0].estimate, Duration::from_millis(2));
-        assert!(p.summary(BackendChoice::Auto).contains("1 of 2 estimates from the op-time history"));
+        assert!(
+            p.summary(BackendChoice::Auto)
+                .contains("1 of 2 estimates from the op-time history")
+        );
         Ok(())
     }
 
@@ -563,9 +593,12 @@ mod tests {
         // It lacks rmsnorm: the CPU runs it, with a warning; --strict refuses.
         let p = plan(&g, &reg, fpga)?;
         assert_eq!(devices(&p), ["fpga:0", "cpu"]);
-        assert!(p.warnings[0].contains("no kernel for rmsnorm"), "{:?}", p.warnings);
-        let e = plan_with(&g, &reg, fpga, None, &policy(|p| p.strict = true))
-            .expect_err("strict");
+        assert!(
+            p.warnings[0].contains("no kernel for rmsnorm"),
+            "{:?}",
+            p.warnings
+        );
+        let e = plan_with(&g, &reg, fpga, None, &policy(|p| p.strict = true)).expect_err("strict");
         assert_eq!(e.kind(), crate::error::ErrorKind::Unimplemented);
         assert!(e.to_string().contains("rmsnorm"), "{e}");
         // A kind that is missing is an error, unless the CPU may stand in.
@@ -574,7 +607,11 @@ mod tests {
         assert_eq!(e.kind(), crate::error::ErrorKind::Unavailable);
         let p = plan_with(&g, &reg, cuda, None, &policy(|p| p.fallback = true))?;
         assert_eq!(devices(&p), ["cpu", "cpu"]);
-        assert!(p.warnings[0].contains("running on the CPU"), "{:?}", p.warnings);
+        assert!(
+            p.warnings[0].contains("running on the CPU"),
+            "{:?}",
+            p.warnings
+        );
         Ok(())
     }
 }

@@ -47,7 +47,10 @@ impl PlacementPolicy {
             ));
         };
         let (err, source) = match measured {
-            Some((e, n)) => (e, format!("measured, {n} run{}", if n == 1 { "" } else { "s" })),
+            Some((e, n)) => (
+                e,
+                format!("measured, {n} run{}", if n == 1 { "" } else { "s" }),
+            ),
             None => (numerics.declared_bound(), "declared bound".to_string()),
         };
         if err <= max {
@@ -97,7 +100,9 @@ mod tests {
         assert!(why.contains("declared bound"), "{why}");
         // Measured: the measurement decides, either way.
         assert!(tol.admits(Numerics::Int8, Some((4e-3, 2))).is_ok());
-        let why = tol.admits(Numerics::Bf16, Some((2e-2, 1))).expect_err("bf16");
+        let why = tol
+            .admits(Numerics::Bf16, Some((2e-2, 1)))
+            .expect_err("bf16");
         assert!(why.contains("measured, 1 run"), "{why}");
     }
 }

@@ -357,7 +357,9 @@ pub fn load_layer_at(
     if prefixes.is_empty() {
         return Err(Error::file(
             path,
-            format!("no tensor named '*{Q}': not a Mixtral layer (expected transformers' Mixtral names)"),
+            format!(
+                "no tensor named '*{Q}': not a Mixtral layer (expected transformers' Mixtral names)"
+            ),
         ));
     }
     let listed = || {
@@ -384,13 +386,13 @@ pub fn load_layer_at(
         }
         Some(n) => prefixes
             .iter()
-            .find(|p| layer_number(p) == Some(n) || (n == 0 && prefixes.len() == 1 && layer_number(p).is_none()))
+            .find(|p| {
+                layer_number(p) == Some(n)
+                    || (n == 0 && prefixes.len() == 1 && layer_number(p).is_none())
+            })
             .cloned()
             .ok_or_else(|| {
-                Error::file(
-                    path,
-                    format!("has no layer {n}; it holds: {}", listed()),
-                )
+                Error::file(path, format!("has no layer {n}; it holds: {}", listed()))
             })?,
     };
     let fused = all.contains_key(&format!("{prefix}mlp.experts.gate_up_proj"));
@@ -806,8 +808,13 @@ mod tests {
         }
         let path = dir.path().join("two.safetensors");
         crate::io::write_safetensors(&path, &t)?;
-        let m = load_layer(&path, &small).expect_err("two layers").to_string();
-        assert!(m.contains("holds 2 layers: 0 (model.layers.0.*), 1 (model.layers.1.*)"), "{m}");
+        let m = load_layer(&path, &small)
+            .expect_err("two layers")
+            .to_string();
+        assert!(
+            m.contains("holds 2 layers: 0 (model.layers.0.*), 1 (model.layers.1.*)"),
+            "{m}"
+        );
         assert!(m.contains("--layer"), "{m}");
         let l1 = load_layer_at(&path, &small, Some(1))?;
         assert_eq!(l1.prefix, "model.layers.1.");
@@ -822,7 +829,10 @@ mod tests {
         let m = load_layer_at(&path, &unknown, Some(0))
             .expect_err("heads unknown")
             .to_string();
-        assert!(m.contains("head count is not known") && m.contains("--heads"), "{m}");
+        assert!(
+            m.contains("head count is not known") && m.contains("--heads"),
+            "{m}"
+        );
         Ok(())
     }
 }
