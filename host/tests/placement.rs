@@ -457,10 +457,13 @@ fn weights_without_config_json_need_the_head_count() -> TestResult {
     assert!(o.status.success(), "{err}");
     let header = out.lines().next().unwrap_or_default();
     assert!(
-        header.contains(&format!("with weights {path} (layer.*)")),
+        header.contains(&format!("Mixtral decoder layer, weights {path} (layer.*)")),
         "{header}"
     );
-    assert!(!header.contains("seed="), "{header}");
+    assert!(
+        !header.contains("seed=") && !header.contains("built-in"),
+        "{header}"
+    );
     Ok(())
 }
 

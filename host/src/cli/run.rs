@@ -176,7 +176,14 @@ pub fn build(
                 c.seq_len = s;
                 t
             });
-            name = format!("{name} with weights {} ({}*)", p.display(), l.prefix);
+            name = match &args.workload {
+                Some(_) => format!("{name}, weights {} ({}*)", p.display(), l.prefix),
+                None => format!(
+                    "Mixtral decoder layer, weights {} ({}*)",
+                    p.display(),
+                    l.prefix
+                ),
+            };
             (Some(l.weights), input)
         }
         None => {
