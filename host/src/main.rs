@@ -38,6 +38,9 @@ enum Command {
     /// FPGA kernels: emit Verilog + kernel.xml, synthesise with yosys, simulate with Verilator.
     #[command(subcommand)]
     Fpga(cli::fpga::FpgaCmd),
+    /// The op-time history the planner learns from: show it, or reset it.
+    #[command(subcommand)]
+    History(cli::history::HistoryCmd),
 }
 
 impl Command {
@@ -49,7 +52,7 @@ impl Command {
             Command::Compare(a) => a.run.cuda_dtype,
             Command::Op(a) => a.cuda_dtype,
             Command::Bench(a) => a.cuda_dtype,
-            Command::Fpga(_) => None,
+            Command::Fpga(_) | Command::History(_) => None,
         }
     }
 }
@@ -109,6 +112,7 @@ fn main() -> ExitCode {
         Command::Op(a) => cli::op::run(a, &reg),
         Command::Bench(a) => cli::bench::run(a, &reg),
         Command::Fpga(c) => cli::fpga::run(c, &reg.options().fpga),
+        Command::History(c) => cli::history::run(c, reg.options()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

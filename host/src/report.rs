@@ -18,6 +18,10 @@ pub struct NodeReport {
     pub flops: f64,
     /// Bytes the op must move at least.
     pub bytes: f64,
+    /// Numerics class of the device it ran on.
+    pub numerics: crate::backend::Numerics,
+    /// Whether that class is lossy (not exact f32): marked `~` in the table.
+    pub lossy: bool,
 }
 
 /// A whole run.
@@ -27,6 +31,11 @@ pub struct RunReport {
     pub workload: String,
     /// `--backend` as given.
     pub backend: String,
+    /// How placement was decided: the policy, devices kept off as lossy, how many estimates
+    /// came from the op-time history ([`crate::plan::Plan::summary`]).
+    pub placement: String,
+    /// Placements whose estimate came from the op-time history.
+    pub placements_from_history: usize,
     /// Devices found, and those missing with the reason.
     pub devices: Vec<String>,
     /// Per node, in graph order.
@@ -65,10 +74,10 @@ pub fn table(r: &RunReport) -> String {
     }
     s.push('\n');
     s.push_str(&format!(
-        "{:<20} {:<12} {:<10} {:<28} {:>10} {:>10} {:>9} {:>9}\n",
+        "{:<20} {:<12} {:<11} {:<28} {:>10} {:>10} {:>9} {:>9}\n",
         "node", "op", "device", "kernel", "time ms", "device ms", "rel.err", "id diffs"
     ));
-    s.push_str(&format!("{}\n", "-".repeat(114)));
+    s.push_str(&format!("{}\n", "-".repeat(115)));
     for n in &r.nodes {
         let mut kernel = n.run.launch.kernel.clone();
         if kernel.len() > 28 {
@@ -76,10 +85,10 @@ pub fn table(r: &RunReport) -> String {
             kernel.push('~');
         }
         s.push_str(&format!(
-            "{:<20} {:<12} {:<10} {:<28} {:>10.3} {:>10} {:>9} {:>9}\n",
+            "{:<20} {:<12} {:<11} {:<28} {:>10.3} {:>10} {:>9} {:>9}\n",
             n.run.node,
             n.run.op,
-            n.run.device.to_string(),
+            format!("{}{}", n.run.device, if n.lossy { "~" } else { "" }),
             kernel,
             ms(n.run.wall),
             n.run
@@ -94,7 +103,7 @@ pub fn table(r: &RunReport) -> String {
                 .unwrap_or_else(|| "-".into()),
         ));
     }
-    s.push_str(&format!("{}\n", "-".repeat(114)));
+    s.push_str(&format!("{}\n", "-".repeat(115)));
     let op_total: f64 = r.nodes.iter().map(|n| ms(n.run.wall)).sum();
     let xfer: f64 = r.nodes.iter().map(|n| ms(n.run.transfer)).sum();
     let xfer_b: u64 = r.nodes.iter().map(|n| n.run.transfer_bytes).sum();
@@ -110,6 +119,14 @@ pub fn table(r: &RunReport) -> String {
     }
     if let Some(e) = r.output_rel_error {
         s.push_str(&format!("layer output vs f64 reference: {e:.2e}\n"));
+    }
+    s.push_str(&format!("placement: {}\n", r.placement));
+    let lossy = r.nodes.iter().filter(|n| n.lossy).count();
+    if lossy > 0 {
+        s.push_str(&format!(
+            "~ = lossy numerics: {lossy} of {} ops ran in bf16/f16 storage or int8 fixed point\n",
+            r.nodes.len()
+        ));
     }
     if let (Some(a), Some(z)) = (r.aux_loss, r.z_loss) {
         s.push_str(&format!("router aux loss {a:.6}, z loss {z:.6}\n"));

@@ -1,12 +1,12 @@
 //! One call that plans, executes, checks and reports a graph: what `tandem run` and
 //! `tandem op` do, available to library users too.
 
-use crate::backend::DeviceRegistry;
+use crate::backend::{DeviceKind, DeviceRegistry, Numerics};
 use crate::error::Result;
 use crate::exec::{ExecOptions, Execution, Executor};
 use crate::graph::Graph;
 use crate::limits::{self, Limits};
-use crate::plan::{BackendChoice, History, Plan, plan_with_history};
+use crate::plan::{BackendChoice, History, PlacementPolicy, Plan, plan_with};
 use crate::report::{NodeReport, RunReport};
 use crate::tensor::{TensorMeta, rel_error};
 use crate::verify::{
@@ -18,6 +18,9 @@ use crate::verify::{
 pub struct RunOptions {
     /// Which devices to use.
     pub backend: BackendChoice,
+    /// What placement may do: lossy numerics in auto placement, the history, a missing or
+    /// partial requested backend.
+    pub placement: PlacementPolicy,
     /// The `--backend` text, for the report.
     pub backend_label: String,
     /// Executor options.
@@ -72,9 +75,9 @@ pub fn run_graph_with(
     let plan = match &opts.history {
         Some(h) => {
             let h = h.lock().unwrap_or_else(|e| e.into_inner());
-            plan_with_history(graph, reg, opts.backend, Some(&h))?
+            plan_with(graph, reg, opts.backend, Some(&h), &opts.placement)?
         }
-        None => plan_with_history(graph, reg, opts.backend, None)?,
+        None => plan_with(graph, reg, opts.backend, None, &opts.placement)?,
     };
     let mut weights_uploaded = 0u64;
     for _ in 0..opts.warmup {
@@ -84,27 +87,35 @@ pub fn run_graph_with(
     }
     let exec = executor.execute(graph, &plan, reg, &opts.exec)?;
     weights_uploaded += exec.resident_bytes();
-    if let Some(h) = &opts.history {
-        let mut h = h.lock().unwrap_or_else(|e| e.into_inner());
-        for (node, run) in graph.nodes.iter().zip(&exec.runs) {
-            let ins: Vec<TensorMeta> = node.inputs.iter().map(|i| metas[i].clone()).collect();
-            h.record(
-                run.device,
-                &node.op,
-                &ins,
-                run.launch.device_time.unwrap_or(run.wall),
-            );
-        }
-        if let Err(e) = h.save() {
-            tracing::warn!(error = %e, "could not save the op-time history");
-        }
-    }
     check_finite_outputs(graph, &exec, reg, opts.check)?;
     let errors = if opts.check {
         check_nodes(graph, &exec, reg)?
     } else {
         vec![NodeError::default(); graph.nodes.len()]
     };
+    if let Some(h) = &opts.history {
+        // CPU times taken while a Verilator simulation shared the cores are recorded apart
+        // (the other devices' times are their own: events, simulated cycles).
+        let contended = exec
+            .runs
+            .iter()
+            .any(|r| r.device.kind == DeviceKind::FpgaSim);
+        let mut h = h.lock().unwrap_or_else(|e| e.into_inner());
+        for ((node, run), err) in graph.nodes.iter().zip(&exec.runs).zip(&errors) {
+            let ins: Vec<TensorMeta> = node.inputs.iter().map(|i| metas[i].clone()).collect();
+            h.record_sample(
+                run.device,
+                &node.op,
+                &ins,
+                run.launch.device_time.unwrap_or(run.wall),
+                contended && run.device.kind == DeviceKind::Cpu,
+                err.rel_error,
+            );
+        }
+        if let Err(e) = h.save() {
+            tracing::warn!(error = %e, "could not save the op-time history");
+        }
+    }
     let output_rel_error = if opts.check {
         let chain = reference_chain(graph)?;
         let mut worst: Option<f64> = None;
@@ -139,7 +150,13 @@ pub fn run_graph_with(
         .map(|((node, run), error)| {
             let ins: Vec<TensorMeta> = node.inputs.iter().map(|i| metas[i].clone()).collect();
             let cost = node.op.cost(&ins);
+            let numerics = reg
+                .get(run.device)
+                .map(|b| b.numerics())
+                .unwrap_or(Numerics::F32);
             NodeReport {
+                numerics,
+                lossy: numerics.is_lossy(),
                 run: run.clone(),
                 error,
                 flops: cost.flops,
@@ -152,7 +169,7 @@ pub fn run_graph_with(
         .iter()
         .map(|b| {
             let i = b.info();
-            if i.id.kind == crate::backend::DeviceKind::Cuda {
+            if i.id.kind == DeviceKind::Cuda {
                 // the GPU's storage precision (bf16 or f16) decides its accuracy
                 format!("{} ({}, {} storage)", i.id, i.name, i.compute_dtype)
             } else {
@@ -168,6 +185,8 @@ pub fn run_graph_with(
     let report = RunReport {
         workload: opts.workload.clone(),
         backend: opts.backend_label.clone(),
+        placement: plan.summary(opts.backend),
+        placements_from_history: plan.from_history,
         devices,
         nodes,
         wall_s: exec.wall.as_secs_f64(),

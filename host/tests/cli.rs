@@ -270,19 +270,21 @@ fn bad_flags_are_usage_errors() {
 #[test]
 fn backend_aliases_and_dtype_case_are_accepted() {
     let small = ["--seq-len", "8", "--d-model", "64", "--ffn", "32"];
-    let mut args = vec!["plan", "--backend", "gpu", "--dtype", "BF16"];
+    let mut args = vec!["plan", "--backend", "gpu", "--fallback", "--dtype", "BF16"];
     args.extend(small);
     let o = tandem(&args);
     assert!(o.status.success(), "{}", text(&o).1);
 }
 
 #[test]
-fn missing_device_falls_back_to_cpu_with_a_warning() {
-    // CI has no GPU; where one exists this still passes (it then runs there).
+fn missing_device_falls_back_to_cpu_with_a_warning_under_fallback() {
+    // CI has no GPU; where one exists this still passes (it then runs there). Without
+    // --fallback a missing device is an error: tests/placement.rs.
     let o = tandem(&[
         "run",
         "--backend",
         "cuda",
+        "--fallback",
         "--seq-len",
         "8",
         "--d-model",

@@ -205,6 +205,7 @@ fn small_layer() -> Result<tandem::graph::Graph> {
 fn opts(timeout: Duration) -> RunOptions {
     RunOptions {
         backend: BackendChoice::Only(DeviceKind::FpgaXrt),
+        placement: Default::default(),
         backend_label: "fpga".into(),
         exec: ExecOptions {
             timeout,

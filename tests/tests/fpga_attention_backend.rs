@@ -257,6 +257,7 @@ fn small_layer_runs_attention_on_the_card() -> TestResult {
     let choice: BackendChoice = "fpga-sim".parse()?;
     let opts = RunOptions {
         backend: choice,
+        placement: Default::default(),
         backend_label: "fpga-sim".into(),
         exec: Default::default(),
         check: true,

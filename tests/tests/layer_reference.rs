@@ -11,6 +11,7 @@ use tandem_tests::{TestResult, get, load_reference};
 fn cpu_opts(name: &str) -> RunOptions {
     RunOptions {
         backend: BackendChoice::Only(tandem::DeviceKind::Cpu),
+        placement: Default::default(),
         backend_label: "cpu".into(),
         exec: Default::default(),
         check: true,

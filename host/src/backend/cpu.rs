@@ -102,6 +102,10 @@ impl Backend for CpuBackend {
         &self.info
     }
 
+    fn numerics(&self) -> super::Numerics {
+        super::Numerics::F32
+    }
+
     fn supports(&self, _op: &Op, _inputs: &[TensorMeta]) -> Support {
         Support::Native
     }

@@ -9,6 +9,7 @@ pub mod cpu;
 pub mod cuda;
 mod cuda_dtype;
 pub mod fpga;
+mod numerics;
 mod registry;
 
 use std::any::Any;
@@ -19,6 +20,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 pub use cuda_dtype::CudaDType;
+pub use numerics::Numerics;
 pub use registry::{DeviceRegistry, Missing, Probe};
 
 use crate::error::Result;
@@ -250,6 +252,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// The device id (shorthand for `info().id`).
     fn id(&self) -> DeviceId {
         self.info().id
+    }
+
+    /// What the device's arithmetic does to results (exact f32, 16-bit storage, int8 fixed
+    /// point); by default the class of `info().compute_dtype`. Auto placement uses a lossy
+    /// device only where the user allows it (`crate::plan::PlacementPolicy`).
+    fn numerics(&self) -> Numerics {
+        Numerics::of_dtype(self.info().compute_dtype)
     }
 
     /// Whether this device runs `op` on inputs of these shapes.

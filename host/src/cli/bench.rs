@@ -14,9 +14,14 @@ pub struct BenchArgs {
     /// Op to time.
     #[arg(value_enum)]
     pub op: OpKind,
-    /// Backend (default: cuda if present, else cpu).
+    /// Backend (default: cuda if present, else cpu). A backend that is not available here
+    /// is an error, unless --fallback.
     #[arg(long, value_enum)]
     pub backend: Option<DeviceKind>,
+    /// With --backend: time the op on the CPU (with a warning) where the backend is not
+    /// available, instead of failing.
+    #[arg(long, requires = "backend")]
+    pub fallback: bool,
     /// Precision CUDA devices store tensors in (f32 accumulation either way); default:
     /// $TANDEM_CUDA_DTYPE, else bf16.
     #[arg(long, value_name = "DTYPE", value_parser = super::cuda_dtype_parser())]
@@ -136,7 +141,14 @@ impl BenchArgs {
 
 /// Times one op and prints the result.
 pub fn run(args: &BenchArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
-    let be = bench::pick_backend(reg, args.backend)?;
+    let mut kind = args.backend;
+    if let Some(k) = kind {
+        super::placement::require(reg, k, args.fallback)?;
+        if reg.of_kind(k).is_empty() {
+            kind = Some(DeviceKind::Cpu);
+        }
+    }
+    let be = bench::pick_backend(reg, kind)?;
     let report = bench::run(be.as_ref(), &args.problem()?, &args.options())?;
     if args.json {
         println!("{}", report.to_json());

@@ -5,6 +5,7 @@ use std::time::Duration;
 use clap::Args;
 use serde::Serialize;
 use tandem::DeviceRegistry;
+use tandem::backend::DeviceKind;
 use tandem::exec::ExecOptions;
 use tandem::plan::BackendChoice;
 use tandem::report::RunReport;
@@ -15,7 +16,9 @@ use super::run::RunArgs;
 /// Options of `tandem compare`.
 #[derive(Debug, Args)]
 pub struct CompareArgs {
-    /// The workload and its sizes (as for `tandem run`; `--backend` is ignored).
+    /// The workload and its sizes (as for `tandem run`). `--backend auto` (the default)
+    /// compares every device kind found; `--backend KIND` compares that kind with the CPU and
+    /// fails if it is not available here (unless --fallback).
     #[command(flatten)]
     pub run: RunArgs,
 }
@@ -28,17 +31,35 @@ struct Comparison {
 
 /// Runs the workload once per device kind and prints per-op time and error side by side.
 pub fn run(args: &CompareArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
-    let (graph, _, label) = super::run::build(&args.run, &reg.options().limits())?;
+    let p = &args.run.placement;
+    if p.allow_lossy || p.max_error.is_some() {
+        anyhow::bail!(
+            "--allow-lossy and --max-error apply to auto placement; compare runs each backend on every op it has"
+        );
+    }
     let mut kinds: Vec<_> = reg.backends().iter().map(|b| b.id().kind).collect();
     kinds.dedup();
+    match args.run.backend {
+        BackendChoice::Auto if p.fallback => {
+            anyhow::bail!("--fallback applies to an explicit --backend, not to auto")
+        }
+        BackendChoice::Auto => {}
+        BackendChoice::Only(k) => {
+            super::placement::require(reg, k, p.fallback)?;
+            kinds.retain(|&x| x == DeviceKind::Cpu || x == k);
+        }
+    }
+    let policy = p.policy();
+    let (graph, _, label) = super::run::build(&args.run, &reg.options().limits())?;
     let mut runs = Vec::new();
     for kind in kinds {
         let opts = RunOptions {
             backend: BackendChoice::Only(kind),
+            placement: policy,
             backend_label: kind.name().into(),
             exec: ExecOptions {
                 timeout: Duration::from_secs(args.run.timeout),
-                fallback: true,
+                fallback: !policy.strict,
             },
             check: !args.run.no_check,
             workload: label.clone(),

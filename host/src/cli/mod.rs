@@ -4,7 +4,9 @@ pub mod bench;
 pub mod compare;
 pub mod devices;
 pub mod fpga;
+pub mod history;
 pub mod op;
+pub mod placement;
 pub mod run;
 
 use std::sync::{Arc, Mutex};

@@ -74,10 +74,13 @@ pub struct OpArgs {
     /// (exit 1) if any output is not finite.
     #[arg(long)]
     pub allow_nonfinite: bool,
+    #[command(flatten)]
+    pub placement: super::placement::PlacementArgs,
 }
 
 /// Runs one op.
 pub fn run(args: &OpArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
+    args.placement.check(reg, args.backend)?;
     if let Some(p) = &args.save {
         tandem::files::check_writable(p)?;
     }
@@ -136,12 +139,14 @@ pub fn run(args: &OpArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     if let Err(e) = g.validate() {
         bail!("{}: {e}", args.inputs.display());
     }
+    let policy = args.placement.policy();
     let opts = RunOptions {
         backend: args.backend,
+        placement: policy,
         backend_label: args.backend.name().into(),
         exec: ExecOptions {
             timeout: Duration::from_secs(args.timeout),
-            fallback: true,
+            fallback: !policy.strict,
         },
         check: true,
         history: Some(super::history(reg.options())),

@@ -10,6 +10,8 @@ use tandem::exec::ExecOptions;
 use tandem::plan::{self, BackendChoice};
 use tandem::run::{RunOptions, run_graph};
 use tandem::workload::{self, HfConfig, MixtralConfig, WorkloadFile};
+
+use anyhow::bail;
 use tandem::{DType, DeviceRegistry, Tensor};
 
 /// Options of `tandem run` (and `tandem plan`).
@@ -23,7 +25,8 @@ pub struct RunArgs {
     /// Print the report as JSON on stdout instead of the table.
     #[arg(long)]
     pub json: bool,
-    /// Print where each op goes and why, before running.
+    /// Print where each op goes and why (per device its op-time estimate) before running,
+    /// and after the run the predicted against the measured time of every op (stderr).
     #[arg(long)]
     pub explain: bool,
     /// Skip the comparison with the f64 reference.
@@ -37,9 +40,14 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 300)]
     pub timeout: u64,
     /// The layer's weights (and `input`, if present) from a safetensors file with transformers'
-    /// Mixtral names.
+    /// Mixtral names. The head count comes from the config.json beside it, else --heads is
+    /// required (the weights cannot tell heads from head size).
     #[arg(long)]
     pub weights: Option<PathBuf>,
+    /// With --weights: the layer to load from a file that holds several (the N of
+    /// `model.layers.N.`); required for such files.
+    #[arg(long, value_name = "N", requires = "weights")]
+    pub layer: Option<usize>,
     /// Write the layer output (`output` [B, T, H]) and the router's results here.
     #[arg(long)]
     pub save: Option<PathBuf>,
@@ -56,6 +64,8 @@ pub struct RunArgs {
     pub allow_nonfinite: bool,
     #[command(flatten)]
     pub sizes: SizeArgs,
+    #[command(flatten)]
+    pub placement: super::placement::PlacementArgs,
 }
 
 /// Size overrides of the Mixtral layer.
@@ -122,31 +132,58 @@ pub fn build(
     args: &RunArgs,
     limits: &tandem::limits::Limits,
 ) -> anyhow::Result<(tandem::graph::Graph, MixtralConfig, String)> {
-    let (mut c, name) = match &args.workload {
+    let (mut c, mut name, toml_heads) = match &args.workload {
         Some(p) => {
             let w = WorkloadFile::load(p)?;
             let name = w.name.clone().unwrap_or_else(|| p.display().to_string());
-            (w.mixtral, name)
+            let heads = w.given.iter().any(|k| k == "heads");
+            (w.mixtral, name, heads)
         }
         None => (
             MixtralConfig::default(),
             "built-in Mixtral decoder layer".into(),
+            false,
         ),
     };
     let (weights, input) = match &args.weights {
         Some(p) => {
             // config.json beside the weights first, then the flags over it.
-            if let Some(hf) = HfConfig::beside(p)? {
+            let hf = HfConfig::beside(p)?;
+            let hf_heads = hf.as_ref().and_then(|h| h.heads).is_some();
+            if let Some(hf) = &hf {
                 hf.apply(&mut c);
             }
+            if !hf_heads && !toml_heads {
+                // Unknown unless --heads gives it: the loader then refuses, naming the flag.
+                c.heads = 0;
+            }
             args.sizes.apply(&mut c);
-            let l = workload::load_layer(p, &c)?;
+            let l = workload::load_layer_at(p, &c, args.layer)?;
+            if let Some(kv) = args.sizes.kv_heads
+                && kv != l.config.kv_heads
+            {
+                bail!(
+                    "{}: --kv-heads {kv} does not match the weights: k_proj gives {} key/value heads                      with --heads {} (head size {})",
+                    p.display(),
+                    l.config.kv_heads,
+                    l.config.heads,
+                    l.config.head_dim()
+                );
+            }
             c = l.config;
             let input = l.input.map(|(t, b, s)| {
                 c.batch = b;
                 c.seq_len = s;
                 t
             });
+            name = match &args.workload {
+                Some(_) => format!("{name}, weights {} ({}*)", p.display(), l.prefix),
+                None => format!(
+                    "Mixtral decoder layer, weights {} ({}*)",
+                    p.display(),
+                    l.prefix
+                ),
+            };
             (Some(l.weights), input)
         }
         None => {
@@ -155,9 +192,15 @@ pub fn build(
         }
     };
     c.check()?;
+    // Loaded weights have no seed: it only makes the input, where the file has none.
+    let seed = if args.weights.is_none() || input.is_none() {
+        format!(" seed={}", c.seed)
+    } else {
+        String::new()
+    };
     let g = workload::mixtral_layer_within(&c, weights, input, limits)?;
     let label = format!(
-        "{name}: B={} T={} d_model={} heads={}/{} head_dim={} experts={} top-{} ffn={} seed={} {}",
+        "{name}: B={} T={} d_model={} heads={}/{} head_dim={} experts={} top-{} ffn={}{seed} {}",
         c.batch,
         c.seq_len,
         c.d_model,
@@ -167,7 +210,6 @@ pub fn build(
         c.experts,
         c.top_k,
         c.ffn,
-        c.seed,
         c.dtype
     );
     Ok((g, c, label))
@@ -179,28 +221,38 @@ pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
         tandem::files::check_writable(p)?;
     }
     let backend = args.backend;
+    args.placement.check(reg, backend)?;
+    let policy = args.placement.policy();
     let (graph, config, label) = build(args, &reg.options().limits())?;
+    let history = super::history(reg.options());
     if args.explain {
-        let h = super::history(reg.options());
-        let h = h.lock().unwrap_or_else(|e| e.into_inner());
-        let p = plan::plan_with_history(&graph, reg, backend, Some(&h))?;
+        let h = history.lock().unwrap_or_else(|e| e.into_inner());
+        let p = plan::plan_with(&graph, reg, backend, Some(&h), &policy)?;
         eprint!("{}", plan::explain(&graph, &p));
     }
     let opts = RunOptions {
         backend,
+        placement: policy,
         backend_label: backend.name().into(),
         exec: ExecOptions {
             timeout: Duration::from_secs(args.timeout),
-            fallback: true,
+            // --strict: a node that fails on the requested device fails the run.
+            fallback: !policy.strict,
         },
         check: !args.no_check,
         workload: label,
-        history: Some(super::history(reg.options())),
+        history: Some(history),
         limits: reg.options().limits(),
         allow_nonfinite: args.allow_nonfinite,
         warmup: args.warmup,
     };
     let out = run_graph(&graph, reg, &opts)?;
+    if args.explain {
+        eprint!(
+            "{}",
+            plan::explain_measured(&graph, &out.plan, &out.exec.runs)
+        );
+    }
     if let Some(path) = &args.save {
         let mut t: BTreeMap<String, Tensor> = BTreeMap::new();
         let fetch = |n: &str| -> anyhow::Result<Tensor> { Ok(out.exec.buffers[n].to_host(reg)?) };
@@ -240,14 +292,16 @@ pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
 /// `tandem plan`: where each op of the workload would run, and why.
 pub fn plan_only(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     let backend = args.backend;
+    args.placement.check(reg, backend)?;
     let (graph, _, label) = build(args, &reg.options().limits())?;
     let h = super::history(reg.options());
     let h = h.lock().unwrap_or_else(|e| e.into_inner());
-    let p = plan::plan_with_history(&graph, reg, backend, Some(&h))?;
+    let p = plan::plan_with(&graph, reg, backend, Some(&h), &args.placement.policy())?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&p)?);
     } else {
         println!("workload: {label}");
+        println!("placement: {}", p.summary(backend));
         print!("{}", plan::explain(&graph, &p));
     }
     Ok(())

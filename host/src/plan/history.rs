@@ -2,7 +2,12 @@
 //! come from what this machine actually did once an op has run here.
 //!
 //! The file (`history.json` in the user's cache, [`crate::options::Options::history`]) is
-//! `{"version": 2, "entries": {KEY: {"n": N, "mean_s": S}}}`. It is a cache, never trusted:
+//! `{"version": 2, "entries": {KEY: {"n": N, "mean_s": S, "max_rel_error": E, "error_n": M}}}`
+//! (the error fields only where a run checked its results against the f64 reference). KEY is
+//! `DEVICE|OP PARAMETERS (JSON)|INPUT SHAPES`, with `|contended` appended for CPU samples
+//! taken while a Verilator simulation shared the host's cores (a run with ops on `fpga-sim`):
+//! those are kept apart and never used as estimates, since they run slow by a
+//! factor that depends on the simulation. It is a cache, never trusted:
 //! - on reading, an entry with `n` < 1 or a `mean_s` that is not a finite number in
 //!   0..=[`MAX_MEAN_S`] is dropped with a warning; a file that is not JSON, not an object, or of
 //!   another `version` is set aside (renamed `history.json.bad-<unix time>`) with a warning and
@@ -29,13 +34,24 @@ pub const HISTORY_VERSION: u64 = 2;
 /// such samples are not recorded (about 28 hours; no op of one run takes that long).
 pub const MAX_MEAN_S: f64 = 1e5;
 
-/// Running mean of one (device, op, shapes) key.
+/// Running mean of one (device, op, shapes) key, and the worst error measured for it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Stat {
     /// Samples.
     pub n: u64,
     /// Mean seconds.
     pub mean_s: f64,
+    /// The largest relative error against the f64 reference measured under this key (runs
+    /// that checked their results).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rel_error: Option<f64>,
+    /// How many runs measured the error.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub error_n: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Stat {
@@ -50,11 +66,18 @@ impl Stat {
                 self.mean_s
             ));
         }
+        if let Some(e) = self.max_rel_error
+            && !(e.is_finite() && e >= 0.0)
+        {
+            return Some(format!("max_rel_error {e} is not a finite number >= 0"));
+        }
         None
     }
 
-    /// Adds `other`'s samples (mean weighted by the counts).
+    /// Adds `other`'s samples (mean weighted by the counts, the worse error).
     fn merge(&mut self, other: Stat) {
+        self.max_rel_error = worse(self.max_rel_error, other.max_rel_error);
+        self.error_n = self.error_n.saturating_add(other.error_n);
         let n = self.n.saturating_add(other.n);
         if n == 0 {
             return;
@@ -64,10 +87,70 @@ impl Stat {
         self.n = n;
     }
 
-    /// Adds one sample.
-    fn add(&mut self, t_s: f64) {
+    /// Adds one sample, and its error where it was measured.
+    fn add(&mut self, t_s: f64, rel_error: Option<f64>) {
         self.n = self.n.saturating_add(1);
         self.mean_s += (t_s - self.mean_s) / self.n as f64;
+        if let Some(e) = rel_error.filter(|e| e.is_finite() && *e >= 0.0) {
+            self.max_rel_error = worse(self.max_rel_error, Some(e));
+            self.error_n = self.error_n.saturating_add(1);
+        }
+    }
+}
+
+fn worse(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.max(y)),
+        (x, None) => x,
+        (None, y) => y,
+    }
+}
+
+/// The suffix of the keys of samples taken under contention (see the module documentation).
+const CONTENDED: &str = "|contended";
+
+/// One entry of the history, as `tandem history show` lists it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HistoryEntry {
+    /// The key as stored.
+    pub key: String,
+    /// The device (`cpu`, `cuda:0`, `fpga-sim:0`).
+    pub device: String,
+    /// The op and its parameters (JSON).
+    pub op: String,
+    /// The input shapes and dtypes.
+    pub shapes: String,
+    /// CPU times taken while a Verilator simulation shared the cores: not used as estimates.
+    pub contended: bool,
+    /// Samples.
+    pub n: u64,
+    /// Mean seconds.
+    pub mean_s: f64,
+    /// The largest relative error against the f64 reference measured, if any run checked.
+    pub max_rel_error: Option<f64>,
+    /// Runs that measured the error.
+    pub error_n: u64,
+}
+
+impl HistoryEntry {
+    fn new(key: &str, s: &Stat) -> Self {
+        let (base, contended) = match key.strip_suffix(CONTENDED) {
+            Some(b) => (b, true),
+            None => (key, false),
+        };
+        let (device, rest) = base.split_once('|').unwrap_or((base, ""));
+        let (op, shapes) = rest.rsplit_once('|').unwrap_or((rest, ""));
+        Self {
+            key: key.to_string(),
+            device: device.to_string(),
+            op: op.to_string(),
+            shapes: shapes.to_string(),
+            contended,
+            n: s.n,
+            mean_s: s.mean_s,
+            max_rel_error: s.max_rel_error,
+            error_n: s.error_n,
+        }
     }
 }
 
@@ -268,18 +351,40 @@ impl History {
 
     /// Records one measured time (a time over [`MAX_MEAN_S`] is not recorded).
     pub fn record(&mut self, device: DeviceId, op: &Op, inputs: &[TensorMeta], t: Duration) {
+        self.record_sample(device, op, inputs, t, false, None);
+    }
+
+    /// Records one measured time and, where the run checked it, the op's relative error
+    /// against the f64 reference. `contended`: the time was taken on host cores while a
+    /// Verilator simulation shared them; it is kept under a key of its own (`|contended`) and
+    /// never used as an estimate. A time over [`MAX_MEAN_S`] is not recorded.
+    pub fn record_sample(
+        &mut self,
+        device: DeviceId,
+        op: &Op,
+        inputs: &[TensorMeta],
+        t: Duration,
+        contended: bool,
+        rel_error: Option<f64>,
+    ) {
         let t_s = t.as_secs_f64();
         if t_s > MAX_MEAN_S {
             tracing::debug!(secs = t_s, "op-time history: sample too long, not recorded");
             return;
         }
-        let k = key(device, op, inputs);
-        self.entries.entry(k.clone()).or_default().add(t_s);
-        self.fresh.entry(k).or_default().add(t_s);
+        let mut k = key(device, op, inputs);
+        if contended {
+            k.push_str(CONTENDED);
+        }
+        self.entries
+            .entry(k.clone())
+            .or_default()
+            .add(t_s, rel_error);
+        self.fresh.entry(k).or_default().add(t_s, rel_error);
     }
 
     /// The measured mean and its sample count, if this op with these shapes ran on this
-    /// device before.
+    /// device before (samples taken under contention do not count).
     pub fn estimate(
         &self,
         device: DeviceId,
@@ -289,6 +394,68 @@ impl History {
         self.entries
             .get(&key(device, op, inputs))
             .map(|s| (super::duration_from_secs(s.mean_s), s.n))
+    }
+
+    /// The largest relative error against the f64 reference measured for this op with these
+    /// shapes on this device, and how many runs measured it (contended or not: contention
+    /// changes times, not results).
+    pub fn measured_error(
+        &self,
+        device: DeviceId,
+        op: &Op,
+        inputs: &[TensorMeta],
+    ) -> Option<(f64, u64)> {
+        let k = key(device, op, inputs);
+        let mut out: Option<(f64, u64)> = None;
+        for s in [
+            self.entries.get(&k),
+            self.entries.get(&(k.clone() + CONTENDED)),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if let Some(e) = s.max_rel_error {
+                out = Some(match out {
+                    Some((w, n)) => (w.max(e), n + s.error_n),
+                    None => (e, s.error_n),
+                });
+            }
+        }
+        out
+    }
+
+    /// Every entry, with its key taken apart (`tandem history show`).
+    pub fn list(&self) -> Vec<HistoryEntry> {
+        self.entries
+            .iter()
+            .map(|(k, s)| HistoryEntry::new(k, s))
+            .collect()
+    }
+
+    /// The file this history is kept in, if any.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// Forgets everything: removes the file (under the lock, so a run saving meanwhile is
+    /// not half-merged) and the samples in memory. Returns the number of entries the file
+    /// held (0 where there was none).
+    pub fn reset(&mut self) -> Result<usize> {
+        self.entries.clear();
+        self.fresh.clear();
+        let Some(path) = self.path.clone() else {
+            return Ok(0);
+        };
+        let _lock = lock(&path);
+        let held = match read(&path) {
+            Read::Entries(e) => e.len(),
+            Read::Missing | Read::Bad(_) => 0,
+        };
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(held),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(Error::file(&path, format!("cannot remove: {e}"))),
+        }
     }
 
     /// The samples and mean seconds of every key (for inspection and tests).
@@ -450,5 +617,77 @@ mod tests {
         let mut h = History::in_memory();
         h.record(DeviceId::CPU, &Op::Add, &ins(), Duration::MAX);
         assert!(h.is_empty());
+    }
+
+    #[test]
+    fn errors_and_contended_samples_are_kept_and_listed() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::Internal(e.to_string()))?;
+        let path = dir.path().join("history.json");
+        let (op, ins) = (Op::Add, ins());
+        let mut h = History::open(path.clone());
+        h.record_sample(
+            DeviceId::CPU,
+            &op,
+            &ins,
+            Duration::from_millis(1),
+            false,
+            Some(1e-3),
+        );
+        h.record_sample(
+            DeviceId::CPU,
+            &op,
+            &ins,
+            Duration::from_millis(3),
+            true,
+            Some(2e-3),
+        );
+        h.record_sample(
+            DeviceId::CPU,
+            &op,
+            &ins,
+            Duration::from_millis(5),
+            true,
+            None,
+        );
+        h.save()?;
+        let mut h = History::open(path.clone());
+        // The estimate is the uncontended mean; the error the worst of both.
+        let (t, n) = h
+            .estimate(DeviceId::CPU, &op, &ins)
+            .ok_or(Error::Internal("lost".into()))?;
+        assert_eq!((t, n), (Duration::from_millis(1), 1));
+        assert_eq!(h.measured_error(DeviceId::CPU, &op, &ins), Some((2e-3, 2)));
+        let list = h.list();
+        assert_eq!(list.len(), 2);
+        let c = list
+            .iter()
+            .find(|e| e.contended)
+            .ok_or(Error::Internal("no contended".into()))?;
+        assert_eq!((c.device.as_str(), c.n, c.error_n), ("cpu", 2, 1));
+        assert_eq!(c.op, r#"{"op":"add"}"#);
+        assert_eq!(c.shapes, "f32[4],f32[4]");
+        assert!((c.mean_s - 4e-3).abs() < 1e-12);
+        assert_eq!(h.path(), Some(path.as_path()));
+        // Reset removes the file and forgets everything.
+        assert_eq!(h.reset()?, 2);
+        assert!(h.is_empty() && !path.exists());
+        assert_eq!(h.reset()?, 0);
+        Ok(())
+    }
+
+    #[test]
+    fn a_bad_error_field_drops_the_entry() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::Internal(e.to_string()))?;
+        let path = dir.path().join("h.json");
+        let text = file_with(
+            r#""bad": {"n": 1, "mean_s": 0.5, "max_rel_error": -1, "error_n": 1},
+               "ok": {"n": 1, "mean_s": 0.5, "max_rel_error": 0.25, "error_n": 1}"#,
+        );
+        std::fs::write(&path, text).map_err(|e| Error::file(&path, e.to_string()))?;
+        let h = History::open(path);
+        let keys: Vec<_> = h.entries().map(|(k, _, _)| k.to_string()).collect();
+        assert_eq!(keys, ["ok"]);
+        assert_eq!(h.list()[0].max_rel_error, Some(0.25));
+        Ok(())
     }
 }

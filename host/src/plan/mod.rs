@@ -1,10 +1,16 @@
 //! Where each op runs: a HEFT-style list scheduler over the backends' cost estimates, with
-//! transfer costs, and `--explain` text for its choices. Estimates come from the measured
-//! history where this op and shape ran on the device before, else from the backend's model.
+//! transfer costs, under a [`PlacementPolicy`] (which numerics auto placement may use, whether
+//! the history counts, how strictly a requested backend is held to), and `--explain` text for
+//! its choices. Estimates come from the measured history where this op and shape ran on the
+//! device before, else from the backend's model.
 
+mod explain;
 mod history;
+mod policy;
 
-pub use history::{HISTORY_VERSION, History, MAX_MEAN_S};
+pub use explain::{explain, explain_measured};
+pub use history::{HISTORY_VERSION, History, HistoryEntry, MAX_MEAN_S, Stat};
+pub use policy::PlacementPolicy;
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
@@ -12,8 +18,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::backend::{DeviceId, DeviceKind, DeviceRegistry, Support};
-use crate::error::Result;
+use crate::backend::{DeviceId, DeviceKind, DeviceRegistry, Numerics, Support};
+use crate::error::{Error, Result};
 use crate::graph::Graph;
 use crate::tensor::TensorMeta;
 
@@ -59,9 +65,14 @@ impl FromStr for BackendChoice {
 pub struct Placement {
     /// Device.
     pub device: DeviceId,
+    /// The device's numerics class (lossy unless `f32`).
+    pub numerics: Numerics,
     /// Estimated op time there.
     pub estimate: Duration,
-    /// Estimated finish time of the node in the schedule.
+    /// Samples behind the estimate when it came from the op-time history; `None` when it
+    /// came from the backend's model.
+    pub history_samples: Option<u64>,
+    /// Estimated finish time of the node in the schedule (from the start of the run).
     pub finish: Duration,
     /// Why this device (the alternatives considered, or why it fell back).
     pub reason: String,
@@ -76,6 +87,40 @@ pub struct Plan {
     pub warnings: Vec<String>,
     /// Estimated time of the whole schedule.
     pub makespan: Duration,
+    /// The policy the plan was made under.
+    pub policy: PlacementPolicy,
+    /// Placements whose estimate on the chosen device came from the op-time history.
+    pub from_history: usize,
+    /// Devices auto placement kept off some ops because their numerics are lossy, as
+    /// `device (numerics): N ops`.
+    pub lossy_refused: Vec<String>,
+}
+
+impl Plan {
+    /// One line on how the plan was made, for reports: the policy, the devices it kept out,
+    /// and how many placements the history decided.
+    pub fn summary(&self, choice: BackendChoice) -> String {
+        let mut s = match choice {
+            BackendChoice::Auto => format!("auto, {}", self.policy.describe_auto()),
+            BackendChoice::Only(k) => format!("{} as requested", k.name()),
+        };
+        if !self.lossy_refused.is_empty() {
+            s.push_str(&format!(
+                " (kept off as lossy: {})",
+                self.lossy_refused.join(", ")
+            ));
+        }
+        if self.policy.fresh {
+            s.push_str("; op-time history ignored (--fresh)");
+        } else {
+            s.push_str(&format!(
+                "; {} of {} estimates from the op-time history",
+                self.from_history,
+                self.placements.len()
+            ));
+        }
+        s
+    }
 }
 
 /// `secs` seconds as a [`Duration`], saturating: NaN and negative values give zero, values
@@ -106,10 +151,10 @@ pub fn transfer_cost(bytes: usize, from: DeviceId, to: DeviceId) -> Duration {
     TRANSFER_LATENCY.saturating_add(duration_from_secs(hops * bytes as f64 / HOST_LINK_BPS))
 }
 
-/// Places every node of `graph`. Never fails for a missing device: work falls back to the
-/// devices that exist, with a warning.
+/// Places every node of `graph` under the default [`PlacementPolicy`] (exact f32 only in
+/// auto placement; a requested backend that is missing is an error).
 pub fn plan(graph: &Graph, reg: &DeviceRegistry, choice: BackendChoice) -> Result<Plan> {
-    plan_with_history(graph, reg, choice, None)
+    plan_with(graph, reg, choice, None, &PlacementPolicy::default())
 }
 
 /// [`plan`], with estimates taken from `history` where it has them.
@@ -119,31 +164,69 @@ pub fn plan_with_history(
     choice: BackendChoice,
     history: Option<&History>,
 ) -> Result<Plan> {
+    plan_with(graph, reg, choice, history, &PlacementPolicy::default())
+}
+
+/// The devices an explicit backend choice may use; an error (or, under
+/// [`PlacementPolicy::fallback`], the CPU and a warning) when the kind is missing.
+fn requested(
+    reg: &DeviceRegistry,
+    kind: DeviceKind,
+    policy: &PlacementPolicy,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<DeviceId>> {
+    let found: Vec<DeviceId> = reg.of_kind(kind).iter().map(|b| b.id()).collect();
+    if !found.is_empty() {
+        if kind == DeviceKind::Cpu {
+            return Ok(found);
+        }
+        // Ops the device lacks fall back to the CPU (unless strict: checked after planning).
+        return Ok(found.into_iter().chain([DeviceId::CPU]).collect());
+    }
+    let why = reg
+        .missing()
+        .iter()
+        .find(|m| m.kind == kind)
+        .map(|m| m.reason.clone())
+        .unwrap_or_else(|| "not found".into());
+    if !policy.fallback {
+        return Err(Error::Unavailable {
+            device: format!("backend {}", kind.name()),
+            reason: why,
+        });
+    }
+    warnings.push(format!(
+        "{} is unavailable ({why}); running on the CPU (--fallback)",
+        kind.name()
+    ));
+    Ok(vec![DeviceId::CPU])
+}
+
+/// Places every node of `graph` under `policy`, with estimates from `history` where it has
+/// them (unless the policy is fresh).
+///
+/// - `Auto`: every device found, per op the one that finishes first; a device with lossy
+///   numerics only where the policy admits it ([`PlacementPolicy::admits`]).
+/// - `Only(kind)`: that kind's devices for every op they run, the others on the CPU with a
+///   warning (an error under [`PlacementPolicy::strict`]); a kind that is missing is an
+///   error ([`Error::Unavailable`]) unless [`PlacementPolicy::fallback`].
+pub fn plan_with(
+    graph: &Graph,
+    reg: &DeviceRegistry,
+    choice: BackendChoice,
+    history: Option<&History>,
+    policy: &PlacementPolicy,
+) -> Result<Plan> {
     let metas = graph.validate()?;
+    let history = history.filter(|_| !policy.fresh);
     let mut warnings = Vec::new();
     let candidates: Vec<DeviceId> = match choice {
         BackendChoice::Auto => reg.backends().iter().map(|b| b.id()).collect(),
-        BackendChoice::Only(kind) => {
-            let found: Vec<DeviceId> = reg.of_kind(kind).iter().map(|b| b.id()).collect();
-            if found.is_empty() {
-                let why = reg
-                    .missing()
-                    .iter()
-                    .find(|m| m.kind == kind)
-                    .map(|m| m.reason.clone())
-                    .unwrap_or_else(|| "not found".into());
-                warnings.push(format!(
-                    "{} is unavailable ({why}); running on the CPU",
-                    kind.name()
-                ));
-                vec![DeviceId::CPU]
-            } else if kind == DeviceKind::Cpu {
-                found
-            } else {
-                // Ops the device lacks fall back to the CPU.
-                found.into_iter().chain([DeviceId::CPU]).collect()
-            }
-        }
+        BackendChoice::Only(kind) => requested(reg, kind, policy, &mut warnings)?,
+    };
+    let preferred = match choice {
+        BackendChoice::Only(k) => Some(k),
+        BackendChoice::Auto => None,
     };
     let mut device_free: BTreeMap<DeviceId, Duration> = BTreeMap::new();
     // Where each tensor will be, and when.
@@ -154,24 +237,39 @@ pub fn plan_with_history(
         .collect();
     let mut placements = Vec::with_capacity(graph.nodes.len());
     let mut makespan = Duration::ZERO;
-    let mut fell_back: Vec<&str> = Vec::new();
+    // Ops the requested device lacks, with the first reason it gave.
+    let mut fell_back: BTreeMap<&str, String> = BTreeMap::new();
+    let mut fell_back_nodes = 0usize;
+    let mut lossy_refused: BTreeMap<String, usize> = BTreeMap::new();
     for node in &graph.nodes {
         let ins: Vec<TensorMeta> = node.inputs.iter().map(|i| metas[i].clone()).collect();
-        let mut best: Option<(Duration, Duration, DeviceId)> = None;
+        // (finish, estimate, history samples, device, numerics)
+        let mut best: Option<(Duration, Duration, Option<u64>, DeviceId, Numerics)> = None;
         let mut considered = Vec::new();
-        let preferred = match choice {
-            BackendChoice::Only(k) => Some(k),
-            BackendChoice::Auto => None,
-        };
+        let mut lacks: Option<String> = None;
         for &dev in &candidates {
             let Some(b) = reg.get(dev) else { continue };
             if let Support::No(why) = b.supports(&node.op, &ins) {
+                if preferred == Some(dev.kind) && lacks.is_none() {
+                    lacks = Some(why.clone());
+                }
                 considered.push(format!("{dev}: no ({why})"));
                 continue;
             }
-            let (est, measured) = match history.and_then(|h| h.estimate(dev, &node.op, &ins)) {
-                Some((t, n)) => (t, format!(" (measured, n={n})")),
-                None => (b.estimate(&node.op, &ins), String::new()),
+            let numerics = b.numerics();
+            if preferred.is_none() {
+                let measured = history.and_then(|h| h.measured_error(dev, &node.op, &ins));
+                if let Err(why) = policy.admits(numerics, measured) {
+                    *lossy_refused
+                        .entry(format!("{dev} ({numerics})"))
+                        .or_default() += 1;
+                    considered.push(format!("{dev}: not used ({why})"));
+                    continue;
+                }
+            }
+            let (est, samples) = match history.and_then(|h| h.estimate(dev, &node.op, &ins)) {
+                Some((t, n)) => (t, Some(n)),
+                None => (b.estimate(&node.op, &ins), None),
             };
             let ready = node
                 .inputs
@@ -188,8 +286,13 @@ pub fn plan_with_history(
                 .unwrap_or_default();
             let start = ready.max(device_free.get(&dev).copied().unwrap_or_default());
             let finish = start.saturating_add(est);
+            let source = match samples {
+                Some(n) => format!("measured, n={n}"),
+                None => "model".into(),
+            };
             considered.push(format!(
-                "{dev}: {:.3} ms{measured}",
+                "{dev}: op {:.3} ms ({source}), done at {:.3} ms",
+                est.as_secs_f64() * 1e3,
                 finish.as_secs_f64() * 1e3
             ));
             // With an explicit backend, its device wins whenever it supports the op.
@@ -200,17 +303,28 @@ pub fn plan_with_history(
             };
             let better = match best {
                 None => true,
-                Some((bf, _, bd)) => (rank(dev), finish) < (rank(bd), bf),
+                Some((bf, _, _, bd, _)) => (rank(dev), finish) < (rank(bd), bf),
             };
             if better {
-                best = Some((finish, est, dev));
+                best = Some((finish, est, samples, dev, numerics));
             }
         }
-        let (finish, est, dev) = best.unwrap_or((Duration::ZERO, Duration::ZERO, DeviceId::CPU));
-        if let Some(k) = preferred {
-            if dev.kind != k && k != DeviceKind::Cpu && !reg.of_kind(k).is_empty() {
-                fell_back.push(node.op.name());
-            }
+        let (finish, est, samples, dev, numerics) = best.unwrap_or((
+            Duration::ZERO,
+            Duration::ZERO,
+            None,
+            DeviceId::CPU,
+            Numerics::F32,
+        ));
+        if let Some(k) = preferred
+            && dev.kind != k
+            && k != DeviceKind::Cpu
+            && !reg.of_kind(k).is_empty()
+        {
+            fell_back_nodes += 1;
+            fell_back
+                .entry(node.op.name())
+                .or_insert_with(|| lacks.unwrap_or_else(|| "no kernel".into()));
         }
         device_free.insert(dev, finish);
         for o in &node.outputs {
@@ -219,48 +333,285 @@ pub fn plan_with_history(
         makespan = makespan.max(finish);
         placements.push(Placement {
             device: dev,
+            numerics,
             estimate: est,
+            history_samples: samples,
             finish,
             reason: considered.join("; "),
         });
     }
     if let (BackendChoice::Only(k), false) = (choice, fell_back.is_empty()) {
-        let ran = graph.nodes.len() - fell_back.len();
-        fell_back.sort_unstable();
-        fell_back.dedup();
+        let ops: Vec<&str> = fell_back.keys().copied().collect();
+        if policy.strict {
+            // The first reason stands for the others (they differ in the op's name).
+            let (first, why) = fell_back
+                .iter()
+                .next()
+                .map_or(("", ""), |(o, w)| (*o, w.as_str()));
+            return Err(Error::Unsupported {
+                op: ops.join(", "),
+                device: k.name().into(),
+                why: format!(
+                    "{first}: {why}{}; --strict does not let them run on the CPU",
+                    if ops.len() > 1 {
+                        " (and likewise for the others)"
+                    } else {
+                        ""
+                    }
+                ),
+            });
+        }
+        let ran = graph.nodes.len() - fell_back_nodes;
         warnings.push(format!(
-            "{} runs {ran} of {} ops; it has no kernel for {}, which run on the CPU (--explain says why)",
+            "{} runs {ran} of {} ops; it has no kernel for {}, which run on the CPU (--explain says why; --strict makes this an error)",
             k.name(),
             graph.nodes.len(),
-            fell_back.join(", ")
+            ops.join(", ")
         ));
     }
+    let from_history = placements
+        .iter()
+        .filter(|p| p.history_samples.is_some())
+        .count();
     Ok(Plan {
         placements,
         warnings,
         makespan,
+        policy: *policy,
+        from_history,
+        lossy_refused: lossy_refused
+            .into_iter()
+            .map(|(d, n)| format!("{d}: {n} op{}", if n == 1 { "" } else { "s" }))
+            .collect(),
     })
 }
 
-/// The plan as text, one line per node: device, estimate, and the alternatives weighed.
-pub fn explain(graph: &Graph, plan: &Plan) -> String {
-    let mut s = String::new();
-    for (n, p) in graph.nodes.iter().zip(&plan.placements) {
-        s.push_str(&format!(
-            "{:<22} {:<12} -> {:<10} est {:>9.3} ms   [{}]\n",
-            n.name,
-            n.op.name(),
-            p.device.to_string(),
-            p.estimate.as_secs_f64() * 1e3,
-            p.reason
-        ));
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::backend::{Backend, DeviceInfo, DeviceStorage, Launch};
+    use crate::dtype::DType;
+    use crate::ops::{Activation, LinearParams, Op, RmsNormParams};
+    use crate::tensor::Tensor;
+
+    /// A device that is very fast at linear and has nothing else, of the numerics its
+    /// `compute_dtype` says. The planner only sees what the trait says; nothing launches here.
+    #[derive(Debug)]
+    struct FastLinear {
+        info: DeviceInfo,
     }
-    s.push_str(&format!(
-        "estimated makespan {:.3} ms\n",
-        plan.makespan.as_secs_f64() * 1e3
-    ));
-    for w in &plan.warnings {
-        s.push_str(&format!("warning: {w}\n"));
+
+    impl Backend for FastLinear {
+        fn info(&self) -> &DeviceInfo {
+            &self.info
+        }
+        fn supports(&self, op: &Op, _inputs: &[TensorMeta]) -> Support {
+            match op {
+                Op::Linear(_) => Support::Native,
+                other => Support::No(format!("no {} kernel", other.name())),
+            }
+        }
+        fn upload(&self, host: &Tensor) -> Result<DeviceStorage> {
+            Ok(DeviceStorage::new(self.id(), host.meta(), host.clone()))
+        }
+        fn download(&self, storage: &DeviceStorage) -> Result<Tensor> {
+            storage.host_tensor("fast linear").cloned()
+        }
+        fn launch(&self, _op: &Op, _inputs: &[&DeviceStorage]) -> Result<Launch> {
+            Err(Error::Internal(
+                "the planner's test device does not launch".into(),
+            ))
+        }
+        fn synchronize(&self) -> Result<()> {
+            Ok(())
+        }
     }
-    s
+
+    const FAST: DeviceId = DeviceId {
+        kind: DeviceKind::FpgaXrt,
+        index: 0,
+    };
+
+    fn registry(dtype: DType) -> DeviceRegistry {
+        let mut r = DeviceRegistry::cpu_only();
+        r.add(Arc::new(FastLinear {
+            info: DeviceInfo {
+                id: FAST,
+                name: "fast linear".into(),
+                memory_bytes: 1 << 30,
+                peak_flops: 1e18,
+                peak_bandwidth: 1e15,
+                compute_dtype: dtype,
+                details: Vec::new(),
+            },
+        }));
+        r
+    }
+
+    /// x [256, 1024] -> linear (1024 -> 1024) -> rmsnorm.
+    fn graph() -> Graph {
+        let mut g = Graph::default();
+        let t = |s: &[usize]| Tensor::zeros(&TensorMeta::new(s.to_vec(), DType::F32));
+        g.constant("x", t(&[256, 1024]));
+        g.param("w", t(&[1024, 1024]));
+        g.param("g", t(&[1024]));
+        let lin = g.add(
+            "lin",
+            Op::Linear(LinearParams {
+                act: Activation::None,
+                bias: false,
+            }),
+            &["x", "w"],
+        );
+        let norm = g.add(
+            "norm",
+            Op::RmsNorm(RmsNormParams::default()),
+            &[&lin[0], "g"],
+        );
+        g.outputs = norm;
+        g
+    }
+
+    fn devices(p: &Plan) -> Vec<String> {
+        p.placements.iter().map(|p| p.device.to_string()).collect()
+    }
+
+    fn policy(f: impl FnOnce(&mut PlacementPolicy)) -> PlacementPolicy {
+        let mut p = PlacementPolicy::default();
+        f(&mut p);
+        p
+    }
+
+    #[test]
+    fn auto_uses_a_lossy_device_only_when_allowed() -> Result<()> {
+        let g = graph();
+        let reg = registry(DType::I8);
+        let auto = BackendChoice::Auto;
+        let strict = plan(&g, &reg, auto)?;
+        assert_eq!(devices(&strict), ["cpu", "cpu"]);
+        assert_eq!(strict.lossy_refused, ["fpga:0 (int8 fixed point): 1 op"]);
+        assert!(strict.placements[0].reason.contains("--allow-lossy"));
+        assert!(strict.summary(auto).starts_with("auto, exact f32 only"));
+        let any = plan_with(&g, &reg, auto, None, &policy(|p| p.allow_lossy = true))?;
+        assert_eq!(devices(&any), ["fpga:0", "cpu"]);
+        assert!(any.placements[0].numerics.is_lossy());
+        assert!(any.lossy_refused.is_empty());
+        // The same device declaring exact f32 numerics is used without asking.
+        let exact = plan(&g, &registry(DType::F32), auto)?;
+        assert_eq!(devices(&exact), ["fpga:0", "cpu"]);
+        Ok(())
+    }
+
+    #[test]
+    fn max_error_is_checked_against_the_measured_error_else_the_declared_bound() -> Result<()> {
+        let g = graph();
+        let metas = g.validate()?;
+        let ins: Vec<TensorMeta> = g.nodes[0].inputs.iter().map(|i| metas[i].clone()).collect();
+        let reg = registry(DType::I8);
+        let auto = BackendChoice::Auto;
+        let tight = policy(|p| p.max_error = Some(1e-2));
+        let loose = policy(|p| p.max_error = Some(1e-1));
+        // Not measured: int8's declared 5e-2 decides.
+        assert_eq!(
+            devices(&plan_with(&g, &reg, auto, None, &tight)?),
+            ["cpu", "cpu"]
+        );
+        assert_eq!(
+            devices(&plan_with(&g, &reg, auto, None, &loose)?),
+            ["fpga:0", "cpu"]
+        );
+        // Measured at 4e-3 on this op and shape: within 1e-2.
+        let mut h = History::in_memory();
+        let lin = &g.nodes[0].op;
+        h.record_sample(FAST, lin, &ins, Duration::from_micros(1), false, Some(4e-3));
+        let p = plan_with(&g, &reg, auto, Some(&h), &tight)?;
+        assert_eq!(devices(&p), ["fpga:0", "cpu"]);
+        // --fresh ignores the measurement (and the times).
+        let fresh = policy(|p| {
+            p.max_error = Some(1e-2);
+            p.fresh = true;
+        });
+        let p = plan_with(&g, &reg, auto, Some(&h), &fresh)?;
+        assert_eq!(devices(&p), ["cpu", "cpu"]);
+        assert_eq!(p.from_history, 0);
+        // A worse measurement later takes the op back off the device.
+        h.record_sample(FAST, lin, &ins, Duration::from_micros(1), false, Some(3e-2));
+        let p = plan_with(&g, &reg, auto, Some(&h), &tight)?;
+        assert_eq!(devices(&p), ["cpu", "cpu"]);
+        assert!(
+            p.placements[0].reason.contains("measured, 2 runs"),
+            "{}",
+            p.placements[0].reason
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn placements_from_the_history_are_counted_and_contended_samples_ignored() -> Result<()> {
+        let g = graph();
+        let metas = g.validate()?;
+        let reg = DeviceRegistry::cpu_only();
+        let mut h = History::in_memory();
+        let ins = |i: usize| -> Vec<TensorMeta> {
+            g.nodes[i].inputs.iter().map(|n| metas[n].clone()).collect()
+        };
+        // Contended samples are kept, but not as estimates.
+        h.record_sample(
+            DeviceId::CPU,
+            &g.nodes[0].op,
+            &ins(0),
+            Duration::from_millis(9),
+            true,
+            None,
+        );
+        let p = plan_with_history(&g, &reg, BackendChoice::Auto, Some(&h))?;
+        assert_eq!(p.from_history, 0);
+        h.record(
+            DeviceId::CPU,
+            &g.nodes[0].op,
+            &ins(0),
+            Duration::from_millis(2),
+        );
+        let p = plan_with_history(&g, &reg, BackendChoice::Auto, Some(&h))?;
+        assert_eq!(p.from_history, 1);
+        assert_eq!(p.placements[0].history_samples, Some(1));
+        assert_eq!(p.placements[0].estimate, Duration::from_millis(2));
+        assert!(
+            p.summary(BackendChoice::Auto)
+                .contains("1 of 2 estimates from the op-time history")
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_requested_backend_is_held_to() -> Result<()> {
+        let g = graph();
+        let reg = registry(DType::I8);
+        let fpga = BackendChoice::Only(DeviceKind::FpgaXrt);
+        // It lacks rmsnorm: the CPU runs it, with a warning; --strict refuses.
+        let p = plan(&g, &reg, fpga)?;
+        assert_eq!(devices(&p), ["fpga:0", "cpu"]);
+        assert!(
+            p.warnings[0].contains("no kernel for rmsnorm"),
+            "{:?}",
+            p.warnings
+        );
+        let e = plan_with(&g, &reg, fpga, None, &policy(|p| p.strict = true)).expect_err("strict");
+        assert_eq!(e.kind(), crate::error::ErrorKind::Unimplemented);
+        assert!(e.to_string().contains("rmsnorm"), "{e}");
+        // A kind that is missing is an error, unless the CPU may stand in.
+        let cuda = BackendChoice::Only(DeviceKind::Cuda);
+        let e = plan(&g, &reg, cuda).expect_err("missing");
+        assert_eq!(e.kind(), crate::error::ErrorKind::Unavailable);
+        let p = plan_with(&g, &reg, cuda, None, &policy(|p| p.fallback = true))?;
+        assert_eq!(devices(&p), ["cpu", "cpu"]);
+        assert!(
+            p.warnings[0].contains("running on the CPU"),
+            "{:?}",
+            p.warnings
+        );
+        Ok(())
+    }
 }

@@ -85,6 +85,9 @@ pub struct WorkloadFile {
     /// The layer's sizes.
     #[serde(default)]
     pub mixtral: MixtralConfig,
+    /// The keys the file's `[mixtral]` table sets (the others are defaults).
+    #[serde(skip)]
+    pub given: Vec<String>,
 }
 
 impl WorkloadFile {
@@ -93,8 +96,13 @@ impl WorkloadFile {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::file(path, format!("cannot read: {e}")))?;
-        let w: WorkloadFile =
+        let mut w: WorkloadFile =
             toml::from_str(&text).map_err(|e| Error::file(path, e.to_string()))?;
+        if let Ok(v) = toml::from_str::<toml::Table>(&text)
+            && let Some(m) = v.get("mixtral").and_then(|m| m.as_table())
+        {
+            w.given = m.keys().cloned().collect();
+        }
         w.mixtral
             .check()
             .map_err(|e| Error::file(path, e.to_string()))?;
@@ -304,31 +312,89 @@ pub struct LoadedLayer {
     pub config: MixtralConfig,
     /// The `input` tensor as [B*T, H], with (B, T), if present.
     pub input: Option<(Tensor, usize, usize)>,
+    /// The prefix of the layer's tensor names in the file (`model.layers.3.`).
+    pub prefix: String,
 }
 
 /// Reads one Mixtral layer's weights from a safetensors file with transformers' names (any
 /// prefix, e.g. `layer.` or `model.layers.0.`). Both the fused expert layout
 /// (`mlp.experts.gate_up_proj` [E, 2F, H], `mlp.experts.down_proj` [E, H, F]) and the per-expert
 /// layout (`block_sparse_moe.experts.N.w1/w2/w3.weight`) are accepted. `config.heads` must be
-/// right (the weights cannot tell heads from head dim); the other sizes come from the file.
-/// `config.json` is not read here: [`load_hf_layer`] reads it.
+/// right (the weights cannot tell heads from head dim; 0 means unknown and is refused, naming
+/// `--heads`); the other sizes come from the file. `config.json` is not read here:
+/// [`load_hf_layer`] reads it. A file holding several layers
+/// is refused, naming them: [`load_layer_at`] picks one.
 pub fn load_layer(path: impl AsRef<Path>, config: &MixtralConfig) -> Result<LoadedLayer> {
+    load_layer_at(path, config, None)
+}
+
+/// The layer number of a name prefix: the last dot-separated part that is a number
+/// (`model.layers.3.` -> 3).
+fn layer_number(prefix: &str) -> Option<usize> {
+    prefix
+        .trim_end_matches('.')
+        .rsplit('.')
+        .find_map(|p| p.parse::<usize>().ok())
+}
+
+/// [`load_layer`] of layer `layer` (the number in its names, `model.layers.N.`), for files
+/// that hold several: `None` is accepted only for a file of one layer; a number the file
+/// does not hold is refused, listing the layers it does.
+pub fn load_layer_at(
+    path: impl AsRef<Path>,
+    config: &MixtralConfig,
+    layer: Option<usize>,
+) -> Result<LoadedLayer> {
+    const Q: &str = "self_attn.q_proj.weight";
     let path = path.as_ref();
     let mut all = crate::io::read_safetensors(path)?;
-    let q_key = all
+    let mut prefixes: Vec<String> = all
         .keys()
-        .filter(|k| k.ends_with("self_attn.q_proj.weight"))
-        .min_by_key(|k| (k.len(), (*k).clone()))
-        .cloned()
-        .ok_or_else(|| {
-            Error::file(
+        .filter_map(|k| k.strip_suffix(Q))
+        .map(str::to_string)
+        .collect();
+    prefixes.sort_by_key(|p| (layer_number(p), p.clone()));
+    if prefixes.is_empty() {
+        return Err(Error::file(
+            path,
+            format!(
+                "no tensor named '*{Q}': not a Mixtral layer (expected transformers' Mixtral names)"
+            ),
+        ));
+    }
+    let listed = || {
+        prefixes
+            .iter()
+            .map(|p| match layer_number(p) {
+                Some(n) => format!("{n} ({p}*)"),
+                None => format!("{p}*"),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let prefix = match layer {
+        None if prefixes.len() == 1 => prefixes[0].clone(),
+        None => {
+            return Err(Error::file(
                 path,
-                "no tensor named '*self_attn.q_proj.weight': not a Mixtral layer (expected transformers' Mixtral names)",
-            )
-        })?;
-    let prefix = q_key
-        .trim_end_matches("self_attn.q_proj.weight")
-        .to_string();
+                format!(
+                    "holds {} layers: {}; pick one with --layer N",
+                    prefixes.len(),
+                    listed()
+                ),
+            ));
+        }
+        Some(n) => prefixes
+            .iter()
+            .find(|p| {
+                layer_number(p) == Some(n)
+                    || (n == 0 && prefixes.len() == 1 && layer_number(p).is_none())
+            })
+            .cloned()
+            .ok_or_else(|| {
+                Error::file(path, format!("has no layer {n}; it holds: {}", listed()))
+            })?,
+    };
     let fused = all.contains_key(&format!("{prefix}mlp.experts.gate_up_proj"));
     let mut take = |suffix: &str| -> Result<Tensor> {
         let key = format!("{prefix}{suffix}");
@@ -381,7 +447,19 @@ pub fn load_layer(path: impl AsRef<Path>, config: &MixtralConfig) -> Result<Load
     let mut c = config.clone();
     c.d_model = dim(&wq, 1);
     let qdim = dim(&wq, 0);
-    if c.heads == 0 || qdim % c.heads != 0 {
+    if c.heads == 0 {
+        return Err(Error::file(
+            path,
+            format!(
+                "the head count is not known: no {} with num_attention_heads beside the weights \
+                 (looked for {}), and the weights cannot tell heads from head size; pass the \
+                 model's --heads (--kv-heads is then checked against k_proj)",
+                HfConfig::FILE_NAME,
+                HfConfig::path_beside(path).display()
+            ),
+        ));
+    }
+    if qdim % c.heads != 0 {
         return Err(Error::file(
             path,
             format!(
@@ -445,6 +523,7 @@ pub fn load_layer(path: impl AsRef<Path>, config: &MixtralConfig) -> Result<Load
         weights,
         config: c,
         input,
+        prefix,
     })
 }
 
@@ -701,6 +780,59 @@ mod tests {
             .expect_err("heads 0")
             .to_string();
         assert!(m.contains("config.json: num_attention_heads = 0"), "{m}");
+        Ok(())
+    }
+
+    #[test]
+    fn a_file_of_several_layers_needs_the_layer_named()
+    -> std::result::Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let small = MixtralConfig {
+            d_model: 32,
+            heads: 4,
+            kv_heads: 2,
+            experts: 4,
+            top_k: 2,
+            ffn: 16,
+            seq_len: 4,
+            ..MixtralConfig::default()
+        };
+        let names = weight_names();
+        let mut t = BTreeMap::new();
+        for (layer, seed) in [(0, 3), (1, 4)] {
+            let w = MixtralWeights::random(&small, &mut ChaCha8Rng::seed_from_u64(seed));
+            for (short, tensor) in w.all() {
+                let long = names.get(short).ok_or("name")?;
+                t.insert(format!("model.layers.{layer}.{long}"), tensor.clone());
+            }
+        }
+        let path = dir.path().join("two.safetensors");
+        crate::io::write_safetensors(&path, &t)?;
+        let m = load_layer(&path, &small)
+            .expect_err("two layers")
+            .to_string();
+        assert!(
+            m.contains("holds 2 layers: 0 (model.layers.0.*), 1 (model.layers.1.*)"),
+            "{m}"
+        );
+        assert!(m.contains("--layer"), "{m}");
+        let l1 = load_layer_at(&path, &small, Some(1))?;
+        assert_eq!(l1.prefix, "model.layers.1.");
+        let l0 = load_layer_at(&path, &small, Some(0))?;
+        assert_ne!(l0.weights.wq.to_f32(), l1.weights.wq.to_f32());
+        let m = load_layer_at(&path, &small, Some(2))
+            .expect_err("no layer 2")
+            .to_string();
+        assert!(m.contains("has no layer 2"), "{m}");
+        // An unknown head count is refused, naming the flag.
+        let unknown = MixtralConfig { heads: 0, ..small };
+        let m = load_layer_at(&path, &unknown, Some(0))
+            .expect_err("heads unknown")
+            .to_string();
+        assert!(
+            m.contains("head count is not known") && m.contains("--heads"),
+            "{m}"
+        );
         Ok(())
     }
 }

@@ -228,6 +228,10 @@ impl Backend for CudaBackend {
         &self.info
     }
 
+    fn numerics(&self) -> super::Numerics {
+        super::Numerics::of_dtype(self.opts.dtype.dtype())
+    }
+
     fn supports(&self, op: &Op, inputs: &[TensorMeta]) -> Support {
         ops::supports(self.dev.arch, self.opts.attention_variant, op, inputs)
     }

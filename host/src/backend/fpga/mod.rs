@@ -383,6 +383,10 @@ impl Backend for FpgaBackend {
         &self.info
     }
 
+    fn numerics(&self) -> super::Numerics {
+        super::Numerics::Int8
+    }
+
     fn supports(&self, op: &Op, inputs: &[TensorMeta]) -> Support {
         match op {
             Op::MoeRoute(p) => route::support(&self.router, p, inputs),

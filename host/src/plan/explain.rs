@@ -1,0 +1,92 @@
+//! `--explain`: the plan as text (per node the device chosen, its op-time estimate, where the
+//! estimate came from, and every device weighed), and after a run the predicted against the
+//! measured op time per node.
+
+use super::Plan;
+use crate::exec::NodeRun;
+use crate::graph::Graph;
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// The plan as text, one line per node: device, op-time estimate (from the history, `hist
+/// n=N`, or the backend's model) and the devices weighed (each with its op-time estimate and
+/// the time the node would be done there in the schedule).
+pub fn explain(graph: &Graph, plan: &Plan) -> String {
+    let mut s = format!(
+        "{:<22} {:<12} -> {:<12} {:>11}  {:<10} [devices weighed]\n",
+        "node", "op", "device", "est. op ms", "from"
+    );
+    for (n, p) in graph.nodes.iter().zip(&plan.placements) {
+        let lossy = if p.numerics.is_lossy() { "~" } else { "" };
+        let from = match p.history_samples {
+            Some(k) => format!("hist n={k}"),
+            None => "model".into(),
+        };
+        s.push_str(&format!(
+            "{:<22} {:<12} -> {:<12} {:>11.3}  {:<10} [{}]\n",
+            n.name,
+            n.op.name(),
+            format!("{}{lossy}", p.device),
+            ms(p.estimate),
+            from,
+            p.reason
+        ));
+    }
+    s.push_str(&format!(
+        "estimated makespan {:.3} ms; {} of {} estimates from the op-time history{}\n",
+        ms(plan.makespan),
+        plan.from_history,
+        plan.placements.len(),
+        if plan.policy.fresh { " (--fresh)" } else { "" }
+    ));
+    if plan.placements.iter().any(|p| p.numerics.is_lossy()) {
+        s.push_str("~ = lossy numerics (bf16/f16 storage or int8 fixed point)\n");
+    }
+    for w in &plan.warnings {
+        s.push_str(&format!("warning: {w}\n"));
+    }
+    s
+}
+
+/// After a run: per node the device planned and its op-time estimate against the device it
+/// ran on and the op time measured there (device-reported where the device reports it, else
+/// wall), with measured / predicted.
+pub fn explain_measured(graph: &Graph, plan: &Plan, runs: &[NodeRun]) -> String {
+    let mut s = format!(
+        "{:<22} {:<12} {:<12} {:>12} {:<12} {:>12} {:>8}\n",
+        "node", "op", "planned", "predicted ms", "ran on", "measured ms", "ratio"
+    );
+    let (mut predicted, mut measured) = (0.0, 0.0);
+    for ((n, p), r) in graph.nodes.iter().zip(&plan.placements).zip(runs) {
+        let t = r.launch.device_time.unwrap_or(r.wall);
+        let src = if r.launch.device_time.is_some() {
+            ""
+        } else {
+            " w"
+        };
+        predicted += ms(p.estimate);
+        measured += ms(t);
+        let ratio = if p.estimate.is_zero() {
+            "-".to_string()
+        } else {
+            format!("{:.2}", t.as_secs_f64() / p.estimate.as_secs_f64())
+        };
+        s.push_str(&format!(
+            "{:<22} {:<12} {:<12} {:>12.3} {:<12} {:>12} {:>8}\n",
+            n.name,
+            n.op.name(),
+            p.device.to_string(),
+            ms(p.estimate),
+            r.device.to_string(),
+            format!("{:.3}{src}", ms(t)),
+            ratio
+        ));
+    }
+    s.push_str(&format!(
+        "sum of op times: predicted {predicted:.3} ms, measured {measured:.3} ms (w = wall time; \
+         the others device-reported)\n"
+    ));
+    s
+}
