@@ -16,6 +16,24 @@ use crate::memory::{BANK_SHIFT, MemConfig, Memory};
 use crate::model::{self, Model, PinsIn, PinsOut};
 use crate::verilator::{self, Toolchain};
 
+/// How often a long simulation reports its progress.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+/// A progress event of `task` (`start`, `update`, `finish`) with the cycles simulated so
+/// far (`unit` `cycles`; empty for a build): the fields of `tandem::progress` (target `tandem::progress`; tandem's binary renders
+/// them as a bar or a line), emitted by hand since this crate sits below tandem's.
+pub(crate) fn progress(task: &str, event: &str, done: u64, unit: &str, message: &str) {
+    tracing::info!(
+        target: "tandem::progress",
+        task,
+        event,
+        done,
+        total = 0u64,
+        unit,
+        "{message}"
+    );
+}
+
 /// Options of a simulated card.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct SimConfig {
@@ -351,6 +369,11 @@ impl FpgaDevice for SimCard {
     fn run_until_done(&mut self, timeout: Duration) -> Result<bool, FpgaError> {
         let t0 = Instant::now();
         let mut n = 0u64;
+        // Progress of a long simulation: looked at where the timeout is (every 256 polls),
+        // reported once the run has taken a second, then about once a second.
+        let mut next_report = PROGRESS_EVERY;
+        let task = format!("sim:{}", self.desc.as_ref().map_or("kernel", |d| &d.name));
+        let what = format!("simulating the {} kernel", &task[4..]);
         let r = loop {
             // Poll AP_CTRL back to back; its clear-on-read bits are kept for the next
             // read_reg(AP_CTRL), as XRT's driver does.
@@ -363,10 +386,24 @@ impl FpgaDevice for SimCard {
                 break Ok(true);
             }
             n += 1;
-            if n & 255 == 0 && t0.elapsed() >= timeout {
-                break Ok(false);
+            if n & 255 == 0 {
+                let elapsed = t0.elapsed();
+                if elapsed >= timeout {
+                    break Ok(false);
+                }
+                if elapsed >= next_report {
+                    let done = self.run_start.map_or(0, |s| self.cycle - s);
+                    if next_report == PROGRESS_EVERY {
+                        progress(&task, "start", done, "cycles", &what);
+                    }
+                    progress(&task, "update", done, "cycles", &what);
+                    next_report = elapsed + PROGRESS_EVERY;
+                }
             }
         };
+        if next_report != PROGRESS_EVERY {
+            progress(&task, "finish", self.last_run, "cycles", &what);
+        }
         self.sim_wall += t0.elapsed();
         r
     }
