@@ -26,6 +26,10 @@ pub const NOISE_THRESHOLD: f64 = 0.02;
 /// Changes of a single measurement (no spread to judge by) below this share are noise.
 pub const SINGLE_SAMPLE_THRESHOLD: f64 = 0.05;
 
+/// Changes of less than this many seconds are noise whatever their share (timer resolution
+/// and scheduling jitter of microsecond ops).
+pub const MIN_CHANGE_S: f64 = 5e-6;
+
 /// Bootstrap resamples behind the interval.
 const RESAMPLES: usize = 2000;
 
@@ -227,7 +231,8 @@ pub fn verdict(base: &[f64], new: &[f64]) -> Option<Verdict> {
         SINGLE_SAMPLE_THRESHOLD
     };
     let holds_zero = interval.is_some_and(|(lo, hi)| lo <= 0.0 && hi >= 0.0);
-    let v = if !change.is_finite() || change.abs() < threshold || holds_zero {
+    let tiny = (new_s - base_s).abs() < MIN_CHANGE_S;
+    let v = if !change.is_finite() || change.abs() < threshold || holds_zero || tiny {
         Change::NoChange
     } else if change > 0.0 {
         Change::Regressed
@@ -272,7 +277,9 @@ mod tests {
         let v = verdict(&base, &slower).ok_or_else(|| Error::Internal("none".into()))?;
         assert_eq!(v.verdict, Change::Regressed, "{v}");
         assert!((v.change - 0.2).abs() < 1e-9);
-        let (lo, hi) = v.interval.ok_or_else(|| Error::Internal("no interval".into()))?;
+        let (lo, hi) = v
+            .interval
+            .ok_or_else(|| Error::Internal("no interval".into()))?;
         assert!(lo > 0.1 && hi < 0.3, "{v}");
         let faster: Vec<f64> = base.iter().map(|x| x * 0.5).collect();
         assert_eq!(
@@ -287,6 +294,11 @@ mod tests {
         // one sample each: the fixed threshold decides
         assert_eq!(
             verdict(&[1.0], &[1.03]).map(|v| v.verdict),
+            Some(Change::NoChange)
+        );
+        // a microsecond op twice as slow by 2 us: jitter
+        assert_eq!(
+            verdict(&[2e-6], &[4e-6]).map(|v| v.verdict),
             Some(Change::NoChange)
         );
         assert_eq!(

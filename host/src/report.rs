@@ -311,9 +311,11 @@ pub fn chrome_trace(r: &RunReport) -> serde_json::Value {
         .collect();
     let model_tid = |d: &str| devices.len() + modelled.iter().position(|x| x == d).unwrap_or(0);
     for d in &modelled {
-        events.push(serde_json::json!({"ph": "M", "name": "thread_name", "pid": 1,
+        events.push(
+            serde_json::json!({"ph": "M", "name": "thread_name", "pid": 1,
                                        "tid": model_tid(d),
-                                       "args": {"name": format!("{d} device time")}}));
+                                       "args": {"name": format!("{d} device time")}}),
+        );
     }
     for n in &r.nodes {
         let dev = n.run.device.to_string();

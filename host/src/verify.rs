@@ -171,7 +171,10 @@ pub fn reference_chain(graph: &Graph) -> Result<BTreeMap<String, ArrayD<f64>>> {
         .collect();
     let mut progress = crate::progress::Task::quiet(
         "reference-chain",
-        format!("computing the f64 reference chain of {} ops", graph.nodes.len()),
+        format!(
+            "computing the f64 reference chain of {} ops",
+            graph.nodes.len()
+        ),
         Some(graph.nodes.len() as u64),
         "ops",
     );

@@ -130,15 +130,25 @@ pub fn run(backend: &dyn Backend, problem: &Problem, opts: &BenchOptions) -> Res
     let cost = op.cost(metas);
     let storage = storage_dtype(info.compute_dtype);
     let (bytes, bytes_counted) = counted_bytes(op, metas, storage);
+    // One launch only where that is all that was asked (a simulated device: its time is
+    // modelled, the same every run): the first launch is the sample, on one input set.
+    let once = opts.iters == 1 && opts.warmup == 0;
     let sets = opts
         .sets
-        .unwrap_or_else(|| default_sets(metas, storage))
+        .unwrap_or_else(|| {
+            if once {
+                1
+            } else {
+                default_sets(metas, storage)
+            }
+        })
         .max(1);
     let h = Harness::new(backend, problem, sets, SEED, opts.timeout)?;
-    // One launch only where that is all that was asked (a simulated device: its time is
-    // modelled, the same every run): the first launch is the sample.
-    let once = opts.iters == 1 && opts.warmup == 0;
-    let launches = if once { 1 } else { opts.warmup + 1 + opts.iters };
+    let launches = if once {
+        1
+    } else {
+        opts.warmup + 1 + opts.iters
+    };
     let what = format!(
         "timing {} {} on {}: {}",
         op.name(),

@@ -147,7 +147,9 @@ pub fn run(args: &BenchArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     let be = bench::pick_backend(reg, args.backend)?;
     let report = bench::run(be.as_ref(), &args.problem()?, &args.options(be.id().kind))?;
     let measured = super::baselines::bench_entries(&report);
-    let verdicts = base.as_ref().map(|b| super::baselines::verdicts(b, &measured));
+    let verdicts = base
+        .as_ref()
+        .map(|b| super::baselines::verdicts(b, &measured));
     if let Some(name) = &args.baseline.save_baseline {
         let p = super::baselines::save(name, measured)?;
         eprintln!("tandem: saved baseline '{name}' to {}", p.display());

@@ -70,7 +70,9 @@ pub fn run(args: &CompareArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
         runs.push(run_graph(&graph, reg, &opts)?.report);
     }
     let measured = super::baselines::compare_entries(&runs);
-    let verdicts = base.as_ref().map(|b| super::baselines::verdicts(b, &measured));
+    let verdicts = base
+        .as_ref()
+        .map(|b| super::baselines::verdicts(b, &measured));
     if let Some(name) = &args.baseline.save_baseline {
         let p = super::baselines::save(name, measured.clone())?;
         eprintln!("tandem: saved baseline '{name}' to {}", p.display());
@@ -82,11 +84,17 @@ pub fn run(args: &CompareArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     match format {
         Format::Json => {
             let mut v = render::envelope("compare");
-            v.insert("workload".into(), render::workload_json(&label, Some(&config)));
+            v.insert(
+                "workload".into(),
+                render::workload_json(&label, Some(&config)),
+            );
             v.insert("devices".into(), render::devices_json(reg));
             v.insert("runs".into(), serde_json::to_value(&runs)?);
             if let Some(vs) = &verdicts {
-                v.insert("baseline".into(), super::baselines::verdicts_json(&args.baseline, vs));
+                v.insert(
+                    "baseline".into(),
+                    super::baselines::verdicts_json(&args.baseline, vs),
+                );
             }
             render::print_json(&serde_json::Value::Object(v))?;
         }

@@ -24,10 +24,7 @@ pub fn run(args: &DevicesArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
         let mut v = super::render::envelope("devices");
         v.insert("devices".into(), json!(found));
         v.insert("missing".into(), json!(reg.missing()));
-        v.insert(
-            "compiled_in".into(),
-            json!(super::compiled_device_kinds()),
-        );
+        v.insert("compiled_in".into(), json!(super::compiled_device_kinds()));
         return super::render::print_json(&serde_json::Value::Object(v));
     }
     for b in reg.backends() {

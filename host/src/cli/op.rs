@@ -161,7 +161,10 @@ pub fn run(args: &OpArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     match args.format.get() {
         Format::Json => {
             let mut v = render::envelope("op");
-            v.insert("workload".into(), render::workload_json(&opts.workload, None));
+            v.insert(
+                "workload".into(),
+                render::workload_json(&opts.workload, None),
+            );
             v.insert("devices".into(), render::devices_json(reg));
             render::merge(&mut v, serde_json::to_value(&out.report)?);
             render::print_json(&serde_json::Value::Object(v))?;

@@ -260,7 +260,10 @@ pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     match format {
         Format::Json => {
             let mut v = render::envelope("run");
-            v.insert("workload".into(), render::workload_json(&label, Some(&config)));
+            v.insert(
+                "workload".into(),
+                render::workload_json(&label, Some(&config)),
+            );
             v.insert("devices".into(), render::devices_json(reg));
             render::merge(&mut v, serde_json::to_value(&out.report)?);
             render::print_json(&serde_json::Value::Object(v))?;
@@ -289,7 +292,10 @@ pub fn plan_only(args: &PlanArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     match args.format.get() {
         Format::Json => {
             let mut v = render::envelope("plan");
-            v.insert("workload".into(), render::workload_json(&label, Some(&config)));
+            v.insert(
+                "workload".into(),
+                render::workload_json(&label, Some(&config)),
+            );
             v.insert("devices".into(), render::devices_json(reg));
             v.insert("backend".into(), backend.name().into());
             render::merge(&mut v, render::plan_json(&graph, &p)?);

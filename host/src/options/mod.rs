@@ -115,7 +115,6 @@ pub fn user_cache_dir(env: &dyn Env) -> Option<PathBuf> {
         .or_else(|| env.path("HOME").map(|h| h.join(".cache").join("tandem")))
 }
 
-
 /// The environment variable that turns the op-time history off (`off`, `0` or `false`; `on`,
 /// `1`, `true` or unset keep it; anything else is an error).
 pub const HISTORY_VAR: &str = "TANDEM_HISTORY";
@@ -241,16 +240,26 @@ mod tests {
 
     #[test]
     fn every_cache_is_under_tandem_cache_dir() -> Result<()> {
-        let env = [("TANDEM_CACHE_DIR", "/c"), ("XDG_CACHE_HOME", "/x"), ("HOME", "/h")];
+        let env = [
+            ("TANDEM_CACHE_DIR", "/c"),
+            ("XDG_CACHE_HOME", "/x"),
+            ("HOME", "/h"),
+        ];
         let o = Options::from_source(&env)?;
         assert_eq!(user_cache_dir(&env), Some(PathBuf::from("/c")));
         assert_eq!(o.cuda.cache_dir, PathBuf::from("/c/cuda"));
         assert_eq!(o.fpga.sim_cache, PathBuf::from("/c/sim"));
         assert_eq!(o.history, Some(PathBuf::from("/c/history.json")));
         let env = [("TANDEM_SIM_CACHE_DIR", "/s"), ("TANDEM_CACHE_DIR", "/c")];
-        assert_eq!(Options::from_source(&env)?.fpga.sim_cache, PathBuf::from("/s"));
+        assert_eq!(
+            Options::from_source(&env)?.fpga.sim_cache,
+            PathBuf::from("/s")
+        );
         let env = [("TANDEM_SIM_CACHE", "/old"), ("HOME", "/h")];
-        assert_eq!(Options::from_source(&env)?.fpga.sim_cache, PathBuf::from("/old"));
+        assert_eq!(
+            Options::from_source(&env)?.fpga.sim_cache,
+            PathBuf::from("/old")
+        );
         Ok(())
     }
 

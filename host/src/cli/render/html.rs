@@ -27,6 +27,7 @@ fn chart(
     nodes: &[String],
     runs: &[String],
     values: &[Vec<Option<f64>>],
+    dim: &[Vec<bool>],
 ) -> String {
     let label_w = 190.0;
     let plot_w = 560.0;
@@ -65,7 +66,10 @@ fn chart(
         return s;
     }
     // Decades that hold every value.
-    let (d0, d1) = (lo.log10().floor(), hi.log10().ceil().max(lo.log10().floor() + 1.0));
+    let (d0, d1) = (
+        lo.log10().floor(),
+        hi.log10().ceil().max(lo.log10().floor() + 1.0),
+    );
     let x = |v: f64| label_w + (v.log10() - d0) / (d1 - d0) * plot_w;
     let bottom = top + group_h * nodes.len() as f64;
     let mut d = d0;
@@ -102,12 +106,15 @@ fn chart(
             let colour = COLOURS[r % COLOURS.len()];
             if v.is_finite() && v > 0.0 {
                 let w = (x(v) - label_w).max(1.0);
+                let faded = dim.get(r).and_then(|d| d.get(i)).copied().unwrap_or(false);
                 let _ = write!(
                     s,
-                    r#"<rect class="bar" x="{label_w}" y="{y:.1}" width="{w:.1}" height="{:.1}" fill="{colour}"><title>{}: {} {v:.3e}</title></rect>"#,
+                    r#"<rect class="bar" x="{label_w}" y="{y:.1}" width="{w:.1}" height="{:.1}" fill="{colour}" fill-opacity="{}"><title>{}: {} {v:.3e}{}</title></rect>"#,
                     bar_h - 1.0,
+                    if faded { "0.35" } else { "1" },
                     esc(node),
-                    esc(run)
+                    esc(run),
+                    if faded { " (ran on the CPU)" } else { "" }
                 );
             } else {
                 // zero (exact) or not finite: said, not drawn
@@ -155,6 +162,16 @@ pub fn compare_page(label: &str, runs: &[RunReport], not_compared: &[String]) ->
                 .collect()
         })
         .collect();
+    // Faded bars: the op ran on the CPU in that backend's run (the device lacks it).
+    let elsewhere: Vec<Vec<bool>> = runs
+        .iter()
+        .map(|r| {
+            r.nodes
+                .iter()
+                .map(|n| n.run.device.kind.name() != r.backend)
+                .collect()
+        })
+        .collect();
     let errors: Vec<Vec<Option<f64>>> = runs
         .iter()
         .map(|r| r.nodes.iter().map(|n| n.error.rel_error).collect())
@@ -192,6 +209,7 @@ pub fn compare_page(label: &str, runs: &[RunReport], not_compared: &[String]) ->
         &nodes,
         &names,
         &times,
+        &elsewhere,
     ));
     s.push_str(&chart(
         "error",
@@ -200,6 +218,7 @@ pub fn compare_page(label: &str, runs: &[RunReport], not_compared: &[String]) ->
         &nodes,
         &names,
         &errors,
+        &elsewhere,
     ));
     s.push_str("<h2>Numbers</h2><table id=\"numbers\"><thead><tr><th>node</th><th>op</th>");
     for n in &names {
@@ -222,11 +241,7 @@ pub fn compare_page(label: &str, runs: &[RunReport], not_compared: &[String]) ->
             let e = errors[r][i]
                 .map(|v| format!("{v:.1e}"))
                 .unwrap_or_else(|| "-".into());
-            let _ = write!(
-                s,
-                "<td>{t}{}</td><td>{e}</td>",
-                if here { "" } else { "*" }
-            );
+            let _ = write!(s, "<td>{t}{}</td><td>{e}</td>", if here { "" } else { "*" });
         }
         s.push_str("</tr>");
     }
@@ -239,7 +254,7 @@ pub fn compare_page(label: &str, runs: &[RunReport], not_compared: &[String]) ->
         let _ = write!(s, "<th>{:.3}</th><th>{e}</th>", run.wall_s * 1e3);
     }
     s.push_str(
-        "</tr></tbody></table><p class=\"note\">* ran on the CPU (the device lacks the op)</p></body></html>\n",
+        "</tr></tbody></table><p class=\"note\">* (and faded bars): ran on the CPU, the device lacks the op</p></body></html>\n",
     );
     s
 }
@@ -257,11 +272,24 @@ mod tests {
             &["a&b".into(), "c".into()],
             &["cpu".into()],
             &[vec![Some(0.5), Some(0.0)]],
+            &[vec![true, false]],
         );
-        assert!(svg.contains("T&lt;1&gt;") && svg.contains("a&amp;b"), "{svg}");
+        assert!(svg.contains("fill-opacity=\"0.35\""), "{svg}");
+        assert!(
+            svg.contains("T&lt;1&gt;") && svg.contains("a&amp;b"),
+            "{svg}"
+        );
         assert_eq!(svg.matches("class=\"bar\"").count(), 1, "{svg}");
         assert!(svg.contains(">0</text>"), "the zero is said: {svg}");
-        let empty = chart("t", "T", "ms", &["a".into()], &["cpu".into()], &[vec![None]]);
+        let empty = chart(
+            "t",
+            "T",
+            "ms",
+            &["a".into()],
+            &["cpu".into()],
+            &[vec![None]],
+            &[],
+        );
         assert!(empty.contains("no values"), "{empty}");
     }
 }

@@ -7,8 +7,7 @@ pub mod progress;
 mod reports;
 
 pub use reports::{
-    bench_grid, compare_grid, plan_json, plan_tables, print_run_header, run_tables,
-    workload_json,
+    bench_grid, compare_grid, plan_json, plan_tables, print_run_header, run_tables, workload_json,
 };
 
 use std::io::IsTerminal;
@@ -133,10 +132,7 @@ impl Grid {
                         }
                     }
                 }
-                let text: String = t
-                    .lines()
-                    .map(|l| format!("{}\n", l.trim_end()))
-                    .collect();
+                let text: String = t.lines().map(|l| format!("{}\n", l.trim_end())).collect();
                 Ok(text)
             }
         }
@@ -254,7 +250,10 @@ mod tests {
             "| node | time ms |\n| --- | ---: |\n| attention | 1.500 |\n| a\\|b, \"c\" | 12.000 |\n"
         );
         let c = grid().render(Format::Csv)?;
-        assert_eq!(c, "node,time ms\nattention,1.500\n\"a|b, \"\"c\"\"\",12.000\n");
+        assert_eq!(
+            c,
+            "node,time ms\nattention,1.500\n\"a|b, \"\"c\"\"\",12.000\n"
+        );
         Ok(())
     }
 
@@ -262,6 +261,9 @@ mod tests {
     fn timestamps_are_rfc3339() {
         let t = timestamp();
         assert_eq!(t.len(), 20, "{t}");
-        assert!(t.starts_with("20") && t.ends_with('Z') && &t[10..11] == "T", "{t}");
+        assert!(
+            t.starts_with("20") && t.ends_with('Z') && &t[10..11] == "T",
+            "{t}"
+        );
     }
 }

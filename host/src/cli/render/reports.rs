@@ -18,7 +18,10 @@ pub fn workload_json(label: &str, config: Option<&MixtralConfig>) -> Value {
     let name = label.split(": ").next().unwrap_or(label);
     let mut v = json!({ "name": name, "label": label });
     if let (Some(c), Some(m)) = (config, v.as_object_mut()) {
-        m.insert("config".into(), serde_json::to_value(c).unwrap_or(Value::Null));
+        m.insert(
+            "config".into(),
+            serde_json::to_value(c).unwrap_or(Value::Null),
+        );
         m.insert("head_dim".into(), c.head_dim().into());
     }
     v
@@ -92,7 +95,12 @@ pub fn plan_json(graph: &Graph, plan: &Plan) -> anyhow::Result<Value> {
 }
 
 /// `plan` in Markdown or CSV: node, op, device, estimate, finish, reason.
-pub fn plan_tables(label: &str, graph: &Graph, plan: &Plan, format: Format) -> anyhow::Result<String> {
+pub fn plan_tables(
+    label: &str,
+    graph: &Graph,
+    plan: &Plan,
+    format: Format,
+) -> anyhow::Result<String> {
     let mut g = Grid::new(
         &["node", "op", "device", "estimate ms", "finish ms", "reason"],
         &[3, 4],
@@ -185,8 +193,20 @@ pub fn bench_grid(r: &BenchReport) -> Grid {
     let sp = r.spread();
     let mut g = Grid::new(
         &[
-            "op", "shape", "backend", "kernel", "timing", "runs", "median ms", "min ms",
-            "max ms", "iqr ms", "outliers", "tflops", "gbps", "cycles",
+            "op",
+            "shape",
+            "backend",
+            "kernel",
+            "timing",
+            "runs",
+            "median ms",
+            "min ms",
+            "max ms",
+            "iqr ms",
+            "outliers",
+            "tflops",
+            "gbps",
+            "cycles",
         ],
         &[5, 6, 7, 8, 9, 10, 11, 12, 13],
     );
@@ -204,7 +224,9 @@ pub fn bench_grid(r: &BenchReport) -> Grid {
         (sp.mild_outliers + sp.severe_outliers).to_string(),
         format!("{:.3}", r.tflops()),
         format!("{:.1}", r.gbps()),
-        r.cycles.map(|c| format!("{c:.0}")).unwrap_or_else(|| "-".into()),
+        r.cycles
+            .map(|c| format!("{c:.0}"))
+            .unwrap_or_else(|| "-".into()),
     ]);
     g
 }
