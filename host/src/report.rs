@@ -54,7 +54,7 @@ impl Serialize for NodeReport {
         let mut v = serde_json::Map::new();
         for part in [
             serde_json::to_value(&self.run),
-            serde_json::to_value(&self.error),
+            serde_json::to_value(self.error),
         ] {
             if let serde_json::Value::Object(m) = part.map_err(serde::ser::Error::custom)? {
                 v.extend(m);

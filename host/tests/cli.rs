@@ -465,7 +465,10 @@ fn compare_runs_every_device_kind_found() {
     ]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
-    assert!(out.contains("cpu ms / rel.err"), "{out}");
+    assert!(
+        out.contains("cpu ms") && out.contains("cpu rel.err"),
+        "{out}"
+    );
     assert_eq!(
         out.lines().filter(|l| l.starts_with("attention ")).count(),
         1

@@ -31,7 +31,7 @@ const VERILATOR: &str = "verilator";
 const LOG_TAIL: usize = 40;
 
 /// How Verilator builds are made and where they are kept. The host fills it from its options
-/// (`TANDEM_SIM_CACHE`, `CXX`); nothing here reads the environment.
+/// (`TANDEM_SIM_CACHE_DIR`, `CXX`); nothing here reads the environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Toolchain {
     /// Folder the builds are cached in.
