@@ -55,15 +55,15 @@ impl Visit for Fields {
 /// A count as people read it: `12.3 M cycles`, `17 ops`.
 fn amount(n: f64, unit: &str) -> String {
     let (v, p) = if n >= 1e9 {
-        (n / 1e9, " G")
+        (n / 1e9, "G")
     } else if n >= 1e6 {
-        (n / 1e6, " M")
+        (n / 1e6, "M")
     } else if n >= 1e4 {
-        (n / 1e3, " k")
+        (n / 1e3, "k")
     } else {
         return format!("{n:.0} {unit}");
     };
-    format!("{v:.1}{p}{unit}")
+    format!("{v:.1} {p} {unit}").trim_end().to_string()
 }
 
 struct Running {
@@ -200,14 +200,14 @@ mod tests {
         let f = Fields {
             task: "sim:attention".into(),
             event: "update".into(),
-            done: 12_300_000,
+            done: 12_400_000,
             total: 0,
             unit: "cycles".into(),
             message: "simulating the attention kernel".into(),
         };
         assert_eq!(
             ProgressLayer::line(&f, Duration::from_secs(2)),
-            "tandem: simulating the attention kernel: 12.3 M cycles, 6.2 M cycles/s"
+            "tandem: simulating the attention kernel: 12.4 M cycles, 6.2 M cycles/s"
         );
         assert_eq!(amount(17.0, "ops"), "17 ops");
         assert_eq!(amount(25_000.0, "runs"), "25.0 k runs");
