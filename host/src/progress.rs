@@ -14,6 +14,7 @@
 //! | `done` | units done so far (`update`, `finish`) |
 //! | `total` | units in all, `0` where unknown (a spinner, not a bar) |
 //! | `unit` | what is counted: `nodes`, `runs`, `cycles` |
+//! | `elapsed_ms` | milliseconds since the work began (a quiet task starts before its `start`) |
 //! | message | what is being done, as a person reads it (`start`) |
 //!
 //! Updates are sent at most about once a second ([`Task::set`]).
@@ -41,7 +42,17 @@ pub struct Task {
     announced: bool,
 }
 
-fn emit(key: &str, event: &str, done: u64, total: u64, unit: &str, message: &str) {
+#[allow(clippy::too_many_arguments)]
+fn emit(
+    key: &str,
+    event: &str,
+    done: u64,
+    total: u64,
+    unit: &str,
+    elapsed: Duration,
+    message: &str,
+) {
+    let elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
     tracing::info!(
         target: "tandem::progress",
         task = key,
@@ -49,6 +60,7 @@ fn emit(key: &str, event: &str, done: u64, total: u64, unit: &str, message: &str
         done,
         total,
         unit,
+        elapsed_ms,
         "{message}"
     );
 }
@@ -97,6 +109,7 @@ impl Task {
                 self.done,
                 self.total,
                 self.unit,
+                self.started.elapsed(),
                 &self.message,
             );
         }
@@ -117,6 +130,7 @@ impl Task {
             done,
             self.total,
             self.unit,
+            self.started.elapsed(),
             &self.message,
         );
     }
@@ -141,6 +155,7 @@ impl Drop for Task {
                 self.done,
                 self.total,
                 self.unit,
+                self.started.elapsed(),
                 &self.message,
             );
         }

@@ -22,7 +22,15 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// A progress event of `task` (`start`, `update`, `finish`) with the cycles simulated so
 /// far (`unit` `cycles`; empty for a build): the fields of `tandem::progress` (target `tandem::progress`; tandem's binary renders
 /// them as a bar or a line), emitted by hand since this crate sits below tandem's.
-pub(crate) fn progress(task: &str, event: &str, done: u64, unit: &str, message: &str) {
+pub(crate) fn progress(
+    task: &str,
+    event: &str,
+    done: u64,
+    unit: &str,
+    elapsed: Duration,
+    message: &str,
+) {
+    let elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
     tracing::info!(
         target: "tandem::progress",
         task,
@@ -30,6 +38,7 @@ pub(crate) fn progress(task: &str, event: &str, done: u64, unit: &str, message: 
         done,
         total = 0u64,
         unit,
+        elapsed_ms,
         "{message}"
     );
 }
@@ -394,15 +403,22 @@ impl FpgaDevice for SimCard {
                 if elapsed >= next_report {
                     let done = self.run_start.map_or(0, |s| self.cycle - s);
                     if next_report == PROGRESS_EVERY {
-                        progress(&task, "start", done, "cycles", &what);
+                        progress(&task, "start", done, "cycles", elapsed, &what);
                     }
-                    progress(&task, "update", done, "cycles", &what);
+                    progress(&task, "update", done, "cycles", elapsed, &what);
                     next_report = elapsed + PROGRESS_EVERY;
                 }
             }
         };
         if next_report != PROGRESS_EVERY {
-            progress(&task, "finish", self.last_run, "cycles", &what);
+            progress(
+                &task,
+                "finish",
+                self.last_run,
+                "cycles",
+                t0.elapsed(),
+                &what,
+            );
         }
         self.sim_wall += t0.elapsed();
         r

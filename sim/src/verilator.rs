@@ -119,9 +119,9 @@ impl Toolchain {
         let t0 = std::time::Instant::now();
         let task = format!("verilator:{name}");
         let what = format!("building the {name} kernel with Verilator (first use, cached after)");
-        crate::card::progress(&task, "start", 0, "", &what);
+        crate::card::progress(&task, "start", 0, "", t0.elapsed(), &what);
         let built = build(&tmp).and_then(|()| record_hash(&tmp, artifact));
-        crate::card::progress(&task, "finish", 0, "", &what);
+        crate::card::progress(&task, "finish", 0, "", t0.elapsed(), &what);
         if let Err(e) = built {
             let _ = std::fs::remove_dir_all(&tmp);
             return Err(e);

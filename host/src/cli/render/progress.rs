@@ -19,6 +19,7 @@ struct Fields {
     done: u64,
     total: u64,
     unit: String,
+    elapsed_ms: Option<u64>,
     message: String,
 }
 
@@ -37,6 +38,7 @@ impl Visit for Fields {
         match field.name() {
             "done" => self.done = value,
             "total" => self.total = value,
+            "elapsed_ms" => self.elapsed_ms = Some(value),
             _ => {}
         }
     }
@@ -113,11 +115,18 @@ impl ProgressLayer {
         if f.total > 0 {
             bar.set_prefix(f.unit.clone());
         }
+        let bar = bar.with_elapsed(Self::elapsed(f, Duration::ZERO));
         bar.enable_steady_tick(Duration::from_millis(120));
         bar
     }
 
+    /// How long the work has run: as the event says, else as this layer saw it.
+    fn elapsed(f: &Fields, seen: Duration) -> Duration {
+        f.elapsed_ms.map(Duration::from_millis).unwrap_or(seen)
+    }
+
     fn line(f: &Fields, elapsed: Duration) -> String {
+        let elapsed = Self::elapsed(f, elapsed);
         let mut s = format!("tandem: {}", f.message);
         let secs = elapsed.as_secs_f64();
         match f.event.as_str() {
@@ -168,7 +177,9 @@ impl<S: tracing::Subscriber> Layer<S> for ProgressLayer {
                 match &t.bar {
                     Some(bar) if f.total > 0 => bar.set_position(f.done),
                     Some(bar) => {
-                        let secs = t.started.elapsed().as_secs_f64().max(1e-9);
+                        let secs = Self::elapsed(&f, t.started.elapsed())
+                            .as_secs_f64()
+                            .max(1e-9);
                         bar.set_prefix(format!(
                             "{}, {}/s",
                             amount(f.done as f64, &f.unit),
@@ -203,11 +214,20 @@ mod tests {
             done: 12_400_000,
             total: 0,
             unit: "cycles".into(),
+            elapsed_ms: None,
             message: "simulating the attention kernel".into(),
         };
         assert_eq!(
             ProgressLayer::line(&f, Duration::from_secs(2)),
             "tandem: simulating the attention kernel: 12.4 M cycles, 6.2 M cycles/s"
+        );
+        let f = Fields {
+            elapsed_ms: Some(4000),
+            ..f
+        };
+        assert!(
+            ProgressLayer::line(&f, Duration::from_secs(2)).ends_with(", 3.1 M cycles/s"),
+            "the work's own elapsed time wins"
         );
         assert_eq!(amount(17.0, "ops"), "17 ops");
         assert_eq!(amount(25_000.0, "runs"), "25.0 k runs");
