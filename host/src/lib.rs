@@ -15,6 +15,7 @@
 //! and tracing-subscriber). Library users can take `default-features = false`.
 
 pub mod backend;
+pub mod baseline;
 pub mod bench;
 pub mod dtype;
 pub mod error;
@@ -27,6 +28,7 @@ pub mod memory;
 pub mod ops;
 pub mod options;
 pub mod plan;
+pub mod progress;
 pub mod report;
 pub mod resident;
 pub mod run;

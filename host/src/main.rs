@@ -12,10 +12,27 @@ use tandem::backend::{CudaDType, Probe};
 use tandem::options::{Layered, Options, ProcessEnv};
 use tracing_subscriber::EnvFilter;
 
+/// `--version`: the version, the commit it was built from and the device kinds it drives.
+#[cfg(feature = "cuda")]
+const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("TANDEM_GIT_COMMIT"),
+    ")\ndevice kinds: cpu, cuda, fpga-sim (Verilator, found at run time), fpga (XRT, found at run time)"
+);
+#[cfg(not(feature = "cuda"))]
+const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("TANDEM_GIT_COMMIT"),
+    ")\ndevice kinds: cpu, fpga-sim (Verilator, found at run time), fpga (XRT, found at run time); built without cuda"
+);
+
 /// tandem runs transformer work (attention, MoE, fused linear and norm ops) across the CPU,
 /// NVIDIA GPUs and Alveo FPGAs (or their Verilator simulation), and compares the backends.
 #[derive(Debug, Parser)]
-#[command(name = "tandem", version, about, long_about = None)]
+#[command(name = "tandem", version = LONG_VERSION, about, long_about = None,
+          after_help = cli::ENVIRONMENT_HELP)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -30,7 +47,7 @@ enum Command {
     /// Run a workload once per device kind found and show per-op time and error side by side.
     Compare(cli::compare::CompareArgs),
     /// Show where each op of a workload would run, and why.
-    Plan(cli::run::RunArgs),
+    Plan(cli::run::PlanArgs),
     /// Run one op on named tensors from a safetensors file.
     Op(cli::op::OpArgs),
     /// Time one op on one backend (median of many runs, inputs rotated).
@@ -41,6 +58,12 @@ enum Command {
     /// The op-time history the planner learns from: show it, or reset it.
     #[command(subcommand)]
     History(cli::history::HistoryCmd),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 impl Command {
@@ -48,11 +71,12 @@ impl Command {
     fn cuda_dtype(&self) -> Option<CudaDType> {
         match self {
             Command::Devices(a) => a.cuda_dtype,
-            Command::Run(a) | Command::Plan(a) => a.cuda_dtype,
-            Command::Compare(a) => a.run.cuda_dtype,
+            Command::Run(a) => a.input.cuda_dtype,
+            Command::Plan(a) => a.input.cuda_dtype,
+            Command::Compare(a) => a.input.cuda_dtype,
             Command::Op(a) => a.cuda_dtype,
             Command::Bench(a) => a.cuda_dtype,
-            Command::Fpga(_) | Command::History(_) => None,
+            Command::Fpga(_) | Command::History(_) | Command::Completions { .. } => None,
         }
     }
 }
@@ -75,13 +99,23 @@ fn main() -> ExitCode {
         let code = tandem_fpga::xrt::probe::child_main(std::path::Path::new(lib));
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("TANDEM_LOG").unwrap_or_else(|_| EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    // A closed stdout (`tandem devices | head -1`) ends the program quietly, as it does
+    // other command-line tools, instead of a panic in println!.
+    // SAFETY: restores the default action of one signal before any thread is started.
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    let log_warning = init_logging();
     let cli = Cli::parse();
+    if let Some(w) = log_warning {
+        eprintln!("tandem: {w}");
+    }
+    if let Command::Completions { shell } = &cli.command {
+        let mut cmd = <Cli as clap::CommandFactory>::command();
+        clap_complete::generate(*shell, &mut cmd, "tandem", &mut std::io::stdout());
+        return ExitCode::SUCCESS;
+    }
     // The options, once: flags over the environment (a flag hides its variable, so a bad
     // TANDEM_CUDA_DTYPE does not matter under --cuda-dtype); a value that is not accepted
     // stops here, before any device is opened.
@@ -113,6 +147,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => cli::bench::run(a, &reg),
         Command::Fpga(c) => cli::fpga::run(c, &reg.options().fpga),
         Command::History(c) => cli::history::run(c, reg.options()),
+        Command::Completions { .. } => Ok(()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -124,4 +159,47 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// Logs to stderr (filtered by `TANDEM_LOG`, default `warn`; colour only on a terminal) and
+/// progress to stderr (bars on a terminal, lines otherwise). A `TANDEM_LOG` that is not a
+/// filter gives `warn` and a warning, returned to be printed.
+fn init_logging() -> Option<String> {
+    use tandem::options::Env;
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let terminal = cli::render::stderr_is_terminal();
+    let (filter, warning) = match ProcessEnv.text("TANDEM_LOG") {
+        Ok(None) => (EnvFilter::new("warn"), None),
+        Ok(Some(v)) => match EnvFilter::builder().parse(&v) {
+            Ok(f) => (f, None),
+            Err(e) => (
+                EnvFilter::new("warn"),
+                Some(format!(
+                    "TANDEM_LOG='{v}' is not a log filter ({e}); using warn. Accepted: a level \
+                     (error, warn, info, debug, trace) or target=level pairs joined by commas"
+                )),
+            ),
+        },
+        Err(e) => (EnvFilter::new("warn"), Some(e.to_string())),
+    };
+    // Progress events are the progress layer's, whatever TANDEM_LOG lets through.
+    let filter = match "tandem::progress=off".parse() {
+        Ok(d) => filter.add_directive(d),
+        Err(_) => filter,
+    };
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(terminal)
+        .with_filter(filter);
+    let progress = cli::render::progress::ProgressLayer::new(terminal).with_filter(
+        tracing_subscriber::filter::Targets::new()
+            .with_target(tandem::progress::TARGET, tracing::Level::INFO),
+    );
+    tracing_subscriber::registry()
+        .with(fmt)
+        .with(progress)
+        .init();
+    warning
 }

@@ -1,18 +1,18 @@
-//! Run reports: a terminal table and JSON.
+//! Run reports: the terminal table (its parts for other renderers: [`header_lines`],
+//! [`node_rows`], [`summary_lines`]), JSON with seconds as numbers, and a Chrome trace.
 
 use serde::Serialize;
 
 use crate::exec::NodeRun;
 use crate::verify::NodeError;
 
-/// One row: a node, where and how it ran, and its error.
-#[derive(Debug, Clone, Serialize)]
+/// One row: a node, where and how it ran, and its error. Serialized flat, times in seconds
+/// as numbers (`wall_s`, `device_time_s`, ...; see [`seconds_as_numbers`]).
+#[derive(Debug, Clone)]
 pub struct NodeReport {
     /// How it ran.
-    #[serde(flatten)]
     pub run: NodeRun,
     /// Error against the f64 reference on its actual inputs.
-    #[serde(flatten)]
     pub error: NodeError,
     /// FLOPs of the op.
     pub flops: f64,
@@ -58,6 +58,70 @@ pub struct RunReport {
     pub warnings: Vec<String>,
 }
 
+impl Serialize for NodeReport {
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        let mut v = serde_json::Map::new();
+        for part in [
+            serde_json::to_value(&self.run),
+            serde_json::to_value(self.error),
+        ] {
+            if let serde_json::Value::Object(m) = part.map_err(serde::ser::Error::custom)? {
+                v.extend(m);
+            }
+        }
+        v.insert("flops".into(), self.flops.into());
+        v.insert("bytes".into(), self.bytes.into());
+        let mut v = serde_json::Value::Object(v);
+        seconds_as_numbers(&mut v);
+        v.serialize(ser)
+    }
+}
+
+/// The keys of durations in tandem's serialized reports and plans.
+pub const DURATION_KEYS: [&str; 8] = [
+    "start",
+    "wall",
+    "transfer",
+    "resident_transfer",
+    "device_time",
+    "estimate",
+    "finish",
+    "makespan",
+];
+
+/// Rewrites the durations in `v` (serde's `{"secs": .., "nanos": ..}`, at any depth) as
+/// seconds, numbers, under the key with `_s` appended; the keys of [`DURATION_KEYS`] are
+/// renamed so even when null (a time not measured).
+pub fn seconds_as_numbers(v: &mut serde_json::Value) {
+    fn as_secs(v: &serde_json::Value) -> Option<f64> {
+        let m = v.as_object()?;
+        if m.len() != 2 {
+            return None;
+        }
+        Some(m.get("secs")?.as_u64()? as f64 + m.get("nanos")?.as_u64()? as f64 * 1e-9)
+    }
+    match v {
+        serde_json::Value::Object(m) => {
+            let keys: Vec<String> = m.keys().cloned().collect();
+            for k in keys {
+                let Some(mut val) = m.remove(&k) else {
+                    continue;
+                };
+                if let Some(secs) = as_secs(&val) {
+                    m.insert(format!("{k}_s"), secs.into());
+                } else if val.is_null() && DURATION_KEYS.contains(&k.as_str()) {
+                    m.insert(format!("{k}_s"), val);
+                } else {
+                    seconds_as_numbers(&mut val);
+                    m.insert(k, val);
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(seconds_as_numbers),
+        _ => {}
+    }
+}
+
 fn ms(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -66,44 +130,105 @@ fn sci(x: Option<f64>) -> String {
     x.map(|v| format!("{v:.1e}")).unwrap_or_else(|| "-".into())
 }
 
-/// The report as a terminal table.
-pub fn table(r: &RunReport) -> String {
+/// The devices of `reg` as the report lists them: those found (id, name; a GPU's storage
+/// precision, which decides its accuracy), then those missing with the reason.
+pub fn device_labels(reg: &crate::backend::DeviceRegistry) -> Vec<String> {
+    let mut devices: Vec<String> = reg
+        .backends()
+        .iter()
+        .map(|b| {
+            let i = b.info();
+            if i.id.kind == crate::backend::DeviceKind::Cuda {
+                format!("{} ({}, {} storage)", i.id, i.name, i.compute_dtype)
+            } else {
+                format!("{} ({})", i.id, i.name)
+            }
+        })
+        .collect();
+    devices.extend(
+        reg.missing()
+            .iter()
+            .map(|m| format!("{}: unavailable ({})", m.kind.name(), m.reason)),
+    );
+    devices
+}
+
+/// The column names of [`node_rows`].
+pub const NODE_COLUMNS: [&str; 8] = [
+    "node",
+    "op",
+    "device",
+    "kernel",
+    "time ms",
+    "device ms",
+    "rel.err",
+    "id diffs",
+];
+
+/// One row of text per node, the cells of [`NODE_COLUMNS`] (`-` where there is no value).
+pub fn node_rows(r: &RunReport) -> Vec<Vec<String>> {
+    r.nodes
+        .iter()
+        .map(|n| {
+            vec![
+                n.run.node.clone(),
+                n.run.op.clone(),
+                format!("{}{}", n.run.device, if n.lossy { "~" } else { "" }),
+                n.run.launch.kernel.clone(),
+                format!("{:.3}", ms(n.run.wall)),
+                n.run
+                    .launch
+                    .device_time
+                    .map(|d| format!("{:.3}", ms(d)))
+                    .unwrap_or_else(|| "-".into()),
+                sci(n.error.rel_error),
+                n.error
+                    .id_mismatches
+                    .map(|v| v.to_string())
+                    .unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect()
+}
+
+/// The lines above the node table: workload, backend, devices.
+pub fn header_lines(r: &RunReport) -> String {
     let mut s = format!("workload: {}\nbackend:  {}\n", r.workload, r.backend);
     for d in &r.devices {
         s.push_str(&format!("device:   {d}\n"));
     }
+    s
+}
+
+/// The report as a terminal table.
+pub fn table(r: &RunReport) -> String {
+    let mut s = header_lines(r);
     s.push('\n');
     s.push_str(&format!(
         "{:<20} {:<12} {:<11} {:<28} {:>10} {:>10} {:>9} {:>9}\n",
         "node", "op", "device", "kernel", "time ms", "device ms", "rel.err", "id diffs"
     ));
     s.push_str(&format!("{}\n", "-".repeat(115)));
-    for n in &r.nodes {
-        let mut kernel = n.run.launch.kernel.clone();
+    for row in node_rows(r) {
+        let mut kernel = row[3].clone();
         if kernel.len() > 28 {
             kernel.truncate(27);
             kernel.push('~');
         }
         s.push_str(&format!(
-            "{:<20} {:<12} {:<11} {:<28} {:>10.3} {:>10} {:>9} {:>9}\n",
-            n.run.node,
-            n.run.op,
-            format!("{}{}", n.run.device, if n.lossy { "~" } else { "" }),
-            kernel,
-            ms(n.run.wall),
-            n.run
-                .launch
-                .device_time
-                .map(|d| format!("{:.3}", ms(d)))
-                .unwrap_or_else(|| "-".into()),
-            sci(n.error.rel_error),
-            n.error
-                .id_mismatches
-                .map(|v| v.to_string())
-                .unwrap_or_else(|| "-".into()),
+            "{:<20} {:<12} {:<11} {:<28} {:>10} {:>10} {:>9} {:>9}\n",
+            row[0], row[1], row[2], kernel, row[4], row[5], row[6], row[7]
         ));
     }
     s.push_str(&format!("{}\n", "-".repeat(115)));
+    s.push_str(&summary_lines(r));
+    s
+}
+
+/// The lines below the node table: totals, resident weights, the output's error, router
+/// losses, fallbacks and warnings.
+pub fn summary_lines(r: &RunReport) -> String {
+    let mut s = String::new();
     let op_total: f64 = r.nodes.iter().map(|n| ms(n.run.wall)).sum();
     let xfer: f64 = r.nodes.iter().map(|n| ms(n.run.transfer)).sum();
     let xfer_b: u64 = r.nodes.iter().map(|n| n.run.transfer_bytes).sum();
@@ -173,7 +298,9 @@ fn resident_line(r: &RunReport) -> Option<String> {
 }
 
 /// The run as a Chrome / Perfetto trace (JSON "traceEvents"): one track per device, a slice
-/// per op and per input transfer. Open it in ui.perfetto.dev or chrome://tracing.
+/// per op (its wall time) and per input transfer; and for devices that report their own
+/// time (a simulated card's modelled time, CUDA events) a track "<device> device time" with
+/// a slice per op of that time, starting with the op. Open it in ui.perfetto.dev or chrome://tracing.
 pub fn chrome_trace(r: &RunReport) -> serde_json::Value {
     let us = |d: std::time::Duration| d.as_secs_f64() * 1e6;
     let mut devices: Vec<String> = r.nodes.iter().map(|n| n.run.device.to_string()).collect();
@@ -188,8 +315,37 @@ pub fn chrome_trace(r: &RunReport) -> serde_json::Value {
                                "args": {"name": d}})
         })
         .collect();
+    // A second track per device whose times are modelled or device-reported (a simulated
+    // card's cycles / clock, CUDA events): the op's device time, beside its wall time.
+    let modelled: Vec<String> = devices
+        .iter()
+        .filter(|d| {
+            r.nodes
+                .iter()
+                .any(|n| &n.run.device.to_string() == *d && n.run.launch.device_time.is_some())
+        })
+        .cloned()
+        .collect();
+    let model_tid = |d: &str| devices.len() + modelled.iter().position(|x| x == d).unwrap_or(0);
+    for d in &modelled {
+        events.push(
+            serde_json::json!({"ph": "M", "name": "thread_name", "pid": 1,
+                                       "tid": model_tid(d),
+                                       "args": {"name": format!("{d} device time")}}),
+        );
+    }
     for n in &r.nodes {
         let dev = n.run.device.to_string();
+        if let Some(dt) = n.run.launch.device_time {
+            events.push(serde_json::json!({
+                "ph": "X", "pid": 1, "tid": model_tid(&dev), "cat": "device time",
+                "name": n.run.node,
+                "ts": us(n.run.start + n.run.transfer + n.run.resident_transfer),
+                "dur": us(dt),
+                "args": {"kernel": n.run.launch.kernel, "cycles": n.run.launch.cycles,
+                         "wall_ms": n.run.wall.as_secs_f64() * 1e3},
+            }));
+        }
         if n.run.transfer_bytes + n.run.resident_bytes > 0 {
             events.push(serde_json::json!({
                 "ph": "X", "pid": 1, "tid": tid(&dev), "cat": "transfer",

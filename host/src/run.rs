@@ -164,24 +164,7 @@ pub fn run_graph_with(
             }
         })
         .collect();
-    let mut devices: Vec<String> = reg
-        .backends()
-        .iter()
-        .map(|b| {
-            let i = b.info();
-            if i.id.kind == DeviceKind::Cuda {
-                // the GPU's storage precision (bf16 or f16) decides its accuracy
-                format!("{} ({}, {} storage)", i.id, i.name, i.compute_dtype)
-            } else {
-                format!("{} ({})", i.id, i.name)
-            }
-        })
-        .collect();
-    devices.extend(
-        reg.missing()
-            .iter()
-            .map(|m| format!("{}: unavailable ({})", m.kind.name(), m.reason)),
-    );
+    let devices = crate::report::device_labels(reg);
     let report = RunReport {
         workload: opts.workload.clone(),
         backend: opts.backend_label.clone(),

@@ -69,6 +69,15 @@ pub fn check_nodes(
             .ok_or_else(|| Error::Internal(format!("no buffer '{name}'")))?
             .to_host(reg)
     };
+    let mut progress = crate::progress::Task::quiet(
+        "reference",
+        format!(
+            "checking {} ops against the f64 reference on their inputs",
+            graph.nodes.len()
+        ),
+        Some(graph.nodes.len() as u64),
+        "ops",
+    );
     graph
         .nodes
         .iter()
@@ -84,6 +93,7 @@ pub fn check_nodes(
                 .map(|n| host(n))
                 .collect::<Result<Vec<_>>>()?;
             let refs = node.op.reference(&ins)?;
+            progress.inc();
             Ok(compare(&outs, &refs))
         })
         .collect()
@@ -159,6 +169,15 @@ pub fn reference_chain(graph: &Graph) -> Result<BTreeMap<String, ArrayD<f64>>> {
         .iter()
         .map(|(n, t)| (n.clone(), t.to_f64()))
         .collect();
+    let mut progress = crate::progress::Task::quiet(
+        "reference-chain",
+        format!(
+            "computing the f64 reference chain of {} ops",
+            graph.nodes.len()
+        ),
+        Some(graph.nodes.len() as u64),
+        "ops",
+    );
     for node in &graph.nodes {
         let ins = node
             .inputs
@@ -173,6 +192,7 @@ pub fn reference_chain(graph: &Graph) -> Result<BTreeMap<String, ArrayD<f64>>> {
         for (n, v) in node.outputs.iter().zip(outs) {
             vals.insert(n.clone(), v);
         }
+        progress.inc();
     }
     Ok(vals)
 }

@@ -16,6 +16,33 @@ use crate::memory::{MemConfig, Memory};
 use crate::model::{self, Model, PinsIn, PinsOut};
 use crate::verilator::{self, Toolchain};
 
+/// How often a long simulation reports its progress.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+/// A progress event of `task` (`start`, `update`, `finish`) with the cycles simulated so
+/// far (`unit` `cycles`; empty for a build): the fields of `tandem::progress` (target `tandem::progress`; tandem's binary renders
+/// them as a bar or a line), emitted by hand since this crate sits below tandem's.
+pub(crate) fn progress(
+    task: &str,
+    event: &str,
+    done: u64,
+    unit: &str,
+    elapsed: Duration,
+    message: &str,
+) {
+    let elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+    tracing::info!(
+        target: "tandem::progress",
+        task,
+        event,
+        done,
+        total = 0u64,
+        unit,
+        elapsed_ms,
+        "{message}"
+    );
+}
+
 /// Options of a simulated card.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct SimConfig {
@@ -294,6 +321,11 @@ impl FpgaDevice for SimCard {
     fn run_until_done(&mut self, timeout: Duration) -> Result<bool, FpgaError> {
         let t0 = Instant::now();
         let mut n = 0u64;
+        // Progress of a long simulation: looked at where the timeout is (every 256 polls),
+        // reported once the run has taken a second, then about once a second.
+        let mut next_report = PROGRESS_EVERY;
+        let task = format!("sim:{}", self.desc.as_ref().map_or("kernel", |d| &d.name));
+        let what = format!("simulating the {} kernel", &task[4..]);
         let r = loop {
             // Poll AP_CTRL back to back; its clear-on-read bits are kept for the next
             // read_reg(AP_CTRL), as XRT's driver does.
@@ -306,10 +338,31 @@ impl FpgaDevice for SimCard {
                 break Ok(true);
             }
             n += 1;
-            if n & 255 == 0 && t0.elapsed() >= timeout {
-                break Ok(false);
+            if n & 255 == 0 {
+                let elapsed = t0.elapsed();
+                if elapsed >= timeout {
+                    break Ok(false);
+                }
+                if elapsed >= next_report {
+                    let done = self.run_start.map_or(0, |s| self.cycle - s);
+                    if next_report == PROGRESS_EVERY {
+                        progress(&task, "start", done, "cycles", elapsed, &what);
+                    }
+                    progress(&task, "update", done, "cycles", elapsed, &what);
+                    next_report = elapsed + PROGRESS_EVERY;
+                }
             }
         };
+        if next_report != PROGRESS_EVERY {
+            progress(
+                &task,
+                "finish",
+                self.last_run,
+                "cycles",
+                t0.elapsed(),
+                &what,
+            );
+        }
         self.sim_wall += t0.elapsed();
         r
     }

@@ -31,7 +31,7 @@ const VERILATOR: &str = "verilator";
 const LOG_TAIL: usize = 40;
 
 /// How Verilator builds are made and where they are kept. The host fills it from its options
-/// (`TANDEM_SIM_CACHE`, `CXX`); nothing here reads the environment.
+/// (`TANDEM_SIM_CACHE_DIR`, `CXX`); nothing here reads the environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Toolchain {
     /// Folder the builds are cached in.
@@ -117,7 +117,12 @@ impl Toolchain {
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
         let t0 = std::time::Instant::now();
-        if let Err(e) = build(&tmp).and_then(|()| record_hash(&tmp, artifact)) {
+        let task = format!("verilator:{name}");
+        let what = format!("building the {name} kernel with Verilator (first use, cached after)");
+        crate::card::progress(&task, "start", 0, "", t0.elapsed(), &what);
+        let built = build(&tmp).and_then(|()| record_hash(&tmp, artifact));
+        crate::card::progress(&task, "finish", 0, "", t0.elapsed(), &what);
+        if let Err(e) = built {
             let _ = std::fs::remove_dir_all(&tmp);
             return Err(e);
         }

@@ -39,7 +39,7 @@ pub use bytes::{
 };
 pub use inputs::{make_inputs, random_tensor};
 pub use problem::{BenchShape, MOE_BLOCK, Problem};
-pub use report::BenchReport;
+pub use report::{BenchReport, Spread, quantile};
 pub use timing::{FirstLaunch, Harness, Samples, Timing, median};
 
 use crate::backend::{Backend, DeviceKind, DeviceRegistry, Support};
@@ -130,14 +130,48 @@ pub fn run(backend: &dyn Backend, problem: &Problem, opts: &BenchOptions) -> Res
     let cost = op.cost(metas);
     let storage = storage_dtype(info.compute_dtype);
     let (bytes, bytes_counted) = counted_bytes(op, metas, storage);
+    // One launch only where that is all that was asked (a simulated device: its time is
+    // modelled, the same every run): the first launch is the sample, on one input set.
+    let once = opts.iters == 1 && opts.warmup == 0;
     let sets = opts
         .sets
-        .unwrap_or_else(|| default_sets(metas, storage))
+        .unwrap_or_else(|| {
+            if once {
+                1
+            } else {
+                default_sets(metas, storage)
+            }
+        })
         .max(1);
     let h = Harness::new(backend, problem, sets, SEED, opts.timeout)?;
+    let launches = if once {
+        1
+    } else {
+        opts.warmup + 1 + opts.iters
+    };
+    let what = format!(
+        "timing {} {} on {}: {}",
+        op.name(),
+        problem.label,
+        backend.id(),
+        if once {
+            "1 run".to_string()
+        } else {
+            format!("{} untimed + {} timed runs", opts.warmup + 1, opts.iters)
+        }
+    );
+    h.report_progress(crate::progress::Task::announce(
+        "bench",
+        what,
+        Some(launches as u64),
+        "runs",
+    ));
     h.warm_up(opts.warmup)?;
     let first = h.first_launch()?;
-    let mut samples = h.measure(opts.iters, first.timing)?;
+    let mut samples = match (once, first.timing, first.as_samples()) {
+        (true, Timing::DeviceEvents, Some(s)) => s,
+        _ => h.measure(opts.iters, first.timing)?,
+    };
     let runs = samples.times.len();
     let median_s = median(&mut samples.times);
     let cycles = if samples.cycles.is_empty() {
@@ -163,6 +197,7 @@ pub fn run(backend: &dyn Backend, problem: &Problem, opts: &BenchOptions) -> Res
         bytes_counted,
         cycles,
         host_s_per_launch: samples.host_s_per_launch,
+        samples_s: samples.times,
     })
 }
 

@@ -30,12 +30,31 @@ impl Timing {
 }
 
 /// What the first launch after warm-up showed: how to time, and which kernel runs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct FirstLaunch {
     /// Whether the device reports its own time.
     pub timing: Timing,
     /// The kernel (or kernels, joined by '+') that ran.
     pub kernel: String,
+    /// The device's time of this launch, seconds, where it reports one.
+    pub device_s: Option<f64>,
+    /// The device's cycles of this launch, where it counts them.
+    pub cycles: Option<f64>,
+    /// Host seconds from the launch until it completed.
+    pub host_s: f64,
+}
+
+impl FirstLaunch {
+    /// This launch as the only sample: for a device whose time is modelled, not measured
+    /// (a simulation: the same inputs give the same cycles every time); `None` where the
+    /// device did not time it.
+    pub fn as_samples(&self) -> Option<Samples> {
+        Some(Samples {
+            times: vec![self.device_s?],
+            cycles: self.cycles.into_iter().collect(),
+            host_s_per_launch: self.host_s,
+        })
+    }
 }
 
 /// The measurements of the timed launches.
@@ -65,6 +84,7 @@ pub struct Harness<'a> {
     inputs: Vec<Vec<DeviceStorage>>,
     timeout: Duration,
     what: String,
+    progress: std::cell::RefCell<Option<crate::progress::Task>>,
 }
 
 impl std::fmt::Debug for Harness<'_> {
@@ -103,7 +123,13 @@ impl<'a> Harness<'a> {
             inputs,
             timeout,
             what: format!("bench {}", problem.op.name()),
+            progress: std::cell::RefCell::new(None),
         })
+    }
+
+    /// Counts every launch from now on in `task` (progress of a long bench).
+    pub fn report_progress(&self, task: crate::progress::Task) {
+        *self.progress.borrow_mut() = Some(task);
     }
 
     /// The number of input sets rotated.
@@ -114,6 +140,9 @@ impl<'a> Harness<'a> {
     /// Starts launch `i` (on input set `i % sets`).
     pub fn launch(&self, i: usize) -> Result<Launch> {
         let set: Vec<&DeviceStorage> = self.inputs[i % self.inputs.len()].iter().collect();
+        if let Some(t) = self.progress.borrow_mut().as_mut() {
+            t.inc();
+        }
         self.backend.launch(&self.op, &set)
     }
 
@@ -127,8 +156,10 @@ impl<'a> Harness<'a> {
 
     /// Runs launch 0 once more and reports whether the device timed it, and its kernel.
     pub fn first_launch(&self) -> Result<FirstLaunch> {
+        let t0 = Instant::now();
         let l = self.launch(0)?;
         l.done.wait(self.timeout, &self.what)?;
+        let host_s = t0.elapsed().as_secs_f64();
         let info = l
             .info
             .lock()
@@ -140,6 +171,9 @@ impl<'a> Harness<'a> {
                 Timing::WallClock
             },
             kernel: info.kernel.clone(),
+            device_s: info.device_time.map(|t| t.as_secs_f64()),
+            cycles: info.cycles.map(|c| c as f64),
+            host_s,
         })
     }
 

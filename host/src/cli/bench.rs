@@ -8,6 +8,9 @@ use tandem::backend::{CudaDType, DeviceKind};
 use tandem::bench::{self, BenchOptions, BenchShape, Problem};
 use tandem::ops::{Activation, OpKind};
 
+use super::baselines::BaselineArgs;
+use super::render::{self, Format, FormatArgs};
+
 /// Options of `tandem bench`.
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
@@ -83,18 +86,19 @@ pub struct BenchArgs {
     /// RMSNorm: columns.
     #[arg(long, default_value_t = BenchShape::DEFAULT.cols)]
     pub cols: usize,
-    /// Timed runs.
-    #[arg(long, default_value_t = BenchOptions::DEFAULT.iters)]
-    pub iters: usize,
-    /// Untimed runs first.
-    #[arg(long, default_value_t = BenchOptions::DEFAULT.warmup)]
-    pub warmup: usize,
+    /// Timed runs (default 50; 1 on fpga-sim, whose modelled time is the same every run).
+    #[arg(long)]
+    pub iters: Option<usize>,
+    /// Untimed runs first (default 5; 0 on fpga-sim).
+    #[arg(long)]
+    pub warmup: Option<usize>,
     /// Input sets rotated between runs (default: enough to exceed 256 MiB, at most 8).
     #[arg(long)]
     pub sets: Option<usize>,
-    /// Print one JSON object instead of text.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub format: FormatArgs,
+    #[command(flatten)]
+    pub baseline: BaselineArgs,
 }
 
 impl BenchArgs {
@@ -128,11 +132,14 @@ impl BenchArgs {
         self.shape().problem(self.op)
     }
 
-    /// How many runs, and how many input sets.
-    pub fn options(&self) -> BenchOptions {
+    /// How many runs, and how many input sets, on a device of `kind`: a simulated device is
+    /// deterministic (its time is cycles / clock), so one run unless more are asked for.
+    pub fn options(&self, kind: DeviceKind) -> BenchOptions {
+        let simulated = kind == DeviceKind::FpgaSim;
+        let d = BenchOptions::DEFAULT;
         BenchOptions {
-            iters: self.iters,
-            warmup: self.warmup,
+            iters: self.iters.unwrap_or(if simulated { 1 } else { d.iters }),
+            warmup: self.warmup.unwrap_or(if simulated { 0 } else { d.warmup }),
             sets: self.sets,
             ..BenchOptions::DEFAULT
         }
@@ -141,6 +148,7 @@ impl BenchArgs {
 
 /// Times one op and prints the result.
 pub fn run(args: &BenchArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
+    let base = args.baseline.load()?;
     let mut kind = args.backend;
     if let Some(k) = kind {
         super::placement::require(reg, k, args.fallback)?;
@@ -149,11 +157,44 @@ pub fn run(args: &BenchArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
         }
     }
     let be = bench::pick_backend(reg, kind)?;
-    let report = bench::run(be.as_ref(), &args.problem()?, &args.options())?;
-    if args.json {
-        println!("{}", report.to_json());
-    } else {
-        print!("{report}");
+    let report = bench::run(be.as_ref(), &args.problem()?, &args.options(be.id().kind))?;
+    let measured = super::baselines::bench_entries(&report);
+    let verdicts = base
+        .as_ref()
+        .map(|b| super::baselines::verdicts(b, &measured));
+    if let Some(name) = &args.baseline.save_baseline {
+        let p = super::baselines::save(name, measured)?;
+        eprintln!("tandem: saved baseline '{name}' to {}", p.display());
+    }
+    match args.format.get() {
+        Format::Json => {
+            let mut v = render::envelope("bench");
+            v.insert("devices".into(), render::devices_json(reg));
+            render::merge(&mut v, report.to_json());
+            if let Some(vs) = &verdicts {
+                v.insert(
+                    "baseline".into(),
+                    super::baselines::verdicts_json(&args.baseline, vs),
+                );
+            }
+            render::print_json(&serde_json::Value::Object(v))?;
+        }
+        Format::Table => {
+            print!("{report}");
+            if let Some(vs) = &verdicts {
+                print!("{}", super::baselines::verdict_lines(&args.baseline, vs));
+            }
+        }
+        f => {
+            print!("{}", render::bench_grid(&report).render(f)?);
+            if let (Some(vs), Format::Markdown) = (&verdicts, f) {
+                println!();
+                print!(
+                    "{}",
+                    render::markdown_lines(&super::baselines::verdict_lines(&args.baseline, vs))
+                );
+            }
+        }
     }
     Ok(())
 }
@@ -217,7 +258,11 @@ mod tests {
         assert_eq!(p.label, "T5 H16 F14336 E8 k2");
         let t = T::try_parse_from(["x", "moe-route"])?;
         assert_eq!(t.b.shape(), BenchShape::DEFAULT);
-        assert_eq!(t.b.options(), BenchOptions::DEFAULT);
+        assert_eq!(t.b.options(DeviceKind::Cpu), BenchOptions::DEFAULT);
+        let sim = t.b.options(DeviceKind::FpgaSim);
+        assert_eq!((sim.iters, sim.warmup), (1, 0));
+        let t = T::try_parse_from(["x", "rope", "--iters", "7"])?;
+        assert_eq!(t.b.options(DeviceKind::FpgaSim).iters, 7);
         assert_eq!(t.b.backend, None);
         Ok(())
     }

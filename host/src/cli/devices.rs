@@ -21,9 +21,11 @@ pub struct DevicesArgs {
 pub fn run(args: &DevicesArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     if args.json {
         let found: Vec<_> = reg.backends().iter().map(|b| b.info().clone()).collect();
-        let v = json!({ "devices": found, "missing": reg.missing() });
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(());
+        let mut v = super::render::envelope("devices");
+        v.insert("devices".into(), json!(found));
+        v.insert("missing".into(), json!(reg.missing()));
+        v.insert("compiled_in".into(), json!(super::compiled_device_kinds()));
+        return super::render::print_json(&serde_json::Value::Object(v));
     }
     for b in reg.backends() {
         let i = b.info();

@@ -187,7 +187,18 @@ pub fn run(cmd: &FpgaCmd, fpga_opts: &FpgaOptions) -> anyhow::Result<()> {
             };
             let e = tandem_fpga::emit::emit(core.as_ref(), kernel.shell(), &dir)?;
             let t0 = Instant::now();
-            let r = tandem_fpga::synth::synth(&e.verilog, core.name())?;
+            let task = tandem::progress::Task::announce(
+                "yosys",
+                format!(
+                    "synthesising the {} kernel with yosys synth_xilinx (a minute or more for the larger kernels)",
+                    core.name()
+                ),
+                None,
+                "",
+            );
+            let r = tandem_fpga::synth::synth(&e.verilog, core.name());
+            drop(task);
+            let r = r?;
             if out.is_none() {
                 let _ = std::fs::remove_dir_all(&dir);
             }

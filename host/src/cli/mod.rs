@@ -1,5 +1,6 @@
 //! The `tandem` subcommands, one file each.
 
+pub mod baselines;
 pub mod bench;
 pub mod compare;
 pub mod devices;
@@ -7,6 +8,7 @@ pub mod fpga;
 pub mod history;
 pub mod op;
 pub mod placement;
+pub mod render;
 pub mod run;
 
 use std::sync::{Arc, Mutex};
@@ -46,3 +48,34 @@ pub fn float_dtype_parser() -> impl TypedValueParser<Value = DType> {
 pub fn history(options: &tandem::options::Options) -> Arc<Mutex<History>> {
     Arc::new(Mutex::new(History::at(options.history.as_deref())))
 }
+
+/// The device kinds this binary can drive (`--version`, `devices --json`): the CPU, CUDA
+/// where built with the `cuda` feature, the Verilator simulation and XRT boards (both found
+/// at run time).
+pub fn compiled_device_kinds() -> Vec<&'static str> {
+    DeviceKind::ALL
+        .into_iter()
+        .filter(|k| cfg!(feature = "cuda") || *k != DeviceKind::Cuda)
+        .map(DeviceKind::name)
+        .collect()
+}
+
+/// The environment variables tandem reads, for `--help`.
+pub const ENVIRONMENT_HELP: &str = "\
+Environment:
+  TANDEM_LOG             log filter (tracing's EnvFilter: error, warn, info, debug, tandem=debug); default warn
+  TANDEM_HISTORY         off/0/false: do not learn op times across runs (default on)
+  TANDEM_MAX_MEMORY      host memory a run may allocate (bytes, or with K/M/G/T)
+  TANDEM_CACHE_DIR       tandem's cache folder: cuda/ (CUBINs), sim/ (Verilator builds), baselines/,
+                         history.json; default $XDG_CACHE_HOME/tandem, else ~/.cache/tandem
+  TANDEM_SIM_CACHE_DIR   the simulator's builds only (default $TANDEM_CACHE_DIR/sim)
+  TANDEM_CUDA_DTYPE      GPU storage precision: bf16 (default) or f16 (flag --cuda-dtype)
+  TANDEM_KERNEL_DIR      CUDA kernel sources to use instead of the embedded ones
+  TANDEM_ATTN_VARIANT, TANDEM_MOE_EXPERTS, TANDEM_MOE_TILE
+                         CUDA kernel choices (see docs/gpu-notes.md)
+  CUDA_HOME, CUDA_PATH   CUDA toolkit folders (NVRTC, headers)
+  TANDEM_FPGA_CLOCK_MHZ  FPGA kernel clock for device time (default: each build's target)
+  CXX                    C++ compiler of the Verilator builds (default g++)
+  XILINX_XRT, TANDEM_XRT_LIB, TANDEM_XCLBIN_DIR, XCL_EMULATION_MODE
+                         XRT install, its library folder, the boards' xclbins, XRT emulation
+Progress goes to stderr: bars on a terminal, plain 'tandem: ...' lines otherwise.";

@@ -63,9 +63,8 @@ pub struct OpArgs {
     /// rope: position of the first row.
     #[arg(long, default_value_t = 0)]
     pub position_offset: usize,
-    /// Print JSON instead of text.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub format: super::render::FormatArgs,
     /// Longest wait for the op, in seconds (any backend: CPU and simulated-card work stops
     /// at the deadline).
     #[arg(long, default_value_t = 300)]
@@ -163,13 +162,25 @@ pub fn run(args: &OpArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
         }
         tandem::io::write_safetensors(path, &saved)?;
     }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&out.report)?);
-    } else {
-        print!("{}", tandem::report::table(&out.report));
-        if let Some(p) = &args.save {
-            println!("saved: {}", p.display());
+    use super::render::{self, Format};
+    match args.format.get() {
+        Format::Json => {
+            let mut v = render::envelope("op");
+            v.insert(
+                "workload".into(),
+                render::workload_json(&opts.workload, None),
+            );
+            v.insert("devices".into(), render::devices_json(reg));
+            render::merge(&mut v, serde_json::to_value(&out.report)?);
+            render::print_json(&serde_json::Value::Object(v))?;
         }
+        Format::Table => {
+            print!("{}", render::run_tables(&out.report, Format::Table, true)?);
+            if let Some(p) = &args.save {
+                println!("saved: {}", p.display());
+            }
+        }
+        f => print!("{}", render::run_tables(&out.report, f, true)?),
     }
     Ok(())
 }

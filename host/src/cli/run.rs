@@ -14,21 +14,75 @@ use tandem::workload::{self, HfConfig, MixtralConfig, WorkloadFile};
 use anyhow::bail;
 use tandem::{DType, DeviceRegistry, Tensor};
 
-/// Options of `tandem run` (and `tandem plan`).
+use super::render::{self, Format, FormatArgs};
+
+/// Options of `tandem run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// A TOML workload file; without one, the built-in Mixtral decoder layer.
-    pub workload: Option<PathBuf>,
+    #[command(flatten)]
+    pub input: WorkloadArgs,
     /// Devices to use: auto (the planner chooses per op), cpu, cuda, fpga-sim, fpga.
     #[arg(long, default_value = "auto", value_parser = super::backend_choice_parser())]
     pub backend: BackendChoice,
-    /// Print the report as JSON on stdout instead of the table.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub format: FormatArgs,
     /// Print where each op goes and why (per device its op-time estimate) before running,
     /// and after the run the predicted against the measured time of every op (stderr).
     #[arg(long)]
     pub explain: bool,
+    #[command(flatten)]
+    pub exec: ExecArgs,
+    /// Write the layer output (`output` [B, T, H]) and the router's results here.
+    #[arg(long)]
+    pub save: Option<PathBuf>,
+    /// Write a Chrome/Perfetto trace of the run (one track per device, and one of the
+    /// modelled or device-reported time per device that reports it) here.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    #[command(flatten)]
+    pub placement: super::placement::PlacementArgs,
+}
+
+/// Options of `tandem plan`.
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub input: WorkloadArgs,
+    /// Devices to use: auto (the planner chooses per op), cpu, cuda, fpga-sim, fpga.
+    #[arg(long, default_value = "auto", value_parser = super::backend_choice_parser())]
+    pub backend: BackendChoice,
+    #[command(flatten)]
+    pub format: FormatArgs,
+    #[command(flatten)]
+    pub placement: super::placement::PlacementArgs,
+}
+
+/// The workload: a file or the built-in layer, its weights and sizes, and the devices'
+/// storage precision (`run`, `plan`, `compare`).
+#[derive(Debug, Args)]
+pub struct WorkloadArgs {
+    /// A TOML workload file; without one, the built-in Mixtral decoder layer.
+    pub workload: Option<PathBuf>,
+    /// The layer's weights (and `input`, if present) from a safetensors file with transformers'
+    /// Mixtral names. The head count comes from the config.json beside it, else --heads is
+    /// required (the weights cannot tell heads from head size).
+    #[arg(long)]
+    pub weights: Option<PathBuf>,
+    /// With --weights: the layer to load from a file that holds several (the N of
+    /// `model.layers.N.`); required for such files.
+    #[arg(long, value_name = "N", requires = "weights")]
+    pub layer: Option<usize>,
+    /// Precision CUDA devices store tensors in (f32 accumulation either way); default:
+    /// $TANDEM_CUDA_DTYPE, else bf16.
+    #[arg(long, value_name = "DTYPE", value_parser = super::cuda_dtype_parser())]
+    pub cuda_dtype: Option<CudaDType>,
+    #[command(flatten)]
+    pub sizes: SizeArgs,
+}
+
+/// How a workload is executed and checked (`run`, `compare`).
+#[derive(Debug, Args)]
+pub struct ExecArgs {
     /// Skip the comparison with the f64 reference.
     #[arg(long)]
     pub no_check: bool,
@@ -39,33 +93,10 @@ pub struct RunArgs {
     /// Longest wait for one op, in seconds.
     #[arg(long, default_value_t = 300)]
     pub timeout: u64,
-    /// The layer's weights (and `input`, if present) from a safetensors file with transformers'
-    /// Mixtral names. The head count comes from the config.json beside it, else --heads is
-    /// required (the weights cannot tell heads from head size).
-    #[arg(long)]
-    pub weights: Option<PathBuf>,
-    /// With --weights: the layer to load from a file that holds several (the N of
-    /// `model.layers.N.`); required for such files.
-    #[arg(long, value_name = "N", requires = "weights")]
-    pub layer: Option<usize>,
-    /// Write the layer output (`output` [B, T, H]) and the router's results here.
-    #[arg(long)]
-    pub save: Option<PathBuf>,
-    /// Write a Chrome/Perfetto trace of the run (one track per device) here.
-    #[arg(long)]
-    pub trace: Option<PathBuf>,
-    /// Precision CUDA devices store tensors in (f32 accumulation either way); default:
-    /// $TANDEM_CUDA_DTYPE, else bf16.
-    #[arg(long, value_name = "DTYPE", value_parser = super::cuda_dtype_parser())]
-    pub cuda_dtype: Option<CudaDType>,
     /// Run even when inputs or weights hold NaN or infinities (rejected by default); the run
     /// still fails (exit 1) if any output is not finite.
     #[arg(long)]
     pub allow_nonfinite: bool,
-    #[command(flatten)]
-    pub sizes: SizeArgs,
-    #[command(flatten)]
-    pub placement: super::placement::PlacementArgs,
 }
 
 /// Size overrides of the Mixtral layer.
@@ -129,7 +160,7 @@ impl SizeArgs {
 
 /// Builds the graph `args` describe, with its config.
 pub fn build(
-    args: &RunArgs,
+    args: &WorkloadArgs,
     limits: &tandem::limits::Limits,
 ) -> anyhow::Result<(tandem::graph::Graph, MixtralConfig, String)> {
     let (mut c, mut name, toml_heads) = match &args.workload {
@@ -223,8 +254,13 @@ pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     let backend = args.backend;
     args.placement.check(reg, backend)?;
     let policy = args.placement.policy();
-    let (graph, config, label) = build(args, &reg.options().limits())?;
+    let format = args.format.get();
+    let (graph, config, label) = build(&args.input, &reg.options().limits())?;
     let history = super::history(reg.options());
+    if format == Format::Table {
+        // The header before the long work.
+        render::print_run_header(&label, backend.name(), reg)?;
+    }
     if args.explain {
         let h = history.lock().unwrap_or_else(|e| e.into_inner());
         let p = plan::plan_with(&graph, reg, backend, Some(&h), &policy)?;
@@ -235,16 +271,16 @@ pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
         placement: policy,
         backend_label: backend.name().into(),
         exec: ExecOptions {
-            timeout: Duration::from_secs(args.timeout),
+            timeout: Duration::from_secs(args.exec.timeout),
             // --strict: a node that fails on the requested device fails the run.
             fallback: !policy.strict,
         },
-        check: !args.no_check,
-        workload: label,
+        check: !args.exec.no_check,
+        workload: label.clone(),
         history: Some(history),
         limits: reg.options().limits(),
-        allow_nonfinite: args.allow_nonfinite,
-        warmup: args.warmup,
+        allow_nonfinite: args.exec.allow_nonfinite,
+        warmup: args.exec.warmup,
     };
     let out = run_graph(&graph, reg, &opts)?;
     if args.explain {
@@ -275,34 +311,58 @@ pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
         let text = serde_json::to_string(&tandem::report::chrome_trace(&out.report))?;
         tandem::files::write_atomic(path, text.as_bytes())?;
     }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&out.report)?);
-    } else {
-        print!("{}", tandem::report::table(&out.report));
-        if let Some(p) = &args.trace {
-            println!("trace: {}", p.display());
+    match format {
+        Format::Json => {
+            let mut v = render::envelope("run");
+            v.insert(
+                "workload".into(),
+                render::workload_json(&label, Some(&config)),
+            );
+            v.insert("devices".into(), render::devices_json(reg));
+            render::merge(&mut v, serde_json::to_value(&out.report)?);
+            render::print_json(&serde_json::Value::Object(v))?;
         }
-        if let Some(p) = &args.save {
-            println!("saved: {}", p.display());
+        Format::Table => {
+            print!("{}", render::run_tables(&out.report, Format::Table, false)?);
+            if let Some(p) = &args.trace {
+                println!("trace: {}", p.display());
+            }
+            if let Some(p) = &args.save {
+                println!("saved: {}", p.display());
+            }
         }
+        f => print!("{}", render::run_tables(&out.report, f, true)?),
     }
     Ok(())
 }
 
 /// `tandem plan`: where each op of the workload would run, and why.
-pub fn plan_only(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
+pub fn plan_only(args: &PlanArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     let backend = args.backend;
     args.placement.check(reg, backend)?;
-    let (graph, _, label) = build(args, &reg.options().limits())?;
+    let (graph, config, label) = build(&args.input, &reg.options().limits())?;
     let h = super::history(reg.options());
     let h = h.lock().unwrap_or_else(|e| e.into_inner());
     let p = plan::plan_with(&graph, reg, backend, Some(&h), &args.placement.policy())?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&p)?);
-    } else {
-        println!("workload: {label}");
-        println!("placement: {}", p.summary(backend));
-        print!("{}", plan::explain(&graph, &p));
+    match args.format.get() {
+        Format::Json => {
+            let mut v = render::envelope("plan");
+            v.insert(
+                "workload".into(),
+                render::workload_json(&label, Some(&config)),
+            );
+            v.insert("devices".into(), render::devices_json(reg));
+            v.insert("backend".into(), backend.name().into());
+            v.insert("placement".into(), p.summary(backend).into());
+            render::merge(&mut v, render::plan_json(&graph, &p)?);
+            render::print_json(&serde_json::Value::Object(v))?;
+        }
+        Format::Table => {
+            println!("workload: {label}");
+            println!("placement: {}", p.summary(backend));
+            print!("{}", plan::explain(&graph, &p));
+        }
+        f => print!("{}", render::plan_tables(&label, &graph, &p, f)?),
     }
     Ok(())
 }

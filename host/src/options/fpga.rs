@@ -6,6 +6,9 @@ use std::path::PathBuf;
 use super::Env;
 use crate::error::{Error, Result};
 
+/// The variable naming the simulator's cache folder.
+pub const SIM_CACHE_VAR: &str = "TANDEM_SIM_CACHE_DIR";
+
 /// Options of the FPGA backend: the clock device time is computed at, where the simulator
 /// caches its builds, the C++ compiler of those builds, the simulated memory, and where XRT
 /// and the boards' xclbins are.
@@ -14,9 +17,10 @@ pub struct FpgaOptions {
     /// Kernel clock in MHz (`TANDEM_FPGA_CLOCK_MHZ`); `None`: each build's target clock
     /// (`tandem_fpga::DEFAULT_CLOCK_MHZ`, recorded in its manifest).
     pub clock_mhz: Option<f64>,
-    /// Where the simulator caches emitted kernels and Verilator builds: `TANDEM_SIM_CACHE`,
-    /// else `$XDG_CACHE_HOME/tandem/sim`, else `$HOME/.cache/tandem/sim`, else the temp
-    /// folder's `tandem-sim`.
+    /// Where the simulator caches emitted kernels and Verilator builds:
+    /// `TANDEM_SIM_CACHE_DIR` (or its former name `TANDEM_SIM_CACHE`), else
+    /// [`super::user_cache_dir`]`/sim` (`$TANDEM_CACHE_DIR/sim`, `$XDG_CACHE_HOME/tandem/sim`,
+    /// `$HOME/.cache/tandem/sim`), else the temp folder's `tandem-sim`.
     pub sim_cache: PathBuf,
     /// C++ compiler of the Verilator builds (`CXX`, else `g++`).
     pub cxx: String,
@@ -147,7 +151,7 @@ impl FpgaOptions {
         Self::from_source(&super::ProcessEnv)
     }
 
-    /// Options from `env` (`TANDEM_FPGA_CLOCK_MHZ`, `TANDEM_SIM_CACHE`, `XDG_CACHE_HOME`,
+    /// Options from `env` (`TANDEM_FPGA_CLOCK_MHZ`, `TANDEM_SIM_CACHE_DIR`, `TANDEM_CACHE_DIR`, `XDG_CACHE_HOME`,
     /// `HOME`, `CXX`, `XILINX_XRT`, `TANDEM_XRT_LIB`, `TANDEM_XCLBIN_DIR`, `XCL_EMULATION_MODE`,
     /// `XILINX_VITIS`); a clock that is not a positive number is an error naming the variable,
     /// the value and what is accepted.
@@ -166,9 +170,11 @@ impl FpgaOptions {
             },
         };
         let path = |name: &str| env.get(name).filter(|v| !v.is_empty()).map(PathBuf::from);
-        let sim_cache = path("TANDEM_SIM_CACHE")
-            .or_else(|| path("XDG_CACHE_HOME").map(|p| p.join("tandem").join("sim")))
-            .or_else(|| path("HOME").map(|p| p.join(".cache").join("tandem").join("sim")))
+        // TANDEM_SIM_CACHE_DIR (TANDEM_SIM_CACHE, its former name, still read), else the
+        // user's cache folder's sim/ (TANDEM_CACHE_DIR, XDG_CACHE_HOME, HOME).
+        let sim_cache = path(SIM_CACHE_VAR)
+            .or_else(|| path("TANDEM_SIM_CACHE"))
+            .or_else(|| super::user_cache_dir(env).map(|p| p.join("sim")))
             .unwrap_or(d.sim_cache);
         let cxx = env.text("CXX")?.unwrap_or(d.cxx);
         let sim_mode = match env.text(SimMode::ENV)? {

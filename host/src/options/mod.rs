@@ -105,11 +105,13 @@ impl Env for Vec<(&str, &str)> {
     }
 }
 
-/// tandem's folder in the user's cache: `$XDG_CACHE_HOME/tandem`, else `~/.cache/tandem`
-/// (`$HOME`); `None` when neither variable is set.
+/// tandem's folder in the user's cache: `$TANDEM_CACHE_DIR`, else `$XDG_CACHE_HOME/tandem`,
+/// else `~/.cache/tandem` (`$HOME`); `None` when none is set. Every cache is a folder in it
+/// (`cuda/`, `sim/`, `baselines/`, `history.json`); `TANDEM_SIM_CACHE_DIR` moves the
+/// simulator's alone.
 pub fn user_cache_dir(env: &dyn Env) -> Option<PathBuf> {
-    env.path("XDG_CACHE_HOME")
-        .map(|d| d.join("tandem"))
+    env.path(cuda::CACHE_DIR_VAR)
+        .or_else(|| env.path("XDG_CACHE_HOME").map(|d| d.join("tandem")))
         .or_else(|| env.path("HOME").map(|h| h.join(".cache").join("tandem")))
 }
 
@@ -233,6 +235,31 @@ mod tests {
         assert_eq!(o.cuda.dtype, crate::backend::CudaDType::F16);
         assert!(o.history.is_some());
         assert!(Options::from_source(&env).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn every_cache_is_under_tandem_cache_dir() -> Result<()> {
+        let env = [
+            ("TANDEM_CACHE_DIR", "/c"),
+            ("XDG_CACHE_HOME", "/x"),
+            ("HOME", "/h"),
+        ];
+        let o = Options::from_source(&env)?;
+        assert_eq!(user_cache_dir(&env), Some(PathBuf::from("/c")));
+        assert_eq!(o.cuda.cache_dir, PathBuf::from("/c/cuda"));
+        assert_eq!(o.fpga.sim_cache, PathBuf::from("/c/sim"));
+        assert_eq!(o.history, Some(PathBuf::from("/c/history.json")));
+        let env = [("TANDEM_SIM_CACHE_DIR", "/s"), ("TANDEM_CACHE_DIR", "/c")];
+        assert_eq!(
+            Options::from_source(&env)?.fpga.sim_cache,
+            PathBuf::from("/s")
+        );
+        let env = [("TANDEM_SIM_CACHE", "/old"), ("HOME", "/h")];
+        assert_eq!(
+            Options::from_source(&env)?.fpga.sim_cache,
+            PathBuf::from("/old")
+        );
         Ok(())
     }
 
