@@ -71,6 +71,11 @@ impl Serialize for NodeReport {
         }
         v.insert("flops".into(), self.flops.into());
         v.insert("bytes".into(), self.bytes.into());
+        v.insert(
+            "numerics".into(),
+            serde_json::to_value(self.numerics).map_err(serde::ser::Error::custom)?,
+        );
+        v.insert("lossy".into(), self.lossy.into());
         let mut v = serde_json::Value::Object(v);
         seconds_as_numbers(&mut v);
         v.serialize(ser)
