@@ -397,3 +397,13 @@ fn walk(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     }
     Ok(out)
 }
+
+#[test]
+fn fpga_sim_refuses_shapes_the_build_cannot_take() {
+    // Nkv 512 on the default attention build (nkv_max 256): refused with the limit before
+    // anything is built or run, instead of a silent all-zero result reported as a mismatch.
+    let o = tandem(&["fpga", "sim", "--kernel", "attention", "--shape", "32,512,16"]);
+    assert_refused(&o, &["Nkv = 512", "nkv_max"]);
+    let o = tandem(&["fpga", "sim", "--kernel", "router", "--experts", "4096"]);
+    assert_refused(&o, &["experts = 4096", "e_max"]);
+}

@@ -15,6 +15,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tandem::options::FpgaOptions;
 use tandem_fpga::core::KernelCore;
+use tandem_fpga::kernels::gemm::pad8;
 use tandem_fpga::kernels::{core_for, parse_params};
 use tandem_fpga::shell::ShellConfig;
 use tandem_fpga::xclbin::{Summary, Xclbin};
@@ -239,6 +240,7 @@ pub fn run(cmd: &FpgaCmd, fpga_opts: &FpgaOptions) -> anyhow::Result<()> {
             json,
         } => {
             let core = kernel.core()?;
+            fits_build(core.as_ref(), *experts, *top_k, shape.as_deref())?;
             let mut opts = fpga_opts.clone();
             opts.sim_read_latency = Some(*read_latency);
             opts.sim_bytes_per_cycle = Some(*bytes_per_cycle);
@@ -455,6 +457,44 @@ fn shape_of(s: Option<&str>, default: [usize; 3]) -> anyhow::Result<[usize; 3]> 
     match v.as_slice() {
         &[a, b, c] if a > 0 && b > 0 && c > 0 => Ok([a, b, c]),
         _ => bail!("--shape `{s}`: expected three positive integers a,b,c"),
+    }
+}
+
+/// Refuses a `tandem fpga sim` problem the loaded build cannot take (the kernel would finish
+/// at once without touching memory, and the comparison would report a mismatch instead of the
+/// reason), naming the build's limit.
+fn fits_build(
+    core: &dyn KernelCore,
+    e: usize,
+    k: usize,
+    shape: Option<&str>,
+) -> anyhow::Result<()> {
+    use tandem_fpga::kernels::Build;
+    let too_big = |what: &str, v: usize, limit: u32, param: &str| -> anyhow::Result<()> {
+        if v > limit as usize {
+            bail!(
+                "{what} = {v} exceeds this {} build's {param} = {limit} (pass a larger one with \
+                 --params {param}=...)",
+                core.name()
+            );
+        }
+        Ok(())
+    };
+    match Build::of(core)? {
+        Build::Router(c) => {
+            too_big("experts", e, c.e_max, "e_max")?;
+            too_big("top_k", k, c.k_max, "k_max")
+        }
+        Build::Gemm(c) => {
+            let [_, n, k] = shape_of(shape, [64, 64, 64])?;
+            too_big("N (padded to 8)", pad8(n), c.n_max, "n_max")?;
+            too_big("K (padded to 8)", pad8(k), c.k_max, "k_max")
+        }
+        Build::Attention(c) => {
+            let [_, nkv, d] = shape_of(shape, [32, 64, 16])?;
+            too_big("Nkv", nkv, c.nkv_max, "nkv_max")?;
+            too_big("D (padded to 8)", pad8(d), c.d_max, "d_max")
+        }
     }
 }
 
