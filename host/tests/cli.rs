@@ -2,44 +2,19 @@
 //! input, `tandem op` on the reference vectors, and `--save` round trips.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+mod support;
 
-/// The binary under test: `TANDEM_BIN` if set, else the one cargo built beside this test.
-// The test harness's own setting, read before any tandem code runs (not a tandem option).
-#[allow(clippy::disallowed_methods)]
-fn bin() -> PathBuf {
-    std::env::var_os("TANDEM_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tandem")))
-}
+use support::{TestResult, text};
 
 fn tandem(args: &[&str]) -> Output {
-    Command::new(bin())
-        .args(args)
-        .env("TANDEM_LOG", "error")
-        .env("TANDEM_HISTORY", "off")
-        .output()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin().display()))
+    support::output(args, "error", &[])
 }
 
 /// `tandem ARGS` with extra environment variables.
 fn tandem_env(args: &[&str], env: &[(&str, &str)]) -> Output {
-    Command::new(bin())
-        .args(args)
-        .env("TANDEM_LOG", "error")
-        .env("TANDEM_HISTORY", "off")
-        .envs(env.iter().copied())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin().display()))
-}
-
-fn text(o: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
+    support::output(args, "error", env)
 }
 
 /// Reference vectors, relative to the workspace root's tests/ crate.

@@ -13,26 +13,12 @@ use tandem::backend::{DeviceId, DeviceKind};
 use tandem::plan::{self, BackendChoice, History, PlacementPolicy};
 use tandem::tensor::TensorMeta;
 
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+mod support;
 
-/// The binary under test: `TANDEM_BIN` if set, else the one cargo built beside this test.
-// The test harness's own setting, read before any tandem code runs (not a tandem option).
-#[allow(clippy::disallowed_methods)]
-fn bin() -> PathBuf {
-    std::env::var_os("TANDEM_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tandem")))
-}
+use support::{TestResult, text};
 
-/// `tandem ARGS` with the history off, and `env` set.
 fn tandem_env(args: &[&str], env: &[(&str, &str)]) -> Output {
-    Command::new(bin())
-        .args(args)
-        .env("TANDEM_LOG", "error")
-        .env("TANDEM_HISTORY", "off")
-        .envs(env.iter().copied())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin().display()))
+    support::output(args, "error", env)
 }
 
 fn tandem(args: &[&str]) -> Output {
@@ -41,20 +27,13 @@ fn tandem(args: &[&str]) -> Output {
 
 /// `tandem ARGS` with the history on, kept in `cache` (as `$XDG_CACHE_HOME`).
 fn tandem_cached(args: &[&str], cache: &Path) -> Output {
-    Command::new(bin())
+    Command::new(support::bin())
         .args(args)
         .env("TANDEM_LOG", "error")
         .env_remove("TANDEM_HISTORY")
         .env("XDG_CACHE_HOME", cache)
         .output()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin().display()))
-}
-
-fn text(o: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", support::bin().display()))
 }
 
 fn reference(name: &str) -> PathBuf {

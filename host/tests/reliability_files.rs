@@ -3,42 +3,21 @@
 //! updates, a full disk, an unwritable output path and a save killed half-way.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+mod support;
 
-/// The binary under test: `TANDEM_BIN` if set, else the one cargo built beside this test.
-// The test harness's own setting, read before any tandem code runs (not a tandem option).
-#[allow(clippy::disallowed_methods)]
-fn bin() -> PathBuf {
-    std::env::var_os("TANDEM_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tandem")))
-}
+use support::{TestResult, text};
 
-/// `tandem ARGS` with warnings shown, the history off unless `env` sets a cache, and `env`.
 fn command(args: &[&str], env: &[(&str, &str)]) -> Command {
-    let mut c = Command::new(bin());
-    c.args(args)
-        .env("TANDEM_LOG", "warn")
-        .env("NO_COLOR", "1")
-        .env("TANDEM_HISTORY", "off")
-        .envs(env.iter().copied());
-    c
+    support::command(args, "warn", env)
 }
 
 fn tandem(args: &[&str], env: &[(&str, &str)]) -> Output {
     command(args, env)
         .output()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin().display()))
-}
-
-fn text(o: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", support::bin().display()))
 }
 
 /// A reference input file of the tests crate.

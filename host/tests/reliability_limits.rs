@@ -10,25 +10,12 @@ use std::process::{Command, Output};
 use ndarray::{ArrayD, IxDyn};
 use tandem::Tensor;
 
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+mod support;
 
-/// The binary under test: `TANDEM_BIN` if set, else the one cargo built beside this test.
-// The test harness's own setting, read before any tandem code runs (not a tandem option).
-#[allow(clippy::disallowed_methods)]
-fn bin() -> PathBuf {
-    std::env::var_os("TANDEM_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tandem")))
-}
+use support::TestResult;
 
 fn tandem_env(args: &[&str], env: &[(&str, &str)]) -> Output {
-    Command::new(bin())
-        .args(args)
-        .env("TANDEM_LOG", "warn")
-        .env("TANDEM_HISTORY", "off")
-        .envs(env.iter().copied())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin().display()))
+    support::output(args, "warn", env)
 }
 
 fn tandem(args: &[&str]) -> Output {
@@ -343,7 +330,7 @@ fn concurrent_fpga_sim_runs_on_an_empty_cache_agree() -> TestResult {
     let children = (0..runs)
         .map(|i| {
             let out = dir.path().join(format!("out{i}.safetensors"));
-            let child = Command::new(bin())
+            let child = Command::new(support::bin())
                 .args(["op", "moe-route", "--backend", "fpga-sim", "--renormalize"])
                 .arg("--inputs")
                 .arg(&p)
@@ -402,7 +389,14 @@ fn walk(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
 fn fpga_sim_refuses_shapes_the_build_cannot_take() {
     // Nkv 512 on the default attention build (nkv_max 256): refused with the limit before
     // anything is built or run, instead of a silent all-zero result reported as a mismatch.
-    let o = tandem(&["fpga", "sim", "--kernel", "attention", "--shape", "32,512,16"]);
+    let o = tandem(&[
+        "fpga",
+        "sim",
+        "--kernel",
+        "attention",
+        "--shape",
+        "32,512,16",
+    ]);
     assert_refused(&o, &["Nkv = 512", "nkv_max"]);
     let o = tandem(&["fpga", "sim", "--kernel", "router", "--experts", "4096"]);
     assert_refused(&o, &["experts = 4096", "e_max"]);

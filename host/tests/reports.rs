@@ -6,41 +6,22 @@
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+mod support;
 
-/// The binary under test: `TANDEM_BIN` if set, else the one cargo built beside this test.
-// The test harness's own setting, read before any tandem code runs (not a tandem option).
-#[allow(clippy::disallowed_methods)]
-fn bin() -> PathBuf {
-    std::env::var_os("TANDEM_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tandem")))
-}
+use support::{TestResult, text};
 
 fn command(args: &[&str], env: &[(&str, &str)]) -> Command {
-    let mut c = Command::new(bin());
-    c.args(args)
-        .env("TANDEM_LOG", "error")
-        .env("TANDEM_HISTORY", "off")
-        .envs(env.iter().copied());
-    c
+    support::command(args, "error", env)
 }
 
 fn tandem_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     command(args, env)
         .output()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin().display()))
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", support::bin().display()))
 }
 
 fn tandem(args: &[&str]) -> Output {
     tandem_env(args, &[])
-}
-
-fn text(o: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
 }
 
 /// A small Mixtral layer: fast on the CPU and on the simulated card.
@@ -489,7 +470,10 @@ fn a_closed_pipe_ends_quietly() -> TestResult {
     // Through a shell, as a user types it.
     let o = Command::new("sh")
         .arg("-c")
-        .arg(format!("'{}' completions bash | head -1", bin().display()))
+        .arg(format!(
+            "'{}' completions bash | head -1",
+            support::bin().display()
+        ))
         .env("TANDEM_LOG", "error")
         .output()?;
     assert!(o.status.success());

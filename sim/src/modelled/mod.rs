@@ -223,7 +223,7 @@ impl FpgaDevice for ModelCard {
     }
 
     fn write_reg(&mut self, offset: u32, value: u32) -> Result<(), FpgaError> {
-        if offset >= 0x1000 || offset % 4 != 0 {
+        if offset >= 0x1000 || !offset.is_multiple_of(4) {
             return Err(FpgaError::OutOfRange {
                 msg: format!("register {offset:#x}"),
             });

@@ -150,6 +150,9 @@ pub struct CardInfo {
     pub details: Vec<(String, String)>,
 }
 
+/// The open cards of a backend, by kernel build and whether it is the modelled card.
+type Cards = HashMap<(&'static str, bool), Box<dyn FpgaDevice>>;
+
 /// FPGA cards as a device: one card per kernel, opened by the factory and loaded at the
 /// kernel's first launch.
 pub struct FpgaBackend {
@@ -163,7 +166,7 @@ pub struct FpgaBackend {
     attention: [(&'static str, AttentionCore); 2],
     /// One card per kernel build and mode (the first Verilator build of a kernel takes a
     /// while; later ones load from the cache).
-    cards: Mutex<HashMap<(&'static str, bool), Box<dyn FpgaDevice>>>,
+    cards: Mutex<Cards>,
 }
 
 impl std::fmt::Debug for FpgaBackend {
@@ -315,7 +318,7 @@ impl FpgaBackend {
         let device = self.id().to_string();
         let key = (name, modelled);
         let mut cards = self.cards.lock().unwrap_or_else(|e| e.into_inner());
-        if !cards.contains_key(&key) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = cards.entry(key) {
             let open = match (&self.modelled, modelled) {
                 (Some(m), true) => m,
                 _ => &self.open,
@@ -323,7 +326,7 @@ impl FpgaBackend {
             let mut card = open(&self.opts).map_err(|e| fpga_err(&device, e))?;
             card.load_core(core, ShellConfig::default())
                 .map_err(|e| fpga_err(&device, e))?;
-            cards.insert(key, card);
+            slot.insert(card);
         }
         let card = cards
             .get_mut(&key)
