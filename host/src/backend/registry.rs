@@ -72,16 +72,8 @@ impl DeviceRegistry {
         for m in &r.missing {
             tracing::info!(kind = m.kind.name(), reason = %m.reason, "device not available");
         }
-        // The CPU as the options configure it, a core fewer per simulated card beside it.
-        let sim_cards = r
-            .backends
-            .iter()
-            .filter(|b| b.id().kind == DeviceKind::FpgaSim)
-            .count();
-        r.backends[0] = Arc::new(super::cpu::CpuBackend::with_options(
-            &probe.options.cpu,
-            sim_cards,
-        ));
+        // The CPU as the options configure it (its BLAS, its threads).
+        r.backends[0] = Arc::new(super::cpu::CpuBackend::with_options(&probe.options.cpu));
         r.options = probe.options;
         r
     }

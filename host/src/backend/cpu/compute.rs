@@ -7,25 +7,72 @@
 //! caller's rayon pool.
 
 use std::cell::RefCell;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use super::blas::Blas;
 use crate::error::{Error, Result};
 
 /// The thread count of the CPU backend in the planner's view: the machine's `cores` less one
-/// for each simulated FPGA card (`sim_cards`; a Verilator model runs on one core of its own
-/// while a simulated card computes, and the executor runs it beside the CPU's work), at
-/// least 1. CPU timings then do not include contention with the simulator.
-pub fn planned_threads(cores: usize, sim_cards: usize) -> usize {
-    cores.saturating_sub(sim_cards).max(1)
+/// for each simulated FPGA card computing now (`sim_busy`; a Verilator model runs on one core
+/// of its own, and the executor runs it beside the CPU's work), at least 1. CPU timings then
+/// do not include contention with the simulator.
+pub fn planned_threads(cores: usize, sim_busy: usize) -> usize {
+    cores.saturating_sub(sim_busy).max(1)
 }
 
-/// The CPU's compute settings: BLAS (or none), threads, and a rayon pool of that size.
+/// Simulated FPGA cards computing now, process-wide ([`SimCoreClaim`]).
+static SIM_BUSY: AtomicUsize = AtomicUsize::new(0);
+
+/// Simulated FPGA cards computing now.
+pub fn sim_cores_busy() -> usize {
+    SIM_BUSY.load(Ordering::Relaxed)
+}
+
+/// Held by a simulated FPGA card while its model computes: the CPU backend's ops that start
+/// meanwhile use one thread fewer ([`planned_threads`]).
+#[derive(Debug)]
+pub struct SimCoreClaim(());
+
+impl SimCoreClaim {
+    /// Claims one core until dropped.
+    pub fn new() -> Self {
+        SIM_BUSY.fetch_add(1, Ordering::Relaxed);
+        Self(())
+    }
+}
+
+impl Default for SimCoreClaim {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for SimCoreClaim {
+    fn drop(&mut self) {
+        SIM_BUSY.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// How many threads the CPU computes with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Threads {
+    /// Always this many.
+    Fixed(usize),
+    /// [`planned_threads`] of these cores at the start of each op.
+    Planned {
+        /// The machine's cores.
+        cores: usize,
+    },
+}
+
+/// The CPU's compute settings: BLAS (or none), threads, and rayon pools of the sizes used.
 #[derive(Clone)]
 pub struct CpuCompute {
     blas: Option<Arc<Blas>>,
-    threads: usize,
-    pool: Arc<rayon::ThreadPool>,
+    threads: Threads,
+    /// One pool per thread count used so far.
+    pools: Arc<Mutex<Vec<(usize, Arc<rayon::ThreadPool>)>>>,
 }
 
 impl std::fmt::Debug for CpuCompute {
@@ -38,20 +85,18 @@ impl std::fmt::Debug for CpuCompute {
 }
 
 impl CpuCompute {
-    /// `threads` threads (at least 1), multiplying through `blas` when given, else through
-    /// the portable GEMM.
-    pub fn new(blas: Option<Arc<Blas>>, threads: usize) -> Result<Self> {
-        let threads = threads.max(1);
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("tandem-cpu-{i}"))
-            .build()
-            .map_err(|e| Error::Internal(format!("CPU thread pool of {threads}: {e}")))?;
-        Ok(Self {
+    /// Multiplying through `blas` when given, else through the portable GEMM, with `threads`
+    /// threads (a fixed count is at least 1).
+    pub fn new(blas: Option<Arc<Blas>>, threads: Threads) -> Self {
+        let threads = match threads {
+            Threads::Fixed(n) => Threads::Fixed(n.max(1)),
+            planned => planned,
+        };
+        Self {
             blas,
             threads,
-            pool: Arc::new(pool),
-        })
+            pools: Arc::new(Mutex::new(Vec::new())),
+        }
     }
 
     /// The BLAS library the products go through, if any.
@@ -59,20 +104,47 @@ impl CpuCompute {
         self.blas.as_ref()
     }
 
-    /// Threads the CPU computes with (rayon's and the BLAS library's).
-    pub fn threads(&self) -> usize {
+    /// How the thread count is chosen.
+    pub fn thread_policy(&self) -> Threads {
         self.threads
     }
 
-    /// Runs `f` on this pool with these settings in effect for the CPU ops it calls.
-    pub fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        self.pool.install(|| {
+    /// Threads an op starting now computes with (rayon's and the BLAS library's).
+    pub fn threads_now(&self) -> usize {
+        match self.threads {
+            Threads::Fixed(n) => n,
+            Threads::Planned { cores } => planned_threads(cores, sim_cores_busy()),
+        }
+    }
+
+    /// The pool of `n` threads (built at its first use).
+    fn pool(&self, n: usize) -> Result<Arc<rayon::ThreadPool>> {
+        let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, p)) = pools.iter().find(|(k, _)| *k == n) {
+            return Ok(p.clone());
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .thread_name(move |i| format!("tandem-cpu{n}-{i}"))
+            .build()
+            .map_err(|e| Error::Internal(format!("CPU thread pool of {n}: {e}")))?;
+        let pool = Arc::new(pool);
+        pools.push((n, pool.clone()));
+        Ok(pool)
+    }
+
+    /// Runs `f` on a pool of [`Self::threads_now`] threads with these settings in effect for
+    /// the CPU ops it calls.
+    pub fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> Result<R> {
+        let threads = self.threads_now();
+        let pool = self.pool(threads)?;
+        Ok(pool.install(|| {
             let _restore = Installed::new(Gemm {
                 blas: self.blas.clone(),
-                threads: self.threads,
+                threads,
             });
             f()
-        })
+        }))
     }
 }
 
@@ -133,15 +205,29 @@ mod tests {
 
     #[test]
     fn run_sets_the_pool_and_the_gemm_then_restores() -> Result<()> {
-        let c = CpuCompute::new(None, 3)?;
+        let c = CpuCompute::new(None, Threads::Fixed(3));
         let (threads, blas) = c.run(|| {
             (
                 rayon::current_num_threads(),
                 Gemm::current().blas().is_some(),
             )
-        });
+        })?;
         assert_eq!((threads, blas), (3, false));
         assert!(Gemm::current().blas().is_none());
+        Ok(())
+    }
+
+    #[test]
+    fn a_busy_simulated_card_takes_a_thread_from_planned_counts() -> Result<()> {
+        let c = CpuCompute::new(None, Threads::Planned { cores: 64 });
+        let fixed = CpuCompute::new(None, Threads::Fixed(5));
+        // Other tests may hold and release claims meanwhile: ours alone takes one thread.
+        let claim = SimCoreClaim::new();
+        assert!(sim_cores_busy() >= 1);
+        assert!(c.threads_now() <= 63);
+        assert!(c.run(rayon::current_num_threads)? <= 63);
+        assert_eq!(fixed.threads_now(), 5);
+        drop(claim);
         Ok(())
     }
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 pub use blas::Blas;
-pub use compute::{CpuCompute, Gemm, planned_threads};
+pub use compute::{CpuCompute, Gemm, SimCoreClaim, Threads, planned_threads, sim_cores_busy};
 
 use super::{Backend, DeviceId, DeviceInfo, DeviceStorage, Launch, LaunchInfo, Support};
 use crate::dtype::DType;
@@ -40,21 +40,22 @@ impl Default for CpuBackend {
 impl CpuBackend {
     /// This machine's CPU with the default options (BLAS looked for, all cores).
     pub fn new() -> Self {
-        Self::with_options(&CpuOptions::default(), 0)
+        Self::with_options(&CpuOptions::default())
     }
 
-    /// This machine's CPU as `opts` configure it, with `sim_cards` simulated FPGA cards
-    /// beside it (each keeps one core busy while it runs; see [`planned_threads`]).
-    pub fn with_options(opts: &CpuOptions, sim_cards: usize) -> Self {
+    /// This machine's CPU as `opts` configure it: its BLAS, and a fixed thread count or the
+    /// planner's view (the cores, one fewer while a simulated FPGA card computes; see
+    /// [`planned_threads`]).
+    pub fn with_options(opts: &CpuOptions) -> Self {
         let cores = num_cpus::get();
-        let threads = opts
-            .threads
-            .unwrap_or_else(|| planned_threads(cores, sim_cards));
-        let threads_note = match (opts.threads, sim_cards) {
-            (Some(_), _) => format!("{threads} (TANDEM_CPU_THREADS)"),
-            (None, 0) => format!("{threads} (one per core)"),
-            (None, s) => format!("{threads} ({cores} cores, {s} kept for simulated FPGA cards)"),
+        let (threads, threads_note) = match opts.threads {
+            Some(n) => (Threads::Fixed(n), format!("{n} (TANDEM_CPU_THREADS)")),
+            None => (
+                Threads::Planned { cores },
+                format!("{cores} (one per core; one fewer while a simulated FPGA card computes)"),
+            ),
         };
+        let peak_threads = opts.threads.unwrap_or(cores);
         let blas = Blas::open(&opts.blas).map(|b| b.map(Arc::new));
         let blas_note = match (&blas, &opts.blas) {
             (Ok(Some(b)), _) => b.describe(),
@@ -65,7 +66,7 @@ impl CpuBackend {
             (Err(e), _) => format!("unusable: {e}"),
         };
         let compute = blas
-            .and_then(|b| CpuCompute::new(b, threads).map_err(|e| e.to_string()))
+            .map(|b| CpuCompute::new(b, threads))
             .map_err(|e| format!("the CPU cannot compute as its options ask: {e}"));
         let model = cpu_model().unwrap_or_else(|| std::env::consts::ARCH.to_string());
         let simd = simd_features();
@@ -77,7 +78,7 @@ impl CpuBackend {
         } else {
             4.0
         };
-        let peak_flops = threads as f64 * 2.0 * lanes * 2.0 * 2.5e9;
+        let peak_flops = peak_threads as f64 * 2.0 * lanes * 2.0 * 2.5e9;
         let info = DeviceInfo {
             id: DeviceId::CPU,
             name: model,
@@ -182,7 +183,7 @@ impl Backend for CpuBackend {
             reason: e.clone(),
         })?;
         let t0 = Instant::now();
-        let outs = compute.run(|| op.run_cpu_within(&tensors, deadline))?;
+        let outs = compute.run(|| op.run_cpu_within(&tensors, deadline))??;
         let elapsed = t0.elapsed();
         Ok(Launch::finished_on_host(
             self.id(),
