@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use ndarray::{ArrayView2, ArrayViewMut2};
 
 use crate::options::CpuBlas;
+use crate::options::cpu::BLAS_VAR;
 
 /// Libraries looked for in the system's library path by [`CpuBlas::Auto`], in order.
 /// `libblas.so.3` is taken only when it is an optimised BLAS (see [`Blas::vendor`]); the
@@ -108,7 +109,9 @@ impl Blas {
     pub fn open(choice: &CpuBlas) -> Result<Option<Blas>, String> {
         match choice {
             CpuBlas::Off => Ok(None),
-            CpuBlas::Library(p) => Self::load(p.as_os_str(), false).map(Some),
+            CpuBlas::Library(p) => Self::load(p.as_os_str(), false)
+                .map(Some)
+                .map_err(|e| format!("{BLAS_VAR}: {e}")),
             CpuBlas::Auto => {
                 let mut why = Vec::new();
                 for name in AUTO_CANDIDATES {
