@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use super::elementwise::{exp_shifted, max_of};
 use super::linear::exp_fast;
-use crate::backend::cpu::{Blas, Gemm};
 use super::{CPU_PAR_MIN, expect_inputs, metas, reference_metas};
+use crate::backend::cpu::{Blas, Gemm};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::sync::Deadline;

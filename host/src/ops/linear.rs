@@ -6,8 +6,8 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::elementwise::{Real, gelu_tanh, relu, silu};
-use crate::backend::cpu::{Blas, Gemm};
 use super::{expect_inputs, metas, reference_metas};
+use crate::backend::cpu::{Blas, Gemm};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::sync::Deadline;
@@ -425,7 +425,7 @@ pub(crate) fn exp_fast(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5;
     let e = p * r * r + r + 1.0;
     let n_bits = t.to_bits().wrapping_sub(ROUND.to_bits());
     let scale = f32::from_bits(n_bits.wrapping_add(127) << 23);
@@ -447,7 +447,10 @@ mod tests {
                 worst[0] = worst[0].max(e);
             }
             let xd = f64::from(x);
-            let g = 0.5 * xd * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (xd + 0.044715 * xd.powi(3))).tanh());
+            let g = 0.5
+                * xd
+                * (1.0
+                    + ((2.0 / std::f64::consts::PI).sqrt() * (xd + 0.044715 * xd.powi(3))).tanh());
             let s = xd / (1.0 + (-xd).exp());
             let scale = xd.abs().max(1e-30);
             worst[1] = worst[1].max((f64::from(gelu_fast(x)) - g).abs() / scale);

@@ -71,7 +71,9 @@ impl CpuOptions {
                     .ok_or_else(|| {
                         Error::invalid(
                             THREADS_VAR,
-                            format!("{t:?} is not accepted: a whole number from 1 to {MAX_THREADS}"),
+                            format!(
+                                "{t:?} is not accepted: a whole number from 1 to {MAX_THREADS}"
+                            ),
                         )
                     })?,
             ),

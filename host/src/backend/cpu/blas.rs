@@ -153,10 +153,13 @@ impl Blas {
             if let Ok(f) = lib.get::<Sgemm64>("cblas_sgemm64_") {
                 Sgemm::Ilp64(*f)
             } else {
-                let f = lib.get::<Sgemm32>("cblas_sgemm").map_err(|_| {
-                    format!("{shown}: no cblas_sgemm (not a CBLAS library)")
-                })?;
-                if version.as_deref().is_some_and(|v| v.contains("USE64BITINT")) {
+                let f = lib
+                    .get::<Sgemm32>("cblas_sgemm")
+                    .map_err(|_| format!("{shown}: no cblas_sgemm (not a CBLAS library)"))?;
+                if version
+                    .as_deref()
+                    .is_some_and(|v| v.contains("USE64BITINT"))
+                {
                     Sgemm::Ilp64(std::mem::transmute::<Sgemm32, Sgemm64>(*f))
                 } else {
                     Sgemm::Lp64(*f)
@@ -165,9 +168,13 @@ impl Blas {
         };
         // SAFETY: as above; both take the thread count as an int.
         let set_threads = unsafe {
-            ["openblas_set_num_threads", "openblas_set_num_threads64_", "MKL_Set_Num_Threads"]
-                .iter()
-                .find_map(|s| lib.get::<unsafe extern "C" fn(c_int)>(*s).ok().map(|f| *f))
+            [
+                "openblas_set_num_threads",
+                "openblas_set_num_threads64_",
+                "MKL_Set_Num_Threads",
+            ]
+            .iter()
+            .find_map(|s| lib.get::<unsafe extern "C" fn(c_int)>(*s).ok().map(|f| *f))
         };
         let path = loaded_path(&lib).unwrap_or_else(|| PathBuf::from(name));
         Ok(Blas {
@@ -318,9 +325,8 @@ fn library_version(lib: &libloading::Library) -> Option<String> {
         }
     }
     // SAFETY: MKL_Get_Version_String(char *buf, int len) writes at most len bytes.
-    let mkl = unsafe {
-        lib.get::<unsafe extern "C" fn(*mut c_char, c_int)>("MKL_Get_Version_String")
-    };
+    let mkl =
+        unsafe { lib.get::<unsafe extern "C" fn(*mut c_char, c_int)>("MKL_Get_Version_String") };
     if let Ok(f) = mkl {
         let mut buf = vec![0 as c_char; 256];
         // SAFETY: the buffer holds 256 bytes and the length says so.

@@ -66,13 +66,16 @@ pub enum Threads {
     },
 }
 
+/// Rayon pools by thread count.
+type Pools = Vec<(usize, Arc<rayon::ThreadPool>)>;
+
 /// The CPU's compute settings: BLAS (or none), threads, and rayon pools of the sizes used.
 #[derive(Clone)]
 pub struct CpuCompute {
     blas: Option<Arc<Blas>>,
     threads: Threads,
     /// One pool per thread count used so far.
-    pools: Arc<Mutex<Vec<(usize, Arc<rayon::ThreadPool>)>>>,
+    pools: Arc<Mutex<Pools>>,
 }
 
 impl std::fmt::Debug for CpuCompute {

@@ -59,7 +59,9 @@ impl CpuBackend {
         let blas = Blas::open(&opts.blas).map(|b| b.map(Arc::new));
         let blas_note = match (&blas, &opts.blas) {
             (Ok(Some(b)), _) => b.describe(),
-            (Ok(None), CpuBlas::Off) => "off (TANDEM_CPU_BLAS=off): portable GEMM (matrixmultiply)".into(),
+            (Ok(None), CpuBlas::Off) => {
+                "off (TANDEM_CPU_BLAS=off): portable GEMM (matrixmultiply)".into()
+            }
             (Ok(None), _) => {
                 "none found (libopenblas.so.0, MKL): portable GEMM (matrixmultiply)".into()
             }
