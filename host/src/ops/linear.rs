@@ -199,9 +199,9 @@ impl LinearParams {
 /// Work (multiply-adds) below which a product runs on one thread.
 const PAR_MIN_WORK: usize = 1 << 18;
 
-/// Multiply-adds per BLAS call of [`matmul_bt`] (about 2^30: a few milliseconds), so the
+/// Multiply-adds per BLAS call of [`matmul_bt`] (about 2^31: some 10 ms), so the
 /// deadline is looked at between calls and each row block is still hot for its epilogue.
-const BLAS_BLOCK_WORK: usize = 1 << 30;
+const BLAS_BLOCK_WORK: usize = 1 << 31;
 /// Bounds of the rows of one BLAS call.
 const BLAS_BLOCK_ROWS: (usize, usize) = (64, 512);
 
@@ -265,10 +265,22 @@ where
             // A later block of the same views: the layout cannot differ; multiply it here.
             general_mat_mul(1.0, &ab, &b.t(), 0.0, &mut cb);
         }
-        epilogue(cb, 0);
+        // The epilogue over the block's rows on the rayon threads (the library's threads
+        // are idle between calls).
+        let rows_per_task = cb.nrows().div_ceil(rayon::current_num_threads()).max(1);
+        if cb.len() < EPILOGUE_PAR_MIN || rows_per_task == cb.nrows() {
+            epilogue(cb, 0);
+        } else {
+            cb.axis_chunks_iter_mut(Axis(0), rows_per_task)
+                .into_par_iter()
+                .for_each(|blk| epilogue(blk, 0));
+        }
     }
     true
 }
+
+/// Elements of a row block below which its epilogue runs on one thread.
+const EPILOGUE_PAR_MIN: usize = 1 << 15;
 
 /// [`matmul_bt`] through matrixmultiply over the current rayon pool.
 fn portable_matmul_bt<F>(
