@@ -1,7 +1,7 @@
 //! Every CPU op under the CPU backend's compute settings, with the BLAS library (OpenBLAS,
 //! where one is installed) and with the portable GEMM (what `TANDEM_CPU_BLAS=off` selects), on
 //! 1..=N threads, against the independent f64 reference at 1e-5, on shapes off every block
-//! size: linear's BLAS row blocks (64..512 rows), attention's query and key blocks (64, 128),
+//! size: linear's BLAS row blocks (64..1024 rows), attention's query and key blocks (64, 128),
 //! the experts' per-expert groups, and the rayon split thresholds of the other ops.
 
 use std::sync::Arc;
@@ -104,7 +104,7 @@ fn linear_off_block_sizes() -> TestResult {
         Activation::None,
     ];
     let mut case = 0;
-    for m in [1, 63, 65, 513, 700] {
+    for m in [1, 63, 65, 513, 1100] {
         for n in [1, 17, 129] {
             for k in [1, 3, 257] {
                 case += 1;
@@ -138,9 +138,9 @@ fn linear_off_block_sizes() -> TestResult {
 #[test]
 fn linear_with_leading_dims_and_large_values() -> TestResult {
     let mut r = rng(23);
-    // x [2, 300, 96]: M = 600 over two BLAS row blocks; values up to 30 push GELU and SiLU
+    // x [2, 600, 96]: M = 1200 over two BLAS row blocks; values up to 30 push GELU and SiLU
     // into their saturated ranges.
-    let x = uniform(&mut r, &[2, 300, 96], 30.0);
+    let x = uniform(&mut r, &[2, 600, 96], 30.0);
     let w = uniform(&mut r, &[40, 96], 0.2);
     let b = uniform(&mut r, &[40], 5.0);
     for act in [Activation::Gelu, Activation::Silu] {
@@ -150,7 +150,7 @@ fn linear_with_leading_dims_and_large_values() -> TestResult {
             Tensor::from_f32(w.clone()),
             Tensor::from_f32(b.clone()),
         ];
-        check_all(&format!("linear [2, 300, 96] {act:?}"), &op, &t, None)?;
+        check_all(&format!("linear [2, 600, 96] {act:?}"), &op, &t, None)?;
     }
     Ok(())
 }

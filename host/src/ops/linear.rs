@@ -199,11 +199,12 @@ impl LinearParams {
 /// Work (multiply-adds) below which a product runs on one thread.
 const PAR_MIN_WORK: usize = 1 << 18;
 
-/// Multiply-adds per BLAS call of [`matmul_bt`] (about 2^31: some 10 ms), so the
-/// deadline is looked at between calls and each row block is still hot for its epilogue.
-const BLAS_BLOCK_WORK: usize = 1 << 31;
+/// Multiply-adds per BLAS call of [`matmul_bt`] (2^32: some 50 ms on 2 cores), so the
+/// deadline is looked at between calls and each row block is still in cache (L3) for its
+/// epilogue.
+const BLAS_BLOCK_WORK: usize = 1 << 32;
 /// Bounds of the rows of one BLAS call.
-const BLAS_BLOCK_ROWS: (usize, usize) = (64, 512);
+const BLAS_BLOCK_ROWS: (usize, usize) = (64, 1024);
 
 /// c = a b^T (a [M, K], b [N, K], c [M, N]), then `epilogue(block, first column)` on each
 /// block of c while it is in cache.

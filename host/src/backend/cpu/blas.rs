@@ -177,7 +177,7 @@ impl Blas {
             .find_map(|s| lib.get::<unsafe extern "C" fn(c_int)>(*s).ok().map(|f| *f))
         };
         let path = loaded_path(&lib).unwrap_or_else(|| PathBuf::from(name));
-        Ok(Blas {
+        let blas = Blas {
             sgemm,
             set_threads,
             threads_set: AtomicUsize::new(0),
@@ -185,7 +185,17 @@ impl Blas {
             vendor: vendor.unwrap_or("CBLAS"),
             version,
             _lib: lib,
-        })
+        };
+        blas.warm_up();
+        Ok(blas)
+    }
+
+    /// One small threaded product, so the library's one-time set-up (its threads, its
+    /// buffers) happens when it is loaded rather than inside the first op a run times.
+    fn warm_up(&self) {
+        let a = ndarray::Array2::<f32>::zeros((128, 128));
+        let mut c = ndarray::Array2::<f32>::zeros((128, 128));
+        self.gemm(1.0, a.view(), a.t(), 0.0, c.view_mut());
     }
 
     /// The library file (as the loader found it).
