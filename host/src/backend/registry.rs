@@ -72,6 +72,8 @@ impl DeviceRegistry {
         for m in &r.missing {
             tracing::info!(kind = m.kind.name(), reason = %m.reason, "device not available");
         }
+        // The CPU as the options configure it (its BLAS, its threads).
+        r.backends[0] = Arc::new(super::cpu::CpuBackend::with_options(&probe.options.cpu));
         r.options = probe.options;
         r
     }

@@ -6,12 +6,14 @@
 //! and LSE = -inf.
 
 use ndarray::linalg::general_mat_mul;
-use ndarray::{Array2, Array3, Array4, ArrayD, ArrayView2, ArrayView4, Ix4, s};
+use ndarray::{Array2, Array3, Array4, ArrayD, ArrayView2, ArrayView4, ArrayViewMut2, Ix4, s};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::elementwise::{exp_shifted, max_of};
+use super::linear::exp_fast;
 use super::{CPU_PAR_MIN, expect_inputs, metas, reference_metas};
+use crate::backend::cpu::{Blas, Gemm};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::sync::Deadline;
@@ -174,6 +176,13 @@ impl AttentionParams {
         };
         let d = sh.d;
         let group = sh.hq / sh.hkv;
+        // The blocks' products go through the BLAS library when the CPU backend has one, one
+        // library thread per call: the blocks are spread over rayon's threads already.
+        let gemm = Gemm::current();
+        let blas = gemm.blas().map(|(b, _)| b);
+        if let Some(b) = blas {
+            b.use_threads(1);
+        }
         let mut o = vec![0f32; sh.b * sh.hq * sh.nq * d];
         let mut lse = vec![f32::NEG_INFINITY; sh.b * sh.hq * sh.nq];
         // One work item: query block `blk` of plane `plane` (= b * Hq + h).
@@ -186,7 +195,7 @@ impl AttentionParams {
             let vh = v.slice(s![b, h / group, .., ..]);
             let i0 = blk * BLOCK_Q;
             let qb = q.slice(s![b, h, i0..i0 + lse_b.len(), ..]);
-            query_block(&geo, i0, qb, kh, vh, o_b, lse_b);
+            query_block(&geo, blas, i0, qb, kh, vh, o_b, lse_b);
         };
         let plane_len = (sh.nq * d).max(1);
         let small = sh.b * sh.hq * sh.nq * sh.nkv * d < CPU_PAR_MIN;
@@ -271,10 +280,29 @@ struct Geometry {
     scale: f32,
 }
 
+/// c = alpha a b + beta c, through `blas` when given (and it takes the views' layouts), else
+/// matrixmultiply.
+fn product(
+    blas: Option<&Blas>,
+    alpha: f32,
+    a: ArrayView2<f32>,
+    b: ArrayView2<f32>,
+    beta: f32,
+    mut c: ArrayViewMut2<f32>,
+) {
+    if blas.is_some_and(|l| l.gemm(alpha, a, b, beta, c.view_mut())) {
+        return;
+    }
+    general_mat_mul(alpha, &a, &b, beta, &mut c);
+}
+
 /// One block of queries `q` [rows, D] starting at query `i0` against all keys it may see:
-/// online softmax over key blocks, writing O rows into `o` and their LSE into `lse`.
+/// online softmax over key blocks (the two products through `blas` when given), writing O
+/// rows into `o` and their LSE into `lse`.
+#[allow(clippy::too_many_arguments)]
 fn query_block(
     geo: &Geometry,
+    blas: Option<&Blas>,
     i0: usize,
     q: ArrayView2<f32>,
     k: ArrayView2<f32>,
@@ -294,7 +322,7 @@ fn query_block(
         let kb = k.slice(s![j0..j0 + bk, ..]);
         let vb = v.slice(s![j0..j0 + bk, ..]);
         let mut sv = scores.slice_mut(s![.., ..bk]);
-        general_mat_mul(geo.scale, &q, &kb.t(), 0.0, &mut sv);
+        product(blas, geo.scale, q, kb.t(), 0.0, sv.view_mut());
         for (r, mut srow) in sv.rows_mut().into_iter().enumerate() {
             let seen = visible(r).saturating_sub(j0).min(bk);
             let corr = match srow.as_slice_mut() {
@@ -305,7 +333,7 @@ fn query_block(
                 acc.row_mut(r).mapv_inplace(|x| x * corr);
             }
         }
-        general_mat_mul(1.0, &sv, &vb, 1.0, &mut acc);
+        product(blas, 1.0, sv.view(), vb, 1.0, acc.view_mut());
     }
     for (r, (orow, lse_r)) in o.chunks_mut(d).zip(lse.iter_mut()).enumerate() {
         if l[r] == 0.0 {
@@ -334,9 +362,18 @@ fn online_step(row: &mut [f32], seen: usize, m: &mut f32, l: &mut f32) -> f32 {
     }
     let corr = (*m - m_new).exp();
     let mut sum = 0.0;
-    for x in &mut row[..seen] {
-        *x = (*x - m_new).exp();
-        sum += *x;
+    let visible = &mut row[..seen];
+    if m_new.is_finite() && visible.iter().fold(true, |ok, x| ok & x.is_finite()) {
+        // Finite scores: the branch-free exp (vectorised), every argument <= 0.
+        for x in visible.iter_mut() {
+            *x = exp_fast(*x - m_new);
+        }
+        sum = visible.iter().sum();
+    } else {
+        for x in visible.iter_mut() {
+            *x = (*x - m_new).exp();
+            sum += *x;
+        }
     }
     row[seen..].fill(0.0);
     *l = *l * corr + sum;

@@ -8,16 +8,19 @@
 //!
 //! - [`CudaOptions`]: the CUDA backend (storage precision, attention build, MoE experts path
 //!   and tile, kernel source folder, compile cache, output poisoning, library folders).
+//! - [`CpuOptions`]: the CPU backend (its BLAS library, its thread count).
 //! - [`FpgaOptions`]: the FPGA backend (clock, simulator cache, simulation settings, XRT).
 //! - [`Options::history`]: where the planner keeps the op times it measured (none: it learns
 //!   in memory only).
 
+pub mod cpu;
 pub mod cuda;
 pub mod fpga;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+pub use cpu::{CpuBlas, CpuOptions};
 pub use cuda::CudaOptions;
 pub use fpga::{FpgaOptions, SimMode};
 
@@ -122,6 +125,8 @@ pub const HISTORY_VAR: &str = "TANDEM_HISTORY";
 /// Every run option of the library.
 #[derive(Debug, Clone)]
 pub struct Options {
+    /// The CPU backend's options.
+    pub cpu: CpuOptions,
     /// The CUDA backend's options.
     pub cuda: CudaOptions,
     /// The FPGA backend's options.
@@ -140,6 +145,7 @@ impl Default for Options {
     /// Defaults that read nothing from the environment (no history file).
     fn default() -> Self {
         Self {
+            cpu: CpuOptions::default(),
             cuda: CudaOptions::default(),
             fpga: FpgaOptions::default(),
             history: None,
@@ -158,6 +164,7 @@ impl Options {
     /// Options from any [`Env`] (tests pass a map).
     pub fn from_source(env: &dyn Env) -> Result<Self> {
         Ok(Self {
+            cpu: CpuOptions::from_source(env)?,
             cuda: CudaOptions::from_source(env)?,
             fpga: FpgaOptions::from_source(env)?,
             history: match cuda::flag(env, HISTORY_VAR)? {

@@ -332,6 +332,9 @@ impl FpgaBackend {
             .get_mut(&key)
             .ok_or_else(|| Error::Internal(format!("{device} card {name} missing")))?;
         let clock = card.clock_hz();
+        // A simulated card's model keeps one core busy: CPU ops starting meanwhile use one
+        // thread fewer.
+        let _core = (self.info.id.kind == DeviceKind::FpgaSim).then(super::cpu::SimCoreClaim::new);
         match f(card.as_mut()) {
             Ok(r) => Ok((r, clock)),
             Err(e) => {

@@ -1,14 +1,15 @@
 //! MoE experts: each expert's SwiGLU FFN over its slots, combined per token by the routing
 //! weights.
 
-use ndarray::{Array2, ArrayD, ArrayView2, ArrayView3, Ix2, Ix3, s};
+use ndarray::{Array2, ArrayD, ArrayView2, ArrayView3, Axis, Ix2, Ix3, Zip, s};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::super::elementwise::{Real, silu};
-use super::super::linear::matmul_bt;
+use super::super::linear::{matmul_bt, silu_fast};
 use super::super::{CPU_PAR_MIN, metas, reference_metas};
 use super::EXPERT_INPUTS;
+use crate::backend::cpu::Gemm;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::sync::Deadline;
@@ -124,8 +125,9 @@ impl MoeExpertsParams {
     }
 
     /// CPU f32 implementation: checks the routing, gathers each expert's tokens into a matrix
-    /// and runs its FFN as GEMMs (experts in parallel), then sums each token's k slots in
-    /// slot order.
+    /// and runs its FFN as grouped GEMMs over those rows, then sums each token's k slots in
+    /// slot order. With the CPU backend's BLAS library, experts run one after another, each
+    /// GEMM on the library's threads; with the portable GEMM, experts run in parallel.
     pub fn cpu(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         self.cpu_within(inputs, &Deadline::NONE)
     }
@@ -142,16 +144,19 @@ impl MoeExpertsParams {
         let w: Vec<f32> = inputs[2].as_f32()?.iter().copied().collect();
         let gate_up = view3(inputs[5].as_f32()?)?;
         let down = view3(inputs[6].as_f32()?)?;
+        let gemm = Gemm::current();
         let ffn = |(e, slots): (usize, &Vec<usize>)| {
             let xe = gather_rows(x, slots, sh.k);
             expert_ffn(
+                &gemm,
                 xe.view(),
                 gate_up.slice(s![e, .., ..]),
                 down.slice(s![e, .., ..]),
                 deadline,
             )
         };
-        let outs: Vec<Array2<f32>> = if sh.t * sh.k * sh.h * sh.f < CPU_PAR_MIN {
+        let serial = gemm.blas().is_some() || sh.t * sh.k * sh.h * sh.f < CPU_PAR_MIN;
+        let outs: Vec<Array2<f32>> = if serial {
             plan.iter().enumerate().map(ffn).collect()
         } else {
             plan.par_iter().enumerate().map(ffn).collect()
@@ -271,8 +276,8 @@ fn slot_plan(
 }
 
 /// The token rows of `slots` stacked into a matrix [slots, H].
-fn gather_rows<T: Real>(x: ArrayView2<T>, slots: &[usize], k: usize) -> Array2<T> {
-    let mut xe = Array2::<T>::zeros((slots.len(), x.ncols()));
+fn gather_rows(x: ArrayView2<f32>, slots: &[usize], k: usize) -> Array2<f32> {
+    let mut xe = Array2::<f32>::zeros((slots.len(), x.ncols()));
     for (mut dst, &slot) in xe.rows_mut().into_iter().zip(slots) {
         dst.assign(&x.row(slot / k));
     }
@@ -280,19 +285,29 @@ fn gather_rows<T: Real>(x: ArrayView2<T>, slots: &[usize], k: usize) -> Array2<T
 }
 
 /// One expert's FFN on its gathered tokens: down (silu(gate x) * (up x)), as three GEMMs
-/// (gate and up in one). `gate_up` [2F, H], `down` [H, F]; returns [rows, H].
-fn expert_ffn<T: Real>(
-    x: ArrayView2<T>,
-    gate_up: ArrayView2<T>,
-    down: ArrayView2<T>,
+/// (gate and up in one) through `gemm`. `gate_up` [2F, H], `down` [H, F]; returns [rows, H].
+fn expert_ffn(
+    gemm: &Gemm,
+    x: ArrayView2<f32>,
+    gate_up: ArrayView2<f32>,
+    down: ArrayView2<f32>,
     deadline: &Deadline,
-) -> Array2<T> {
+) -> Array2<f32> {
     let (n, f) = (x.nrows(), gate_up.nrows() / 2);
-    let mut gu = Array2::<T>::zeros((n, 2 * f));
-    matmul_bt(x, gate_up, gu.view_mut(), deadline, |_, _| {});
-    let act = Array2::from_shape_fn((n, f), |(r, i)| silu(gu[[r, i]]) * gu[[r, f + i]]);
-    let mut y = Array2::<T>::zeros((n, down.nrows()));
-    matmul_bt(act.view(), down, y.view_mut(), deadline, |_, _| {});
+    let mut gu = Array2::<f32>::zeros((n, 2 * f));
+    matmul_bt(gemm, x, gate_up, gu.view_mut(), deadline, |_, _| {});
+    let mut act = Array2::<f32>::zeros((n, f));
+    for (mut dst, src) in act.rows_mut().into_iter().zip(gu.rows()) {
+        let (gate, up) = src.split_at(Axis(0), f);
+        let zip = Zip::from(&mut dst).and(&gate).and(&up);
+        if gate.iter().all(|g| g.is_finite()) {
+            zip.for_each(|d, &g, &u| *d = silu_fast(g) * u);
+        } else {
+            zip.for_each(|d, &g, &u| *d = silu(g) * u);
+        }
+    }
+    let mut y = Array2::<f32>::zeros((n, down.nrows()));
+    matmul_bt(gemm, act.view(), down, y.view_mut(), deadline, |_, _| {});
     y
 }
 
