@@ -75,6 +75,9 @@ Environment:
                          CUDA kernel choices (see docs/gpu-notes.md)
   CUDA_HOME, CUDA_PATH   CUDA toolkit folders (NVRTC, headers)
   TANDEM_FPGA_CLOCK_MHZ  FPGA kernel clock for device time (default: each build's target)
+  TANDEM_FPGA_SIM_MODE   fpga-sim: auto (default: RTL up to 2^22 cycles, modelled above), rtl, model
+  TANDEM_CPU_BLAS        CPU matrix products: auto (OpenBLAS/MKL if found), off, or a library path
+  TANDEM_CPU_THREADS     CPU threads (default: the cores, one fewer while a simulated card runs)
   CXX                    C++ compiler of the Verilator builds (default g++)
   XILINX_XRT, TANDEM_XRT_LIB, TANDEM_XCLBIN_DIR, XCL_EMULATION_MODE
                          XRT install, its library folder, the boards' xclbins, XRT emulation
