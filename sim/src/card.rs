@@ -75,9 +75,10 @@ pub struct SimCard {
 }
 
 impl SimCard {
-    /// Opens a card (checks that Verilator is usable); load a kernel next.
+    /// Opens a card (checks that Verilator is usable, or that the build cache holds prebuilt
+    /// models); load a kernel next.
     pub fn open(cfg: SimConfig) -> Result<Self, SimError> {
-        verilator::version()?;
+        crate::available_with(&cfg.toolchain)?;
         Ok(Self {
             mem: Memory::new(cfg.mem),
             cfg,

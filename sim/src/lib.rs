@@ -78,3 +78,20 @@ impl From<SimError> for tandem_fpga::FpgaError {
 pub fn available() -> Result<String, SimError> {
     verilator::version().map(|(a, b)| format!("Verilator {a}.{b:03}"))
 }
+
+/// Whether the simulator can run here with the build cache of `tc`: Verilator installed, or
+/// (where it is not) models prebuilt elsewhere and carried in the cache folder, which run
+/// without it (`Ok` then says so); otherwise why not.
+pub fn available_with(tc: &Toolchain) -> Result<String, SimError> {
+    match available() {
+        Ok(v) => Ok(v),
+        Err(missing) => match tc.prebuilt_count() {
+            0 => Err(missing),
+            n => Ok(format!(
+                "{n} prebuilt Verilator model(s) in {} (Verilator not installed: kernels built \
+                 elsewhere run, others cannot be built)",
+                tc.cache_dir.display()
+            )),
+        },
+    }
+}

@@ -9,6 +9,12 @@
 //! the cache hands out an artifact only after checking it against that hash, so a truncated
 //! or damaged library (a full disk, a killed copy) is rebuilt with a warning instead of being
 //! loaded (a truncated shared library kills the process with SIGBUS on first use).
+//!
+//! Each build also records the hash of its inputs alone (`inputs.key`) and the Verilator that
+//! made it (`verilator.version`). Where Verilator is not installed (a GPU machine the cache was
+//! carried to), [`Toolchain::cached`] hands out a *prebuilt* model whose inputs match, made by
+//! any supported Verilator, instead of failing; builds that are not in the cache still need
+//! Verilator, and the error says so.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -83,20 +89,35 @@ impl Toolchain {
         artifact: &str,
         build: impl FnOnce(&Path) -> Result<(), SimError>,
     ) -> Result<PathBuf, SimError> {
-        let (maj, min) = version()?;
-        let mut h = Sha256::new();
-        for i in inputs {
-            h.update(i);
-        }
-        h.update(format!("{maj}.{min}").as_bytes());
-        let key: String = h
-            .finalize()
-            .iter()
-            .take(12)
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let inputs_key = key_of(inputs, None);
+        let (maj, min) = match version() {
+            Ok(v) => v,
+            Err(missing) => {
+                return match self.prebuilt(name, &inputs_key, artifact) {
+                    Some((dir, made_by)) => {
+                        tracing::info!(
+                            name, dir = %dir.display(), made_by = %made_by,
+                            "Verilator not installed; using the prebuilt model from the cache"
+                        );
+                        Ok(dir)
+                    }
+                    None => Err(SimError::Unavailable(format!(
+                        "{missing}; and {} holds no prebuilt `{name}` model for these inputs \
+                         (build it where Verilator is installed with the same cache folder, \
+                         TANDEM_SIM_CACHE_DIR, and carry the folder)",
+                        self.cache_dir.display()
+                    ))),
+                };
+            }
+        };
+        let version_text = format!("{maj}.{min}");
+        let key = key_of(inputs, Some(&version_text));
         let dir = self.cache_dir.join(format!("{name}-{key}"));
         if verify(&dir, artifact) == Cached::Good {
+            if !dir.join(INPUTS_KEY).exists() {
+                // A build of an older tandem: record what a prebuilt lookup needs (best effort).
+                let _ = record_inputs(&dir, &inputs_key, &version_text);
+            }
             return Ok(dir);
         }
         // One build at a time in this process; other processes build in their own folder.
@@ -120,7 +141,9 @@ impl Toolchain {
         let task = format!("verilator:{name}");
         let what = format!("building the {name} kernel with Verilator (first use, cached after)");
         crate::card::progress(&task, "start", 0, "", t0.elapsed(), &what);
-        let built = build(&tmp).and_then(|()| record_hash(&tmp, artifact));
+        let built = build(&tmp)
+            .and_then(|()| record_hash(&tmp, artifact))
+            .and_then(|()| record_inputs(&tmp, &inputs_key, &version_text));
         crate::card::progress(&task, "finish", 0, "", t0.elapsed(), &what);
         if let Err(e) = built {
             let _ = std::fs::remove_dir_all(&tmp);
@@ -139,6 +162,74 @@ impl Toolchain {
                 dir.join(artifact).display()
             ))),
         }
+    }
+}
+
+/// The first 12 bytes of the SHA-256 of `inputs` (in order) and, if given, the Verilator
+/// version, in hex: the cache key of a build.
+fn key_of(inputs: &[&[u8]], version: Option<&str>) -> String {
+    let mut h = Sha256::new();
+    for i in inputs {
+        h.update(i);
+    }
+    if let Some(v) = version {
+        h.update(v.as_bytes());
+    }
+    h.finalize()
+        .iter()
+        .take(12)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// File of a build folder holding the hash of the build's inputs alone.
+const INPUTS_KEY: &str = "inputs.key";
+/// File of a build folder naming the Verilator version that made it.
+const MADE_BY: &str = "verilator.version";
+
+/// Records, in the private build folder `dir`, the inputs-only key and the Verilator version.
+fn record_inputs(dir: &Path, inputs_key: &str, version: &str) -> Result<(), SimError> {
+    let k = dir.join(INPUTS_KEY);
+    std::fs::write(&k, inputs_key).map_err(io(&k))?;
+    let v = dir.join(MADE_BY);
+    std::fs::write(&v, version).map_err(io(&v))
+}
+
+impl Toolchain {
+    /// A finished build `<name>-*` in the cache whose inputs hash to `inputs_key` and whose
+    /// artifact checks against its recorded hash, with the Verilator version that made it.
+    fn prebuilt(&self, name: &str, inputs_key: &str, artifact: &str) -> Option<(PathBuf, String)> {
+        let prefix = format!("{name}-");
+        let entries = std::fs::read_dir(&self.cache_dir).ok()?;
+        entries.flatten().find_map(|e| {
+            let dir = e.path();
+            let file = e.file_name();
+            let fname = file.to_string_lossy();
+            let rest = fname.strip_prefix(&prefix)?;
+            // `<name>-<24 hex>` only: another build whose name starts with `<name>-` differs.
+            if rest.len() != 24 || !rest.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return None;
+            }
+            let key = std::fs::read_to_string(dir.join(INPUTS_KEY)).ok()?;
+            if key.trim() != inputs_key || verify(&dir, artifact) != Cached::Good {
+                return None;
+            }
+            let made_by = std::fs::read_to_string(dir.join(MADE_BY))
+                .map(|v| format!("Verilator {}", v.trim()))
+                .unwrap_or_else(|_| "an unknown Verilator".into());
+            Some((dir, made_by))
+        })
+    }
+
+    /// How many prebuilt models the cache holds (finished builds that recorded their inputs).
+    pub fn prebuilt_count(&self) -> usize {
+        std::fs::read_dir(&self.cache_dir)
+            .map(|rd| {
+                rd.flatten()
+                    .filter(|e| e.path().join(INPUTS_KEY).is_file())
+                    .count()
+            })
+            .unwrap_or(0)
     }
 }
 
@@ -385,6 +476,45 @@ mod tests {
             .collect();
         assert_eq!(names.len(), 1, "{names:?}");
         Ok(())
+    }
+
+    /// A finished build as `cached` leaves it: artifact, its hash, the inputs key, the version.
+    fn place_build(tc: &Toolchain, name: &str, inputs: &[&[u8]], version: &str) -> PathBuf {
+        let dir = tc
+            .cache_dir
+            .join(format!("{name}-{}", key_of(inputs, Some(version))));
+        std::fs::create_dir_all(&dir).expect("build folder");
+        std::fs::write(dir.join("lib.so"), [1u8, 2, 3]).expect("artifact");
+        record_hash(&dir, "lib.so").expect("hash");
+        record_inputs(&dir, &key_of(inputs, None), version).expect("inputs key");
+        dir
+    }
+
+    #[test]
+    fn prebuilt_models_are_found_by_their_inputs_whatever_verilator_made_them() {
+        let cache = tempfile::tempdir().expect("tempdir");
+        let tc = Toolchain {
+            cache_dir: cache.path().to_path_buf(),
+            cxx: "g++".into(),
+        };
+        assert_eq!(tc.prebuilt_count(), 0);
+        let dir = place_build(&tc, "gemm", &[b"rtl", b"flags"], "5.6");
+        // Another kernel whose name starts with the same word is not taken for it.
+        place_build(&tc, "gemm-wide", &[b"rtl", b"flags"], "5.6");
+        assert_eq!(tc.prebuilt_count(), 2);
+        let found = tc.prebuilt("gemm", &key_of(&[b"rtl", b"flags"], None), "lib.so");
+        assert_eq!(found, Some((dir.clone(), "Verilator 5.6".to_string())));
+        // Other inputs (changed RTL) have no prebuilt model.
+        assert_eq!(
+            tc.prebuilt("gemm", &key_of(&[b"rtl2", b"flags"], None), "lib.so"),
+            None
+        );
+        // A damaged artifact is never handed out.
+        std::fs::write(dir.join("lib.so"), b"damaged").expect("damage");
+        assert_eq!(
+            tc.prebuilt("gemm", &key_of(&[b"rtl", b"flags"], None), "lib.so"),
+            None
+        );
     }
 
     #[test]

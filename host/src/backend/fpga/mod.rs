@@ -64,7 +64,11 @@ pub type OpenDevice =
 /// Looks for Alveo boards (through XRT, [`xrt::discover`]) and the simulated card.
 pub fn discover(opts: &FpgaOptions) -> (Vec<Arc<dyn Backend>>, Vec<Missing>) {
     let (mut found, mut missing) = xrt::discover(opts);
-    match tandem_sim::available() {
+    let toolchain = tandem_sim::Toolchain {
+        cache_dir: opts.sim_cache.clone(),
+        cxx: opts.cxx.clone(),
+    };
+    match tandem_sim::available_with(&toolchain) {
         Ok(version) => {
             let mem = tandem_sim::MemConfig::default();
             let card = CardInfo {
