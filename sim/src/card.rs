@@ -14,7 +14,7 @@ use tandem_fpga::{DeviceBuffer, FpgaDevice, FpgaError, KernelBuild, RunStats};
 use crate::SimError;
 use crate::memory::{MemConfig, Memory};
 use crate::model::{self, Model, PinsIn, PinsOut};
-use crate::verilator::{self, Toolchain};
+use crate::verilator::Toolchain;
 
 /// How often a long simulation reports its progress.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
