@@ -55,6 +55,9 @@ enum Command {
     /// FPGA kernels: emit Verilog + kernel.xml, synthesise with yosys, simulate with Verilator.
     #[command(subcommand)]
     Fpga(cli::fpga::FpgaCmd),
+    /// Measure every device's links and op times (the built-in layer's ops at three lengths)
+    /// and keep them for the planner; `--show` prints what is kept.
+    Calibrate(cli::calibrate::CalibrateArgs),
     /// The op-time history the planner learns from: show it, or reset it.
     #[command(subcommand)]
     History(cli::history::HistoryCmd),
@@ -76,6 +79,7 @@ impl Command {
             Command::Compare(a) => a.input.cuda_dtype,
             Command::Op(a) => a.cuda_dtype,
             Command::Bench(a) => a.cuda_dtype,
+            Command::Calibrate(a) => a.cuda_dtype,
             Command::Fpga(_) | Command::History(_) | Command::Completions { .. } => None,
         }
     }
@@ -134,10 +138,17 @@ fn main() -> ExitCode {
     };
     // Boards are listed by this binary's `__xrt-probe` in a child process.
     options.fpga.xrt_probe = std::env::current_exe().ok();
-    let reg = DeviceRegistry::discover_with(Probe {
+    let mut reg = DeviceRegistry::discover_with(Probe {
         options,
         ..Probe::default()
     });
+    // What `tandem calibrate` measured here, for the planner (a bad file is a warning).
+    if let Some(p) = reg.options().calibration.clone() {
+        match tandem::plan::Calibration::load(&p, &tandem::plan::machine_name()) {
+            Ok(c) => reg.set_calibration(c),
+            Err(e) => tracing::warn!("calibration not used: {e}"),
+        }
+    }
     let result = match &cli.command {
         Command::Devices(a) => cli::devices::run(a, &reg),
         Command::Run(a) => cli::run::run(a, &reg),
@@ -145,6 +156,7 @@ fn main() -> ExitCode {
         Command::Plan(a) => cli::run::plan_only(a, &reg),
         Command::Op(a) => cli::op::run(a, &reg),
         Command::Bench(a) => cli::bench::run(a, &reg),
+        Command::Calibrate(a) => cli::calibrate::run(a, &reg),
         Command::Fpga(c) => cli::fpga::run(c, &reg.options().fpga),
         Command::History(c) => cli::history::run(c, reg.options()),
         Command::Completions { .. } => Ok(()),

@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use super::{Backend, DeviceId, DeviceKind};
 use crate::options::{CudaOptions, Options};
+use crate::plan::Calibration;
 
 /// A device kind that was looked for and not found, with the reason.
 #[derive(Debug, Clone, Serialize)]
@@ -23,6 +24,7 @@ pub struct DeviceRegistry {
     backends: Vec<Arc<dyn Backend>>,
     missing: Vec<Missing>,
     options: Options,
+    calibration: Option<Arc<Calibration>>,
 }
 
 /// Which device kinds discovery probes, and the options it opens them with.
@@ -84,6 +86,7 @@ impl DeviceRegistry {
             backends: vec![Arc::new(super::cpu::CpuBackend::new())],
             missing: Vec::new(),
             options: Options::default(),
+            calibration: None,
         }
     }
 
@@ -91,6 +94,16 @@ impl DeviceRegistry {
     /// where the planner's history is kept).
     pub fn options(&self) -> &Options {
         &self.options
+    }
+
+    /// What `tandem calibrate` measured on these devices, for the planner's estimates.
+    pub fn set_calibration(&mut self, c: Option<Calibration>) {
+        self.calibration = c.map(Arc::new);
+    }
+
+    /// The calibration the planner uses, if one was set.
+    pub fn calibration(&self) -> Option<&Calibration> {
+        self.calibration.as_deref()
     }
 
     /// Adds a backend (tests, and devices opened by hand).

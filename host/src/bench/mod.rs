@@ -26,6 +26,7 @@
 //! ```
 
 mod bytes;
+pub mod calibrate;
 mod inputs;
 mod problem;
 mod report;

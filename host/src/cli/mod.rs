@@ -2,6 +2,7 @@
 
 pub mod baselines;
 pub mod bench;
+pub mod calibrate;
 pub mod compare;
 pub mod devices;
 pub mod fpga;
@@ -65,6 +66,8 @@ pub const ENVIRONMENT_HELP: &str = "\
 Environment:
   TANDEM_LOG             log filter (tracing's EnvFilter: error, warn, info, debug, tandem=debug); default warn
   TANDEM_HISTORY         off/0/false: do not learn op times across runs (default on)
+  TANDEM_CALIBRATION     off/0: do not use `tandem calibrate`'s measurements; or the file to use
+                         (default <cache>/calibration/<host name>.json)
   TANDEM_MAX_MEMORY      host memory a run may allocate (bytes, or with K/M/G/T)
   TANDEM_CACHE_DIR       tandem's cache folder: cuda/ (CUBINs), sim/ (Verilator builds), baselines/,
                          history.json; default $XDG_CACHE_HOME/tandem, else ~/.cache/tandem

@@ -135,7 +135,7 @@ pub struct SizeArgs {
 }
 
 impl SizeArgs {
-    fn apply(&self, c: &mut MixtralConfig) {
+    pub fn apply(&self, c: &mut MixtralConfig) {
         let set = |dst: &mut usize, v: Option<usize>| {
             if let Some(v) = v {
                 *dst = v;

@@ -121,6 +121,8 @@ pub fn user_cache_dir(env: &dyn Env) -> Option<PathBuf> {
 /// The environment variable that turns the op-time history off (`off`, `0` or `false`; `on`,
 /// `1`, `true` or unset keep it; anything else is an error).
 pub const HISTORY_VAR: &str = "TANDEM_HISTORY";
+/// Where `tandem calibrate`'s measurements are kept (`off` or `0`: not used), for the planner.
+pub const CALIBRATION_VAR: &str = "TANDEM_CALIBRATION";
 
 /// Every run option of the library.
 #[derive(Debug, Clone)]
@@ -135,6 +137,10 @@ pub struct Options {
     /// [`user_cache_dir`]); `None` keeps them in memory only: `TANDEM_HISTORY=off` or `0`, no
     /// cache folder, and the default.
     pub history: Option<PathBuf>,
+    /// The file `tandem calibrate` writes and the planner reads
+    /// (`<cache>/calibration/<host name>.json`); `None`: `TANDEM_CALIBRATION=off` or `0`, or no
+    /// cache folder. `TANDEM_CALIBRATION=PATH` names another file.
+    pub calibration: Option<PathBuf>,
     /// Host memory a run may allocate (`TANDEM_MAX_MEMORY`: bytes, or with a K/M/G/T
     /// suffix); `None`: the host's available memory when the run starts
     /// ([`crate::limits::Limits::host`]).
@@ -149,6 +155,7 @@ impl Default for Options {
             cuda: CudaOptions::default(),
             fpga: FpgaOptions::default(),
             history: None,
+            calibration: None,
             max_memory: None,
         }
     }
@@ -170,6 +177,12 @@ impl Options {
             history: match cuda::flag(env, HISTORY_VAR)? {
                 Some(false) => None,
                 Some(true) | None => user_cache_dir(env).map(|d| d.join("history.json")),
+            },
+            calibration: match env.text(CALIBRATION_VAR)?.as_deref() {
+                Some("off" | "0" | "false") => None,
+                Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
+                _ => user_cache_dir(env)
+                    .map(|d| crate::plan::Calibration::path(&d, &crate::plan::machine_name())),
             },
             max_memory: match env.text(MAX_MEMORY_VAR)? {
                 None => None,

@@ -171,7 +171,7 @@ pub struct History {
     path: Option<PathBuf>,
 }
 
-fn key(device: DeviceId, op: &Op, inputs: &[TensorMeta]) -> String {
+pub(crate) fn key(device: DeviceId, op: &Op, inputs: &[TensorMeta]) -> String {
     let params = serde_json::to_string(op).unwrap_or_default();
     let shapes: Vec<String> = inputs.iter().map(|m| m.to_string()).collect();
     format!("{device}|{params}|{}", shapes.join(","))

@@ -2,12 +2,18 @@
 //! transfer costs, under a [`PlacementPolicy`] (which numerics auto placement may use, whether
 //! the history counts, how strictly a requested backend is held to), and `--explain` text for
 //! its choices. Estimates come from the measured history where this op and shape ran on the
-//! device before, else from the backend's model.
+//! device before, else from `tandem calibrate`'s measurements (`calibration`: the same shape,
+//! else the op family's fit), else from the backend's model; transfers from the calibrated
+//! links where they were measured.
 
+mod calibration;
 mod explain;
 mod history;
 mod policy;
 
+pub use calibration::{
+    CALIBRATION_VERSION, Calibrated, Calibration, DeviceCalibration, LinkFit, OpFit, machine_name,
+};
 pub use explain::{explain, explain_measured};
 pub use history::{HISTORY_VERSION, History, HistoryEntry, MAX_MEAN_S, Stat};
 pub use policy::PlacementPolicy;
@@ -70,8 +76,11 @@ pub struct Placement {
     /// Estimated op time there.
     pub estimate: Duration,
     /// Samples behind the estimate when it came from the op-time history; `None` when it
-    /// came from the backend's model.
+    /// came from calibration or the backend's model.
     pub history_samples: Option<u64>,
+    /// Whether the estimate came from `tandem calibrate`'s measurements (and how).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub calibrated: Option<&'static str>,
     /// Estimated finish time of the node in the schedule (from the start of the run).
     pub finish: Duration,
     /// Why this device (the alternatives considered, or why it fell back).
@@ -131,6 +140,12 @@ pub fn duration_from_secs(secs: f64) -> Duration {
         return Duration::ZERO;
     }
     Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX)
+}
+
+/// The key under which the op-time history (and calibration) keep `op` on `inputs` on
+/// `device`.
+pub fn history_key(device: DeviceId, op: &crate::ops::Op, inputs: &[TensorMeta]) -> String {
+    history::key(device, op, inputs)
 }
 
 /// Bandwidth assumed between host and an accelerator (PCIe 4 x16 in practice).
@@ -243,8 +258,16 @@ pub fn plan_with(
     let mut lossy_refused: BTreeMap<String, usize> = BTreeMap::new();
     for node in &graph.nodes {
         let ins: Vec<TensorMeta> = node.inputs.iter().map(|i| metas[i].clone()).collect();
-        // (finish, estimate, history samples, device, numerics)
-        let mut best: Option<(Duration, Duration, Option<u64>, DeviceId, Numerics)> = None;
+        // (finish, estimate, history samples, device, numerics, calibrated)
+        type Best = (
+            Duration,
+            Duration,
+            Option<u64>,
+            DeviceId,
+            Numerics,
+            Option<&'static str>,
+        );
+        let mut best: Option<Best> = None;
         let mut considered = Vec::new();
         let mut lacks: Option<String> = None;
         for &dev in &candidates {
@@ -267,10 +290,21 @@ pub fn plan_with(
                     continue;
                 }
             }
-            let (est, samples) = match history.and_then(|h| h.estimate(dev, &node.op, &ins)) {
-                Some((t, n)) => (t, Some(n)),
-                None => (b.estimate(&node.op, &ins), None),
-            };
+            let (est, samples, calibrated) =
+                match history.and_then(|h| h.estimate(dev, &node.op, &ins)) {
+                    Some((t, n)) => (t, Some(n), None),
+                    None => {
+                        let model = b.estimate(&node.op, &ins);
+                        match reg
+                            .calibration()
+                            .and_then(|c| c.estimate(dev, &node.op, &ins, model))
+                        {
+                            Some((t, Calibrated::Sample)) => (t, None, Some("calibrated shape")),
+                            Some((t, Calibrated::Fit)) => (t, None, Some("calibrated fit")),
+                            None => (model, None, None),
+                        }
+                    }
+                };
             let ready = node
                 .inputs
                 .iter()
@@ -280,15 +314,20 @@ pub fn plan_with(
                         .get(name.as_str())
                         .copied()
                         .unwrap_or((DeviceId::CPU, Duration::ZERO));
-                    t.saturating_add(transfer_cost(m.bytes(), at, dev))
+                    let moved = reg
+                        .calibration()
+                        .and_then(|c| c.transfer(m.bytes(), at, dev))
+                        .unwrap_or_else(|| transfer_cost(m.bytes(), at, dev));
+                    t.saturating_add(moved)
                 })
                 .max()
                 .unwrap_or_default();
             let start = ready.max(device_free.get(&dev).copied().unwrap_or_default());
             let finish = start.saturating_add(est);
-            let source = match samples {
-                Some(n) => format!("measured, n={n}"),
-                None => "model".into(),
+            let source = match (samples, calibrated) {
+                (Some(n), _) => format!("measured, n={n}"),
+                (None, Some(how)) => how.into(),
+                (None, None) => "model".into(),
             };
             considered.push(format!(
                 "{dev}: op {:.3} ms ({source}), done at {:.3} ms",
@@ -303,18 +342,19 @@ pub fn plan_with(
             };
             let better = match best {
                 None => true,
-                Some((bf, _, _, bd, _)) => (rank(dev), finish) < (rank(bd), bf),
+                Some((bf, _, _, bd, _, _)) => (rank(dev), finish) < (rank(bd), bf),
             };
             if better {
-                best = Some((finish, est, samples, dev, numerics));
+                best = Some((finish, est, samples, dev, numerics, calibrated));
             }
         }
-        let (finish, est, samples, dev, numerics) = best.unwrap_or((
+        let (finish, est, samples, dev, numerics, calibrated) = best.unwrap_or((
             Duration::ZERO,
             Duration::ZERO,
             None,
             DeviceId::CPU,
             Numerics::F32,
+            None,
         ));
         if let Some(k) = preferred
             && dev.kind != k
@@ -336,6 +376,7 @@ pub fn plan_with(
             numerics,
             estimate: est,
             history_samples: samples,
+            calibrated,
             finish,
             reason: considered.join("; "),
         });
@@ -545,6 +586,53 @@ mod tests {
             "{}",
             p.placements[0].reason
         );
+        Ok(())
+    }
+
+    #[test]
+    fn calibrated_times_come_after_the_history_and_before_the_model() -> Result<()> {
+        let g = graph();
+        let metas = g.validate()?;
+        let mut reg = DeviceRegistry::cpu_only();
+        let ins = |i: usize| -> Vec<TensorMeta> {
+            g.nodes[i].inputs.iter().map(|n| metas[n].clone()).collect()
+        };
+        let mut d = DeviceCalibration::default();
+        d.samples
+            .insert(history_key(DeviceId::CPU, &g.nodes[0].op, &ins(0)), 7e-3);
+        d.ops.insert(
+            g.nodes[1].op.name().into(),
+            OpFit {
+                overhead_s: 1.0,
+                scale: 1.0,
+                n: 2,
+                max_rel_error: 0.0,
+            },
+        );
+        let mut c = Calibration::new("m");
+        c.devices.insert("cpu".into(), d);
+        reg.set_calibration(Some(c));
+        let p = plan(&g, &reg, BackendChoice::Auto)?;
+        assert_eq!(p.placements[0].estimate, Duration::from_millis(7));
+        assert_eq!(p.placements[0].calibrated, Some("calibrated shape"));
+        assert!(p.placements[1].estimate >= Duration::from_secs(1));
+        assert_eq!(p.placements[1].calibrated, Some("calibrated fit"));
+        assert!(
+            p.placements[1].reason.contains("(calibrated fit)"),
+            "{}",
+            p.placements[1].reason
+        );
+        // A measured run of the same shape wins over calibration.
+        let mut h = History::in_memory();
+        h.record(
+            DeviceId::CPU,
+            &g.nodes[0].op,
+            &ins(0),
+            Duration::from_millis(2),
+        );
+        let p = plan_with_history(&g, &reg, BackendChoice::Auto, Some(&h))?;
+        assert_eq!(p.placements[0].estimate, Duration::from_millis(2));
+        assert_eq!(p.placements[0].calibrated, None);
         Ok(())
     }
 

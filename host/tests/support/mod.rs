@@ -19,12 +19,14 @@ pub fn bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tandem")))
 }
 
-/// `tandem ARGS` logging at `log`, without the op-time history or colour, with `env` on top.
+/// `tandem ARGS` logging at `log`, without the op-time history, calibration or colour, with
+/// `env` on top.
 pub fn command(args: &[&str], log: &str, env: &[(&str, &str)]) -> Command {
     let mut c = Command::new(bin());
     c.args(args)
         .env("TANDEM_LOG", log)
         .env("TANDEM_HISTORY", "off")
+        .env("TANDEM_CALIBRATION", "off")
         .env("NO_COLOR", "1")
         .envs(env.iter().copied());
     c
