@@ -27,6 +27,7 @@
 
 mod bytes;
 mod inputs;
+pub mod overhead;
 mod problem;
 mod report;
 mod timing;
