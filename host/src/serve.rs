@@ -73,7 +73,7 @@ pub fn with_fresh_inputs(graph: &Graph, seed: u64) -> Result<Graph> {
     for (k, (name, meta)) in inputs.into_iter().enumerate() {
         g.constant(
             &name,
-            random_tensor(&meta.shape, 1.0, seed ^ (k as u64) << 32)?,
+            random_tensor(&meta.shape, 1.0, seed ^ ((k as u64) << 32))?,
         );
     }
     Ok(g)

@@ -56,6 +56,9 @@ pub struct Prepared {
     pub(crate) nodes: Vec<PNode>,
     /// Nodes with no dependency, in graph order.
     pub(crate) roots: Vec<u32>,
+    /// Slots in the order of their names, so an execution's name map is built without
+    /// sorting.
+    pub(crate) by_name: Vec<u32>,
 }
 
 impl Prepared {
@@ -146,10 +149,13 @@ impl Prepared {
                 roots.push(i as u32);
             }
         }
+        let mut by_name: Vec<u32> = (0..slots.len() as u32).collect();
+        by_name.sort_unstable_by(|&a, &b| slots[a as usize].name.cmp(&slots[b as usize].name));
         Ok(Self {
             slots,
             nodes,
             roots,
+            by_name,
         })
     }
 

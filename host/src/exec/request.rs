@@ -382,12 +382,17 @@ impl Ticket {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        // Already in name order: the map is built without sorting.
         let buffers = run
             .prep
-            .slots
+            .by_name
             .iter()
-            .zip(&run.buffers)
-            .map(|(s, b)| (s.name.clone(), b.clone()))
+            .map(|&s| {
+                (
+                    run.prep.slots[s as usize].name.clone(),
+                    run.buffers[s as usize].clone(),
+                )
+            })
             .collect();
         Ok(Execution {
             buffers,
