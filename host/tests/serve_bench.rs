@@ -50,7 +50,10 @@ fn serve_bench_reports_throughput_and_latency_per_mix() -> TestResult {
         assert!(r["p50_s"].as_f64() <= r["p99_s"].as_f64());
         assert!(r["p99_s"].as_f64() <= r["max_s"].as_f64());
     }
-    let json = args.iter().position(|a| *a == "--json").ok_or("no --json")?;
+    let json = args
+        .iter()
+        .position(|a| *a == "--json")
+        .ok_or("no --json")?;
     args.splice(json..=json, ["--format", "csv"]);
     let o = tandem(&args);
     let (out, err) = text(&o);
