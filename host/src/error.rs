@@ -138,6 +138,17 @@ pub enum Error {
         /// What was wrong.
         msg: String,
     },
+    /// A bounded queue is full: the request was not taken (`try_submit` of
+    /// [`crate::exec::Service`]; its `submit` waits for room instead).
+    #[error(
+        "{queue} is full ({capacity} requests in flight): retry later, or submit and wait for room"
+    )]
+    QueueFull {
+        /// The queue.
+        queue: String,
+        /// How many requests it holds at most.
+        capacity: usize,
+    },
     /// A bug in tandem.
     #[error("internal error: {0}")]
     Internal(String),
@@ -162,7 +173,7 @@ impl Error {
             Error::Unsupported { .. } => ErrorKind::Unimplemented,
             Error::Compile { .. } => ErrorKind::Compile,
             Error::BadArgument { .. } => ErrorKind::BadArgument,
-            Error::OutOfMemory { .. } => ErrorKind::ResourceExhausted,
+            Error::OutOfMemory { .. } | Error::QueueFull { .. } => ErrorKind::ResourceExhausted,
             Error::Timeout { .. } => ErrorKind::DeadlineExceeded,
             Error::Device { .. } => ErrorKind::DeviceLost,
             Error::Internal(_) => ErrorKind::Internal,

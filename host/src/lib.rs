@@ -32,6 +32,7 @@ pub mod progress;
 pub mod report;
 pub mod resident;
 pub mod run;
+pub mod serve;
 pub mod sync;
 pub mod tensor;
 pub mod verify;

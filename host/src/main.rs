@@ -50,8 +50,11 @@ enum Command {
     Plan(cli::run::PlanArgs),
     /// Run one op on named tensors from a safetensors file.
     Op(cli::op::OpArgs),
-    /// Time one op on one backend (median of many runs, inputs rotated).
+    /// Time one op on one backend (median of many runs, inputs rotated), or the runtime's
+    /// own overhead (`bench overhead`).
     Bench(cli::bench::BenchArgs),
+    /// Many requests of a workload at once through one executor: throughput and latency.
+    ServeBench(cli::serve_bench::ServeBenchArgs),
     /// FPGA kernels: emit Verilog + kernel.xml, synthesise with yosys, simulate with Verilator.
     #[command(subcommand)]
     Fpga(cli::fpga::FpgaCmd),
@@ -80,6 +83,7 @@ impl Command {
             Command::Op(a) => a.cuda_dtype,
             Command::Bench(a) => a.cuda_dtype,
             Command::Calibrate(a) => a.cuda_dtype,
+            Command::ServeBench(a) => a.input.cuda_dtype,
             Command::Fpga(_) | Command::History(_) | Command::Completions { .. } => None,
         }
     }
@@ -157,6 +161,7 @@ fn main() -> ExitCode {
         Command::Op(a) => cli::op::run(a, &reg),
         Command::Bench(a) => cli::bench::run(a, &reg),
         Command::Calibrate(a) => cli::calibrate::run(a, &reg),
+        Command::ServeBench(a) => cli::serve_bench::run(a, &reg),
         Command::Fpga(c) => cli::fpga::run(c, &reg.options().fpga),
         Command::History(c) => cli::history::run(c, reg.options()),
         Command::Completions { .. } => Ok(()),

@@ -28,6 +28,7 @@
 mod bytes;
 pub mod calibrate;
 mod inputs;
+pub mod overhead;
 mod problem;
 mod report;
 mod timing;

@@ -13,10 +13,14 @@ use super::render::{self, Format, FormatArgs};
 
 /// Options of `tandem bench`.
 #[derive(Debug, Clone, Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct BenchArgs {
     /// Op to time.
-    #[arg(value_enum)]
-    pub op: OpKind,
+    #[arg(value_enum, required = true)]
+    pub op: Option<OpKind>,
+    /// A runtime bench instead of an op.
+    #[command(subcommand)]
+    pub runtime: Option<RuntimeBench>,
     /// Backend (default: cuda if present, else cpu). A backend that is not available here
     /// is an error, unless --fallback.
     #[arg(long, value_enum)]
@@ -129,7 +133,10 @@ impl BenchArgs {
 
     /// The op, its input shapes and label.
     pub fn problem(&self) -> tandem::Result<Problem> {
-        self.shape().problem(self.op)
+        let op = self
+            .op
+            .ok_or_else(|| tandem::Error::invalid("bench", "no op given"))?;
+        self.shape().problem(op)
     }
 
     /// How many runs, and how many input sets, on a device of `kind`: a simulated device is
@@ -146,8 +153,19 @@ impl BenchArgs {
     }
 }
 
+/// Benches of the runtime itself rather than of one op.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum RuntimeBench {
+    /// Per-op cost of the planner and executor: chains and fans of empty ops (on the CPU).
+    Overhead(super::overhead::OverheadArgs),
+}
+
 /// Times one op and prints the result.
 pub fn run(args: &BenchArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
+    match &args.runtime {
+        Some(RuntimeBench::Overhead(a)) => return super::overhead::run(a, reg),
+        None => {}
+    }
     let base = args.baseline.load()?;
     let mut kind = args.backend;
     if let Some(k) = kind {

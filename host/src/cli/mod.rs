@@ -8,9 +8,11 @@ pub mod devices;
 pub mod fpga;
 pub mod history;
 pub mod op;
+pub mod overhead;
 pub mod placement;
 pub mod render;
 pub mod run;
+pub mod serve_bench;
 
 use std::sync::{Arc, Mutex};
 

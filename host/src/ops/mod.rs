@@ -51,6 +51,12 @@ pub enum Op {
     SplitHeads(SplitHeadsParams),
     /// [B, H, T, D] -> [B*T, H*D].
     MergeHeads,
+    /// No work: reads one tensor of any shape (`after`, which orders it after that tensor's
+    /// producer) and writes a token of no elements. The runtime-overhead bench
+    /// ([`crate::bench::overhead`]) schedules chains and fans of it; it is internal: not
+    /// offered on the command line, not accepted in workload files.
+    #[serde(skip_deserializing)]
+    Nop,
 }
 
 /// The family of an [`Op`], without its parameters: the one list of op names.
@@ -92,11 +98,14 @@ pub enum OpKind {
     /// [B, H, T, D] -> [B*T, H*D] (a graph op: not offered on the command line).
     #[cfg_attr(feature = "cli", value(skip))]
     MergeHeads,
+    /// No work, a token out (the runtime-overhead bench's op: not offered on the command line).
+    #[cfg_attr(feature = "cli", value(skip))]
+    Nop,
 }
 
 impl OpKind {
     /// Every op family, in [`Op`]'s order.
-    pub const ALL: [OpKind; 9] = [
+    pub const ALL: [OpKind; 10] = [
         OpKind::Attention,
         OpKind::MoeRoute,
         OpKind::MoeExperts,
@@ -106,6 +115,7 @@ impl OpKind {
         OpKind::Add,
         OpKind::SplitHeads,
         OpKind::MergeHeads,
+        OpKind::Nop,
     ];
 
     /// The families that run alone with parameters from flags (`tandem op`, `tandem bench`);
@@ -120,7 +130,7 @@ impl OpKind {
     ];
 
     /// The name in reports, JSON and graphs: `attention`, `moe_route`, `moe_experts`,
-    /// `linear`, `rmsnorm`, `rope`, `add`, `split_heads`, `merge_heads`.
+    /// `linear`, `rmsnorm`, `rope`, `add`, `split_heads`, `merge_heads`, `nop`.
     pub fn name(self) -> &'static str {
         match self {
             OpKind::Attention => "attention",
@@ -132,6 +142,7 @@ impl OpKind {
             OpKind::Add => "add",
             OpKind::SplitHeads => "split_heads",
             OpKind::MergeHeads => "merge_heads",
+            OpKind::Nop => "nop",
         }
     }
 }
@@ -185,6 +196,7 @@ impl Op {
             Op::Add => OpKind::Add,
             Op::SplitHeads(_) => OpKind::SplitHeads,
             Op::MergeHeads => OpKind::MergeHeads,
+            Op::Nop => OpKind::Nop,
         }
     }
 
@@ -216,6 +228,7 @@ impl Op {
             Op::Rope(_) => vec!["x"],
             Op::Add => vec!["a", "b"],
             Op::SplitHeads(_) | Op::MergeHeads => vec!["x"],
+            Op::Nop => vec!["after"],
         }
     }
 
@@ -243,6 +256,7 @@ impl Op {
             Op::Add => elementwise::validate_add(inputs),
             Op::SplitHeads(p) => p.validate(inputs),
             Op::MergeHeads => layout::validate_merge(inputs),
+            Op::Nop => Ok(vec![nop_token()]),
         }
     }
 
@@ -286,6 +300,7 @@ impl Op {
             Op::Add => elementwise::cpu_add(inputs),
             Op::SplitHeads(p) => p.cpu(inputs),
             Op::MergeHeads => layout::cpu_merge(inputs),
+            Op::Nop => Ok(vec![Tensor::zeros(&nop_token())]),
         }
     }
 
@@ -314,6 +329,7 @@ impl Op {
             Op::Add => elementwise::reference_add(inputs),
             Op::SplitHeads(p) => p.reference(inputs),
             Op::MergeHeads => layout::reference_merge(inputs),
+            Op::Nop => Ok(vec![ArrayD::zeros(ndarray::IxDyn(&[0]))]),
         }
     }
 
@@ -336,10 +352,15 @@ impl Op {
             Op::RmsNorm(_) | Op::Rope(_) | Op::Add => {
                 4.0 * inputs.first().map(|m| m.numel() as f64).unwrap_or(0.0)
             }
-            Op::SplitHeads(_) | Op::MergeHeads => 0.0,
+            Op::SplitHeads(_) | Op::MergeHeads | Op::Nop => 0.0,
         };
         OpCost { flops, bytes }
     }
+}
+
+/// What [`Op::Nop`] writes: an f32 tensor of no elements.
+fn nop_token() -> TensorMeta {
+    TensorMeta::new(vec![0], crate::dtype::DType::F32)
 }
 
 fn check_arity(op: &Op, n: usize) -> Result<()> {
@@ -437,6 +458,7 @@ mod tests {
             Op::Add,
             Op::SplitHeads(SplitHeadsParams { batch: 1, heads: 1 }),
             Op::MergeHeads,
+            Op::Nop,
         ];
         let kinds: Vec<OpKind> = ops.iter().map(Op::kind).collect();
         assert_eq!(kinds, OpKind::ALL);

@@ -269,6 +269,8 @@ pub fn run(
         Op::Attention(p) => attention::attention(cx, p, ins, metas, outs),
         Op::MoeRoute(p) => moe::route(cx, p, ins, metas, outs),
         Op::MoeExperts(p) => moe::experts(cx, p, ins, metas, outs),
+        // No elements to write.
+        Op::Nop => Ok("nop".to_string()),
     }
 }
 

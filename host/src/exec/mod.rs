@@ -1,0 +1,200 @@
+//! The executor: a worker thread per device (crossbeam channels), dependencies counted per
+//! node, inputs migrated by the worker of the device that needs them (overlapping other
+//! devices' compute), failure -> the node is re-planned onto the CPU. Weights stay resident
+//! across executions.
+//!
+//! Two ways in: [`Executor::execute`] runs one graph on workers of its own (started and
+//! stopped by the call), and [`Service`] keeps the workers running and takes requests from
+//! many threads at once, each with its own [`Ticket`], through a bounded queue.
+//!
+//! - `prepared`: a graph and its plan, checked and indexed once ([`Prepared`])
+//! - `request`: one execution's state; how a worker runs one of its nodes; [`Ticket`]
+//! - `worker`: the per-device worker threads and the channels between them
+//! - `queue`: admission (at most N requests in flight; wait, or [`Error::QueueFull`])
+//! - `service`: [`Service`], the many-request front
+
+mod prepared;
+mod queue;
+mod request;
+mod service;
+mod worker;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+pub use prepared::Prepared;
+pub use request::Ticket;
+pub use service::{Service, ServiceOptions};
+
+use crate::backend::{DeviceId, DeviceRegistry, LaunchInfo};
+use crate::error::{Error, Result};
+use crate::graph::Graph;
+use crate::memory::Buffer;
+use crate::plan::Plan;
+use crate::resident::ResidentCache;
+use crate::tensor::Tensor;
+
+/// Options of a run.
+#[derive(Debug, Clone)]
+pub struct ExecOptions {
+    /// Longest wait for one op's completion.
+    pub timeout: Duration,
+    /// Re-run an op on the CPU when its device fails with an error the CPU can avoid.
+    pub fallback: bool,
+}
+
+impl Default for ExecOptions {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(300),
+            fallback: true,
+        }
+    }
+}
+
+/// What happened to one node.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeRun {
+    /// Node name.
+    pub node: String,
+    /// Op family.
+    pub op: String,
+    /// Device it finally ran on.
+    pub device: DeviceId,
+    /// Kernel and device timing.
+    #[serde(flatten)]
+    pub launch: LaunchInfo,
+    /// When its input transfers began, from the start of the run.
+    pub start: Duration,
+    /// Wall time of the launch and its wait (excludes input transfers).
+    pub wall: Duration,
+    /// Wall time of moving its inputs to the device, resident parameters (weights) excluded.
+    pub transfer: Duration,
+    /// Wall time of making its parameters resident on the device (zero where they were).
+    pub resident_transfer: Duration,
+    /// Bytes moved to the device for its inputs, resident parameters (weights) excluded.
+    pub transfer_bytes: u64,
+    /// Bytes moved to the device to make its parameters (weights) resident there: non-zero
+    /// only where a weight was not resident yet (first use on the device, changed weights, or
+    /// after the device failed).
+    pub resident_bytes: u64,
+    /// Why it ran elsewhere than planned, if it did.
+    pub fallback: Option<String>,
+}
+
+/// The result of executing a graph.
+#[derive(Debug)]
+pub struct Execution {
+    /// Every tensor of the run, by name. The parameters' buffers are the executor's resident
+    /// ones, shared with later executions: read them, never write them.
+    pub buffers: BTreeMap<String, Arc<Buffer>>,
+    /// Node runs in graph order.
+    pub runs: Vec<NodeRun>,
+    /// Wall time of the whole run.
+    pub wall: Duration,
+}
+
+impl Execution {
+    /// Bytes uploaded in this execution to make parameters resident (see
+    /// [`NodeRun::resident_bytes`]).
+    pub fn resident_bytes(&self) -> u64 {
+        self.runs.iter().map(|r| r.resident_bytes).sum()
+    }
+
+    /// Bytes moved to devices for inputs other than resident parameters.
+    pub fn transfer_bytes(&self) -> u64 {
+        self.runs.iter().map(|r| r.transfer_bytes).sum()
+    }
+}
+
+/// Runs graphs, keeping their parameters (weights, [`Graph::params`]) resident on the devices
+/// across executions: the first execution that needs a weight on a device uploads it, later
+/// ones reuse that replica as long as the graph holds the same host data (replaced weights are
+/// uploaded again). Inputs and activations are moved on every execution. A device that is
+/// lost (or past its timeout) loses its resident replicas; other failures keep them.
+///
+/// Each [`Executor::execute`] starts a worker per device and stops them when it returns;
+/// [`Service`] keeps them running for many requests.
+#[derive(Debug, Default, Clone)]
+pub struct Executor {
+    resident: Arc<ResidentCache>,
+}
+
+impl Executor {
+    /// An executor with nothing resident.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The resident parameter buffers (how many, how many bytes on devices).
+    pub fn resident(&self) -> &ResidentCache {
+        &self.resident
+    }
+
+    /// Drops every resident parameter: the next execution uploads the weights again. Device
+    /// memory is freed once no [`Execution`] still holds the buffers.
+    pub fn evict_resident(&self) {
+        self.resident.clear();
+    }
+
+    /// Runs `graph` as `plan` places it.
+    pub fn execute(
+        &self,
+        graph: &Graph,
+        plan: &Plan,
+        reg: &DeviceRegistry,
+        opts: &ExecOptions,
+    ) -> Result<Execution> {
+        let prepared = Arc::new(Prepared::new(graph, plan)?);
+        self.execute_prepared(prepared, reg, opts)
+    }
+
+    /// Runs a prepared graph (see [`Prepared`]) on workers started for this call.
+    pub fn execute_prepared(
+        &self,
+        prepared: Arc<Prepared>,
+        reg: &DeviceRegistry,
+        opts: &ExecOptions,
+    ) -> Result<Execution> {
+        self.resident.prune();
+        let workers = worker::Workers::start(reg)?;
+        let ticket = request::RunState::start(
+            prepared,
+            Arc::new(reg.clone()),
+            opts.clone(),
+            self.resident.clone(),
+            workers.router(),
+            None,
+        )?;
+        let result = ticket.wait();
+        drop(workers);
+        result
+    }
+}
+
+/// Runs `graph` as `plan` places it, on an [`Executor`] of its own: nothing stays resident
+/// afterwards, so every call uploads the weights again.
+pub fn execute(
+    graph: &Graph,
+    plan: &Plan,
+    reg: &DeviceRegistry,
+    opts: &ExecOptions,
+) -> Result<Execution> {
+    Executor::new().execute(graph, plan, reg, opts)
+}
+
+/// Host copies of the named tensors of an execution.
+pub fn fetch(exec: &Execution, reg: &DeviceRegistry, names: &[String]) -> Result<Vec<Tensor>> {
+    names
+        .iter()
+        .map(|n| {
+            exec.buffers
+                .get(n)
+                .ok_or_else(|| Error::invalid("run", format!("no tensor named '{n}'")))?
+                .to_host(reg)
+        })
+        .collect()
+}

@@ -1,0 +1,436 @@
+//! The state of one execution: its buffers, per-node dependency counters and results, what
+//! failed; how a worker runs one node of it (`step`) and how the caller collects it
+//! ([`Ticket`]).
+
+use std::collections::BTreeMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, bounded};
+
+use super::prepared::{Prepared, Source};
+use super::queue::Permit;
+use super::worker::Router;
+use super::{ExecOptions, Execution, NodeRun};
+use crate::backend::{Backend, DeviceId, DeviceRegistry, LaunchInfo};
+use crate::error::{Error, ErrorKind, Result};
+use crate::memory::{Access, Buffer};
+use crate::ops::Op;
+use crate::resident::ResidentCache;
+use crate::sync::Deadline;
+
+/// What went wrong so far in an execution (touched only once something failed).
+#[derive(Default)]
+struct Trouble {
+    /// Devices lost during this execution: their later nodes run on the CPU.
+    failed_devices: BTreeMap<DeviceId, String>,
+    /// Nodes moved off their planned device.
+    moved: BTreeMap<u32, DeviceId>,
+    /// Why each moved node runs elsewhere.
+    notes: BTreeMap<u32, String>,
+    /// The error that ends the execution.
+    error: Option<Error>,
+}
+
+/// One execution in progress.
+pub(crate) struct RunState {
+    prep: Arc<Prepared>,
+    reg: Arc<DeviceRegistry>,
+    opts: ExecOptions,
+    resident: Arc<ResidentCache>,
+    buffers: Vec<Arc<Buffer>>,
+    waiting: Vec<AtomicU32>,
+    /// Nodes handed to a worker and not finished: the execution ends when it reaches 0.
+    in_flight: AtomicUsize,
+    runs: Vec<Mutex<Option<NodeRun>>>,
+    /// Set once anything failed: nodes then consult `trouble`.
+    troubled: AtomicBool,
+    /// Set when the execution failed: remaining nodes are skipped.
+    aborted: AtomicBool,
+    trouble: Mutex<Trouble>,
+    t0: Instant,
+    wall: OnceLock<Duration>,
+    done: Sender<()>,
+    permit: Mutex<Option<Permit>>,
+}
+
+/// An execution handed to the workers: [`Ticket::wait`] returns its result.
+#[must_use = "a ticket is how the result comes back"]
+pub struct Ticket {
+    run: Arc<RunState>,
+    done: Receiver<()>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl RunState {
+    /// Sets up the buffers of `prep` (parameters from `resident`) and hands its ready nodes to
+    /// the workers. `permit` is released when the execution finishes.
+    pub fn start(
+        prep: Arc<Prepared>,
+        reg: Arc<DeviceRegistry>,
+        opts: ExecOptions,
+        resident: Arc<ResidentCache>,
+        router: &Router,
+        permit: Option<Permit>,
+    ) -> Result<Ticket> {
+        let buffers = prep
+            .slots
+            .iter()
+            .map(|s| match &s.source {
+                Source::Param(t) => resident.buffer(&s.name, t),
+                Source::Input(t) => Arc::new(Buffer::from_host(&s.name, (**t).clone())),
+                Source::Output => Arc::new(Buffer::empty(&s.name, s.meta.clone())),
+            })
+            .collect();
+        let n = prep.nodes.len();
+        let waiting = prep.nodes.iter().map(|p| AtomicU32::new(p.deps)).collect();
+        let runs = (0..n).map(|_| Mutex::new(None)).collect();
+        let (done_tx, done_rx) = bounded(1);
+        let run = Arc::new(RunState {
+            reg,
+            opts,
+            resident,
+            buffers,
+            waiting,
+            in_flight: AtomicUsize::new(prep.roots.len()),
+            runs,
+            troubled: AtomicBool::new(false),
+            aborted: AtomicBool::new(false),
+            trouble: Mutex::new(Trouble::default()),
+            t0: Instant::now(),
+            wall: OnceLock::new(),
+            done: done_tx,
+            permit: Mutex::new(permit),
+            prep,
+        });
+        let ticket = Ticket {
+            run: run.clone(),
+            done: done_rx,
+        };
+        if run.prep.roots.is_empty() {
+            if n > 0 {
+                run.fail(Error::Internal("the graph has a cycle".into()));
+            }
+            run.finish();
+            return Ok(ticket);
+        }
+        // One message per device holding all its ready nodes.
+        let mut by_device: BTreeMap<DeviceId, Vec<u32>> = BTreeMap::new();
+        for &r in &run.prep.roots {
+            by_device
+                .entry(run.prep.nodes[r as usize].device)
+                .or_default()
+                .push(r);
+        }
+        for (device, nodes) in by_device {
+            let count = nodes.len();
+            if let Err(e) = router.send(device, run.clone(), nodes) {
+                run.fail(e);
+                for _ in 0..count {
+                    run.node_finished();
+                }
+            }
+        }
+        Ok(ticket)
+    }
+
+    /// Records the error that ends this execution (the first one wins).
+    fn fail(&self, e: Error) {
+        let mut t = lock(&self.trouble);
+        t.error.get_or_insert(e);
+        self.aborted.store(true, Ordering::Release);
+        self.troubled.store(true, Ordering::Release);
+    }
+
+    /// One node handed out is done with (run, skipped or failed): the last one finishes the
+    /// execution.
+    fn node_finished(&self) {
+        if self.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.finish();
+        }
+    }
+
+    fn finish(&self) {
+        let _ = self.wall.set(self.t0.elapsed());
+        // Room in the queue for the next request, before the caller collects this one.
+        drop(lock(&self.permit).take());
+        let _ = self.done.try_send(());
+    }
+
+    /// The device node `j` runs on: the planned one, unless it was moved or its device was
+    /// lost earlier in this execution (then the CPU, with a note).
+    fn device_for(&self, j: u32) -> DeviceId {
+        let planned = self.prep.nodes[j as usize].device;
+        if !self.troubled.load(Ordering::Acquire) {
+            return planned;
+        }
+        let mut t = lock(&self.trouble);
+        if let Some(d) = t.moved.get(&j) {
+            return *d;
+        }
+        if let Some(why) = t.failed_devices.get(&planned).cloned() {
+            t.notes
+                .insert(j, format!("{planned} failed earlier: {why}"));
+            t.moved.insert(j, DeviceId::CPU);
+            return DeviceId::CPU;
+        }
+        planned
+    }
+
+    /// Runs node `i` on `device` (this worker's), then makes its dependents ready: those of
+    /// this device go on `ready`, the others to their workers.
+    pub fn step(
+        self: &Arc<Self>,
+        i: u32,
+        device: DeviceId,
+        backend: &dyn Backend,
+        router: &Router,
+        ready: &mut Vec<u32>,
+    ) {
+        if self.aborted.load(Ordering::Acquire) {
+            self.node_finished();
+            return;
+        }
+        let start = self.t0.elapsed();
+        let result = catch_unwind(AssertUnwindSafe(|| self.run_node(i, device, backend)))
+            .unwrap_or_else(|p| {
+                let what = p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                Err(Error::Internal(format!(
+                    "node '{}' panicked on {device}: {what}",
+                    self.prep.nodes[i as usize].name
+                )))
+            });
+        match result {
+            Ok(mut run) => {
+                run.start = start;
+                if self.troubled.load(Ordering::Acquire) {
+                    run.fallback = lock(&self.trouble).notes.remove(&i);
+                }
+                *lock(&self.runs[i as usize]) = Some(run);
+                for &j in &self.prep.nodes[i as usize].dependents {
+                    if self.waiting[j as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
+                        self.in_flight.fetch_add(1, Ordering::AcqRel);
+                        let d = self.device_for(j);
+                        if d == device {
+                            ready.push(j);
+                        } else if let Err(e) = router.send(d, self.clone(), vec![j]) {
+                            self.fail(e);
+                            self.node_finished();
+                        }
+                    }
+                }
+                self.node_finished();
+            }
+            Err(e) => self.failed(i, device, e, router),
+        }
+    }
+
+    /// Node `i` failed on `device`: moved to the CPU where the CPU can avoid the failure
+    /// (with fallback on), else the execution fails.
+    fn failed(self: &Arc<Self>, i: u32, device: DeviceId, e: Error, router: &Router) {
+        let kind = e.kind();
+        let lost = device_lost(kind);
+        if lost && device != DeviceId::CPU {
+            // Its resident replicas may be gone or half-written: upload again.
+            let n = self.resident.forget_device(device);
+            tracing::debug!(%device, replicas = n, "dropped resident weights");
+        }
+        let name = &self.prep.nodes[i as usize].name;
+        if self.opts.fallback && recoverable(kind) && device != DeviceId::CPU {
+            tracing::warn!(node = %name, %device, error = %e, "re-planning onto the CPU");
+            {
+                let mut t = lock(&self.trouble);
+                if lost {
+                    t.failed_devices.insert(device, e.to_string());
+                }
+                t.notes.insert(i, format!("{device} failed: {e}"));
+                t.moved.insert(i, DeviceId::CPU);
+            }
+            self.troubled.store(true, Ordering::Release);
+            // The node stays in flight, on the CPU's worker.
+            if let Err(e) = router.send(DeviceId::CPU, self.clone(), vec![i]) {
+                self.fail(e);
+                self.node_finished();
+            }
+        } else {
+            self.fail(match kind {
+                ErrorKind::InvalidArgument => {
+                    Error::invalid(format!("node '{name}' on {device}"), e.to_string())
+                }
+                _ => e,
+            });
+            self.node_finished();
+        }
+    }
+
+    fn run_node(&self, i: u32, device: DeviceId, backend: &dyn Backend) -> Result<NodeRun> {
+        let node = &self.prep.nodes[i as usize];
+        if matches!(node.op, Op::Nop) {
+            // Nothing to move, launch or write: the scheduling is the whole cost.
+            return Ok(NodeRun {
+                node: node.name.clone(),
+                op: node.op.name().to_string(),
+                device,
+                launch: LaunchInfo::default(),
+                start: Duration::ZERO,
+                wall: Duration::ZERO,
+                transfer: Duration::ZERO,
+                resident_transfer: Duration::ZERO,
+                transfer_bytes: 0,
+                resident_bytes: 0,
+                fallback: None,
+            });
+        }
+        let (mut transfer, mut resident_transfer) = (Duration::ZERO, Duration::ZERO);
+        let (mut transfer_bytes, mut resident_bytes) = (0u64, 0u64);
+        let mut inputs = Vec::with_capacity(node.inputs.len());
+        for &s in &node.inputs {
+            let slot = &self.prep.slots[s as usize];
+            let t_in = Instant::now();
+            let (st, moved) =
+                self.buffers[s as usize].acquire_counted(&self.reg, device, Access::Read)?;
+            let st = st.ok_or_else(|| {
+                Error::Internal(format!("'{}' has no data on {device}", slot.name))
+            })?;
+            if matches!(slot.source, Source::Param(_)) {
+                resident_transfer += t_in.elapsed();
+                resident_bytes += moved.uploaded + moved.peer;
+            } else {
+                transfer += t_in.elapsed();
+                transfer_bytes += moved.uploaded + moved.peer;
+            }
+            inputs.push(st);
+        }
+        let refs: Vec<_> = inputs.iter().collect();
+        let t0 = Instant::now();
+        let what = format!("{} ({}) on {device}", node.name, node.op.name());
+        let deadline = Deadline::after(self.opts.timeout);
+        let launch = backend
+            .launch_within(&node.op, &refs, &deadline)
+            .map_err(|e| match e {
+                // Name the node, as the wait below does.
+                Error::Timeout { timeout, .. } => Error::Timeout {
+                    what: what.clone(),
+                    timeout,
+                },
+                e => e,
+            })?;
+        launch.done.wait(deadline.remaining(), &what)?;
+        let wall = t0.elapsed();
+        if launch.outputs.len() != node.outputs.len() {
+            return Err(Error::Internal(format!(
+                "{device} returned {} outputs for {}, expected {}",
+                launch.outputs.len(),
+                node.op.name(),
+                node.outputs.len()
+            )));
+        }
+        for (&s, st) in node.outputs.iter().zip(launch.outputs) {
+            self.buffers[s as usize].set_written(st)?;
+        }
+        let info = lock(&launch.info).clone();
+        Ok(NodeRun {
+            node: node.name.clone(),
+            op: node.op.name().to_string(),
+            device,
+            launch: info,
+            start: Duration::ZERO,
+            wall,
+            transfer,
+            resident_transfer,
+            transfer_bytes,
+            resident_bytes,
+            fallback: None,
+        })
+    }
+}
+
+impl Ticket {
+    /// Whether the execution has finished (then [`Ticket::wait`] returns at once).
+    pub fn is_done(&self) -> bool {
+        self.run.wall.get().is_some()
+    }
+
+    /// Waits for the execution and returns its buffers and node runs, or the error that
+    /// ended it. Each node is bounded by the executor's timeout, so this returns.
+    pub fn wait(self) -> Result<Execution> {
+        if self.done.recv().is_err() && self.run.wall.get().is_none() {
+            return Err(Error::Internal(
+                "the execution was dropped unfinished".into(),
+            ));
+        }
+        let run = &self.run;
+        if let Some(e) = lock(&run.trouble).error.take() {
+            return Err(e);
+        }
+        let runs = run
+            .runs
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                lock(r).take().ok_or_else(|| {
+                    Error::Internal(format!("node {} never ran", run.prep.nodes[i].name))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // Already in name order: the map is built without sorting.
+        let buffers = run
+            .prep
+            .by_name
+            .iter()
+            .map(|&s| {
+                (
+                    run.prep.slots[s as usize].name.clone(),
+                    run.buffers[s as usize].clone(),
+                )
+            })
+            .collect();
+        Ok(Execution {
+            buffers,
+            runs,
+            wall: run.wall.get().copied().unwrap_or_default(),
+        })
+    }
+}
+
+impl std::fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ticket")
+            .field("nodes", &self.run.prep.nodes.len())
+            .field("done", &self.is_done())
+            .finish()
+    }
+}
+
+/// Whether a failure of this kind means the device is gone: it takes no more nodes and its
+/// resident replicas are dropped. A lost device, and one that did not finish in time (its work
+/// may still be running and writing its memory). A compile failure, a refused argument, an
+/// unsupported op or exhausted memory concern one op: the device keeps its weights and its
+/// later nodes.
+fn device_lost(kind: ErrorKind) -> bool {
+    matches!(kind, ErrorKind::DeviceLost | ErrorKind::DeadlineExceeded)
+}
+
+/// Whether a node failing with this kind can run on the CPU instead. A bad input
+/// (`InvalidArgument`) would fail there too; a bug (`Internal`) is reported.
+fn recoverable(kind: ErrorKind) -> bool {
+    match kind {
+        ErrorKind::Unavailable
+        | ErrorKind::Unimplemented
+        | ErrorKind::Compile
+        | ErrorKind::BadArgument
+        | ErrorKind::ResourceExhausted
+        | ErrorKind::DeadlineExceeded
+        | ErrorKind::DeviceLost => true,
+        ErrorKind::InvalidArgument | ErrorKind::Internal => false,
+    }
+}
