@@ -318,6 +318,14 @@ __device__ __forceinline__ float route_unkey(unsigned k) {
     return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
+// ---- ptx (gpu-kernels/emu/route_main.cpp stands in for this section)
+__device__ __forceinline__ unsigned route_ld_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+// ---- end ptx
+
 // Grid-wide barrier number `n` (1, 2, ...) on the counter *bar (zero before the launch).
 __device__ __forceinline__ void route_grid_sync(unsigned* bar, unsigned n) {
     __syncthreads();
@@ -327,7 +335,7 @@ __device__ __forceinline__ void route_grid_sync(unsigned* bar, unsigned n) {
         atomicAdd(bar, 1u);
         unsigned seen;
         do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(bar) : "memory");
+            seen = route_ld_acquire(bar);
         } while (seen < target);
         __threadfence();
     }

@@ -631,6 +631,19 @@ mod tests {
     }
 
     #[test]
+    fn the_fused_routing_grid_fits_the_device() {
+        // at most 4 blocks per SM, at least 16 tokens per block, one block for T = 0
+        assert_eq!(fused_grid(65536, 132, 8), Some(528));
+        assert_eq!(fused_grid(65536, 132, 3), Some(396));
+        assert_eq!(fused_grid(8192, 132, 4), Some(512));
+        assert_eq!(fused_grid(1000, 132, 4), Some(63));
+        assert_eq!(fused_grid(1, 132, 4), Some(1));
+        assert_eq!(fused_grid(0, 132, 4), Some(1));
+        // nothing co-resident: the three-launch path
+        assert_eq!(fused_grid(4096, 132, 0), None);
+    }
+
+    #[test]
     fn grids_cover_the_worst_case_tiles() {
         let s = shape(4096, 4096, 14336, 8, 2);
         assert_eq!(s.p, 8320);
