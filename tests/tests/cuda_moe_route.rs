@@ -43,10 +43,7 @@ fn exact(name: &str, out: &Tensor, want: &ArrayD<f64>) {
         .map(|(i, (a, b))| (i, *a, *b))
         .take(8)
         .collect();
-    assert!(
-        bad.is_empty(),
-        "{name}: (index, got, want) differ: {bad:?}"
-    );
+    assert!(bad.is_empty(), "{name}: (index, got, want) differ: {bad:?}");
 }
 
 /// Every output against the reference: ids, counts, permutation and offsets exact; weights
@@ -193,11 +190,7 @@ fn route_constructed_ties_pick_the_lower_expert() {
     let op = route(4, true, 16);
     let (out, _) = launch(&be, &op, std::slice::from_ref(&l));
     let ids: Vec<i32> = out[0].as_i32().expect("ids").iter().copied().collect();
-    assert_eq!(
-        ids,
-        vec![0, 1, 2, 3, 9, 40, 50, 0, 0, 3, 6, 9],
-        "tie order"
-    );
+    assert_eq!(ids, vec![0, 1, 2, 3, 9, 40, 50, 0, 0, 3, 6, 9], "tie order");
     check_route(&out, &reference(&op, &l));
 }
 
@@ -210,7 +203,11 @@ fn route_near_ties_follow_the_f32_logits() {
         let e = 64;
         let base = 1.25f32;
         let up = f32::from_bits(base.to_bits() + 1);
-        assert_eq!(round_to(dt, base), round_to(dt, up), "the pair rounds to one value");
+        assert_eq!(
+            round_to(dt, base),
+            round_to(dt, up),
+            "the pair rounds to one value"
+        );
         let mut row = vec![-2.0f32; e];
         row[5] = base;
         row[37] = up; // the larger, at the higher index
@@ -241,7 +238,10 @@ fn route_half_stored_logits() {
                 .wait(std::time::Duration::from_secs(120), "moe_route")
                 .expect("finished");
             let kernel = launched.info.lock().expect("info").kernel.clone();
-            assert!(kernel.contains(&format!("_{dt}_")), "{dt} logits ran {kernel}");
+            assert!(
+                kernel.contains(&format!("_{dt}_")),
+                "{dt} logits ran {kernel}"
+            );
             let out: Vec<Tensor> = launched
                 .outputs
                 .iter()

@@ -216,10 +216,10 @@ fn route_constructed_ties_pick_the_lower_expert() -> TestResult {
     let e = 8;
     let up = f32::from_bits(1.25f32.to_bits() + 1);
     let rows: Vec<[f32; 8]> = vec![
-        [0.5; 8],                                      // all equal: 0, 1, 2
-        [-1.0, -1.0, -1.0, -0.0, -1.0, 0.0, 0.0, -1.0], // -0 at 3 ties +0 at 5, 6: 3, 5, 6
-        [1.0, -2.0, 1.0, -2.0, 3.0, 1.0, -2.0, 1.0],   // 3 first, then the lower 1.0s: 4, 0, 2
-        [1.25, -1.0, -1.0, -1.0, -1.0, up, -1.0, 1.25], // one ulp above: 5, then 0, 7
+        [0.5; 8],                                         // all equal: 0, 1, 2
+        [-1.0, -1.0, -1.0, -0.0, -1.0, 0.0, 0.0, -1.0],   // -0 at 3 ties +0 at 5, 6: 3, 5, 6
+        [1.0, -2.0, 1.0, -2.0, 3.0, 1.0, -2.0, 1.0],      // 3 first, then the lower 1.0s: 4, 0, 2
+        [1.25, -1.0, -1.0, -1.0, -1.0, up, -1.0, 1.25],   // one ulp above: 5, then 0, 7
         [-5.0, -5.0, -5.0, -5.0, -5.0, -5.0, -5.0, -4.0], // k-th place tied: 7, 0, 1
     ];
     let flat: Vec<f32> = rows.iter().flatten().copied().collect();

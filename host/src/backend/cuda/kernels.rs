@@ -40,6 +40,8 @@ struct Loaded {
     funcs: HashMap<&'static str, Func>,
     /// Dynamic shared memory limit already raised to, per kernel.
     smem: HashMap<&'static str, u32>,
+    /// Blocks per multiprocessor, per (kernel, threads, dynamic shared memory).
+    per_sm: HashMap<(&'static str, u32, usize), u32>,
 }
 
 /// The kernels of one device, loaded lazily (compiled by NVRTC or read from the disk cache).
@@ -178,11 +180,22 @@ impl Kernels {
     /// How many blocks of `threads` threads and `smem` bytes of dynamic shared memory of
     /// kernel `name` fit on one multiprocessor at once.
     pub fn blocks_per_sm(&self, name: &'static str, threads: u32, smem: usize) -> Result<u32> {
+        let key = (name, threads, smem);
+        {
+            let l = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(&n) = l.per_sm.get(&key) {
+                return Ok(n);
+            }
+        }
         let f = self.function(name)?;
         // SAFETY: f is a valid function.
-        let n = unsafe { drv::occupancy::max_active_block_per_multiprocessor(f, threads as i32, smem) }
-            .ctx(&self.label, &format!("occupancy of {name}"))?;
-        Ok(n.max(0) as u32)
+        let n =
+            unsafe { drv::occupancy::max_active_block_per_multiprocessor(f, threads as i32, smem) }
+                .ctx(&self.label, &format!("occupancy of {name}"))?;
+        let n = n.max(0) as u32;
+        let mut l = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+        l.per_sm.insert(key, n);
+        Ok(n)
     }
 
     fn launch_with(

@@ -309,7 +309,11 @@ mod tests {
             );
             for e in [1, 8, 32, 33, 64, 65, 128, 129, 256] {
                 let k = moe::fused_kernel(phys, e).unwrap_or_else(|err| panic!("{err}"));
-                let v: usize = k.rsplit("_v").next().and_then(|v| v.parse().ok()).unwrap_or(0);
+                let v: usize = k
+                    .rsplit("_v")
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
                 // the fewest logits per lane that hold a row of e
                 assert!(e <= 32 * v && (v == 1 || e > 16 * v), "E{e}: {k}");
             }

@@ -19,9 +19,9 @@ use tandem_gpu_kernels::{MOE_TILE_MAP_THREADS, MOE_TILES, MoeTile};
 use crate::options::cuda::{MoeExpertsPath, MoeTileSize};
 
 use super::{Arg, Cx, Dims};
+use crate::backend::cuda::CudaStorage;
 use crate::backend::cuda::blaslt::Epilogue;
 use crate::backend::cuda::error::DrvResultExt;
-use crate::backend::cuda::CudaStorage;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::moe::ExpertsShape;
