@@ -291,11 +291,6 @@ pub const ROUTE_TOKENS_PER_BLOCK: usize = 64;
 pub const ROUTE_THREADS: u32 = 256;
 /// Largest expert count the routing kernels take (32 lanes x 8 logits).
 pub const ROUTE_MAX_EXPERTS: usize = 256;
-/// Threads per block of the fused routing kernels `moe_route_fused_*` (FR_THREADS).
-pub const ROUTE_FUSED_THREADS: u32 = 256;
-/// Logits per lane the fused routing kernels come in (`_v1` .. `_v8`): the build for E
-/// experts is the smallest v with E <= 32 * v.
-pub const ROUTE_FUSED_VPL: [usize; 4] = [1, 2, 4, 8];
 /// Key rows per attention tile of the default builds (ATT_BN in attention.cu; `_n32` builds
 /// use 32).
 pub const ATTENTION_BLOCK_N: usize = 64;

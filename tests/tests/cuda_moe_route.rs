@@ -94,7 +94,7 @@ fn logits(r: &mut ChaCha8Rng, kind: Logits, t: usize, e: usize, k: usize) -> Ten
                 // experts 2i and 2i+1: a value and the next f32 above it, in random order
                 let base = 1.0f32 + (r.gen_range(0..8) as f32) * 0.125;
                 let up = f32::from_bits(base.to_bits() + 1);
-                if (ex % 2 == 0) ^ r.gen_bool(0.5) {
+                if ex.is_multiple_of(2) ^ r.gen_bool(0.5) {
                     base
                 } else {
                     up

@@ -41,15 +41,12 @@ pub fn topk_kernel(phys: DType) -> &'static str {
 /// whose logits are stored as `phys`: the build with the fewest logits per lane that holds
 /// a row.
 pub fn fused_kernel(phys: DType, e: usize) -> Result<&'static str> {
-    let v = tandem_gpu_kernels::ROUTE_FUSED_VPL
-        .into_iter()
-        .find(|v| e <= 32 * v)
-        .ok_or_else(|| {
-            Error::Internal(format!(
-                "moe_route: {e} experts (the fused kernels take up to {})",
-                tandem_gpu_kernels::ROUTE_MAX_EXPERTS
-            ))
-        })?;
+    let v = FUSED_VPL.into_iter().find(|v| e <= 32 * v).ok_or_else(|| {
+        Error::Internal(format!(
+            "moe_route: {e} experts (the fused kernels take up to {})",
+            tandem_gpu_kernels::ROUTE_MAX_EXPERTS
+        ))
+    })?;
     let input = match phys {
         DType::F32 => "f32",
         DType::F16 => "f16",
@@ -63,6 +60,13 @@ pub fn fused_kernel(phys: DType, e: usize) -> Result<&'static str> {
         .copied()
         .ok_or_else(|| Error::Internal(format!("no kernel {name}")))
 }
+
+/// Threads per block of the fused routing kernels `moe_route_fused_*` (FR_THREADS in
+/// common/moe_route.cu).
+const FUSED_THREADS: u32 = 256;
+/// Logits per lane the fused routing kernels come in (`_v1` .. `_v8`): the build for E
+/// experts is the smallest v with E <= 32 * v.
+const FUSED_VPL: [usize; 4] = [1, 2, 4, 8];
 
 /// Most blocks per multiprocessor the fused routing grid takes (more blocks make the
 /// barriers and the per-block partial sums longer, for no gain: phase 1 is latency-bound
@@ -104,7 +108,7 @@ pub fn route(
         }
     };
     let fused = fused_kernel(phys, e)?;
-    let threads = tandem_gpu_kernels::ROUTE_FUSED_THREADS;
+    let threads = FUSED_THREADS;
     let per_sm = cx.be.kernels.blocks_per_sm(fused, threads, 0)?;
     match fused_grid(t, cx.sms(), per_sm) {
         Some(g) => route_fused(cx, p, fused, g, ins[0], t, e, outs),
@@ -155,7 +159,7 @@ fn route_fused(
     let at = |off: usize| base + off as u64;
     cx.be.kernels.launch_cooperative(
         kernel,
-        Dims::linear(g, tandem_gpu_kernels::ROUTE_FUSED_THREADS),
+        Dims::linear(g, FUSED_THREADS),
         cx.stream(),
         &[
             Arg::Ptr(logits.ptr()),
