@@ -6,7 +6,8 @@
 # Writes the tandem JSON to /tmp/tandem-bench/$DTYPE and prints a table of RESULT lines last.
 # ONLY=moe runs the MoE experts pairs alone; MOE_PATHS (default "grouped blaslt") picks the
 # experts paths timed (TANDEM_MOE_EXPERTS; `default` = the op's own choice), MOE_TILES (default "default") the grouped tiles
-# (TANDEM_MOE_TILE: l, m, s, or default for the op's own choice).
+# (TANDEM_MOE_TILE: l, m, s, or default for the op's own choice). ONLY=route runs the four
+# routing shapes of issue 15 alone (T16384 E8 k2, T16384 E64 k8, T65536 E128 k8, T8192 E256 k8).
 set -o pipefail
 T=${TANDEM:-.gpu/bin/tandem}
 DTYPE=${DTYPE:-bf16}
@@ -38,7 +39,15 @@ moe_pairs() {
   done
   unset TANDEM_MOE_EXPERTS TANDEM_MOE_TILE
 }
-if [ "${ONLY:-}" = moe ]; then
+route_pairs() {
+  pair moe-route-t16384-e8-k2 moe-route --tokens 16384 --experts 8 --top-k 2
+  pair moe-route-t16384-e64-k8 moe-route --tokens 16384 --experts 64 --top-k 8
+  pair moe-route-t65536-e128-k8 moe-route --tokens 65536 --experts 128 --top-k 8
+  pair moe-route-t8192-e256-k8 moe-route --tokens 8192 --experts 256 --top-k 8
+}
+if [ "${ONLY:-}" = route ]; then
+  route_pairs
+elif [ "${ONLY:-}" = moe ]; then
   moe_pairs
 else
 A="attention --batch 4 --heads 32 --head-dim 128"
@@ -53,7 +62,7 @@ for v in ${D64_VARIANTS:-m2}; do
   export TANDEM_ATTN_VARIANT=$v; pair "attn-d64-$v" attention --batch 4 --heads 32 --head-dim 64 --seq-len 4096
 done
 pair linear linear --m 8192 --n 8192 --k 8192 --act gelu
-pair moe-route moe-route --tokens 16384 --experts 64 --top-k 8
+route_pairs
 pair rmsnorm rmsnorm --rows 16384 --cols 8192
 pair rope rope --batch 4 --heads 32 --seq-len 4096 --head-dim 128
 moe_pairs

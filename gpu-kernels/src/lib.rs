@@ -163,8 +163,21 @@ impl Module {
                 "rope_f16_scalar",
             ],
             Module::MoeRoute => &[
+                "moe_route_fused_f32_v1",
+                "moe_route_fused_f32_v2",
+                "moe_route_fused_f32_v4",
+                "moe_route_fused_f32_v8",
+                "moe_route_fused_bf16_v1",
+                "moe_route_fused_bf16_v2",
+                "moe_route_fused_bf16_v4",
+                "moe_route_fused_bf16_v8",
+                "moe_route_fused_f16_v1",
+                "moe_route_fused_f16_v2",
+                "moe_route_fused_f16_v4",
+                "moe_route_fused_f16_v8",
                 "moe_topk_softmax_f32",
                 "moe_topk_softmax_f32_f16",
+                "moe_topk_softmax_f32_f32",
                 "moe_align_scan",
                 "moe_align_scatter",
             ],
@@ -276,7 +289,7 @@ pub fn hex(bytes: &[u8]) -> String {
 pub const ROUTE_TOKENS_PER_BLOCK: usize = 64;
 /// Threads per block of `moe_topk_softmax_f32`.
 pub const ROUTE_THREADS: u32 = 256;
-/// Largest expert count the routing kernel takes (32 lanes x 8 logits).
+/// Largest expert count the routing kernels take (32 lanes x 8 logits).
 pub const ROUTE_MAX_EXPERTS: usize = 256;
 /// Key rows per attention tile of the default builds (ATT_BN in attention.cu; `_n32` builds
 /// use 32).

@@ -106,7 +106,8 @@ pub fn rand_rounded(r: &mut ChaCha8Rng, dt: CudaDType, shape: &[usize], scale: f
 pub fn launch(be: &CudaBackend, op: &Op, inputs: &[Tensor]) -> (Vec<Tensor>, String) {
     let st: Vec<DeviceStorage> = inputs
         .iter()
-        .map(|t| be.upload(t).expect("upload"))
+        .enumerate()
+        .map(|(i, t)| be.upload_for(t, op, i).expect("upload"))
         .collect();
     let refs: Vec<&DeviceStorage> = st.iter().collect();
     let l = be.launch(op, &refs).expect("launch");

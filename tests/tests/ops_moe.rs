@@ -209,6 +209,51 @@ fn route_ties_k_equal_e_and_single_token() -> TestResult {
     Ok(())
 }
 
+/// Ties built on purpose, the rule the GPU kernels follow too: equal logits rank the lower
+/// expert first, -0 ties +0, and values one f32 ulp apart are not ties.
+#[test]
+fn route_constructed_ties_pick_the_lower_expert() -> TestResult {
+    let e = 8;
+    let up = f32::from_bits(1.25f32.to_bits() + 1);
+    let rows: Vec<[f32; 8]> = vec![
+        [0.5; 8],                                         // all equal: 0, 1, 2
+        [-1.0, -1.0, -1.0, -0.0, -1.0, 0.0, 0.0, -1.0],   // -0 at 3 ties +0 at 5, 6: 3, 5, 6
+        [1.0, -2.0, 1.0, -2.0, 3.0, 1.0, -2.0, 1.0],      // 3 first, then the lower 1.0s: 4, 0, 2
+        [1.25, -1.0, -1.0, -1.0, -1.0, up, -1.0, 1.25],   // one ulp above: 5, then 0, 7
+        [-5.0, -5.0, -5.0, -5.0, -5.0, -5.0, -5.0, -4.0], // k-th place tied: 7, 0, 1
+    ];
+    let flat: Vec<f32> = rows.iter().flatten().copied().collect();
+    let logits = ArrayD::from_shape_vec(IxDyn(&[rows.len(), e]), flat)?;
+    for renormalize in [true, false] {
+        let p = MoeRouteParams {
+            top_k: 3,
+            renormalize,
+            block_size: 2,
+        };
+        let out = route_and_check(&logits, p)?;
+        assert_eq!(
+            out[0].as_i32()?.iter().copied().collect::<Vec<_>>(),
+            vec![0, 1, 2, 3, 5, 6, 4, 0, 2, 5, 0, 7, 7, 0, 1]
+        );
+    }
+    // One expert taking every token (as the first choice), the others idle at k = 1.
+    let mut one = ArrayD::from_elem(IxDyn(&[40, e]), -1.0f32);
+    for t in 0..40 {
+        one[[t, 6]] = 2.0;
+    }
+    let p = MoeRouteParams {
+        top_k: 1,
+        renormalize: true,
+        block_size: 16,
+    };
+    let out = route_and_check(&one, p)?;
+    let counts: Vec<i32> = out[2].as_i32()?.iter().copied().collect();
+    assert_eq!(counts, vec![0, 0, 0, 0, 0, 0, 40, 0]);
+    let offsets: Vec<i32> = out[4].as_i32()?.iter().copied().collect();
+    assert_eq!(offsets, vec![0, 0, 0, 0, 0, 0, 0, 48, 48]);
+    Ok(())
+}
+
 #[test]
 fn route_layout_spelled_out() -> TestResult {
     // T = 3, E = 3, k = 2: token 0 -> (2, 0), token 1 -> (2, 1), token 2 -> (0, 2).

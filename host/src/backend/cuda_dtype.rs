@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::ops::Op;
 
 /// The precision a CUDA device stores logical f32 tensors in; the math accumulates in f32
 /// either way (tensor-core products, reductions, softmax).
@@ -72,6 +73,17 @@ impl CudaDType {
             })
     }
 
+    /// The device precision of input `input` of `op` uploaded from a float host tensor: the
+    /// storage precision, except `moe_route`'s logits, kept f32 (routing decides where tokens
+    /// go: rounded logits turn near-ties into different experts than the f32 reference picks,
+    /// and the logits are small, T x E).
+    pub fn input_precision(self, op: &Op, input: usize) -> DType {
+        match (op, input) {
+            (Op::MoeRoute(_), 0) => DType::F32,
+            _ => self.dtype(),
+        }
+    }
+
     fn accepted() -> String {
         CudaDType::ALL.map(|d| d.name()).join(", ")
     }
@@ -106,6 +118,21 @@ mod tests {
         assert_eq!(CudaDType::F16.dtype(), DType::F16);
         assert_eq!(CudaDType::Bf16.dtype(), DType::BF16);
         assert!(CudaDType::F16.tolerance() < CudaDType::Bf16.tolerance());
+    }
+
+    #[test]
+    fn router_logits_stay_f32() {
+        use crate::ops::{MoeRouteParams, RmsNormParams};
+        let route = Op::MoeRoute(MoeRouteParams::default());
+        let norm = Op::RmsNorm(RmsNormParams {
+            eps: 1e-6,
+            residual: false,
+        });
+        for d in CudaDType::ALL {
+            assert_eq!(d.input_precision(&route, 0), DType::F32);
+            assert_eq!(d.input_precision(&norm, 0), d.dtype());
+            assert_eq!(d.input_precision(&Op::Add, 1), d.dtype());
+        }
     }
 
     #[test]

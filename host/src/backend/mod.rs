@@ -267,6 +267,14 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Copies a host tensor to the device.
     fn upload(&self, host: &Tensor) -> Result<DeviceStorage>;
 
+    /// Copies a host tensor that will be input `input` of `op` to the device: a backend may
+    /// store it in another precision for that op (the CUDA backend keeps `moe_route`'s logits
+    /// f32 whatever its storage precision: [`CudaDType::input_precision`]). By default
+    /// [`Backend::upload`].
+    fn upload_for(&self, host: &Tensor, _op: &Op, _input: usize) -> Result<DeviceStorage> {
+        self.upload(host)
+    }
+
     /// Copies device data back to a host tensor of the logical dtype.
     fn download(&self, storage: &DeviceStorage) -> Result<Tensor>;
 

@@ -113,7 +113,8 @@ impl<'a> Harness<'a> {
             let host = make_inputs(&problem.op, &problem.inputs, seed.wrapping_add(s as u64))?;
             let dev = host
                 .iter()
-                .map(|t| backend.upload(t))
+                .enumerate()
+                .map(|(i, t)| backend.upload_for(t, &problem.op, i))
                 .collect::<Result<Vec<_>>>()?;
             inputs.push(dev);
         }

@@ -1,5 +1,11 @@
-// MoE routing in three launches:
-//  1. moe_topk_softmax_f32 (bf16 logits; `moe_topk_softmax_f32_f16`: f16 logits): one warp
+// MoE routing, two ways.
+//
+// The fused path (`moe_route_fused_{f32,bf16,f16}_v{1,2,4,8}`, E <= 32 * v): one persistent
+// cooperative launch (grid = co-resident blocks) that does everything, with two grid-wide
+// barriers; see the comment above `moe_route_fused_impl` below.
+//
+// The three-launch path (devices without cooperative launch):
+//  1. moe_topk_softmax_f32 (bf16 logits; `_f32_f16`: f16 logits; `_f32_f32`: f32): one warp
 //     per token: softmax over E experts in f32, top-k by logit (equal logits: lower expert
 //     index first), optional renormalisation; per block, the expert histogram, the
 //     routing-probability sums and the sum of lse^2 (for the losses).
@@ -14,10 +20,24 @@
 #define ROUTE_TPB (ROUTE_WARPS * ROUTE_TOKENS_PER_WARP)
 #define ROUTE_MAX_VPL 8  // logits per lane: E <= 256
 
-// Logits are stored as S (bf16 or f16); the softmax, top-k and sums run in f32.
+// How logits stored as f32, bf16 or f16 are read (the math is f32 whatever the storage).
+struct RouteF32 {
+    typedef float T;
+    static __device__ __forceinline__ float ld(const float* p) { return __ldg(p); }
+};
+struct RouteBF16 {
+    typedef h16_t T;
+    static __device__ __forceinline__ float ld(const h16_t* p) { return bf2f(__ldg(p)); }
+};
+struct RouteF16 {
+    typedef h16_t T;
+    static __device__ __forceinline__ float ld(const h16_t* p) { return h2f(__ldg(p)); }
+};
+
+// Logits are stored as S::T; the softmax, top-k and sums run in f32.
 template <typename S>
 __device__ __forceinline__ void moe_topk_softmax_impl(
-        const h16_t* __restrict__ logits, int T, int E, int k, int renorm,
+        const typename S::T* __restrict__ logits, int T, int E, int k, int renorm,
         int* __restrict__ topk_ids, float* __restrict__ topk_w,
         int* __restrict__ block_counts, float* __restrict__ block_psum, float* __restrict__ block_z) {
     extern __shared__ float route_smem[];
@@ -31,13 +51,13 @@ __device__ __forceinline__ void moe_topk_softmax_impl(
     for (int i = 0; i < ROUTE_TOKENS_PER_WARP; ++i) {
         const int t = blockIdx.x * ROUTE_TPB + warp * ROUTE_TOKENS_PER_WARP + i;
         if (t >= T) break;
-        const h16_t* row = logits + (u64_t)t * E;
+        const typename S::T* row = logits + (u64_t)t * E;
         float v[ROUTE_MAX_VPL];
         float mx = TANDEM_NEG_INF;
 #pragma unroll
         for (int j = 0; j < ROUTE_MAX_VPL; ++j) {
             const int e = lane + 32 * j;
-            v[j] = e < E ? S::to_f(row[e]) : TANDEM_NEG_INF;
+            v[j] = e < E ? S::ld(row + e) : TANDEM_NEG_INF;
             mx = fmaxf(mx, v[j]);
         }
         mx = warp_max(mx);
@@ -105,17 +125,19 @@ __device__ __forceinline__ void moe_topk_softmax_impl(
     if (threadIdx.x == 0) block_z[blockIdx.x] = zacc;
 }
 
-// f32 math on bf16 logits (`moe_topk_softmax_f32`) and on f16 logits (`_f32_f16`).
+// f32 math on bf16 logits (`moe_topk_softmax_f32`), f16 logits (`_f32_f16`) and f32 logits
+// (`_f32_f32`).
 #define TOPK_ENTRY(NAME, S)                                                                     \
     extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32) NAME(                        \
-            const h16_t* __restrict__ logits, int T, int E, int k, int renorm,                  \
+            const S::T* __restrict__ logits, int T, int E, int k, int renorm,                  \
             int* __restrict__ topk_ids, float* __restrict__ topk_w, int* __restrict__ block_counts, \
             float* __restrict__ block_psum, float* __restrict__ block_z) {                      \
         moe_topk_softmax_impl<S>(logits, T, E, k, renorm, topk_ids, topk_w, block_counts,       \
                                  block_psum, block_z);                                          \
     }
-TOPK_ENTRY(moe_topk_softmax_f32, BF16)
-TOPK_ENTRY(moe_topk_softmax_f32_f16, F16)
+TOPK_ENTRY(moe_topk_softmax_f32, RouteBF16)
+TOPK_ENTRY(moe_topk_softmax_f32_f16, RouteF16)
+TOPK_ENTRY(moe_topk_softmax_f32_f32, RouteF32)
 
 // Exclusive prefix sum over the block (blockDim.x <= 1024); `tmp` holds 32 ints of shared
 // memory; returns the exclusive prefix and writes the total to *total.
@@ -254,3 +276,308 @@ extern "C" __global__ void __launch_bounds__(32) moe_align_scatter(
         __syncwarp();
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The fused path: one cooperative launch of FR_THREADS-thread blocks, G = gridDim.x of them all
+// co-resident (the host sizes the grid from the occupancy and launches it cooperatively, so
+// the spin barriers below cannot dead-lock). Block b owns the contiguous tokens
+// [b*C, (b+1)*C), C = ceil(T / G); warp w of it the contiguous sub-range
+// [b*C + w*Cw, b*C + (w+1)*Cw), Cw = ceil(C / 8). So the slots t*k+j of a warp, of a block,
+// are one contiguous range each, and placing each warp's slots in ascending order after the
+// slots of the warps and blocks before it keeps every expert's segment in slot order (stable,
+// as the reference's counting sort).
+//  phase 1  per token (one warp): softmax in f32, top-k by logit (equal logits: lower expert
+//           first), optional renormalisation; per warp the expert histogram (shared), per
+//           lane the summed probabilities of its experts and lse^2 (registers). Per block:
+//           counts and probability sums to cnt[e][b], ps[e][b], lse^2 sum to zs[b].
+//  barrier
+//  phase 2a block b, for experts e = b, b+G, ...: exclusive scan of cnt[e][0..G) in place
+//           (where block b's slots of expert e start within the segment), the total count
+//           and the summed probability; the last block sums zs.
+//  barrier
+//  phase 2b every block: padded segment offsets from the totals (one block scan); block 0
+//           writes expert_counts, expert_offsets and the losses; the padding sentinels are
+//           written by the blocks that own each expert, the tail grid-stride.
+//  phase 3  every warp places its slots: cursor = offset + block's start + earlier warps'
+//           counts, ranks among equal experts in 32-slot steps by __match_any_sync.
+// Sums are reduced in a fixed order for a given G (deterministic on a given device).
+
+#define FR_THREADS 256
+#define FR_WARPS (FR_THREADS / 32)
+#define FR_MAX_E 256
+
+// A total order on finite floats as unsigned keys (larger float, larger key); -0 is keyed as
+// +0 so the two tie, as the f32 comparison of the reference has them. 0 is below every key
+// of a float, so it marks "no candidate".
+__device__ __forceinline__ unsigned route_key(float v) {
+    unsigned u = __float_as_uint(v);
+    if (u == 0x80000000u) u = 0u;
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float route_unkey(unsigned k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// ---- ptx (gpu-kernels/emu/route_main.cpp stands in for this section)
+__device__ __forceinline__ unsigned route_ld_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+// ---- end ptx
+
+// Grid-wide barrier number `n` (1, 2, ...) on the counter *bar (zero before the launch).
+__device__ __forceinline__ void route_grid_sync(unsigned* bar, unsigned n) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned target = n * gridDim.x;
+        __threadfence();
+        atomicAdd(bar, 1u);
+        unsigned seen;
+        do {
+            seen = route_ld_acquire(bar);
+        } while (seen < target);
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+// V logits per lane: E <= 32 * V. Scratch (ws): cnt [E][G] ints, ps [E][G] floats, zs [G],
+// tot_cnt [E], tot_p [E], tot_z [1]; bar: one zeroed counter.
+template <typename S, int V>
+__device__ __forceinline__ void moe_route_fused_impl(
+        const typename S::T* __restrict__ logits, int T, int E, int k, int renorm, int bs, int P,
+        int* __restrict__ topk_ids, float* __restrict__ topk_w, int* __restrict__ expert_counts,
+        int* __restrict__ sorted, int* __restrict__ expert_offsets, float* __restrict__ aux_loss,
+        float* __restrict__ z_loss, int* cnt, float* ps, float* zs, int* tot_cnt, float* tot_p,
+        float* tot_z, unsigned* bar) {
+    __shared__ int hist[FR_WARPS][FR_MAX_E];    // per-warp counts, then per-warp cursors
+    __shared__ float psw[FR_WARPS][FR_MAX_E];   // per-warp probability sums
+    __shared__ int off[FR_MAX_E + 1];
+    __shared__ int ecnt[FR_MAX_E];
+    __shared__ float zw[FR_WARPS];
+    __shared__ int itmp[32];
+    __shared__ float red[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
+    const int G = gridDim.x, b = blockIdx.x;
+    const unsigned full = 0xffffffffu;
+
+    // ---- phase 1
+    const long long C = ((long long)T + G - 1) / G;
+    const int c0 = (int)min((long long)T, (long long)b * C);
+    const int c1 = (int)min((long long)T, (long long)c0 + C);
+    const int cw = (c1 - c0 + FR_WARPS - 1) / FR_WARPS;
+    const int t0 = min(c1, c0 + warp * cw), t1 = min(c1, t0 + cw);
+    for (int e = lane; e < FR_MAX_E; e += 32) hist[warp][e] = 0;
+    __syncwarp();
+    float acc[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) acc[j] = 0.f;
+    float zacc = 0.f;
+    float nv[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+        const int e = lane + 32 * j;
+        nv[j] = (t0 < t1 && e < E) ? S::ld(logits + (u64_t)t0 * E + e) : 0.f;
+    }
+    for (int t = t0; t < t1; ++t) {
+        float v[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[j] = nv[j];
+        if (t + 1 < t1) {  // the next token's logits load while this one is routed
+#pragma unroll
+            for (int j = 0; j < V; ++j) {
+                const int e = lane + 32 * j;
+                nv[j] = e < E ? S::ld(logits + (u64_t)(t + 1) * E + e) : 0.f;
+            }
+        }
+        unsigned key[V];
+        unsigned lb = 0u;
+        int lj = 0;
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            key[j] = (lane + 32 * j) < E ? route_key(v[j]) : 0u;
+            if (key[j] > lb) { lb = key[j]; lj = j; }
+        }
+        const float mx = route_unkey(__reduce_max_sync(full, lb));
+        float s = 0.f, ex[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            ex[j] = (lane + 32 * j) < E ? expf(v[j] - mx) : 0.f;
+            s += ex[j];
+        }
+        s = warp_sum(s);
+        const float inv = 1.f / s;
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[j] += ex[j] * inv;
+        if (lane == 0) {
+            const float lse = mx + logf(s);
+            zacc += lse * lse;
+        }
+        float wsum = 0.f, my_w = 0.f;
+        int my_id = 0;
+        for (int r = 0; r < k; ++r) {
+            const unsigned m = __reduce_max_sync(full, lb);
+            const unsigned cand = lb == m ? (unsigned)(lane + 32 * lj) : 0xffffffffu;
+            const unsigned win = __reduce_min_sync(full, cand);
+            const float w = expf(route_unkey(m) - mx) * inv;
+            wsum += w;
+            if (lane == r) { my_id = (int)win; my_w = w; }
+            if (k > 32 && lane == 0) {  // more places than lanes: written as they are found
+                topk_ids[(u64_t)t * k + r] = (int)win;
+                topk_w[(u64_t)t * k + r] = w;
+                atomicAdd(&hist[warp][win], 1);
+            }
+            lb = 0u;
+            lj = 0;
+#pragma unroll
+            for (int j = 0; j < V; ++j) {
+                if ((unsigned)(lane + 32 * j) == win) key[j] = 0u;
+                if (key[j] > lb) { lb = key[j]; lj = j; }
+            }
+        }
+        if (k <= 32) {
+            if (lane < k) {
+                topk_ids[(u64_t)t * k + lane] = my_id;
+                topk_w[(u64_t)t * k + lane] = renorm ? my_w / wsum : my_w;
+                atomicAdd(&hist[warp][my_id], 1);
+            }
+        } else if (renorm) {
+            __syncwarp();
+            for (int r = lane; r < k; r += 32) topk_w[(u64_t)t * k + r] /= wsum;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+        const int e = lane + 32 * j;
+        if (e < E) psw[warp][e] = acc[j];
+    }
+    if (lane == 0) zw[warp] = zacc;
+    __syncthreads();
+    for (int e = tid; e < E; e += FR_THREADS) {
+        int c = 0;
+        float p = 0.f;
+#pragma unroll
+        for (int w = 0; w < FR_WARPS; ++w) { c += hist[w][e]; p += psw[w][e]; }
+        cnt[(u64_t)e * G + b] = c;
+        ps[(u64_t)e * G + b] = p;
+    }
+    if (tid == 0) {
+        float z = 0.f;
+#pragma unroll
+        for (int w = 0; w < FR_WARPS; ++w) z += zw[w];
+        zs[b] = z;
+    }
+    route_grid_sync(bar, 1);
+
+    // ---- phase 2a
+    const int ipt = (G + FR_THREADS - 1) / FR_THREADS;
+    const int g0 = min(G, tid * ipt), g1 = min(G, g0 + ipt);
+    for (int e = b; e < E; e += G) {
+        int* col = cnt + (u64_t)e * G;
+        const float* pcol = ps + (u64_t)e * G;
+        int c = 0;
+        float p = 0.f;
+        for (int g = g0; g < g1; ++g) { c += __ldcg(col + g); p += __ldcg(pcol + g); }
+        int total;
+        int run = block_exclusive_scan(c, itmp, &total);
+        for (int g = g0; g < g1; ++g) {
+            const int x = __ldcg(col + g);
+            __stcg(col + g, run);
+            run += x;
+        }
+        p = block_sum(p, red);
+        if (tid == 0) { tot_cnt[e] = total; tot_p[e] = p; }
+    }
+    if (b == G - 1) {
+        float z = 0.f;
+        for (int g = tid; g < G; g += FR_THREADS) z += __ldcg(zs + g);
+        z = block_sum(z, red);
+        if (tid == 0) tot_z[0] = z;
+    }
+    route_grid_sync(bar, 2);
+
+    // ---- phase 2b
+    const int sentinel = T * k;
+    int padded = 0, mine = 0;
+    if (tid < E) {
+        mine = __ldcg(tot_cnt + tid);
+        ecnt[tid] = mine;
+        padded = (mine + bs - 1) / bs * bs;
+    }
+    int total;
+    const int excl = block_exclusive_scan(padded, itmp, &total);
+    if (tid < E) off[tid] = excl;
+    if (tid == 0) off[E] = total;
+    __syncthreads();
+    if (b == 0) {
+        float a = 0.f;
+        if (tid < E) {
+            expert_counts[tid] = mine;
+            expert_offsets[tid] = excl;
+            a = T > 0 ? ((float)mine / (float)T) * (__ldcg(tot_p + tid) / (float)T) : 0.f;
+        }
+        if (tid == 0) expert_offsets[E] = total;
+        a = block_sum(a, red);
+        if (tid == 0) {
+            aux_loss[0] = T > 0 ? (float)E * a : 0.f;
+            z_loss[0] = T > 0 ? __ldcg(tot_z) / (float)T : 0.f;
+        }
+    }
+    for (int e = b; e < E; e += G)
+        for (int pos = off[e] + ecnt[e] + tid; pos < off[e + 1]; pos += FR_THREADS)
+            sorted[pos] = sentinel;
+    for (long long pos = (long long)off[E] + (long long)b * FR_THREADS + tid; pos < P;
+         pos += (long long)G * FR_THREADS)
+        sorted[pos] = sentinel;
+
+    // ---- phase 3: per-warp cursors, then the stable scatter
+    for (int e = tid; e < E; e += FR_THREADS) {
+        int run = off[e] + __ldcg(cnt + (u64_t)e * G + b);
+#pragma unroll
+        for (int w = 0; w < FR_WARPS; ++w) {
+            const int h = hist[w][e];
+            hist[w][e] = run;
+            run += h;
+        }
+    }
+    __syncthreads();
+    const int last = t1 * k;
+    const unsigned below = (1u << lane) - 1u;
+    for (int s0 = t0 * k; s0 < last; s0 += 32) {
+        const int s = s0 + lane;
+        const bool ok = s < last;
+        const int e = ok ? __ldcg(topk_ids + s) : -1 - lane;  // unique keys for idle lanes
+        const unsigned peers = __match_any_sync(full, e);
+        const unsigned lower = peers & below;
+        if (ok) sorted[hist[warp][e] + __popc(lower)] = s;
+        __syncwarp();
+        if (ok && lower == 0) hist[warp][e] += __popc(peers);
+        __syncwarp();
+    }
+}
+
+#define FUSED_ENTRY(NAME, S, V)                                                                 \
+    extern "C" __global__ void __launch_bounds__(FR_THREADS) NAME(                              \
+            const S::T* __restrict__ logits, int T, int E, int k, int renorm, int bs, int P,    \
+            int* __restrict__ topk_ids, float* __restrict__ topk_w,                             \
+            int* __restrict__ expert_counts, int* __restrict__ sorted,                          \
+            int* __restrict__ expert_offsets, float* __restrict__ aux_loss,                     \
+            float* __restrict__ z_loss, int* cnt, float* ps, float* zs, int* tot_cnt,           \
+            float* tot_p, float* tot_z, unsigned* bar) {                                        \
+        moe_route_fused_impl<S, V>(logits, T, E, k, renorm, bs, P, topk_ids, topk_w,            \
+                                   expert_counts, sorted, expert_offsets, aux_loss, z_loss,     \
+                                   cnt, ps, zs, tot_cnt, tot_p, tot_z, bar);                    \
+    }
+FUSED_ENTRY(moe_route_fused_f32_v1, RouteF32, 1)
+FUSED_ENTRY(moe_route_fused_f32_v2, RouteF32, 2)
+FUSED_ENTRY(moe_route_fused_f32_v4, RouteF32, 4)
+FUSED_ENTRY(moe_route_fused_f32_v8, RouteF32, 8)
+FUSED_ENTRY(moe_route_fused_bf16_v1, RouteBF16, 1)
+FUSED_ENTRY(moe_route_fused_bf16_v2, RouteBF16, 2)
+FUSED_ENTRY(moe_route_fused_bf16_v4, RouteBF16, 4)
+FUSED_ENTRY(moe_route_fused_bf16_v8, RouteBF16, 8)
+FUSED_ENTRY(moe_route_fused_f16_v1, RouteF16, 1)
+FUSED_ENTRY(moe_route_fused_f16_v2, RouteF16, 2)
+FUSED_ENTRY(moe_route_fused_f16_v4, RouteF16, 4)
+FUSED_ENTRY(moe_route_fused_f16_v8, RouteF16, 8)

@@ -40,6 +40,8 @@ struct Loaded {
     funcs: HashMap<&'static str, Func>,
     /// Dynamic shared memory limit already raised to, per kernel.
     smem: HashMap<&'static str, u32>,
+    /// Blocks per multiprocessor, per (kernel, threads, dynamic shared memory).
+    per_sm: HashMap<(&'static str, u32, usize), u32>,
 }
 
 /// The kernels of one device, loaded lazily (compiled by NVRTC or read from the disk cache).
@@ -159,6 +161,51 @@ impl Kernels {
         stream: sys::CUstream,
         args: &[Arg],
     ) -> Result<()> {
+        self.launch_with(name, dims, stream, args, false)
+    }
+
+    /// As [`Kernels::launch`], as a cooperative launch (every block co-resident, or the
+    /// launch fails): for kernels that synchronise their whole grid. The grid must not exceed
+    /// [`Kernels::blocks_per_sm`] times the multiprocessors.
+    pub fn launch_cooperative(
+        &self,
+        name: &'static str,
+        dims: Dims,
+        stream: sys::CUstream,
+        args: &[Arg],
+    ) -> Result<()> {
+        self.launch_with(name, dims, stream, args, true)
+    }
+
+    /// How many blocks of `threads` threads and `smem` bytes of dynamic shared memory of
+    /// kernel `name` fit on one multiprocessor at once.
+    pub fn blocks_per_sm(&self, name: &'static str, threads: u32, smem: usize) -> Result<u32> {
+        let key = (name, threads, smem);
+        {
+            let l = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(&n) = l.per_sm.get(&key) {
+                return Ok(n);
+            }
+        }
+        let f = self.function(name)?;
+        // SAFETY: f is a valid function.
+        let n =
+            unsafe { drv::occupancy::max_active_block_per_multiprocessor(f, threads as i32, smem) }
+                .ctx(&self.label, &format!("occupancy of {name}"))?;
+        let n = n.max(0) as u32;
+        let mut l = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+        l.per_sm.insert(key, n);
+        Ok(n)
+    }
+
+    fn launch_with(
+        &self,
+        name: &'static str,
+        dims: Dims,
+        stream: sys::CUstream,
+        args: &[Arg],
+        cooperative: bool,
+    ) -> Result<()> {
         let f = self.function(name)?;
         if dims.smem > 48 * 1024 && !self.smem_raised(name, dims.smem) {
             // SAFETY: f is a valid function.
@@ -187,7 +234,15 @@ impl Kernels {
             .collect();
         // SAFETY: the argument list matches the kernel's signature (each call site mirrors its
         // .cu declaration) and the values outlive the call, which copies them.
-        unsafe { drv::launch_kernel(f, dims.grid, dims.block, dims.smem, stream, &mut ptrs) }
-            .ctx(&self.label, &format!("launching {name}"))
+        unsafe {
+            if cooperative {
+                drv::launch_cooperative_kernel(
+                    f, dims.grid, dims.block, dims.smem, stream, &mut ptrs,
+                )
+            } else {
+                drv::launch_kernel(f, dims.grid, dims.block, dims.smem, stream, &mut ptrs)
+            }
+        }
+        .ctx(&self.label, &format!("launching {name}"))
     }
 }

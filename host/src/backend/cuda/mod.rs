@@ -199,6 +199,29 @@ impl CudaBackend {
         DeviceStorage::new(self.info.id, meta, st)
     }
 
+    /// Uploads a float host tensor stored as f32 on the device (see
+    /// [`CudaDType::input_precision`]).
+    fn upload_f32(&self, host: &Tensor) -> Result<DeviceStorage> {
+        self.dev.bind()?;
+        let meta = host.meta();
+        let v: Vec<f32> = host.to_f32().iter().copied().collect();
+        let bytes = v.len() * 4;
+        let buf = self.pool.alloc(bytes)?;
+        if bytes > 0 {
+            self.up.with(bytes, |stage| {
+                stage[..bytes].copy_from_slice(bytemuck::cast_slice(&v));
+                self.copy_up(buf.ptr(), &stage[..bytes])
+            })?;
+        }
+        Ok(self.wrap(
+            meta,
+            CudaStorage {
+                buf,
+                phys: DType::F32,
+            },
+        ))
+    }
+
     /// Copies `bytes` from pinned staging to the device on the copy stream, and makes the
     /// compute stream wait for it.
     fn copy_up(&self, dst: u64, src: &[u8]) -> Result<()> {
@@ -295,6 +318,18 @@ impl Backend for CudaBackend {
             })?;
         }
         Ok(self.wrap(meta, CudaStorage { buf, phys }))
+    }
+
+    fn upload_for(&self, host: &Tensor, op: &Op, input: usize) -> Result<DeviceStorage> {
+        let float = matches!(
+            host.data(),
+            HostData::F32(_) | HostData::BF16(_) | HostData::F16(_)
+        );
+        if float && self.opts.dtype.input_precision(op, input) == DType::F32 {
+            self.upload_f32(host)
+        } else {
+            self.upload(host)
+        }
     }
 
     fn download(&self, storage: &DeviceStorage) -> Result<Tensor> {

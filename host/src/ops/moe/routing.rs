@@ -141,8 +141,11 @@ impl MoeRouteParams {
         let e = inputs[0].shape()[1];
         let logits: Vec<f64> = inputs[0].iter().copied().collect();
         check_finite(&logits, e)?;
+        // Logits rank as values: -0 ties +0 (the lower expert first), as the f32 path's
+        // comparison has it; the textbook's total order would put +0 ahead.
+        let logits = inputs[0].mapv(|x| if x == 0.0 { 0.0 } else { x });
         let r = super::super::textbook::moe_route(
-            &inputs[0],
+            &logits,
             self.top_k,
             self.renormalize,
             self.block_size,

@@ -239,7 +239,7 @@ pub fn prepare(cx: &Cx<'_>, op: &Op) -> Result<()> {
             }
             v
         }
-        Op::MoeRoute(_) => vec![moe::topk_kernel(cx.dtype()), "fill_u16"],
+        Op::MoeRoute(_) => vec![moe::topk_kernel(DType::F32), "fill_u16"],
         Op::RmsNorm(_) => vec![cx.kernel("rmsnorm_{s}")?, "fill_u16"],
         Op::Rope(_) => vec![cx.kernel("rope_{s}")?, "fill_u16"],
         Op::MoeExperts(_) => vec!["moe_tile_map", cx.kernel("moe_gather_{s}")?, "fill_u16"],
@@ -302,13 +302,30 @@ mod tests {
                 let k = kernel_for(p, dt).unwrap_or_else(|e| panic!("{e}"));
                 assert_eq!(k, p.replace("{s}", dt.name()));
             }
-            let topk = moe::topk_kernel(dt);
+        }
+        for phys in [DType::F32, DType::BF16, DType::F16] {
+            let topk = moe::topk_kernel(phys);
             assert!(
                 tandem_gpu_kernels::Module::of_kernel(topk).is_some(),
                 "{topk}"
             );
+            for e in [1, 8, 32, 33, 64, 65, 128, 129, 256] {
+                let k = moe::fused_kernel(phys, e).unwrap_or_else(|err| panic!("{err}"));
+                let v: usize = k
+                    .rsplit("_v")
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                // the fewest logits per lane that hold a row of e
+                assert!(e <= 32 * v && (v == 1 || e > 16 * v), "E{e}: {k}");
+            }
+            assert!(moe::fused_kernel(phys, 257).is_err());
         }
-        assert_eq!(moe::topk_kernel(CudaDType::Bf16), "moe_topk_softmax_f32");
+        assert_eq!(moe::topk_kernel(DType::BF16), "moe_topk_softmax_f32");
+        assert_eq!(
+            moe::fused_kernel(DType::F32, 64).ok(),
+            Some("moe_route_fused_f32_v2")
+        );
         assert!(kernel_for("nope_{s}", CudaDType::F16).is_err());
     }
 

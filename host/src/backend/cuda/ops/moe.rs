@@ -19,23 +19,78 @@ use tandem_gpu_kernels::{MOE_TILE_MAP_THREADS, MOE_TILES, MoeTile};
 use crate::options::cuda::{MoeExpertsPath, MoeTileSize};
 
 use super::{Arg, Cx, Dims};
+use crate::backend::cuda::CudaStorage;
 use crate::backend::cuda::blaslt::Epilogue;
 use crate::backend::cuda::error::DrvResultExt;
-use crate::backend::cuda::{CudaDType, CudaStorage};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::moe::ExpertsShape;
 use crate::ops::{MoeExpertsParams, MoeRouteParams};
 use crate::tensor::TensorMeta;
 
-/// The routing top-k kernel for logits stored as `dtype` (f32 math either way).
-pub fn topk_kernel(dtype: CudaDType) -> &'static str {
-    match dtype {
-        CudaDType::Bf16 => "moe_topk_softmax_f32",
-        CudaDType::F16 => "moe_topk_softmax_f32_f16",
+/// The three-launch path's top-k kernel for logits stored as `phys` (f32 math either way).
+pub fn topk_kernel(phys: DType) -> &'static str {
+    match phys {
+        DType::F32 => "moe_topk_softmax_f32_f32",
+        DType::F16 => "moe_topk_softmax_f32_f16",
+        _ => "moe_topk_softmax_f32",
     }
 }
 
+/// The fused routing kernel for `e` experts (at most [`tandem_gpu_kernels::ROUTE_MAX_EXPERTS`])
+/// whose logits are stored as `phys`: the build with the fewest logits per lane that holds
+/// a row.
+pub fn fused_kernel(phys: DType, e: usize) -> Result<&'static str> {
+    let v = FUSED_VPL.into_iter().find(|v| e <= 32 * v).ok_or_else(|| {
+        Error::Internal(format!(
+            "moe_route: {e} experts (the fused kernels take up to {})",
+            tandem_gpu_kernels::ROUTE_MAX_EXPERTS
+        ))
+    })?;
+    let input = match phys {
+        DType::F32 => "f32",
+        DType::F16 => "f16",
+        _ => "bf16",
+    };
+    let name = format!("moe_route_fused_{input}_v{v}");
+    tandem_gpu_kernels::Module::MoeRoute
+        .entry_points()
+        .iter()
+        .find(|k| **k == name)
+        .copied()
+        .ok_or_else(|| Error::Internal(format!("no kernel {name}")))
+}
+
+/// Threads per block of the fused routing kernels `moe_route_fused_*` (FR_THREADS in
+/// common/moe_route.cu).
+const FUSED_THREADS: u32 = 256;
+/// Logits per lane the fused routing kernels come in (`_v1` .. `_v8`): the build for E
+/// experts is the smallest v with E <= 32 * v.
+const FUSED_VPL: [usize; 4] = [1, 2, 4, 8];
+
+/// Most blocks per multiprocessor the fused routing grid takes (more blocks make the
+/// barriers and the per-block partial sums longer, for no gain: phase 1 is latency-bound
+/// and 32 warps per SM hide it).
+const FUSED_MAX_BLOCKS_PER_SM: u32 = 4;
+/// Fewest tokens per block of the fused grid (2 per warp): small batches take fewer blocks.
+const FUSED_MIN_TOKENS_PER_BLOCK: usize = 16;
+
+/// Blocks of the fused routing grid for `t` tokens on `sms` multiprocessors that each hold
+/// `per_sm` blocks of it at once; `None` when it cannot be co-resident at all (then the
+/// three-launch path runs).
+pub fn fused_grid(t: usize, sms: u32, per_sm: u32) -> Option<u32> {
+    let per_sm = per_sm.min(FUSED_MAX_BLOCKS_PER_SM);
+    if per_sm == 0 || sms == 0 {
+        return None;
+    }
+    let want = t.div_ceil(FUSED_MIN_TOKENS_PER_BLOCK).max(1);
+    Some(want.min((sms * per_sm) as usize) as u32)
+}
+
+/// Routing: the fused cooperative kernel where the device can run its grid co-resident,
+/// else three launches. Logits are read in the precision they are stored in (f32 when
+/// uploaded for this op: [`crate::backend::CudaDType::input_precision`]); the math is f32. Returns the
+/// kernels that ran.
 pub fn route(
     cx: &Cx<'_>,
     p: &MoeRouteParams,
@@ -44,24 +99,121 @@ pub fn route(
     outs: &[CudaStorage],
 ) -> Result<String> {
     let (t, e) = (metas[0].shape[0], metas[0].shape[1]);
+    let phys = match ins[0].phys {
+        x @ (DType::F32 | DType::BF16 | DType::F16) => x,
+        other => {
+            return Err(Error::Internal(format!(
+                "moe_route: logits stored as {other} on the device"
+            )));
+        }
+    };
+    let fused = fused_kernel(phys, e)?;
+    let threads = FUSED_THREADS;
+    let per_sm = cx.be.kernels.blocks_per_sm(fused, threads, 0)?;
+    match fused_grid(t, cx.sms(), per_sm) {
+        Some(g) => route_fused(cx, p, fused, g, ins[0], t, e, outs),
+        None if p.top_k <= 32 => route_three(cx, p, ins[0], t, e, outs),
+        None => Err(Error::Unsupported {
+            op: "moe_route".into(),
+            device: cx.be.dev.label.clone(),
+            why: format!(
+                "top_k {} > 32 needs the fused routing kernel, whose grid does not fit this \
+                 device co-resident",
+                p.top_k
+            ),
+        }),
+    }
+}
+
+/// The fused path: zero the barrier counter (a 4-byte memset), one cooperative launch of `g`
+/// blocks.
+#[allow(clippy::too_many_arguments)]
+fn route_fused(
+    cx: &Cx<'_>,
+    p: &MoeRouteParams,
+    kernel: &'static str,
+    g: u32,
+    logits: &CudaStorage,
+    t: usize,
+    e: usize,
+    outs: &[CudaStorage],
+) -> Result<String> {
+    let (k, bs) = (p.top_k, p.block_size);
+    let plen = p.padded_len(t, e);
+    let gs = g as usize;
+    // bar (256 bytes, aligned), cnt [E][G], ps [E][G], zs [G], tot_cnt [E], tot_p [E], tot_z
+    let cells = e * gs * 4;
+    let (o_cnt, o_ps) = (256, 256 + cells);
+    let o_zs = o_ps + cells;
+    let o_tc = o_zs + gs * 4;
+    let o_tp = o_tc + e * 4;
+    let o_tz = o_tp + e * 4;
+    let ws = cx.scratch(o_tz + 4)?;
+    let base = ws.ptr();
+    let label = &cx.be.dev.label;
+    // SAFETY: ws holds at least 4 bytes at base; ordered on the compute stream before the
+    // kernel that counts on it.
+    unsafe { drv::memset_d8_async(base, 0, 4, cx.stream()) }
+        .ctx(label, "cuMemsetD8Async(moe_route barrier)")?;
+    let o: Vec<u64> = outs.iter().map(|s| s.ptr()).collect();
+    let at = |off: usize| base + off as u64;
+    cx.be.kernels.launch_cooperative(
+        kernel,
+        Dims::linear(g, FUSED_THREADS),
+        cx.stream(),
+        &[
+            Arg::Ptr(logits.ptr()),
+            Arg::I32(t as i32),
+            Arg::I32(e as i32),
+            Arg::I32(k as i32),
+            Arg::I32(p.renormalize as i32),
+            Arg::I32(bs as i32),
+            Arg::I32(plen as i32),
+            Arg::Ptr(o[0]),
+            Arg::Ptr(o[1]),
+            Arg::Ptr(o[2]),
+            Arg::Ptr(o[3]),
+            Arg::Ptr(o[4]),
+            Arg::Ptr(o[5]),
+            Arg::Ptr(o[6]),
+            Arg::Ptr(at(o_cnt)),
+            Arg::Ptr(at(o_ps)),
+            Arg::Ptr(at(o_zs)),
+            Arg::Ptr(at(o_tc)),
+            Arg::Ptr(at(o_tp)),
+            Arg::Ptr(at(o_tz)),
+            Arg::Ptr(base),
+        ],
+    )?;
+    Ok(format!("memset_d8+{kernel}(cooperative x{g})"))
+}
+
+/// The three-launch path: top-k + per-block histograms, one-block scan, scatter.
+fn route_three(
+    cx: &Cx<'_>,
+    p: &MoeRouteParams,
+    logits: &CudaStorage,
+    t: usize,
+    e: usize,
+    outs: &[CudaStorage],
+) -> Result<String> {
     let (k, bs) = (p.top_k, p.block_size);
     let plen = p.padded_len(t, e);
     let tpb = tandem_gpu_kernels::ROUTE_TOKENS_PER_BLOCK;
     let nb = t.div_ceil(tpb);
-    let logits = cx.half(ins[0], t * e)?;
     let cells = (nb * e).max(1);
     let counts = cx.scratch(cells * 4)?;
     let psum = cx.scratch(cells * 4)?;
     let zs = cx.scratch(nb.max(1) * 4)?;
     let base = cx.scratch(cells * 4)?;
     let o: Vec<u64> = outs.iter().map(|s| s.ptr()).collect();
-    let topk = topk_kernel(cx.dtype());
+    let topk = topk_kernel(logits.phys);
     if nb > 0 {
         cx.k(
             topk,
             Dims::linear(nb as u32, tandem_gpu_kernels::ROUTE_THREADS).smem(8 * e),
             &[
-                Arg::Ptr(logits.ptr),
+                Arg::Ptr(logits.ptr()),
                 Arg::I32(t as i32),
                 Arg::I32(e as i32),
                 Arg::I32(k as i32),
@@ -480,6 +632,19 @@ mod tests {
         }
         .padded_len(t, e);
         ExpertsShape { t, h, e, k, f, p }
+    }
+
+    #[test]
+    fn the_fused_routing_grid_fits_the_device() {
+        // at most 4 blocks per SM, at least 16 tokens per block, one block for T = 0
+        assert_eq!(fused_grid(65536, 132, 8), Some(528));
+        assert_eq!(fused_grid(65536, 132, 3), Some(396));
+        assert_eq!(fused_grid(8192, 132, 4), Some(512));
+        assert_eq!(fused_grid(1000, 132, 4), Some(63));
+        assert_eq!(fused_grid(1, 132, 4), Some(1));
+        assert_eq!(fused_grid(0, 132, 4), Some(1));
+        // nothing co-resident: the three-launch path
+        assert_eq!(fused_grid(4096, 132, 0), None);
     }
 
     #[test]
