@@ -136,3 +136,28 @@ pub fn attention_cycles(
     };
     load + m.bound(rows, nq * dp / 8) + fin + 12 + nkv.min(14) + dp / 16 + overhead(m)
 }
+
+/// The vecops kernel (one 64-bit word of 4 elements per cycle, rows one after another): the
+/// weight row once (RMSNorm), then per row its `a` words, its `b` (or cos/sin) words, the norm
+/// step (RMSNorm: 2 cycles), the `y` request and words, and (RMSNorm + residual) the `s`
+/// request and words. The read latency is paid once (the requests run ahead of the data).
+/// Fitted to the simulated n_max 256 build.
+pub fn vecops_cycles(
+    _c: &crate::kernels::vecops::VecopsCore,
+    args: &crate::golden::vecops::VecArgs,
+    m: &MemTiming,
+) -> u64 {
+    use crate::golden::vecops::{OP_RMSNORM, OP_RMSNORM_RES, words};
+    let nw = words(args.n) as u64;
+    let rows = args.rows as u64;
+    let norm = matches!(args.op, OP_RMSNORM | OP_RMSNORM_RES);
+    let reads = if args.reads_b() || args.op == crate::golden::vecops::OP_ROPE {
+        2 * nw
+    } else {
+        nw
+    };
+    let writes = if args.writes_s() { 2 * (nw + 1) } else { nw + 1 };
+    let per_row = m.stream(reads) + writes + if norm { 2 } else { 0 };
+    let w = if norm { m.stream(nw) } else { 0 };
+    w + rows * per_row + 4 + overhead(m)
+}
