@@ -3,8 +3,8 @@
 //!
 //! Quantisation (host): int16, symmetric, per tensor (`fpga::golden::vecops::quant`):
 //! - add: a and b at one scale `(max|a| + max|b|) / 32767` (the sum cannot saturate);
-//! - rmsnorm: x (and the residual) at one scale `s` as for add (at least `sqrt(eps / (2^32 - 1))`
-//!   so that `eps_q = round(eps / s^2)` fits its register), w at `max|w| / 32767`; the
+//! - rmsnorm: x (and the residual) at one scale `s` as for add (at least `sqrt(eps / 2^31)`
+//!   so that `eps_q = round(eps / s^2)` plus the mean square stays below the 32-bit clamp), w at `max|w| / 32767`; the
 //!   output shift `15 + g` with `2^g >= 1.002 sqrt(n)` (`|t| / rms <= sqrt(n)`: y cannot
 //!   saturate); y is in units of `sw 2^g`, the sum in units of `s`;
 //! - rope: x at `1.42 max|x| / 32767` (a rotation grows no element beyond `sqrt 2 max|x|`),
@@ -218,7 +218,8 @@ impl VecJob {
             Vec::new()
         };
         let eps = f64::from(p.eps);
-        let floor = (eps / f64::from(u32::MAX)).sqrt();
+        // eps_q <= 2^31 and m < 2^30 (|t| <= 32767): m + eps_q never reaches the clamp
+        let floor = (eps / f64::from(1u32 << 31)).sqrt();
         let s = quant::scale_for(quant::max_abs(&x) + quant::max_abs(&r), 1.0, floor);
         let sw = quant::scale_for(quant::max_abs(&w), 1.0, 0.0);
         let n = args.n;
