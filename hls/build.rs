@@ -8,15 +8,12 @@ fn main() {
         "src/router.cpp",
         "src/vecops.cpp",
     ];
-    for s in sources
-        .iter()
-        .chain(&[
-            "src/tandem_hls.h",
-            "src/exp2_lut.inc",
-            "src/vecops_rsqrt_lut.inc",
-            "src/vecops_sigmoid_lut.inc",
-        ])
-    {
+    for s in sources.iter().chain(&[
+        "src/tandem_hls.h",
+        "src/exp2_lut.inc",
+        "src/vecops_rsqrt_lut.inc",
+        "src/vecops_sigmoid_lut.inc",
+    ]) {
         println!("cargo:rerun-if-changed={s}");
     }
     cc::Build::new()

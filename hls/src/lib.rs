@@ -303,8 +303,16 @@ pub fn vecops(
     })?;
     let mut y = vec![0i16; a.len()];
     let mut s = vec![0i16; if args.writes_s() { a.len() } else { 0 }];
-    let bp = if b.is_empty() { std::ptr::null() } else { b.as_ptr() };
-    let pp = if p.is_empty() { std::ptr::null() } else { p.as_ptr() };
+    let bp = if b.is_empty() {
+        std::ptr::null()
+    } else {
+        b.as_ptr()
+    };
+    let pp = if p.is_empty() {
+        std::ptr::null()
+    } else {
+        p.as_ptr()
+    };
     let sp = if s.is_empty() {
         std::ptr::null_mut()
     } else {

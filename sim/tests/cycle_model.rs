@@ -208,7 +208,8 @@ fn vecops_model_matches_the_rtl() {
             rng.gen_range(1..=1024)
         };
         let np = LANES * words(n);
-        let mut r16 = |len: usize| -> Vec<i16> { (0..len).map(|_| rng.gen_range(-3000..3000)).collect() };
+        let mut r16 =
+            |len: usize| -> Vec<i16> { (0..len).map(|_| rng.gen_range(-3000..3000)).collect() };
         let a = r16(rows * np);
         let mut args = VecArgs {
             op,
@@ -235,7 +236,12 @@ fn vecops_model_matches_the_rtl() {
         let (x, sa) = run_vecops(&mut rtl, &args, &a, &b, &p, T).expect("RTL");
         let (y, sb) = run_vecops(&mut model, &args, &a, &b, &p, T).expect("model");
         assert_eq!(x, y, "vecops {args:?}: outputs differ");
-        compare(&format!("vecops op={op} rows={rows} n={n}"), &sa, &sb, &mut diffs);
+        compare(
+            &format!("vecops op={op} rows={rows} n={n}"),
+            &sa,
+            &sb,
+            &mut diffs,
+        );
     }
     verdict("vecops", diffs);
 }

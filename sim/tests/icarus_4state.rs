@@ -400,7 +400,8 @@ fn vecops_4state_matches_golden_under_stalls() {
         };
         let np = LANES * words(n);
         let lim = if i >= 5 { i16::MAX } else { 2000 };
-        let mut r16 = |len: usize| -> Vec<i16> { (0..len).map(|_| rng.gen_range(-lim..=lim)).collect() };
+        let mut r16 =
+            |len: usize| -> Vec<i16> { (0..len).map(|_| rng.gen_range(-lim..=lim)).collect() };
         let a = gv::pad_rows(&r16(rows * n), rows, n);
         let mut args = VecArgs {
             op,

@@ -67,7 +67,9 @@ fn problem(rng: &mut ChaCha8Rng, op: u32, big: bool) -> (VecArgs, Vec<i16>, Vec<
         vecops::OP_RMSNORM | vecops::OP_RMSNORM_RES => {
             args.shift = rng.gen_range(if big { 1..=12 } else { 15..=22 });
             args.c0 = rng.gen_range(0..1000);
-            args.c1 = ((1u64 << 32) as f64 / n as f64).round().min(u32::MAX as f64) as u32;
+            args.c1 = ((1u64 << 32) as f64 / n as f64)
+                .round()
+                .min(u32::MAX as f64) as u32;
             p = vecops::pad_rows(&rand16(rng, n, 32767), 1, n);
             if op == vecops::OP_RMSNORM_RES {
                 b = vecops::pad_rows(&rand16(rng, rows * n, lim), rows, n);
@@ -101,7 +103,11 @@ fn rtl_matches_golden_and_the_model_matches_the_rtl() {
         let big = i % 3 == 2;
         let (args, a, b, p) = problem(&mut rng, op, big);
         let want = vecops::run(&args, N_MAX as usize, &a, &b, &p).expect("golden");
-        saturated += want.y.iter().filter(|&&v| v == i16::MAX || v == i16::MIN).count();
+        saturated += want
+            .y
+            .iter()
+            .filter(|&&v| v == i16::MAX || v == i16::MIN)
+            .count();
         let (got, st) = run_vecops(&mut rtl, &args, &a, &b, &p, T).expect("RTL run");
         assert_eq!(got, want, "RTL vs golden: {args:?}");
         let (m, _) = run_vecops(&mut model, &args, &a, &b, &p, T).expect("model run");
@@ -144,7 +150,11 @@ fn refused_arguments_touch_nothing() {
         assert!(!args.valid(N_MAX as usize));
         let np = LANES * words(args.n);
         let a = vec![1i16; np];
-        let b = if args.reads_b() { a.clone() } else { Vec::new() };
+        let b = if args.reads_b() {
+            a.clone()
+        } else {
+            Vec::new()
+        };
         let p = vec![1i16; args.p_rows() * np];
         for dev in [&mut rtl as &mut dyn FpgaDevice, &mut model] {
             let (_, st) = run_vecops(dev, &args, &a, &b, &p, T).expect("a refused run finishes");
@@ -202,7 +212,10 @@ fn check(b: &dyn Backend, op: &Op, inputs: &[Tensor], bound: f64) -> TestResult<
     let mut worst = 0.0f64;
     for (o, w) in outs.iter().zip(&want) {
         let got = o.to_f64();
-        assert!(got.iter().all(|v| v.is_finite()), "{op:?}: non-finite output");
+        assert!(
+            got.iter().all(|v| v.is_finite()),
+            "{op:?}: non-finite output"
+        );
         let e = tandem::tensor::rel_error(&got, w);
         assert!(e < bound, "{op:?} {metas:?}: rel. error {e:.3e} >= {bound}");
         worst = worst.max(e);
@@ -238,17 +251,27 @@ fn backend_ops_are_within_the_int8_bound() -> TestResult {
         let (e, info) = check(&*b, &Op::RmsNorm(p), &ins, INT8_BOUND)?;
         assert_eq!(info.kernel, tandem::backend::fpga::VECOPS_KERNEL);
         assert!(info.cycles.unwrap_or(0) > 0);
-        println!("rmsnorm [{rows}, {h}] residual={residual}: rel. error {e:.2e}, {:?} cycles", info.cycles);
+        println!(
+            "rmsnorm [{rows}, {h}] residual={residual}: rel. error {e:.2e}, {:?} cycles",
+            info.cycles
+        );
     }
     // rope: even head dims, halves not a multiple of 4, position offsets
-    for &(bb, hh, tt, d, off) in &[(1usize, 2usize, 5usize, 64usize, 0usize), (2, 1, 3, 6, 7), (1, 3, 4, 10, 100)] {
+    for &(bb, hh, tt, d, off) in &[
+        (1usize, 2usize, 5usize, 64usize, 0usize),
+        (2, 1, 3, 6, 7),
+        (1, 3, 4, 10, 100),
+    ] {
         let x = t(&[bb, hh, tt, d], 2.0);
         let p = RopeParams {
             base: 10000.0,
             position_offset: off,
         };
         let (e, info) = check(&*b, &Op::Rope(p), &[x], INT8_BOUND)?;
-        println!("rope [{bb}, {hh}, {tt}, {d}] +{off}: rel. error {e:.2e}, {:?} cycles", info.cycles);
+        println!(
+            "rope [{bb}, {hh}, {tt}, {d}] +{off}: rel. error {e:.2e}, {:?} cycles",
+            info.cycles
+        );
     }
     // add: odd sizes, rows longer than the build (split into n_max rows)
     for shape in [vec![3usize, 5], vec![9000], vec![2, 3, 7]] {
@@ -260,7 +283,10 @@ fn backend_ops_are_within_the_int8_bound() -> TestResult {
     let x = t(&[6, 12], 1.0);
     let split = Op::SplitHeads(SplitHeadsParams { batch: 2, heads: 3 });
     let (e, info) = check(&*b, &split, &[x], 1e-12)?;
-    assert_eq!((e, info.kernel.as_str(), info.cycles), (0.0, tandem::backend::fpga::LAYOUT_KERNEL, Some(0)));
+    assert_eq!(
+        (e, info.kernel.as_str(), info.cycles),
+        (0.0, tandem::backend::fpga::LAYOUT_KERNEL, Some(0))
+    );
     let x4 = t(&[2, 3, 3, 4], 1.0);
     let (e, _) = check(&*b, &Op::MergeHeads, &[x4], 1e-12)?;
     assert_eq!(e, 0.0);
@@ -335,7 +361,11 @@ fn default_layer_places_every_op_but_the_experts_on_the_card() -> TestResult {
         if n.run.op == "moe_experts" {
             continue;
         }
-        assert!(on_card, "{} ran on {} ({:?})", n.run.node, n.run.device, n.run.fallback);
+        assert!(
+            on_card,
+            "{} ran on {} ({:?})",
+            n.run.node, n.run.device, n.run.fallback
+        );
         let e = n.error.rel_error.ok_or("no error measured")?;
         assert!(e < INT8_BOUND, "{}: rel. error {e:.3e}", n.run.node);
     }

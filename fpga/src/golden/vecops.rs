@@ -255,7 +255,10 @@ pub fn run(
                 } else {
                     ar.to_vec()
                 };
-                let ss: u64 = t.iter().map(|&v| (i64::from(v) * i64::from(v)) as u64).sum();
+                let ss: u64 = t
+                    .iter()
+                    .map(|&v| (i64::from(v) * i64::from(v)) as u64)
+                    .sum();
                 let m = ((u128::from(ss) * u128::from(args.c1)) >> 32) as u64;
                 let (rr, k) = rsqrt_parts(m + u64::from(args.c0), &rsq);
                 for ((o, &tv), &w) in yr.iter_mut().zip(&t).zip(p) {
@@ -319,7 +322,9 @@ pub mod quant {
 
     /// The scale that maps `max |x| * headroom` to 32767 (at least `floor`).
     pub fn scale_for(max_abs: f64, headroom: f64, floor: f64) -> f64 {
-        (max_abs * headroom / 32767.0).max(floor).max(f64::MIN_POSITIVE)
+        (max_abs * headroom / 32767.0)
+            .max(floor)
+            .max(f64::MIN_POSITIVE)
     }
 
     /// The largest `|x|` (0 for an empty slice).
@@ -370,7 +375,10 @@ mod tests {
             let (r, k) = rsqrt_parts(v, &lut);
             let got = f64::from(r) * (-(15.0 + f64::from(k))).exp2();
             let want = 1.0 / (v as f64).sqrt();
-            assert!((got / want - 1.0).abs() <= 1.0 / 512.0 + 1.0 / 32768.0, "v {v}: {got} vs {want}");
+            assert!(
+                (got / want - 1.0).abs() <= 1.0 / 512.0 + 1.0 / 32768.0,
+                "v {v}: {got} vs {want}"
+            );
         }
     }
 

@@ -520,7 +520,12 @@ impl Backend for FpgaBackend {
                         y: Vec::new(),
                         s: Vec::new(),
                     };
-                    (job.outputs(&empty)?, 0, self.nominal_clock_hz(), VECOPS_KERNEL)
+                    (
+                        job.outputs(&empty)?,
+                        0,
+                        self.nominal_clock_hz(),
+                        VECOPS_KERNEL,
+                    )
                 } else {
                     let ((out, st), clock) =
                         self.with_card("vecops", &self.vecops, modelled, |dev| {
@@ -608,7 +613,10 @@ mod tests {
             b.supports(&Op::MoeRoute(p), std::slice::from_ref(&m)),
             Support::Native
         );
-        assert_eq!(b.supports(&Op::Add, &[m.clone(), m.clone()]), Support::Native);
+        assert_eq!(
+            b.supports(&Op::Add, &[m.clone(), m.clone()]),
+            Support::Native
+        );
         assert!(matches!(
             b.supports(&Op::Add, &[m, TensorMeta::new(vec![4, 63], DType::F32)]),
             Support::No(_)

@@ -58,7 +58,11 @@ fn plan(op: &Op, inputs: &[TensorMeta], n_max: usize) -> std::result::Result<Vec
                 ));
             }
             VecArgs {
-                op: if p.residual { OP_RMSNORM_RES } else { OP_RMSNORM },
+                op: if p.residual {
+                    OP_RMSNORM_RES
+                } else {
+                    OP_RMSNORM
+                },
                 rows: numel(x) / n.max(1),
                 n,
                 ..VecArgs::default()
@@ -175,8 +179,8 @@ impl VecJob {
     pub(super) fn new(core: &VecopsCore, op: &Op, inputs: &[&Tensor]) -> Result<Self> {
         let metas: Vec<TensorMeta> = inputs.iter().map(|t| t.meta()).collect();
         let outs = op.validate(&metas)?;
-        let mut args = plan(op, &metas, core.n_max as usize)
-            .map_err(|why| Error::invalid(op.name(), why))?;
+        let mut args =
+            plan(op, &metas, core.n_max as usize).map_err(|why| Error::invalid(op.name(), why))?;
         match op {
             Op::RmsNorm(p) => Self::rmsnorm(p, &mut args, inputs, outs),
             Op::Rope(p) => Self::rope(p, args, inputs, outs),
@@ -282,11 +286,7 @@ impl VecJob {
             a,
             b: Vec::new(),
             p: table,
-            unpack: Unpack::Halves {
-                half,
-                hp,
-                scale: s,
-            },
+            unpack: Unpack::Halves { half, hp, scale: s },
             outs,
         })
     }
