@@ -171,8 +171,7 @@ fn strict_refuses_the_ops_a_present_backend_lacks() {
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     assert!(
-        out.contains("no kernel for moe_experts")
-            && out.contains("--strict makes this an error"),
+        out.contains("no kernel for moe_experts") && out.contains("--strict makes this an error"),
         "{out}"
     );
     // With it, planning fails before anything runs, naming the ops.
