@@ -2,11 +2,18 @@
 //! tests can call them through their `extern "C"` entry points.
 
 fn main() {
-    let sources = ["src/gemm.cpp", "src/attention.cpp", "src/router.cpp"];
-    for s in sources
-        .iter()
-        .chain(&["src/tandem_hls.h", "src/exp2_lut.inc"])
-    {
+    let sources = [
+        "src/gemm.cpp",
+        "src/attention.cpp",
+        "src/router.cpp",
+        "src/vecops.cpp",
+    ];
+    for s in sources.iter().chain(&[
+        "src/tandem_hls.h",
+        "src/exp2_lut.inc",
+        "src/vecops_rsqrt_lut.inc",
+        "src/vecops_sigmoid_lut.inc",
+    ]) {
         println!("cargo:rerun-if-changed={s}");
     }
     cc::Build::new()

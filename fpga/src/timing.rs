@@ -136,3 +136,43 @@ pub fn attention_cycles(
     };
     load + m.bound(rows, nq * dp / 8) + fin + 12 + nkv.min(14) + dp / 16 + overhead(m)
 }
+
+/// The vecops kernel (one 64-bit word of 4 elements per cycle, rows one after another): the
+/// weight row once (RMSNorm), then per row its `a` words, its `b` (or cos/sin) words, the norm
+/// step (RMSNorm: 2 cycles), the `y` request and words, and (RMSNorm + residual) the `s`
+/// request and words. The read latency is paid once (the requests run ahead of the data); each
+/// write request costs a cycle per AXI burst the shell splits it into (bursts of the default
+/// shell's 64 beats, never crossing a 512-byte boundary; buffers start 4 KiB aligned).
+/// Fitted to the simulated n_max 1024 build.
+pub fn vecops_cycles(
+    _c: &crate::kernels::vecops::VecopsCore,
+    args: &crate::golden::vecops::VecArgs,
+    m: &MemTiming,
+) -> u64 {
+    use crate::golden::vecops::{OP_RMSNORM, OP_RMSNORM_RES, OP_ROPE, words};
+    const BURST_BYTES: u64 = 64 * 8;
+    let nw = words(args.n) as u64;
+    let rows = args.rows as u64;
+    let norm = matches!(args.op, OP_RMSNORM | OP_RMSNORM_RES);
+    let reads = if args.reads_b() || args.op == OP_ROPE {
+        2 * nw
+    } else {
+        nw
+    };
+    let requests = if args.writes_s() { 2 } else { 1 };
+    let row_bytes = nw * 8;
+    // bursts of all rows: the 512-byte blocks each row's bytes touch (a row's start modulo
+    // 512 repeats every 64 rows, since rows are whole 8-byte words)
+    let blocks = |r0: u64, r1: u64| -> u64 {
+        (r0..r1)
+            .map(|r| {
+                let start = r * row_bytes;
+                (start + row_bytes - 1) / BURST_BYTES - start / BURST_BYTES + 1
+            })
+            .sum()
+    };
+    let bursts = (rows / 64) * blocks(0, 64) + blocks(0, rows % 64);
+    let per_row = m.stream(reads) + requests * (nw + 1) + if norm { 2 } else { 0 };
+    let w = if norm { m.stream(nw) } else { 0 };
+    w + rows * per_row + requests * bursts + 4 + overhead(m)
+}

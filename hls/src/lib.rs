@@ -47,6 +47,20 @@ mod ffi {
             experts: i32,
             top_k: i32,
         ) -> i32;
+        pub fn vecops_kernel(
+            a: *const i16,
+            b: *const i16,
+            p: *const i16,
+            y: *mut i16,
+            s: *mut i16,
+            op: i32,
+            rows: i32,
+            n: i32,
+            shift: i32,
+            c0: u32,
+            c1: u32,
+            n_max: i32,
+        ) -> i32;
         pub fn attention_kv_tile() -> i32;
         pub fn gemm_max_k() -> i32;
     }
@@ -258,4 +272,72 @@ pub fn router(
         weights,
         hist: grouter::unpack_hist(&hbytes, experts),
     })
+}
+
+/// Runs the HLS vector ops (`vecops_kernel`) on the host: same arguments as
+/// [`tandem_fpga::golden::vecops::run`] (padded rows).
+pub fn vecops(
+    args: &tandem_fpga::golden::vecops::VecArgs,
+    n_max: usize,
+    a: &[i16],
+    b: &[i16],
+    p: &[i16],
+) -> Result<tandem_fpga::golden::vecops::VecOut, HlsError> {
+    use tandem_fpga::golden::vecops::{LANES, VecOut, words};
+    let k = "vecops";
+    let np = LANES * words(args.n);
+    check(k, "a", a.len(), args.rows * np)?;
+    if args.reads_b() {
+        check(k, "b", b.len(), args.rows * np)?;
+    }
+    check(k, "p", p.len(), args.p_rows() * np)?;
+    let dims = format!("{args:?}");
+    let (rows, n, nm) = (
+        dim(k, args.rows, &dims)?,
+        dim(k, args.n, &dims)?,
+        dim(k, n_max, &dims)?,
+    );
+    let shift = i32::try_from(args.shift).map_err(|_| HlsError::Range {
+        kernel: k,
+        dims: dims.clone(),
+    })?;
+    let mut y = vec![0i16; a.len()];
+    let mut s = vec![0i16; if args.writes_s() { a.len() } else { 0 }];
+    let bp = if b.is_empty() {
+        std::ptr::null()
+    } else {
+        b.as_ptr()
+    };
+    let pp = if p.is_empty() {
+        std::ptr::null()
+    } else {
+        p.as_ptr()
+    };
+    let sp = if s.is_empty() {
+        std::ptr::null_mut()
+    } else {
+        s.as_mut_ptr()
+    };
+    // SAFETY: every buffer has the length the arguments imply (checked above); the kernel
+    // reads b only for ops that take it, p only for its rows, and writes s only for op 2.
+    let rc = unsafe {
+        ffi::vecops_kernel(
+            a.as_ptr(),
+            bp,
+            pp,
+            y.as_mut_ptr(),
+            sp,
+            args.op as i32,
+            rows,
+            n,
+            shift,
+            args.c0,
+            args.c1,
+            nm,
+        )
+    };
+    if rc != 0 {
+        return Err(HlsError::Range { kernel: k, dims });
+    }
+    Ok(VecOut { y, s })
 }

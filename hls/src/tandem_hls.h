@@ -34,6 +34,12 @@
 #define ROUTER_MAX_E 4096
 #define ROUTER_MAX_K 32
 
+// ---- vecops ------------------------------------------------------------------------------
+// Longest row held on chip (elements), the sigmoid table's half range, RoPE's Q1.14.
+#define VEC_MAX_N 65536
+#define VEC_SIG_HALF 512
+#define VEC_ROPE_FRAC 14
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -54,6 +60,11 @@ int attention_kernel(const int8_t *q, const int8_t *k, const int8_t *v, int16_t 
 // or -1 when out of range (E > ROUTER_MAX_E, k > ROUTER_MAX_K, k > E).
 int router_kernel(const int16_t *logits, uint32_t *routes, uint32_t *hist, int tokens,
                   int experts, int top_k);
+
+// Vector ops on padded int16 rows, see fpga::golden::vecops (op 0 add, 1 rmsnorm, 2 rmsnorm +
+// residual, 3 rope, 4 silu_mul). Returns 0, or -1 for arguments the kernel refuses.
+int vecops_kernel(const int16_t *a, const int16_t *b, const int16_t *p, int16_t *y, int16_t *s,
+                  int op, int rows, int n, int shift, uint32_t c0, uint32_t c1, int n_max);
 
 // Compile-time parameters, so tests run the golden model with the same ones.
 int attention_kv_tile(void);

@@ -171,8 +171,7 @@ fn strict_refuses_the_ops_a_present_backend_lacks() {
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     assert!(
-        out.contains("no kernel for add, merge_heads, moe_experts, rmsnorm, rope, split_heads")
-            && out.contains("--strict makes this an error"),
+        out.contains("no kernel for moe_experts") && out.contains("--strict makes this an error"),
         "{out}"
     );
     // With it, planning fails before anything runs, naming the ops.
@@ -181,7 +180,7 @@ fn strict_refuses_the_ops_a_present_backend_lacks() {
         let (_, err) = text(&o);
         assert_eq!(o.status.code(), Some(1), "{cmd}: {err}");
         assert!(
-            err.contains("rmsnorm") && err.contains("is not supported on fpga-sim"),
+            err.contains("moe_experts") && err.contains("is not supported on fpga-sim"),
             "{cmd}: {err}"
         );
         assert!(err.contains("--strict"), "{cmd}: {err}");

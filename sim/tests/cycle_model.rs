@@ -187,3 +187,61 @@ fn both_cards_refuse_the_same_arguments_alike() {
         }
     }
 }
+
+#[test]
+fn vecops_model_matches_the_rtl() {
+    use tandem_fpga::drive::run_vecops;
+    use tandem_fpga::golden::vecops::{self as gv, LANES, VecArgs, words};
+    use tandem_fpga::kernels::vecops::VecopsCore;
+    let core = VecopsCore { n_max: 1024 };
+    let Some((mut rtl, mut model)) = cards(&core) else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(0x7ec5);
+    let mut diffs = Vec::new();
+    for i in 0..SHAPES {
+        let op = (i % 5) as u32;
+        let rows = rng.gen_range(1..=24);
+        let n = if op == gv::OP_ROPE {
+            8 * rng.gen_range(1..=128)
+        } else {
+            rng.gen_range(1..=1024)
+        };
+        let np = LANES * words(n);
+        let mut r16 =
+            |len: usize| -> Vec<i16> { (0..len).map(|_| rng.gen_range(-3000..3000)).collect() };
+        let a = r16(rows * np);
+        let mut args = VecArgs {
+            op,
+            rows,
+            n,
+            ..VecArgs::default()
+        };
+        let (mut b, mut p) = (Vec::new(), Vec::new());
+        match op {
+            gv::OP_RMSNORM | gv::OP_RMSNORM_RES => {
+                (args.shift, args.c0, args.c1) = (20, 10, ((1u64 << 32) / n as u64) as u32);
+                p = r16(np);
+            }
+            gv::OP_ROPE => {
+                args.c0 = rows.div_ceil(2) as u32;
+                p = r16(args.c0 as usize * np);
+            }
+            gv::OP_SILU_MUL => (args.shift, args.c0, args.c1) = (24, 30000, 12),
+            _ => {}
+        }
+        if args.reads_b() {
+            b = r16(rows * np);
+        }
+        let (x, sa) = run_vecops(&mut rtl, &args, &a, &b, &p, T).expect("RTL");
+        let (y, sb) = run_vecops(&mut model, &args, &a, &b, &p, T).expect("model");
+        assert_eq!(x, y, "vecops {args:?}: outputs differ");
+        compare(
+            &format!("vecops op={op} rows={rows} n={n}"),
+            &sa,
+            &sb,
+            &mut diffs,
+        );
+    }
+    verdict("vecops", diffs);
+}

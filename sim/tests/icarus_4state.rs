@@ -380,3 +380,63 @@ fn axi_rule_breaches_are_reported() {
     drop(c);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn vecops_4state_matches_golden_under_stalls() {
+    use tandem_fpga::golden::vecops::{self as gv, LANES, VecArgs, words};
+    use tandem_fpga::kernels::vecops::VecopsCore;
+    let core = VecopsCore { n_max: 64 };
+    let Some(mut c) = card(&core, 17) else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(0x7ec);
+    for i in 0..10u32 {
+        let op = i % 5;
+        let rows = rng.gen_range(1..=3);
+        let n = if op == gv::OP_ROPE {
+            8 * rng.gen_range(1..=8)
+        } else {
+            rng.gen_range(1..=64)
+        };
+        let np = LANES * words(n);
+        let lim = if i >= 5 { i16::MAX } else { 2000 };
+        let mut r16 =
+            |len: usize| -> Vec<i16> { (0..len).map(|_| rng.gen_range(-lim..=lim)).collect() };
+        let a = gv::pad_rows(&r16(rows * n), rows, n);
+        let mut args = VecArgs {
+            op,
+            rows,
+            n,
+            ..VecArgs::default()
+        };
+        let (mut b, mut p) = (Vec::new(), Vec::new());
+        match op {
+            gv::OP_RMSNORM | gv::OP_RMSNORM_RES => {
+                args.shift = 17;
+                args.c0 = 100;
+                args.c1 = ((1u64 << 32) / n as u64) as u32;
+                p = gv::pad_rows(&r16(n), 1, n);
+                if op == gv::OP_RMSNORM_RES {
+                    b = gv::pad_rows(&r16(rows * n), rows, n);
+                }
+            }
+            gv::OP_ROPE => {
+                args.c0 = 2;
+                p = r16(2 * np);
+            }
+            gv::OP_SILU_MUL => {
+                args.shift = 22;
+                args.c0 = 40000;
+                args.c1 = 16;
+                b = gv::pad_rows(&r16(rows * n), rows, n);
+            }
+            _ => b = gv::pad_rows(&r16(rows * n), rows, n),
+        }
+        let want = gv::run(&args, 64, &a, &b, &p).expect("golden");
+        let (got, st) = drive::run_vecops(&mut c, &args, &a, &b, &p, T)
+            .unwrap_or_else(|err| panic!("vecops {args:?}: {err}"));
+        assert_eq!(got, want, "vecops {args:?}");
+        println!("vecops {args:?}: bit-exact, {} cycles", st.cycles);
+    }
+    assert!(c.violations().is_empty(), "{:?}", c.violations());
+}

@@ -91,12 +91,7 @@ fn expected_decline(b: &dyn Backend, op: &Op, head_dim: Option<usize>) -> Option
         return None;
     }
     match op {
-        Op::MoeExperts(_)
-        | Op::RmsNorm(_)
-        | Op::Rope(_)
-        | Op::Add
-        | Op::SplitHeads(_)
-        | Op::MergeHeads => Some("no FPGA kernel for"),
+        Op::MoeExperts(_) => Some("no FPGA kernel for"),
         Op::Linear(p) if matches!(p.act, Activation::Gelu | Activation::Silu) => Some("ReLU only"),
         _ => None,
     }

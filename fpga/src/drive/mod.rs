@@ -18,12 +18,14 @@
 pub mod attention;
 pub mod gemm;
 pub mod router;
+pub mod vecops;
 
 use std::time::Duration;
 
 pub use attention::{AttentionDims, KvHead, QueryHead, run_attention, run_attention_head};
 pub use gemm::run_gemm;
 pub use router::run_router;
+pub use vecops::run_vecops;
 
 use crate::device::{DeviceBuffer, FpgaDevice, FpgaError, RunStats, SyncDir};
 

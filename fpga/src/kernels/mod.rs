@@ -6,11 +6,12 @@
 pub mod attention;
 pub mod gemm;
 pub mod router;
+pub mod vecops;
 
 use crate::core::{CoreError, KernelCore};
 
 /// Kernel names the catalog knows.
-pub const KERNELS: &[&str] = &["router", "gemm", "attention"];
+pub const KERNELS: &[&str] = &["router", "gemm", "attention", "vecops"];
 
 /// Parses `k=v,k=v` build parameters (integers).
 pub fn parse_params(s: &str) -> Result<Vec<(String, i64)>, CoreError> {
@@ -72,6 +73,8 @@ pub enum Build {
     Gemm(gemm::GemmCore),
     /// Streaming attention.
     Attention(attention::AttentionCore),
+    /// The streaming vector ops (add, RMSNorm, RoPE, SiLU x up).
+    Vecops(vecops::VecopsCore),
 }
 
 impl Build {
@@ -105,6 +108,13 @@ impl Build {
                     kv_tile: get_u32(name, &m, "kv_tile", d.kv_tile)?,
                 })
             }
+            "vecops" => {
+                let m = take(name, params, &["n_max"])?;
+                let d = vecops::VecopsCore::default();
+                Build::Vecops(vecops::VecopsCore {
+                    n_max: get_u32(name, &m, "n_max", d.n_max)?,
+                })
+            }
             _ => {
                 return Err(CoreError::Param {
                     kernel: name.into(),
@@ -116,6 +126,7 @@ impl Build {
             Build::Router(c) => c.validate()?,
             Build::Gemm(c) => c.validate()?,
             Build::Attention(c) => c.validate()?,
+            Build::Vecops(c) => c.validate()?,
         }
         Ok(b)
     }
@@ -131,6 +142,7 @@ impl Build {
             Build::Router(c) => c,
             Build::Gemm(c) => c,
             Build::Attention(c) => c,
+            Build::Vecops(c) => c,
         }
     }
 }
@@ -141,6 +153,7 @@ pub fn core_for(name: &str, params: &[(String, i64)]) -> Result<Box<dyn KernelCo
         Build::Router(c) => Box::new(c),
         Build::Gemm(c) => Box::new(c),
         Build::Attention(c) => Box::new(c),
+        Build::Vecops(c) => Box::new(c),
     })
 }
 

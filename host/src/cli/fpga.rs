@@ -495,6 +495,7 @@ fn fits_build(
             too_big("Nkv", nkv, c.nkv_max, "nkv_max")?;
             too_big("D (padded to 8)", pad8(d), c.d_max, "d_max")
         }
+        Build::Vecops(_) => Ok(()),
     }
 }
 

@@ -13,6 +13,7 @@
 mod attention;
 mod gemm;
 mod router;
+mod vecops;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -140,6 +141,7 @@ impl ModelCard {
             Build::Router(c) => router::run(self, &c, &desc, &t),
             Build::Gemm(c) => gemm::run(self, &c, &desc, &t),
             Build::Attention(c) => attention::run(self, &c, &desc, &t),
+            Build::Vecops(c) => vecops::run(self, &c, &desc, &t),
         }
     }
 }

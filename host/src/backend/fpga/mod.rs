@@ -15,7 +15,11 @@
 //! - `attention` ([`attention`]): head dim <= 128, Nkv <= 512, on the streaming attention
 //!   kernel (`attention_int8_stream`).
 //!
-//! Everything else answers [`Support::No`] so the planner keeps it on the CPU. Each kernel has
+//! - `rmsnorm` (with the fused residual), `rope`, `add` ([`vecops`]): rows up to 4096
+//!   elements, on the streaming vector kernel (`vecops_int16_stream`); `split_heads` /
+//!   `merge_heads` are the host's layout of the card buffers (`host_layout`, zero cycles).
+//!
+//! Everything else (`moe_experts`) answers [`Support::No`] so the planner keeps it on the CPU. Each kernel has
 //! its own card, opened and loaded at first use. `LaunchInfo::cycles` is the kernel cycles
 //! (ap_start to ap_done) and `device_time` = cycles / the card's clock
 //! (`FpgaDevice::clock_hz`: the build's target clock, `tandem_fpga::DEFAULT_CLOCK_MHZ`, unless
@@ -24,6 +28,7 @@
 pub mod attention;
 pub mod linear;
 pub mod route;
+pub mod vecops;
 pub mod xrt;
 
 use std::collections::HashMap;
@@ -35,6 +40,7 @@ use tandem_fpga::kernels::attention::AttentionCore;
 use tandem_fpga::kernels::gemm::GemmCore;
 use tandem_fpga::kernels::gemm::pad8;
 use tandem_fpga::kernels::router::RouterCore;
+use tandem_fpga::kernels::vecops::VecopsCore;
 use tandem_fpga::shell::ShellConfig;
 use tandem_fpga::timing::{self, MemTiming};
 use tandem_fpga::{DEFAULT_CLOCK_MHZ, FpgaDevice, FpgaError};
@@ -42,6 +48,7 @@ use tandem_fpga::{DEFAULT_CLOCK_MHZ, FpgaDevice, FpgaError};
 pub use attention::ATTENTION_KERNEL;
 pub use linear::GEMM_KERNEL;
 pub use route::ROUTER_KERNEL;
+pub use vecops::{LAYOUT_KERNEL, VECOPS_KERNEL};
 
 use super::{
     Backend, DeviceId, DeviceInfo, DeviceKind, DeviceStorage, Launch, LaunchInfo, Missing, Support,
@@ -168,6 +175,7 @@ pub struct FpgaBackend {
     router: RouterCore,
     gemm: GemmCore,
     attention: [(&'static str, AttentionCore); 2],
+    vecops: VecopsCore,
     /// One card per kernel build and mode (the first Verilator build of a kernel takes a
     /// while; later ones load from the cache).
     cards: Mutex<Cards>,
@@ -205,6 +213,7 @@ impl FpgaBackend {
         let router = RouterCore::default();
         let gemm = gemm_build();
         let attention = attention::builds();
+        let vecops = vecops::vecops_build();
         let clock_mhz = opts.clock_mhz.unwrap_or(DEFAULT_CLOCK_MHZ);
         let clock = clock_mhz * 1e6;
         let mut details = card.details;
@@ -214,7 +223,7 @@ impl FpgaBackend {
                 "kernels".into(),
                 format!(
                     "router (e_max={}, k_max={}), gemm (rows={}, k_max={}, n_max={}), \
-                     attention (d_max={} and {}, nkv_max={}, kv_tile={})",
+                     attention (d_max={} and {}, nkv_max={}, kv_tile={}), vecops (n_max={})",
                     router.e_max,
                     router.k_max,
                     gemm.rows,
@@ -223,7 +232,8 @@ impl FpgaBackend {
                     attention[0].1.d_max,
                     attention[1].1.d_max,
                     attention[0].1.nkv_max,
-                    attention[0].1.kv_tile
+                    attention[0].1.kv_tile,
+                    vecops.n_max
                 ),
             ),
         ]);
@@ -248,6 +258,7 @@ impl FpgaBackend {
             router,
             gemm,
             attention,
+            vecops,
             cards: Mutex::new(HashMap::new()),
         }
     }
@@ -300,6 +311,9 @@ impl FpgaBackend {
                 let s = p.shape(inputs).ok()?;
                 let (_, core) = attention::pick(&self.attention, s.d)?;
                 Some(attention::estimate_cycles(&core, p.causal, &s))
+            }
+            Op::RmsNorm(_) | Op::Rope(_) | Op::Add | Op::SplitHeads(_) | Op::MergeHeads => {
+                vecops::cycles(&self.vecops, op, inputs)
             }
             _ => None,
         }
@@ -416,8 +430,13 @@ impl Backend for FpgaBackend {
                 };
                 attention::support(&self.attention, p, inputs, max)
             }
+            Op::RmsNorm(_) | Op::Rope(_) | Op::Add | Op::SplitHeads(_) | Op::MergeHeads => {
+                let max = (!self.model_sized()).then_some(vecops::MAX_SIM_CYCLES);
+                vecops::support(&self.vecops, op, inputs, max)
+            }
             other => Support::No(format!(
-                "no FPGA kernel for {} in this build (router, GEMM and attention are plugged in)",
+                "no FPGA kernel for {} in this build (router, GEMM, attention and vecops \
+                 (rmsnorm, rope, add; split/merge_heads as host layout) are plugged in)",
                 other.name()
             )),
         }
@@ -491,6 +510,33 @@ impl Backend for FpgaBackend {
                     (heads, st.cycles, clock)
                 };
                 (job.outputs(&heads)?, cycles, clock, ATTENTION_KERNEL)
+            }
+            Op::SplitHeads(_) | Op::MergeHeads => (
+                vecops::layout(op, &tensors)?,
+                0,
+                self.nominal_clock_hz(),
+                LAYOUT_KERNEL,
+            ),
+            Op::RmsNorm(_) | Op::Rope(_) | Op::Add => {
+                let job = vecops::VecJob::new(&self.vecops, op, &tensors)?;
+                if job.is_empty() {
+                    let empty = tandem_fpga::golden::vecops::VecOut {
+                        y: Vec::new(),
+                        s: Vec::new(),
+                    };
+                    (
+                        job.outputs(&empty)?,
+                        0,
+                        self.nominal_clock_hz(),
+                        VECOPS_KERNEL,
+                    )
+                } else {
+                    let ((out, st), clock) =
+                        self.with_card("vecops", &self.vecops, modelled, |dev| {
+                            job.run(dev, deadline.remaining())
+                        })?;
+                    (job.outputs(&out)?, st.cycles, clock, VECOPS_KERNEL)
+                }
             }
             other => {
                 return Err(Error::Internal(format!(
@@ -571,8 +617,12 @@ mod tests {
             b.supports(&Op::MoeRoute(p), std::slice::from_ref(&m)),
             Support::Native
         );
+        assert_eq!(
+            b.supports(&Op::Add, &[m.clone(), m.clone()]),
+            Support::Native
+        );
         assert!(matches!(
-            b.supports(&Op::Add, &[m.clone(), m]),
+            b.supports(&Op::Add, &[m, TensorMeta::new(vec![4, 63], DType::F32)]),
             Support::No(_)
         ));
     }

@@ -1,0 +1,226 @@
+//! The HLS C++ vector ops (`src/vecops.cpp`) against `tandem_fpga::golden::vecops`, bit for
+//! bit: random shapes of every op (odd lengths, saturation, refused arguments), the LUT include
+//! files equal to the golden tables, and the csim testbench `tb/vecops_tb.cpp` over vectors the
+//! golden model writes (`TANDEM_BLESS=1` rewrites `tb/vecops_vectors.h`).
+
+use std::fmt::Write as _;
+use std::process::Command;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tandem_fpga::golden::vecops::{self as gv, LANES, VecArgs, words};
+
+const N_MAX: usize = 512;
+
+fn case(rng: &mut ChaCha8Rng, op: u32, big: bool) -> (VecArgs, Vec<i16>, Vec<i16>, Vec<i16>) {
+    let rows = rng.gen_range(1..=5);
+    let n = if op == gv::OP_ROPE {
+        8 * rng.gen_range(1..=N_MAX / 8)
+    } else {
+        rng.gen_range(1..=N_MAX)
+    };
+    let np = LANES * words(n);
+    let lim = if big { i16::MAX } else { 3000 };
+    let mut r16 =
+        |len: usize| -> Vec<i16> { (0..len).map(|_| rng.gen_range(-lim..=lim)).collect() };
+    let a = gv::pad_rows(&r16(rows * n), rows, n);
+    let mut args = VecArgs {
+        op,
+        rows,
+        n,
+        ..VecArgs::default()
+    };
+    let (mut b, mut p) = (Vec::new(), Vec::new());
+    match op {
+        gv::OP_RMSNORM | gv::OP_RMSNORM_RES => {
+            args.shift = if big { 3 } else { 19 };
+            args.c0 = 77;
+            args.c1 = ((1u64 << 32) / n as u64).min(u64::from(u32::MAX)) as u32;
+            p = gv::pad_rows(&r16(n), 1, n);
+        }
+        gv::OP_ROPE => {
+            args.c0 = 3;
+            p = r16(3 * np);
+        }
+        gv::OP_SILU_MUL => {
+            args.shift = if big { 4 } else { 26 };
+            args.c0 = 50_000;
+            args.c1 = 17;
+        }
+        _ => {}
+    }
+    if args.reads_b() {
+        b = gv::pad_rows(&r16(rows * n), rows, n);
+    }
+    (args, a, b, p)
+}
+
+#[test]
+fn hls_vecops_matches_golden() {
+    let mut rng = ChaCha8Rng::seed_from_u64(0x415);
+    for i in 0..60u32 {
+        let (args, a, b, p) = case(&mut rng, i % 5, i % 4 == 3);
+        let want = gv::run(&args, N_MAX, &a, &b, &p).expect("golden");
+        let got = tandem_hls::vecops(&args, N_MAX, &a, &b, &p).expect("hls");
+        assert_eq!(got, want, "{args:?}");
+    }
+    let refused = VecArgs {
+        op: gv::OP_ROPE,
+        rows: 1,
+        n: 12,
+        c0: 1,
+        ..VecArgs::default()
+    };
+    let np = LANES * words(12);
+    assert!(tandem_hls::vecops(&refused, N_MAX, &vec![0; np], &[], &vec![0; np]).is_err());
+}
+
+fn table(path: &str) -> Vec<u16> {
+    std::fs::read_to_string(path)
+        .expect("LUT include")
+        .lines()
+        .filter(|l| !l.starts_with("//"))
+        .flat_map(|l| {
+            l.split(',')
+                .map(str::trim)
+                .filter(|x| !x.is_empty())
+                .map(String::from)
+                .collect::<Vec<_>>()
+        })
+        .map(|x| x.parse().expect("LUT entry"))
+        .collect()
+}
+
+#[test]
+fn lut_includes_equal_the_golden_tables() {
+    assert_eq!(table("src/vecops_rsqrt_lut.inc"), gv::rsqrt_lut().to_vec());
+    assert_eq!(table("src/vecops_sigmoid_lut.inc"), gv::sigmoid_lut());
+}
+
+fn array<T: std::fmt::Display>(out: &mut String, ty: &str, name: &str, v: &[T]) {
+    let _ = write!(out, "static const {ty} {name}[{}] = {{", v.len().max(1));
+    for (i, x) in v.iter().enumerate() {
+        if i % 16 == 0 {
+            out.push_str("\n    ");
+        }
+        let _ = write!(out, "{x}, ");
+    }
+    if v.is_empty() {
+        out.push('0');
+    }
+    out.push_str("\n};\n");
+}
+
+fn vectors() -> String {
+    let mut rng = ChaCha8Rng::seed_from_u64(0x7b);
+    let (mut all_a, mut all_b, mut all_p, mut all_y, mut all_s) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut cols: [Vec<i64>; 11] = Default::default();
+    let mut max_len = 1;
+    for i in 0..10u32 {
+        let (mut args, a, b, p) = case(&mut rng, i % 5, i >= 5);
+        args.rows = args.rows.min(2);
+        let np = LANES * words(args.n);
+        let (a, b) = (
+            a[..args.rows * np].to_vec(),
+            b[..b.len().min(args.rows * np)].to_vec(),
+        );
+        let out = gv::run(&args, N_MAX, &a, &b, &p).expect("golden");
+        let row = [
+            i64::from(args.op),
+            args.rows as i64,
+            args.n as i64,
+            i64::from(args.shift),
+            i64::from(args.c0),
+            i64::from(args.c1),
+            all_a.len() as i64,
+            all_b.len() as i64,
+            all_p.len() as i64,
+            a.len() as i64,
+            0,
+        ];
+        for (c, v) in cols.iter_mut().zip(row) {
+            c.push(v);
+        }
+        max_len = max_len.max(a.len());
+        all_y.extend_from_slice(&out.y);
+        let mut s = out.s.clone();
+        s.resize(a.len(), 0);
+        all_s.extend_from_slice(&s);
+        all_a.extend(a);
+        all_b.extend(b);
+        all_p.extend(p);
+    }
+    let mut s = String::from(
+        "// Generated by hls/tests/vecops.rs from fpga::golden::vecops. Do not edit.\n",
+    );
+    let _ = writeln!(
+        s,
+        "#define TB_CASES 10\n#define TB_N_MAX {N_MAX}\n#define TB_MAX_LEN {max_len}"
+    );
+    for (name, ty, c) in [
+        ("tb_op", "int", 0),
+        ("tb_rows", "int", 1),
+        ("tb_n", "int", 2),
+        ("tb_shift", "int", 3),
+        ("tb_c0", "uint32_t", 4),
+        ("tb_c1", "uint32_t", 5),
+        ("tb_a_off", "int", 6),
+        ("tb_b_off", "int", 7),
+        ("tb_p_off", "int", 8),
+        ("tb_len", "int", 9),
+    ] {
+        array(&mut s, ty, name, &cols[c]);
+    }
+    array(&mut s, "int16_t", "tb_a", &all_a);
+    array(&mut s, "int16_t", "tb_b", &all_b);
+    array(&mut s, "int16_t", "tb_p", &all_p);
+    array(&mut s, "int16_t", "tb_y", &all_y);
+    array(&mut s, "int16_t", "tb_s", &all_s);
+    s
+}
+
+#[test]
+#[allow(clippy::disallowed_methods)] // TANDEM_BLESS rewrites the vectors; CXX picks the compiler
+fn csim_vecops_testbench() {
+    let text = vectors();
+    let path = "tb/vecops_vectors.h";
+    if std::env::var_os("TANDEM_BLESS").is_some() {
+        std::fs::write(path, &text).expect("write vectors");
+    }
+    let on_disk = std::fs::read_to_string(path).unwrap_or_default();
+    assert!(
+        on_disk == text,
+        "{path} is stale: rerun with TANDEM_BLESS=1"
+    );
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let dir = std::env::temp_dir().join(format!("tandem-hls-csim-{}-vecops", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let exe = dir.join("vecops_tb");
+    let Ok(built) = Command::new(&cxx)
+        .args([
+            "-std=c++14",
+            "-O1",
+            "-Wno-unknown-pragmas",
+            "-Isrc",
+            "-Itb",
+            "-o",
+        ])
+        .arg(&exe)
+        .args(["tb/vecops_tb.cpp", "src/vecops.cpp"])
+        .output()
+    else {
+        println!("skipped: no C++ compiler (c++ or $CXX) found");
+        return;
+    };
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let run = Command::new(&exe).output().expect("run testbench");
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "vecops_tb failed:\n{out}");
+    assert!(out.contains("0 mismatches over 10 cases"), "{out}");
+}
