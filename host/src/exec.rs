@@ -405,7 +405,7 @@ fn run_node(
         )));
     }
     for (name, s) in node.outputs.iter().zip(launch.outputs) {
-        buf(name)?.set_written(s)?;
+        buf(name)?.set_written_in(reg, s)?;
     }
     let info = launch
         .info

@@ -16,6 +16,7 @@
 pub mod cpu;
 pub mod cuda;
 pub mod fpga;
+pub mod memory;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -23,6 +24,7 @@ use std::path::PathBuf;
 pub use cpu::{CpuBlas, CpuOptions};
 pub use cuda::CudaOptions;
 pub use fpga::{FpgaOptions, SimMode};
+pub use memory::{DeviceSelector, MEMORY_LIMIT_VAR, MemoryLimit, MemoryLimits};
 
 use crate::error::Result;
 
@@ -139,6 +141,9 @@ pub struct Options {
     /// suffix); `None`: the host's available memory when the run starts
     /// ([`crate::limits::Limits::host`]).
     pub max_memory: Option<u64>,
+    /// Memory each device may hold (`--memory-limit` / `TANDEM_MEMORY_LIMIT`); a device
+    /// without an entry may use its real capacity.
+    pub memory_limits: MemoryLimits,
 }
 
 impl Default for Options {
@@ -150,6 +155,7 @@ impl Default for Options {
             fpga: FpgaOptions::default(),
             history: None,
             max_memory: None,
+            memory_limits: MemoryLimits::default(),
         }
     }
 }
@@ -186,6 +192,10 @@ impl Options {
                             )
                         })?,
                 ),
+            },
+            memory_limits: match env.text(MEMORY_LIMIT_VAR)? {
+                None => MemoryLimits::default(),
+                Some(t) => MemoryLimits::parse(&t, MEMORY_LIMIT_VAR)?,
             },
         })
     }

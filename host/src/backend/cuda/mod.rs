@@ -236,6 +236,12 @@ impl Backend for CudaBackend {
         ops::supports(self.dev.arch, self.opts.attention_variant, op, inputs)
     }
 
+    fn stored_bytes(&self, meta: &TensorMeta) -> u64 {
+        // Floats in 16 bits (bf16 or f16), i32 as is.
+        let size = if meta.dtype.is_float() { 2 } else { meta.dtype.size() };
+        (meta.numel() * size) as u64
+    }
+
     fn upload(&self, host: &Tensor) -> Result<DeviceStorage> {
         self.dev.bind()?;
         let meta = host.meta();
