@@ -373,10 +373,11 @@ fn run_node(
         let s = s.ok_or_else(|| Error::Internal(format!("'{name}' has no data on {device}")))?;
         if graph.is_param(name) {
             resident_transfer += t_in.elapsed();
-            resident_bytes += moved.uploaded + moved.peer;
+            resident_bytes += moved.uploaded + moved.peer + moved.downloaded;
         } else {
             transfer += t_in.elapsed();
-            transfer_bytes += moved.uploaded + moved.peer;
+            // Copies toward this device: uploads, peer copies, and downloads for the host.
+            transfer_bytes += moved.uploaded + moved.peer + moved.downloaded;
         }
         inputs.push(s);
     }

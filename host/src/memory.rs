@@ -10,6 +10,8 @@
 //! replicas the host still holds valid, which the next use fetches again.
 
 mod budget;
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -242,8 +242,7 @@ impl<'a> Accounts<'a> {
 
     /// A line per device that could not hold all it would have run, naming where its nodes
     /// (or layers) went.
-    pub fn split_notes(&self, graph: &Graph) -> Vec<String> {
-        let _ = graph;
+    pub fn split_notes(&self) -> Vec<String> {
         self.spilled
             .iter()
             .map(|(from, nodes)| {
@@ -251,7 +250,7 @@ impl<'a> Accounts<'a> {
                     nodes.iter().filter_map(|(n, _)| layer_of(n)).collect();
                 let to: BTreeSet<String> = nodes.iter().map(|(_, d)| d.to_string()).collect();
                 let to = to.into_iter().collect::<Vec<_>>().join(", ");
-                let what = if !layers.is_empty() && layers.len() * 2 <= nodes.len() + 1 {
+                let what = if nodes.iter().all(|(n, _)| layer_of(n).is_some()) {
                     let l: Vec<String> = layers.iter().map(usize::to_string).collect();
                     format!("layers {} ({} nodes)", l.join(", "), nodes.len())
                 } else {

@@ -430,7 +430,7 @@ pub fn plan_with(
             ops.join(", ")
         ));
     }
-    warnings.extend(mem.split_notes(graph));
+    warnings.extend(mem.split_notes());
     let from_history = placements
         .iter()
         .filter(|p| p.history_samples.is_some())
