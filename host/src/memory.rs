@@ -308,7 +308,11 @@ impl Buffer {
                 mem.count_transfer(from, Direction::Download, bytes);
                 if to == DeviceId::CPU {
                     // The downloaded tensor is the host replica.
-                    return Ok(DeviceStorage::new(DeviceId::CPU, self.meta.clone(), downloaded));
+                    return Ok(DeviceStorage::new(
+                        DeviceId::CPU,
+                        self.meta.clone(),
+                        downloaded,
+                    ));
                 }
                 &downloaded
             }

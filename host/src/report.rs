@@ -409,9 +409,8 @@ pub fn chrome_trace(r: &RunReport) -> serde_json::Value {
         })
         .cloned()
         .collect();
-    let copy_tid = |d: &str| {
-        devices.len() + modelled.len() + copied.iter().position(|x| x == d).unwrap_or(0)
-    };
+    let copy_tid =
+        |d: &str| devices.len() + modelled.len() + copied.iter().position(|x| x == d).unwrap_or(0);
     for d in &copied {
         events.push(
             serde_json::json!({"ph": "M", "name": "thread_name", "pid": 1,

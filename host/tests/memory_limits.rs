@@ -28,7 +28,11 @@ fn assert_refused(o: &std::process::Output, needles: &[&str]) {
 fn bad_limits_are_refused_naming_the_device_and_the_units() {
     assert_refused(
         &run(&["--memory-limit", "cuda:0=8XB"], &[]),
-        &["--memory-limit", "cuda:0: '8XB' is not a memory size", "K, M, G or T"],
+        &[
+            "--memory-limit",
+            "cuda:0: '8XB' is not a memory size",
+            "K, M, G or T",
+        ],
     );
     assert_refused(
         &run(&["--memory-limit", "npu:0=1G"], &[]),
@@ -49,7 +53,12 @@ fn a_limit_below_one_op_is_an_error_before_the_run() {
     let o = run(&["--memory-limit", "cpu=4K"], &[]);
     assert_refused(
         &o,
-        &["fits no device", "on cpu it needs", "over the limit of 4.0 KiB (4096 bytes)", "raise --memory-limit"],
+        &[
+            "fits no device",
+            "on cpu it needs",
+            "over the limit of 4.0 KiB (4096 bytes)",
+            "raise --memory-limit",
+        ],
     );
     // Nothing ran: no node table.
     assert!(!text(&o).0.contains("layer output vs f64 reference"));

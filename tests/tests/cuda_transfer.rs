@@ -5,9 +5,9 @@
 
 use half::f16;
 use ndarray::{ArrayD, IxDyn};
+use tandem::Tensor;
 use tandem::backend::CudaDType;
 use tandem::tensor::HostData;
-use tandem::Tensor;
 use tandem_tests::cuda_or_skip;
 
 /// More values than two staging slots of 16-bit words hold (8 MiB slots), plus an odd tail.
@@ -56,7 +56,9 @@ fn values() -> Vec<f32> {
             if i % 4099 < edges.len() {
                 return edges[i % 4099];
             }
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             // Random bits: every exponent and mantissa pattern.
             f32::from_bits((s >> 32) as u32)
         })
@@ -83,7 +85,10 @@ fn roundtrip(dtype: CudaDType) {
         };
         if !same(g as f32, want) {
             if bad < 5 {
-                eprintln!("value {i}: {x:e} ({:#010x}) came back {g:e}, expected {want:e}", x.to_bits());
+                eprintln!(
+                    "value {i}: {x:e} ({:#010x}) came back {g:e}, expected {want:e}",
+                    x.to_bits()
+                );
             }
             bad += 1;
         }
@@ -107,17 +112,24 @@ fn i32_and_strided_tensors_come_back_exactly() {
         return;
     };
     // i32: no conversion, 4-byte words over several chunks.
-    let ints: Vec<i32> = (0..N as i32).map(|i| i.wrapping_mul(2654435761u32 as i32)).collect();
+    let ints: Vec<i32> = (0..N as i32)
+        .map(|i| i.wrapping_mul(2654435761u32 as i32))
+        .collect();
     let t = Tensor::from_i32(ArrayD::from_shape_vec(IxDyn(&[N]), ints.clone()).expect("shape"));
-    let back = be.download(&be.upload(&t).expect("upload")).expect("download");
+    let back = be
+        .download(&be.upload(&t).expect("upload"))
+        .expect("download");
     match back.data() {
         HostData::I32(a) => assert!(a.iter().eq(ints.iter()), "i32 values changed"),
         other => panic!("i32 came back as {:?}", Tensor::new(other.clone()).dtype()),
     }
     // A transposed (non-contiguous) f32 array goes up in its logical order.
     let (r, c) = (1500, 1300);
-    let a = ArrayD::from_shape_vec(IxDyn(&[r, c]), (0..r * c).map(|i| i as f32 * 0.25).collect())
-        .expect("shape");
+    let a = ArrayD::from_shape_vec(
+        IxDyn(&[r, c]),
+        (0..r * c).map(|i| i as f32 * 0.25).collect(),
+    )
+    .expect("shape");
     let tr = a.clone().reversed_axes();
     let back = be
         .download(&be.upload(&Tensor::from_f32(tr.clone())).expect("upload"))
@@ -145,6 +157,9 @@ fn uploads_back_to_back_reuse_the_slots_without_mixing_data() {
         .collect();
     for (k, st) in stored.iter().enumerate() {
         let back = be.download(st).expect("download").to_f64();
-        assert!(back.iter().all(|&x| x == k as f64), "upload {k} came back mixed");
+        assert!(
+            back.iter().all(|&x| x == k as f64),
+            "upload {k} came back mixed"
+        );
     }
 }

@@ -92,5 +92,7 @@ pub fn run(
     _iters: Option<usize>,
     _format: Format,
 ) -> anyhow::Result<()> {
-    anyhow::bail!("bench transfer measures CUDA devices; tandem was built without the `cuda` feature")
+    anyhow::bail!(
+        "bench transfer measures CUDA devices; tandem was built without the `cuda` feature"
+    )
 }

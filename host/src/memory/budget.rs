@@ -122,7 +122,10 @@ impl DeviceMemory {
 
     /// The limits set.
     pub fn limits(&self) -> MemoryLimits {
-        self.limits.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.limits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The bytes `device` may hold: its limit, else `capacity`.
@@ -136,7 +139,11 @@ impl DeviceMemory {
 
     /// What `device` holds and moved.
     pub fn usage(&self, device: DeviceId) -> DeviceUsage {
-        self.lock().devices.get(&device).copied().unwrap_or_default()
+        self.lock()
+            .devices
+            .get(&device)
+            .copied()
+            .unwrap_or_default()
     }
 
     /// Starts the peaks again from what each device holds now.
@@ -163,11 +170,7 @@ impl DeviceMemory {
         let mut s = self.lock();
         s.tick += 1;
         let tick = s.tick;
-        match s
-            .lru
-            .iter_mut()
-            .find(|e| e.id == id && e.device == device)
-        {
+        match s.lru.iter_mut().find(|e| e.id == id && e.device == device) {
             Some(e) => e.tick = tick,
             None => s.lru.push(LruEntry {
                 device,
@@ -197,7 +200,12 @@ impl DeviceMemory {
             let mut s = self.lock();
             let used = s.devices.get(&device).map_or(0, |u| u.used);
             if used.saturating_add(bytes) > limit {
-                Self::evict_locked(&mut s, device, used.saturating_add(bytes) - limit, &mut evicted);
+                Self::evict_locked(
+                    &mut s,
+                    device,
+                    used.saturating_add(bytes) - limit,
+                    &mut evicted,
+                );
             }
             let u = s.devices.entry(device).or_default();
             if must_fit && u.used.saturating_add(bytes) > limit {
@@ -232,12 +240,7 @@ impl DeviceMemory {
     /// given back or none is left that may go: the replica must be on a device other than the
     /// host, the host must hold the data valid, nothing else may hold the storage (a launch in
     /// flight), and the buffer must not be locked (being migrated or written right now).
-    fn evict_locked(
-        s: &mut State,
-        device: DeviceId,
-        need: u64,
-        out: &mut Vec<super::Replica>,
-    ) {
+    fn evict_locked(s: &mut State, device: DeviceId, need: u64, out: &mut Vec<super::Replica>) {
         if device == DeviceId::CPU {
             return;
         }

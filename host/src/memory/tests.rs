@@ -82,7 +82,9 @@ fn registry(limits: &str) -> Result<DeviceRegistry> {
 
 /// Deterministic values in [-1, 1) (a 64-bit LCG), different per `seed`.
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
             s = s
@@ -104,7 +106,10 @@ fn chain(layers: usize) -> Result<Graph> {
     let mut prev = "x".to_string();
     for i in 0..layers {
         let w = format!("model.layers.{i}.w");
-        g.param(&w, Tensor::from_vec_f32(&[N, N], values(N * N, 10 + i as u64))?);
+        g.param(
+            &w,
+            Tensor::from_vec_f32(&[N, N], values(N * N, 10 + i as u64))?,
+        );
         let lin = Op::Linear(LinearParams {
             act: Activation::None,
             bias: false,
@@ -124,12 +129,7 @@ fn cpu_result(g: &Graph) -> Result<Vec<Tensor>> {
 
 fn bits(t: &[Tensor]) -> Vec<Vec<u32>> {
     t.iter()
-        .map(|t| {
-            t.to_f64()
-                .iter()
-                .map(|&v| (v as f32).to_bits())
-                .collect()
-        })
+        .map(|t| t.to_f64().iter().map(|&v| (v as f32).to_bits()).collect())
         .collect()
 }
 
@@ -150,7 +150,10 @@ fn eviction_under_a_tight_limit_keeps_results_correct() -> Result<()> {
         assert!(u.peak <= 5 * U, "round {round}: peak {} > limit", u.peak);
         // Later rounds fetch again the weights evicted before.
         if round > 0 {
-            assert!(e.resident_bytes() >= U, "round {round}: nothing fetched again");
+            assert!(
+                e.resident_bytes() >= U,
+                "round {round}: nothing fetched again"
+            );
         }
         drop(e);
         reg.memory().reset_peaks();
@@ -187,7 +190,10 @@ fn a_limit_below_one_ops_working_set_is_an_error_naming_it() -> Result<()> {
     let m = plan(&g, &reg, BackendChoice::Auto)
         .expect_err("nowhere")
         .to_string();
-    assert!(m.contains("on cpu it needs") && m.contains("on fpga:0 it needs"), "{m}");
+    assert!(
+        m.contains("on cpu it needs") && m.contains("on fpga:0 it needs"),
+        "{m}"
+    );
     Ok(())
 }
 
@@ -209,7 +215,10 @@ fn a_model_too_big_for_one_device_is_split_by_layer() -> Result<()> {
         .find(|w| w.contains("split across devices"))
         .expect("the plan says it split");
     assert!(note.contains("fpga:0 (limit 896.0 KiB)"), "{note}");
-    assert!(note.contains("layers 2, 3 (2 nodes) placed on cpu"), "{note}");
+    assert!(
+        note.contains("layers 2, 3 (2 nodes) placed on cpu"),
+        "{note}"
+    );
     let planned = p.memory.iter().find(|m| m.device == DEV).expect("planned");
     assert!(planned.peak_bytes <= planned.limit_bytes);
     let e = Executor::new().execute(&g, &p, &reg, &ExecOptions::default())?;
@@ -259,7 +268,10 @@ fn transfer_accounting_is_exact() -> Result<()> {
     // The CPU's gamma is on the host already: nothing moved for it.
     assert_eq!(bytes, [(xb, w0b), (ab, 0), (nb, w1b)]);
     let u = reg.memory().usage(DEV);
-    assert_eq!((u.uploaded, u.downloaded, u.peer), (xb + w0b + nb + w1b, ab, 0));
+    assert_eq!(
+        (u.uploaded, u.downloaded, u.peer),
+        (xb + w0b + nb + w1b, ab, 0)
+    );
     // The device holds what it was sent and wrote (x, w0, lin0's output, norm's output, w1,
     // lin1's output), each charged at its size.
     let out = t as u64 * d as u64 * f;

@@ -221,7 +221,9 @@ mod tests {
             .expect_err("unit")
             .to_string();
         assert!(m.contains("K, M, G or T suffix"), "{m}");
-        let m = MemoryLimits::parse("npu=1G", "x").expect_err("kind").to_string();
+        let m = MemoryLimits::parse("npu=1G", "x")
+            .expect_err("kind")
+            .to_string();
         assert!(m.contains("cpu, cuda, fpga-sim, fpga"), "{m}");
     }
 }

@@ -341,7 +341,8 @@ pub fn plan_with(
         }
         // A requested device that can never hold the node, or no device that can: an error
         // naming the node, the devices, the bytes and the limits (not a thrash).
-        let requested_too_big = preferred.is_some_and(|k| too_big.iter().any(|(d, ..)| d.kind == k));
+        let requested_too_big =
+            preferred.is_some_and(|k| too_big.iter().any(|(d, ..)| d.kind == k));
         if requested_too_big || (best.is_none() && !too_big.is_empty()) {
             let listed: Vec<(DeviceId, u64, u64)> = too_big
                 .iter()

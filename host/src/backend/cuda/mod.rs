@@ -231,7 +231,12 @@ impl CudaBackend {
 
     /// Downloads `bytes` of `st` (after the compute stream's queued work) through the pinned
     /// slots, converting each landed chunk of device words `S` into `T` on the rayon threads.
-    fn fetch<S, T>(&self, st: &CudaStorage, n: usize, f: impl Fn(S) -> T + Sync + Send) -> Result<Vec<T>>
+    fn fetch<S, T>(
+        &self,
+        st: &CudaStorage,
+        n: usize,
+        f: impl Fn(S) -> T + Sync + Send,
+    ) -> Result<Vec<T>>
     where
         S: bytemuck::Pod + Sync,
         T: Copy + Default + Send,
@@ -242,21 +247,27 @@ impl CudaBackend {
             return Ok(out);
         }
         self.order(self.dev.stream, self.dev.copy_stream)?;
-        self.down.download(st.ptr(), n * elem, elem, self.dev.copy_stream, |off, bytes| {
-            let src: &[S] = bytemuck::cast_slice(bytes);
-            let first = off / elem;
-            let dst = out.get_mut(first..first + src.len()).ok_or_else(|| {
-                Error::Internal(format!("download chunk at {off} past {n} values"))
-            })?;
-            dst.par_chunks_mut(1 << 15)
-                .zip(src.par_chunks(1 << 15))
-                .for_each(|(d, s)| {
-                    for (d, s) in d.iter_mut().zip(s) {
-                        *d = f(*s);
-                    }
-                });
-            Ok(())
-        })?;
+        self.down.download(
+            st.ptr(),
+            n * elem,
+            elem,
+            self.dev.copy_stream,
+            |off, bytes| {
+                let src: &[S] = bytemuck::cast_slice(bytes);
+                let first = off / elem;
+                let dst = out.get_mut(first..first + src.len()).ok_or_else(|| {
+                    Error::Internal(format!("download chunk at {off} past {n} values"))
+                })?;
+                dst.par_chunks_mut(1 << 15)
+                    .zip(src.par_chunks(1 << 15))
+                    .for_each(|(d, s)| {
+                        for (d, s) in d.iter_mut().zip(s) {
+                            *d = f(*s);
+                        }
+                    });
+                Ok(())
+            },
+        )?;
         Ok(out)
     }
 }
@@ -300,8 +311,12 @@ impl Source<'_> {
             Ok(())
         }
         match (self, half) {
-            (Source::F32(a), CudaDType::Bf16) => conv(&**a, first, stage, |x| bf16::from_f32(x).to_bits()),
-            (Source::F32(a), CudaDType::F16) => conv(&**a, first, stage, |x| f16::from_f32(x).to_bits()),
+            (Source::F32(a), CudaDType::Bf16) => {
+                conv(&**a, first, stage, |x| bf16::from_f32(x).to_bits())
+            }
+            (Source::F32(a), CudaDType::F16) => {
+                conv(&**a, first, stage, |x| f16::from_f32(x).to_bits())
+            }
             (Source::Bf16(a), CudaDType::Bf16) => conv(&**a, first, stage, |x| x.to_bits()),
             (Source::Bf16(a), CudaDType::F16) => {
                 conv(&**a, first, stage, |x| f16::from_f32(x.into()).to_bits())
@@ -330,7 +345,11 @@ impl Backend for CudaBackend {
 
     fn stored_bytes(&self, meta: &TensorMeta) -> u64 {
         // Floats in 16 bits (bf16 or f16), i32 as is.
-        let size = if meta.dtype.is_float() { 2 } else { meta.dtype.size() };
+        let size = if meta.dtype.is_float() {
+            2
+        } else {
+            meta.dtype.size()
+        };
         (meta.numel() * size) as u64
     }
 
@@ -364,10 +383,13 @@ impl Backend for CudaBackend {
                 _ => return Err(Error::Internal("upload: unexpected host data".into())),
             };
             let elem = phys.size();
-            self.up
-                .upload(buf.ptr(), bytes, elem, self.dev.copy_stream, |off, stage| {
-                    src.encode(half, off / elem, stage)
-                })?;
+            self.up.upload(
+                buf.ptr(),
+                bytes,
+                elem,
+                self.dev.copy_stream,
+                |off, stage| src.encode(half, off / elem, stage),
+            )?;
             // Kernels that read the data run after the copies; no host thread waits for them.
             self.order_after_copies()?;
         }
