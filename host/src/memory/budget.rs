@@ -128,13 +128,14 @@ impl DeviceMemory {
             .clone()
     }
 
-    /// The bytes `device` may hold: its limit, else `capacity`.
+    /// The bytes `device` may hold: its limit, else `capacity` (0, a capacity the device does
+    /// not know: no limit).
     pub fn limit(&self, device: DeviceId, capacity: u64) -> u64 {
         self.limits
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .limit_for(device)
-            .unwrap_or(capacity)
+            .unwrap_or(if capacity == 0 { u64::MAX } else { capacity })
     }
 
     /// What `device` holds and moved.

@@ -110,6 +110,11 @@ impl<'a> Accounts<'a> {
         }
     }
 
+    /// Whether the user set `dev`'s limit (`--memory-limit`), rather than its capacity.
+    pub fn limit_set(&self, dev: DeviceId) -> bool {
+        self.reg.memory().limits().limit_for(dev).is_some()
+    }
+
     fn limit(&self, dev: DeviceId) -> u64 {
         self.reg.memory_limit(dev).unwrap_or(u64::MAX)
     }

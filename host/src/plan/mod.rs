@@ -317,12 +317,20 @@ pub fn plan_with(
             match mem.check(graph, index, dev) {
                 Ok(()) => {}
                 Err(memory::NoRoom::TooBig { need, limit }) => {
-                    too_big.push((dev, need, limit));
-                    considered.push(format!(
-                        "{dev}: no (needs {} for inputs + outputs, over its memory limit of {})",
+                    let why = format!(
+                        "needs {} for inputs + outputs, over its memory {} of {}",
                         crate::limits::human_bytes(need),
+                        if mem.limit_set(dev) { "limit" } else { "capacity" },
                         crate::limits::human_bytes(limit)
-                    ));
+                    );
+                    // A limit the user set is held to (an error below); a device's own
+                    // capacity is like a missing kernel: the op runs elsewhere.
+                    if mem.limit_set(dev) {
+                        too_big.push((dev, need, limit));
+                    } else if preferred == Some(dev.kind) && lacks.is_none() {
+                        lacks = Some(why.clone());
+                    }
+                    considered.push(format!("{dev}: no ({why})"));
                     continue;
                 }
                 Err(memory::NoRoom::Full(why)) => {
