@@ -320,7 +320,11 @@ pub fn plan_with(
                     let why = format!(
                         "needs {} for inputs + outputs, over its memory {} of {}",
                         crate::limits::human_bytes(need),
-                        if mem.limit_set(dev) { "limit" } else { "capacity" },
+                        if mem.limit_set(dev) {
+                            "limit"
+                        } else {
+                            "capacity"
+                        },
                         crate::limits::human_bytes(limit)
                     );
                     // A limit the user set is held to (an error below); a device's own

@@ -312,20 +312,20 @@ impl Source<'_> {
         }
         match (self, half) {
             (Source::F32(a), CudaDType::Bf16) => {
-                conv(&**a, first, stage, |x| bf16::from_f32(x).to_bits())
+                conv(a, first, stage, |x| bf16::from_f32(x).to_bits())
             }
             (Source::F32(a), CudaDType::F16) => {
-                conv(&**a, first, stage, |x| f16::from_f32(x).to_bits())
+                conv(a, first, stage, |x| f16::from_f32(x).to_bits())
             }
-            (Source::Bf16(a), CudaDType::Bf16) => conv(&**a, first, stage, |x| x.to_bits()),
+            (Source::Bf16(a), CudaDType::Bf16) => conv(a, first, stage, |x| x.to_bits()),
             (Source::Bf16(a), CudaDType::F16) => {
-                conv(&**a, first, stage, |x| f16::from_f32(x.into()).to_bits())
+                conv(a, first, stage, |x| f16::from_f32(x.into()).to_bits())
             }
             (Source::F16(a), CudaDType::Bf16) => {
-                conv(&**a, first, stage, |x| bf16::from_f32(x.into()).to_bits())
+                conv(a, first, stage, |x| bf16::from_f32(x.into()).to_bits())
             }
-            (Source::F16(a), CudaDType::F16) => conv(&**a, first, stage, |x| x.to_bits()),
-            (Source::I32(a), _) => conv(&**a, first, stage, |x| x),
+            (Source::F16(a), CudaDType::F16) => conv(a, first, stage, |x| x.to_bits()),
+            (Source::I32(a), _) => conv(a, first, stage, |x| x),
         }
     }
 }

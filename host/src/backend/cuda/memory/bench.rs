@@ -155,7 +155,7 @@ impl CudaBackend {
         };
         let mut out: Vec<TransferFigure> = raw
             .iter()
-            .map(|(p, d, s)| figure(p.to_string(), *d, bytes, bytes, *s))
+            .map(|(p, d, s)| figure(p.to_string(), d, bytes, bytes, *s))
             .collect();
         let n = bytes / 4;
         let values: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 * 0.001 - 0.5).collect();
