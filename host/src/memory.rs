@@ -2,10 +2,21 @@
 //!
 //! `acquire(device, access)` hands back the replica on a device, migrating the data there first
 //! when the device's replica is stale: a direct peer copy where the backend offers one, else
-//! staged through host memory. Writing makes the written replica the only valid one.
+//! staged through host memory (a valid host replica is uploaded from where it lies, never
+//! copied first). Writing makes the written replica the only valid one.
+//!
+//! Every replica made on a device through a registry is charged to the registry's
+//! [`DeviceMemory`] (`budget`): a device at its limit evicts, least recently used first, the
+//! replicas the host still holds valid, which the next use fetches again.
+
+mod budget;
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+pub use budget::{DeviceMemory, DeviceMemoryReport, DeviceUsage, Direction};
 
 use crate::backend::{DeviceId, DeviceRegistry, DeviceStorage};
 use crate::error::{Error, Result};
@@ -22,9 +33,25 @@ pub enum Access {
     ReadWrite,
 }
 
+/// One device's copy of the data, and what it is charged to.
+#[derive(Debug)]
+struct Replica {
+    storage: DeviceStorage,
+    charge: Option<budget::Charge>,
+}
+
+impl Replica {
+    fn uncharged(storage: DeviceStorage) -> Self {
+        Self {
+            storage,
+            charge: None,
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Replicas {
-    by_device: BTreeMap<DeviceId, DeviceStorage>,
+    by_device: BTreeMap<DeviceId, Replica>,
     valid: Vec<DeviceId>,
 }
 
@@ -44,7 +71,7 @@ pub struct TransferStats {
 pub struct Buffer {
     name: String,
     meta: TensorMeta,
-    state: Mutex<Replicas>,
+    state: Arc<Mutex<Replicas>>,
     stats: Mutex<TransferStats>,
 }
 
@@ -57,7 +84,7 @@ impl Buffer {
             let mut s = b.lock();
             s.by_device.insert(
                 DeviceId::CPU,
-                DeviceStorage::new(DeviceId::CPU, meta, tensor),
+                Replica::uncharged(DeviceStorage::new(DeviceId::CPU, meta, tensor)),
             );
             s.valid = vec![DeviceId::CPU];
         }
@@ -69,7 +96,7 @@ impl Buffer {
         Self {
             name: name.into(),
             meta,
-            state: Mutex::new(Replicas::default()),
+            state: Arc::new(Mutex::new(Replicas::default())),
             stats: Mutex::new(TransferStats::default()),
         }
     }
@@ -98,19 +125,56 @@ impl Buffer {
         *self.stats.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records `storage` as the replica on its device, now the only valid one.
+    /// Records `storage` as the replica on its device, now the only valid one (not charged to
+    /// any device's memory; see [`Buffer::set_written_in`]).
     pub fn set_written(&self, storage: DeviceStorage) -> Result<()> {
+        self.check_meta(&storage)?;
+        let mut s = self.lock();
+        let dev = storage.device;
+        s.by_device.insert(dev, Replica::uncharged(storage));
+        s.valid = vec![dev];
+        Ok(())
+    }
+
+    /// [`Buffer::set_written`], charging the replica to its device in `reg`'s
+    /// [`DeviceMemory`] (an output a launch already allocated: replicas the host holds are
+    /// evicted to make room, and past that it is counted over the limit, never refused).
+    pub fn set_written_in(&self, reg: &DeviceRegistry, storage: DeviceStorage) -> Result<()> {
+        self.check_meta(&storage)?;
+        let dev = storage.device;
+        let charge = self.charge(reg, &storage, false)?;
+        let mut s = self.lock();
+        s.by_device.insert(dev, Replica { storage, charge });
+        s.valid = vec![dev];
+        Ok(())
+    }
+
+    fn check_meta(&self, storage: &DeviceStorage) -> Result<()> {
         if storage.meta != self.meta {
             return Err(Error::Internal(format!(
                 "buffer {}: written {} where {} was declared",
                 self.name, storage.meta, self.meta
             )));
         }
-        let mut s = self.lock();
-        let dev = storage.device;
-        s.by_device.insert(dev, storage);
-        s.valid = vec![dev];
         Ok(())
+    }
+
+    /// The charge of a replica `storage` in `reg`'s accounts (none for the host's replicas of
+    /// constants, which exist before the run).
+    fn charge(
+        &self,
+        reg: &DeviceRegistry,
+        storage: &DeviceStorage,
+        must_fit: bool,
+    ) -> Result<Option<budget::Charge>> {
+        let dev = storage.device;
+        let Some(b) = reg.get(dev) else {
+            return Ok(None);
+        };
+        let bytes = b.stored_bytes(&storage.meta);
+        reg.memory()
+            .charge(dev, b.info().memory_bytes, bytes, &self.state, must_fit)
+            .map(Some)
     }
 
     /// The replica on `device`, migrated there if needed (for `Read`/`ReadWrite`).
@@ -138,7 +202,7 @@ impl Buffer {
         let mut s = self.lock();
         if access == Access::Write {
             s.valid = vec![device];
-            return Ok((s.by_device.get(&device).cloned(), moved));
+            return Ok((s.by_device.get(&device).map(|r| r.storage.clone()), moved));
         }
         if s.valid.is_empty() {
             return Err(Error::Internal(format!(
@@ -146,7 +210,14 @@ impl Buffer {
                 self.name
             )));
         }
-        if !s.valid.contains(&device) {
+        if s.valid.contains(&device) {
+            if device != DeviceId::CPU {
+                reg.memory().touch(device, &self.state);
+            }
+        } else {
+            // A stale replica goes first (its memory is given back before the new one is
+            // charged).
+            s.by_device.remove(&device);
             let storage = self.migrate(reg, &s, device, &mut moved);
             {
                 // Copies that completed are counted even when a later step failed.
@@ -155,13 +226,17 @@ impl Buffer {
                 stats.downloaded += moved.downloaded;
                 stats.peer += moved.peer;
             }
-            s.by_device.insert(device, storage?);
+            let storage = storage?;
+            // Charged under this buffer's lock: the eviction it may cause skips this buffer.
+            // A device refuses a copy past its limit; the host counts it (it holds the data).
+            let charge = self.charge(reg, &storage, device != DeviceId::CPU)?;
+            s.by_device.insert(device, Replica { storage, charge });
             s.valid.push(device);
         }
         if access == Access::ReadWrite {
             s.valid = vec![device];
         }
-        Ok((s.by_device.get(&device).cloned(), moved))
+        Ok((s.by_device.get(&device).map(|r| r.storage.clone()), moved))
     }
 
     /// Forgets the replica on `device` (after the device failed, or to free its memory), unless
@@ -173,7 +248,9 @@ impl Buffer {
             return false;
         }
         s.valid.retain(|d| *d != device);
-        s.by_device.remove(&device).is_some()
+        let gone = s.by_device.remove(&device);
+        drop(s);
+        gone.is_some()
     }
 
     /// The current data as a host tensor (downloading if no host replica is valid).
@@ -181,7 +258,7 @@ impl Buffer {
         let st = self
             .acquire(reg, DeviceId::CPU, Access::Read)?
             .ok_or_else(|| Error::Internal(format!("buffer {} has no host replica", self.name)))?;
-        reg.cpu().download(&st)
+        Ok(st.host_tensor("CPU")?.clone())
     }
 
     /// Makes a replica on `to` from a valid one; `moved` counts each copy once it completed.
@@ -198,36 +275,54 @@ impl Buffer {
         };
         let dst = backend(to)?;
         let bytes = self.meta.bytes() as u64;
+        let mem = reg.memory();
         // Direct peer copy between devices of one kind, where the backend offers it.
         for v in &s.valid {
             if v.kind == to.kind && *v != to {
                 if let Some(src) = s.by_device.get(v) {
-                    if let Some(out) = dst.copy_peer(src)? {
+                    if let Some(out) = dst.copy_peer(&src.storage)? {
                         moved.peer += bytes;
+                        mem.count_transfer(to, Direction::Peer, bytes);
                         return Ok(out);
                     }
                 }
             }
         }
-        // Otherwise stage through the host: a valid host replica, or download one.
-        let host: Tensor = match s.by_device.get(&DeviceId::CPU) {
-            Some(h) if s.valid.contains(&DeviceId::CPU) => reg.cpu().download(h)?,
-            _ => {
+        // Otherwise stage through the host: a valid host replica as it lies (no copy of it
+        // first), or one downloaded from the device holding the data.
+        let host_replica = s
+            .by_device
+            .get(&DeviceId::CPU)
+            .filter(|_| s.valid.contains(&DeviceId::CPU));
+        let downloaded: Tensor;
+        let host: &Tensor = match host_replica {
+            Some(h) => h.storage.host_tensor("CPU")?,
+            None => {
                 let from = s.valid[0];
                 let src = s
                     .by_device
                     .get(&from)
                     .ok_or_else(|| Error::Internal(format!("no replica on {from}")))?;
-                let host = backend(from)?.download(src)?;
+                downloaded = backend(from)?.download(&src.storage)?;
                 moved.downloaded += bytes;
-                host
+                mem.count_transfer(from, Direction::Download, bytes);
+                if to == DeviceId::CPU {
+                    // The downloaded tensor is the host replica.
+                    return Ok(DeviceStorage::new(
+                        DeviceId::CPU,
+                        self.meta.clone(),
+                        downloaded,
+                    ));
+                }
+                &downloaded
             }
         };
         if to == DeviceId::CPU {
-            return reg.cpu().upload(&host);
+            return reg.cpu().upload(host);
         }
-        let out = dst.upload(&host)?;
+        let out = dst.upload(host)?;
         moved.uploaded += bytes;
+        mem.count_transfer(to, Direction::Upload, bytes);
         Ok(out)
     }
 }

@@ -54,8 +54,12 @@ pub struct RunReport {
     pub aux_loss: Option<f64>,
     /// Router z-loss of the run.
     pub z_loss: Option<f64>,
-    /// Warnings (missing devices, fallbacks).
+    /// Warnings (missing devices, fallbacks, a model split across devices by memory).
     pub warnings: Vec<String>,
+    /// Per device used: its memory limit, the most it held during the timed execution
+    /// (`peak`), what it holds after it (`used`), the replicas it evicted to stay within the
+    /// limit and the bytes copied to and from it (the whole run, warm-up included).
+    pub memory: Vec<crate::memory::DeviceMemoryReport>,
 }
 
 impl Serialize for NodeReport {
@@ -247,6 +251,9 @@ pub fn summary_lines(r: &RunReport) -> String {
     if let Some(w) = resident_line(r) {
         s.push_str(&w);
     }
+    for line in memory_lines(r) {
+        s.push_str(&line);
+    }
     if let Some(e) = r.output_rel_error {
         s.push_str(&format!("layer output vs f64 reference: {e:.2e}\n"));
     }
@@ -273,6 +280,64 @@ pub fn summary_lines(r: &RunReport) -> String {
         s.push_str(&format!("warning: {w}\n"));
     }
     s
+}
+
+/// The memory report of every device that ran a node of `exec` or holds or moved data:
+/// limits from `reg`, use from its [`crate::memory::DeviceMemory`].
+pub fn memory_of(
+    reg: &crate::backend::DeviceRegistry,
+    exec: &crate::exec::Execution,
+) -> Vec<crate::memory::DeviceMemoryReport> {
+    let limits = reg.memory().limits();
+    reg.backends()
+        .iter()
+        .filter_map(|b| {
+            let device = b.id();
+            let usage = reg.memory().usage(device);
+            let ran = exec.runs.iter().any(|r| r.device == device);
+            let touched = usage.peak + usage.uploaded + usage.downloaded + usage.peer > 0;
+            (ran || touched).then(|| crate::memory::DeviceMemoryReport {
+                device,
+                limit_bytes: reg.memory_limit(device).unwrap_or(b.info().memory_bytes),
+                limit_set: limits.limit_for(device).is_some(),
+                usage,
+            })
+        })
+        .collect()
+}
+
+/// A line per device on its memory: peak held against its limit, evictions, copies.
+pub fn memory_lines(r: &RunReport) -> Vec<String> {
+    use crate::limits::human_bytes;
+    r.memory
+        .iter()
+        .map(|m| {
+            let u = &m.usage;
+            let mut s = format!(
+                "memory: {} peak {} of {} {}",
+                m.device,
+                human_bytes(u.peak),
+                human_bytes(m.limit_bytes),
+                if m.limit_set { "limit" } else { "capacity" }
+            );
+            if u.evictions > 0 {
+                s.push_str(&format!(
+                    ", {} evictions ({} given back, fetched again when needed)",
+                    u.evictions,
+                    human_bytes(u.evicted_bytes)
+                ));
+            }
+            if u.uploaded + u.downloaded + u.peer > 0 {
+                s.push_str(&format!(
+                    ", copied {:.2} MB in, {:.2} MB out",
+                    (u.uploaded + u.peer) as f64 / 1e6,
+                    u.downloaded as f64 / 1e6
+                ));
+            }
+            s.push('\n');
+            s
+        })
+        .collect()
 }
 
 /// The line on resident weights, where there are any.
@@ -303,7 +368,8 @@ fn resident_line(r: &RunReport) -> Option<String> {
 }
 
 /// The run as a Chrome / Perfetto trace (JSON "traceEvents"): one track per device, a slice
-/// per op (its wall time) and per input transfer; and for devices that report their own
+/// per op (its wall time); a track "<device> copies" with a slice per node's input copies to
+/// it (the bytes and weight bytes as arguments); and for devices that report their own
 /// time (a simulated card's modelled time, CUDA events) a track "<device> device time" with
 /// a slice per op of that time, starting with the op. Open it in ui.perfetto.dev or chrome://tracing.
 pub fn chrome_trace(r: &RunReport) -> serde_json::Value {
@@ -332,6 +398,25 @@ pub fn chrome_trace(r: &RunReport) -> serde_json::Value {
         .cloned()
         .collect();
     let model_tid = |d: &str| devices.len() + modelled.iter().position(|x| x == d).unwrap_or(0);
+    // A copy track per device that received data: each node's input copies, so that copies
+    // to one device are seen overlapping the compute of the others.
+    let copied: Vec<String> = devices
+        .iter()
+        .filter(|d| {
+            r.nodes.iter().any(|n| {
+                &n.run.device.to_string() == *d && n.run.transfer_bytes + n.run.resident_bytes > 0
+            })
+        })
+        .cloned()
+        .collect();
+    let copy_tid =
+        |d: &str| devices.len() + modelled.len() + copied.iter().position(|x| x == d).unwrap_or(0);
+    for d in &copied {
+        events.push(
+            serde_json::json!({"ph": "M", "name": "thread_name", "pid": 1,
+                               "tid": copy_tid(d), "args": {"name": format!("{d} copies")}}),
+        );
+    }
     for d in &modelled {
         events.push(
             serde_json::json!({"ph": "M", "name": "thread_name", "pid": 1,
@@ -353,7 +438,7 @@ pub fn chrome_trace(r: &RunReport) -> serde_json::Value {
         }
         if n.run.transfer_bytes + n.run.resident_bytes > 0 {
             events.push(serde_json::json!({
-                "ph": "X", "pid": 1, "tid": tid(&dev), "cat": "transfer",
+                "ph": "X", "pid": 1, "tid": copy_tid(&dev), "cat": "transfer",
                 "name": format!("{} inputs", n.run.node),
                 "ts": us(n.run.start), "dur": us(n.run.transfer + n.run.resident_transfer),
                 "args": {"bytes": n.run.transfer_bytes, "weight_bytes": n.run.resident_bytes},

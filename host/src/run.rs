@@ -85,7 +85,9 @@ pub fn run_graph_with(
             .execute(graph, &plan, reg, &opts.exec)?
             .resident_bytes();
     }
+    reg.memory().reset_peaks();
     let exec = executor.execute(graph, &plan, reg, &opts.exec)?;
+    let memory = crate::report::memory_of(reg, &exec);
     weights_uploaded += exec.resident_bytes();
     check_finite_outputs(graph, &exec, reg, opts.check)?;
     let errors = if opts.check {
@@ -179,6 +181,7 @@ pub fn run_graph_with(
         aux_loss: scalar(".aux_loss")?,
         z_loss: scalar(".z_loss")?,
         warnings: plan.warnings.clone(),
+        memory,
     };
     Ok(RunOutcome { plan, exec, report })
 }

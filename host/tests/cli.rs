@@ -221,8 +221,10 @@ fn bad_flags_are_usage_errors() {
     );
     assert_usage_error(&["bench", "rope", "--backend", "auto"], "auto", kinds);
     let ops = "attention, moe-route, moe-experts, linear, rmsnorm, rope";
-    assert_usage_error(&["bench", "matmul"], "matmul", ops);
-    assert_usage_error(&["bench", "add"], "add", ops);
+    // `tandem bench` also measures copies (`transfer`).
+    let targets = format!("{ops}, transfer");
+    assert_usage_error(&["bench", "matmul"], "matmul", &targets);
+    assert_usage_error(&["bench", "add"], "add", &targets);
     assert_usage_error(
         &["op", "softmax", "--inputs", "x.safetensors"],
         "softmax",

@@ -190,6 +190,12 @@ impl DeviceStorage {
         self.inner.downcast_ref::<T>()
     }
 
+    /// How many values hold this storage (the buffer's replica, launches in flight, callers):
+    /// 1 when only its buffer does, so that evicting the replica frees the memory.
+    pub fn holders(&self) -> usize {
+        Arc::strong_count(&self.inner)
+    }
+
     /// The host tensor of a backend that keeps its storage in host memory (the CPU, and the
     /// simulated card until a launch writes its banks); `who` names the backend in the error.
     pub fn host_tensor(&self, who: &str) -> Result<&Tensor> {
@@ -263,6 +269,12 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     /// Whether this device runs `op` on inputs of these shapes.
     fn supports(&self, op: &Op, inputs: &[TensorMeta]) -> Support;
+
+    /// Bytes a tensor of `meta` takes on this device (what its memory limit is charged):
+    /// by default the logical size; a backend storing floats in 16 bits says so.
+    fn stored_bytes(&self, meta: &TensorMeta) -> u64 {
+        meta.bytes() as u64
+    }
 
     /// Copies a host tensor to the device.
     fn upload(&self, host: &Tensor) -> Result<DeviceStorage>;

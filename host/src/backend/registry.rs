@@ -25,6 +25,7 @@ pub struct DeviceRegistry {
     missing: Vec<Missing>,
     options: Options,
     calibration: Option<Arc<Calibration>>,
+    memory: Arc<crate::memory::DeviceMemory>,
 }
 
 /// Which device kinds discovery probes, and the options it opens them with.
@@ -76,6 +77,7 @@ impl DeviceRegistry {
         }
         // The CPU as the options configure it (its BLAS, its threads).
         r.backends[0] = Arc::new(super::cpu::CpuBackend::with_options(&probe.options.cpu));
+        r.memory.set_limits(probe.options.memory_limits.clone());
         r.options = probe.options;
         r
     }
@@ -87,6 +89,7 @@ impl DeviceRegistry {
             missing: Vec::new(),
             options: Options::default(),
             calibration: None,
+            memory: crate::memory::DeviceMemory::new(Default::default()),
         }
     }
 
@@ -104,6 +107,24 @@ impl DeviceRegistry {
     /// The calibration the planner uses, if one was set.
     pub fn calibration(&self) -> Option<&Calibration> {
         self.calibration.as_deref()
+    }
+
+    /// What each device holds against its memory limit (`--memory-limit`, else its capacity),
+    /// shared by every clone of this registry.
+    pub fn memory(&self) -> &Arc<crate::memory::DeviceMemory> {
+        &self.memory
+    }
+
+    /// The bytes `id` may hold: its memory limit, else its capacity (`None`: no such device).
+    pub fn memory_limit(&self, id: DeviceId) -> Option<u64> {
+        self.get(id)
+            .map(|b| self.memory.limit(id, b.info().memory_bytes))
+    }
+
+    /// Sets the devices' memory limits (tests, and registries built by hand; discovery
+    /// applies [`Options::memory_limits`]).
+    pub fn set_memory_limits(&self, limits: crate::options::MemoryLimits) {
+        self.memory.set_limits(limits);
     }
 
     /// Adds a backend (tests, and devices opened by hand).

@@ -11,16 +11,56 @@ use tandem::ops::{Activation, OpKind};
 use super::baselines::BaselineArgs;
 use super::render::{self, Format, FormatArgs};
 
+#[path = "bench_transfer.rs"]
+mod transfer;
+
+/// What `tandem bench` times: one op, or (`transfer`) host<->GPU copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BenchTarget {
+    /// One op.
+    Op(OpKind),
+    /// Host<->GPU copy bandwidth: tandem's upload and download beside the raw pinned and
+    /// pageable copies, in one run.
+    Transfer,
+}
+
+impl clap::ValueEnum for BenchTarget {
+    fn value_variants<'a>() -> &'a [Self] {
+        static ALL: std::sync::OnceLock<Vec<BenchTarget>> = std::sync::OnceLock::new();
+        ALL.get_or_init(|| {
+            <OpKind as clap::ValueEnum>::value_variants()
+                .iter()
+                .copied()
+                .map(BenchTarget::Op)
+                .chain([BenchTarget::Transfer])
+                .collect()
+        })
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        match self {
+            BenchTarget::Op(k) => clap::ValueEnum::to_possible_value(k),
+            BenchTarget::Transfer => Some(
+                clap::builder::PossibleValue::new("transfer")
+                    .help("host<->GPU copies against the raw pinned ceiling"),
+            ),
+        }
+    }
+}
+
 /// Options of `tandem bench`.
 #[derive(Debug, Clone, Args)]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct BenchArgs {
-    /// Op to time.
+    /// Op to time, or `transfer` for host<->GPU copy bandwidth.
     #[arg(value_enum, required = true)]
-    pub op: Option<OpKind>,
+    pub op: Option<BenchTarget>,
     /// A runtime bench instead of an op.
     #[command(subcommand)]
     pub runtime: Option<RuntimeBench>,
+    /// Transfer: bytes per copy (default 256 MiB; K/M/G suffixes, powers of 1024).
+    #[arg(long, value_parser = parse_size)]
+    pub bytes: Option<usize>,
     /// Backend (default: cuda if present, else cpu). A backend that is not available here
     /// is an error, unless --fallback.
     #[arg(long, value_enum)]
@@ -133,10 +173,14 @@ impl BenchArgs {
 
     /// The op, its input shapes and label.
     pub fn problem(&self) -> tandem::Result<Problem> {
-        let op = self
-            .op
-            .ok_or_else(|| tandem::Error::invalid("bench", "no op given"))?;
-        self.shape().problem(op)
+        match self.op {
+            Some(BenchTarget::Op(k)) => self.shape().problem(k),
+            Some(BenchTarget::Transfer) => Err(tandem::Error::invalid(
+                "bench",
+                "transfer is not an op: it measures copies",
+            )),
+            None => Err(tandem::Error::invalid("bench", "no op given")),
+        }
     }
 
     /// How many runs, and how many input sets, on a device of `kind`: a simulated device is
@@ -165,6 +209,9 @@ pub fn run(args: &BenchArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     match &args.runtime {
         Some(RuntimeBench::Overhead(a)) => return super::overhead::run(a, reg),
         None => {}
+    }
+    if args.op == Some(BenchTarget::Transfer) {
+        return transfer::run(reg, args.bytes, args.iters, args.format.get());
     }
     let base = args.baseline.load()?;
     let mut kind = args.backend;
@@ -215,6 +262,14 @@ pub fn run(args: &BenchArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A byte count, optionally with a K, M, G or T suffix (powers of 1024).
+fn parse_size(s: &str) -> Result<usize, String> {
+    tandem::limits::parse_bytes(s)
+        .filter(|&b| b > 0)
+        .and_then(|b| usize::try_from(b).ok())
+        .ok_or_else(|| format!("'{s}' is not a byte count (e.g. 256M, 1G, 4096)"))
 }
 
 #[cfg(test)]
@@ -304,6 +359,22 @@ mod tests {
         }
         let t = T::try_parse_from(["x", "rope", "--backend", "sim"]).expect("alias");
         assert_eq!(t.b.backend, Some(DeviceKind::FpgaSim));
+        let e = T::try_parse_from(["x", "add"]).expect_err("bad name");
+        assert!(e.to_string().contains("rope, transfer"), "{e}");
+    }
+
+    #[test]
+    fn transfer_parses_and_says_why_it_cannot_run_without_a_gpu() -> anyhow::Result<()> {
+        let t = T::try_parse_from(["x", "transfer", "--bytes", "64M", "--iters", "3"])?;
+        assert_eq!(t.b.op, Some(BenchTarget::Transfer));
+        assert_eq!(t.b.bytes, Some(64 << 20));
+        assert!(t.b.problem().is_err());
+        let e = T::try_parse_from(["x", "transfer", "--bytes", "lots"]).expect_err("size");
+        assert!(e.to_string().contains("'lots' is not a byte count"), "{e}");
+        // No CUDA device in a CPU-only registry: an error naming why, not a panic.
+        let e = run(&t.b, &DeviceRegistry::cpu_only()).expect_err("no GPU");
+        assert!(e.to_string().contains("none is available"), "{e}");
+        Ok(())
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub fn run(args: &CompareArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     if let Some(p) = &args.html {
         tandem::files::check_writable(p)?;
     }
+    args.exec.apply_memory_limit(reg)?;
     let base = args.baseline.load()?;
     let format = args.format.get();
     let (graph, config, label) = super::run::build(&args.input, &reg.options().limits())?;

@@ -71,6 +71,7 @@ Environment:
   TANDEM_CALIBRATION     off/0: do not use `tandem calibrate`'s measurements; or the file to use
                          (default <cache>/calibration/<host name>.json)
   TANDEM_MAX_MEMORY      host memory a run may allocate (bytes, or with K/M/G/T)
+  TANDEM_MEMORY_LIMIT    memory per device, e.g. cuda:0=8GiB,fpga-sim:0=2GiB,cpu=32G (flag --memory-limit)
   TANDEM_CACHE_DIR       tandem's cache folder: cuda/ (CUBINs), sim/ (Verilator builds), baselines/,
                          history.json; default $XDG_CACHE_HOME/tandem, else ~/.cache/tandem
   TANDEM_SIM_CACHE_DIR   the simulator's builds only (default $TANDEM_CACHE_DIR/sim)

@@ -97,6 +97,26 @@ pub struct ExecArgs {
     /// still fails (exit 1) if any output is not finite.
     #[arg(long)]
     pub allow_nonfinite: bool,
+    /// Memory each device may hold, e.g. `cuda:0=8GiB,fpga-sim:0=2GiB,cpu=32G` (a kind alone,
+    /// `cuda=8G`, for each of its devices; sizes in bytes or with K/M/G/T, powers of 1024);
+    /// default: $TANDEM_MEMORY_LIMIT, else each device's capacity. Weights over a device's
+    /// limit are evicted to the host and fetched again; nodes that do not fit go to another
+    /// device (whole layers where names carry them).
+    #[arg(long, value_name = "DEVICE=SIZE,...")]
+    pub memory_limit: Option<String>,
+}
+
+impl ExecArgs {
+    /// Applies `--memory-limit` to the devices of `reg` (over $TANDEM_MEMORY_LIMIT).
+    pub fn apply_memory_limit(&self, reg: &DeviceRegistry) -> anyhow::Result<()> {
+        if let Some(text) = &self.memory_limit {
+            reg.set_memory_limits(tandem::options::MemoryLimits::parse(
+                text,
+                "--memory-limit",
+            )?);
+        }
+        Ok(())
+    }
 }
 
 /// Size overrides of the Mixtral layer.
@@ -252,6 +272,7 @@ pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
         tandem::files::check_writable(p)?;
     }
     let backend = args.backend;
+    args.exec.apply_memory_limit(reg)?;
     args.placement.check(reg, backend)?;
     let policy = args.placement.policy();
     let format = args.format.get();

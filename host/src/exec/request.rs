@@ -303,10 +303,11 @@ impl RunState {
             })?;
             if matches!(slot.source, Source::Param(_)) {
                 resident_transfer += t_in.elapsed();
-                resident_bytes += moved.uploaded + moved.peer;
+                resident_bytes += moved.uploaded + moved.peer + moved.downloaded;
             } else {
                 transfer += t_in.elapsed();
-                transfer_bytes += moved.uploaded + moved.peer;
+                // Copies toward this device: uploads, peer copies, and downloads for the host.
+                transfer_bytes += moved.uploaded + moved.peer + moved.downloaded;
             }
             inputs.push(st);
         }
@@ -335,7 +336,7 @@ impl RunState {
             )));
         }
         for (&s, st) in node.outputs.iter().zip(launch.outputs) {
-            self.buffers[s as usize].set_written(st)?;
+            self.buffers[s as usize].set_written_in(&self.reg, st)?;
         }
         let info = lock(&launch.info).clone();
         Ok(NodeRun {

@@ -16,6 +16,7 @@
 pub mod cpu;
 pub mod cuda;
 pub mod fpga;
+pub mod memory;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -23,6 +24,7 @@ use std::path::PathBuf;
 pub use cpu::{CpuBlas, CpuOptions};
 pub use cuda::CudaOptions;
 pub use fpga::{FpgaOptions, SimMode};
+pub use memory::{DeviceSelector, MEMORY_LIMIT_VAR, MemoryLimit, MemoryLimits};
 
 use crate::error::Result;
 
@@ -145,6 +147,9 @@ pub struct Options {
     /// suffix); `None`: the host's available memory when the run starts
     /// ([`crate::limits::Limits::host`]).
     pub max_memory: Option<u64>,
+    /// Memory each device may hold (`--memory-limit` / `TANDEM_MEMORY_LIMIT`); a device
+    /// without an entry may use its real capacity.
+    pub memory_limits: MemoryLimits,
 }
 
 impl Default for Options {
@@ -157,6 +162,7 @@ impl Default for Options {
             history: None,
             calibration: None,
             max_memory: None,
+            memory_limits: MemoryLimits::default(),
         }
     }
 }
@@ -199,6 +205,10 @@ impl Options {
                             )
                         })?,
                 ),
+            },
+            memory_limits: match env.text(MEMORY_LIMIT_VAR)? {
+                None => MemoryLimits::default(),
+                Some(t) => MemoryLimits::parse(&t, MEMORY_LIMIT_VAR)?,
             },
         })
     }

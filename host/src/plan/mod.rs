@@ -9,6 +9,7 @@
 mod calibration;
 mod explain;
 mod history;
+mod memory;
 mod policy;
 
 pub use calibration::{
@@ -16,6 +17,7 @@ pub use calibration::{
 };
 pub use explain::{explain, explain_measured};
 pub use history::{HISTORY_VERSION, History, HistoryEntry, MAX_MEAN_S, Stat};
+pub use memory::{PlannedMemory, layer_of};
 pub use policy::PlacementPolicy;
 
 use std::collections::BTreeMap;
@@ -103,6 +105,8 @@ pub struct Plan {
     /// Devices auto placement kept off some ops because their numerics are lossy, as
     /// `device (numerics): N ops`.
     pub lossy_refused: Vec<String>,
+    /// What the schedule has each device hold at most, against its memory limit.
+    pub memory: Vec<PlannedMemory>,
 }
 
 impl Plan {
@@ -256,7 +260,8 @@ pub fn plan_with(
     let mut fell_back: BTreeMap<&str, String> = BTreeMap::new();
     let mut fell_back_nodes = 0usize;
     let mut lossy_refused: BTreeMap<String, usize> = BTreeMap::new();
-    for node in &graph.nodes {
+    let mut mem = memory::Accounts::new(graph, reg, &metas);
+    for (index, node) in graph.nodes.iter().enumerate() {
         let ins: Vec<TensorMeta> = node.inputs.iter().map(|i| metas[i].clone()).collect();
         // (finish, estimate, history samples, device, numerics, calibrated)
         type Best = (
@@ -270,6 +275,11 @@ pub fn plan_with(
         let mut best: Option<Best> = None;
         let mut considered = Vec::new();
         let mut lacks: Option<String> = None;
+        // Devices whose limit is under the node's working set: (device, need, limit).
+        let mut too_big: Vec<(DeviceId, u64, u64)> = Vec::new();
+        // The best device had memory not counted, when it is not `best`: a spill.
+        let mut best_any: Option<(u8, Duration, DeviceId)> = None;
+        let mut full: Vec<String> = Vec::new();
         for &dev in &candidates {
             let Some(b) = reg.get(dev) else { continue };
             if let Support::No(why) = b.supports(&node.op, &ins) {
@@ -340,6 +350,38 @@ pub fn plan_with(
                 Some(_) => 1,
                 None => 0,
             };
+            if best_any.is_none_or(|(r, f, _)| (rank(dev), finish) < (r, f)) {
+                best_any = Some((rank(dev), finish, dev));
+            }
+            match mem.check(graph, index, dev) {
+                Ok(()) => {}
+                Err(memory::NoRoom::TooBig { need, limit }) => {
+                    let why = format!(
+                        "needs {} for inputs + outputs, over its memory {} of {}",
+                        crate::limits::human_bytes(need),
+                        if mem.limit_set(dev) {
+                            "limit"
+                        } else {
+                            "capacity"
+                        },
+                        crate::limits::human_bytes(limit)
+                    );
+                    // A limit the user set is held to (an error below); a device's own
+                    // capacity is like a missing kernel: the op runs elsewhere.
+                    if mem.limit_set(dev) {
+                        too_big.push((dev, need, limit));
+                    } else if preferred == Some(dev.kind) && lacks.is_none() {
+                        lacks = Some(why.clone());
+                    }
+                    considered.push(format!("{dev}: no ({why})"));
+                    continue;
+                }
+                Err(memory::NoRoom::Full(why)) => {
+                    considered.push(format!("{dev}: no room ({why})"));
+                    full.push(format!("{dev}: {why}"));
+                    continue;
+                }
+            }
             let better = match best {
                 None => true,
                 Some((bf, _, _, bd, _, _)) => (rank(dev), finish) < (rank(bd), bf),
@@ -347,6 +389,37 @@ pub fn plan_with(
             if better {
                 best = Some((finish, est, samples, dev, numerics, calibrated));
             }
+        }
+        // A requested device that can never hold the node, or no device that can: an error
+        // naming the node, the devices, the bytes and the limits (not a thrash).
+        let requested_too_big =
+            preferred.is_some_and(|k| too_big.iter().any(|(d, ..)| d.kind == k));
+        if requested_too_big || (best.is_none() && !too_big.is_empty()) {
+            let listed: Vec<(DeviceId, u64, u64)> = too_big
+                .iter()
+                .filter(|(d, ..)| !requested_too_big || Some(d.kind) == preferred)
+                .copied()
+                .collect();
+            return Err(memory::Accounts::too_big_error(node, &listed));
+        }
+        if best.is_none() && !full.is_empty() {
+            return Err(Error::invalid(
+                "memory limit",
+                format!(
+                    "node '{}' ({}) fits no device: {}; raise --memory-limit",
+                    node.name,
+                    node.op.name(),
+                    full.join("; ")
+                ),
+            ));
+        }
+        if let (Some((_, _, want)), Some((_, _, _, got, _, _))) = (best_any, best)
+            && want != got
+        {
+            mem.spilled
+                .entry(want)
+                .or_default()
+                .push((node.name.clone(), got));
         }
         let (finish, est, samples, dev, numerics, calibrated) = best.unwrap_or((
             Duration::ZERO,
@@ -367,6 +440,7 @@ pub fn plan_with(
                 .or_insert_with(|| lacks.unwrap_or_else(|| "no kernel".into()));
         }
         device_free.insert(dev, finish);
+        mem.place(node, dev);
         for o in &node.outputs {
             location.insert(o.as_str(), (dev, finish));
         }
@@ -410,6 +484,7 @@ pub fn plan_with(
             ops.join(", ")
         ));
     }
+    warnings.extend(mem.split_notes());
     let from_history = placements
         .iter()
         .filter(|p| p.history_samples.is_some())
@@ -424,6 +499,7 @@ pub fn plan_with(
             .into_iter()
             .map(|(d, n)| format!("{d}: {n} op{}", if n == 1 { "" } else { "s" }))
             .collect(),
+        memory: mem.planned(),
     })
 }
 

@@ -40,6 +40,7 @@ use error::DrvResultExt;
 
 pub use super::CudaDType;
 pub use crate::options::cuda::{AttentionVariant, CudaOptions, MoeExpertsPath, MoeTileSize};
+pub use memory::bench::TransferFigure;
 pub use memory::pool::{PoolStats, size_class};
 
 /// Looks for CUDA devices: checks the libraries and the driver first (cudarc panics on a
@@ -200,7 +201,7 @@ impl CudaBackend {
     }
 
     /// Uploads a float host tensor stored as f32 on the device (see
-    /// [`CudaDType::input_precision`]).
+    /// [`CudaDType::input_precision`]), through the same pinned staging as [`Backend::upload`].
     fn upload_f32(&self, host: &Tensor) -> Result<DeviceStorage> {
         self.dev.bind()?;
         let meta = host.meta();
@@ -208,10 +209,13 @@ impl CudaBackend {
         let bytes = v.len() * 4;
         let buf = self.pool.alloc(bytes)?;
         if bytes > 0 {
-            self.up.with(bytes, |stage| {
-                stage[..bytes].copy_from_slice(bytemuck::cast_slice(&v));
-                self.copy_up(buf.ptr(), &stage[..bytes])
+            let src: &[u8] = bytemuck::cast_slice(&v);
+            self.up.upload(buf.ptr(), bytes, 4, self.dev.copy_stream, |off, stage| {
+                let n = stage.len();
+                stage.copy_from_slice(&src[off..off + n]);
+                Ok(())
             })?;
+            self.order_after_copies()?;
         }
         Ok(self.wrap(
             meta,
@@ -222,26 +226,132 @@ impl CudaBackend {
         ))
     }
 
-    /// Copies `bytes` from pinned staging to the device on the copy stream, and makes the
-    /// compute stream wait for it.
-    fn copy_up(&self, dst: u64, src: &[u8]) -> Result<()> {
+    /// Makes the compute stream wait (on the device, not the host) for everything queued on
+    /// the copy stream so far.
+    fn order_after_copies(&self) -> Result<()> {
+        self.order(self.dev.copy_stream, self.dev.stream)
+    }
+
+    /// Makes `waiter` wait for the work queued on `first` so far, with an event.
+    fn order(
+        &self,
+        first: cudarc::driver::sys::CUstream,
+        waiter: cudarc::driver::sys::CUstream,
+    ) -> Result<()> {
         let l = &self.dev.label;
-        // SAFETY: src is pinned host memory the caller keeps alive until the sync below; dst holds
-        // at least src.len() bytes.
+        let ev = drv::event::create(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .ctx(l, "cuEventCreate")?;
+        // SAFETY: both streams were created by `device::Device::open`; an event destroyed
+        // after being waited on is released once it completed.
         unsafe {
-            drv::memcpy_htod_async(dst, src, self.dev.copy_stream).ctx(l, "cuMemcpyHtoDAsync")?;
-            let ev =
-                drv::event::create(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-                    .ctx(l, "cuEventCreate")?;
-            drv::event::record(ev, self.dev.copy_stream).ctx(l, "cuEventRecord")?;
+            drv::event::record(ev, first).ctx(l, "cuEventRecord")?;
             drv::stream::wait_event(
-                self.dev.stream,
+                waiter,
                 ev,
                 cudarc::driver::sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
             )
             .ctx(l, "cuStreamWaitEvent")?;
-            drv::event::synchronize(ev).ctx(l, "cuEventSynchronize")?;
             drv::event::destroy(ev).ctx(l, "cuEventDestroy")
+        }
+    }
+
+    /// Downloads `bytes` of `st` (after the compute stream's queued work) through the pinned
+    /// slots, converting each landed chunk of device words `S` into `T` on the rayon threads.
+    fn fetch<S, T>(
+        &self,
+        st: &CudaStorage,
+        n: usize,
+        f: impl Fn(S) -> T + Sync + Send,
+    ) -> Result<Vec<T>>
+    where
+        S: bytemuck::Pod + Sync,
+        T: Copy + Default + Send,
+    {
+        let elem = std::mem::size_of::<S>();
+        let mut out = vec![T::default(); n];
+        if n == 0 {
+            return Ok(out);
+        }
+        self.order(self.dev.stream, self.dev.copy_stream)?;
+        self.down.download(
+            st.ptr(),
+            n * elem,
+            elem,
+            self.dev.copy_stream,
+            |off, bytes| {
+                let src: &[S] = bytemuck::cast_slice(bytes);
+                let first = off / elem;
+                let dst = out.get_mut(first..first + src.len()).ok_or_else(|| {
+                    Error::Internal(format!("download chunk at {off} past {n} values"))
+                })?;
+                dst.par_chunks_mut(1 << 15)
+                    .zip(src.par_chunks(1 << 15))
+                    .for_each(|(d, s)| {
+                        for (d, s) in d.iter_mut().zip(s) {
+                            *d = f(*s);
+                        }
+                    });
+                Ok(())
+            },
+        )?;
+        Ok(out)
+    }
+}
+
+/// A host tensor's values as one contiguous slice (borrowed where the array already is).
+enum Source<'a> {
+    F32(std::borrow::Cow<'a, [f32]>),
+    Bf16(std::borrow::Cow<'a, [bf16]>),
+    F16(std::borrow::Cow<'a, [f16]>),
+    I32(std::borrow::Cow<'a, [i32]>),
+}
+
+fn contiguous<T: Clone>(a: &ndarray::ArrayD<T>) -> std::borrow::Cow<'_, [T]> {
+    match a.as_slice() {
+        Some(s) => std::borrow::Cow::Borrowed(s),
+        None => std::borrow::Cow::Owned(a.iter().cloned().collect()),
+    }
+}
+
+impl Source<'_> {
+    /// Writes the device words of values `first..` into `stage` (as many as it holds):
+    /// floats rounded to nearest even into `half`, i32 as is.
+    fn encode(&self, half: CudaDType, first: usize, stage: &mut [u8]) -> Result<()> {
+        fn conv<T: Copy + Sync, D: bytemuck::Pod + Send>(
+            src: &[T],
+            first: usize,
+            stage: &mut [u8],
+            f: impl Fn(T) -> D + Sync + Send,
+        ) -> Result<()> {
+            let dst: &mut [D] = bytemuck::cast_slice_mut(stage);
+            let src = src.get(first..first + dst.len()).ok_or_else(|| {
+                Error::Internal(format!("upload chunk at value {first} past the tensor"))
+            })?;
+            dst.par_chunks_mut(1 << 15)
+                .zip(src.par_chunks(1 << 15))
+                .for_each(|(d, s)| {
+                    for (d, s) in d.iter_mut().zip(s) {
+                        *d = f(*s);
+                    }
+                });
+            Ok(())
+        }
+        match (self, half) {
+            (Source::F32(a), CudaDType::Bf16) => {
+                conv(a, first, stage, |x| bf16::from_f32(x).to_bits())
+            }
+            (Source::F32(a), CudaDType::F16) => {
+                conv(a, first, stage, |x| f16::from_f32(x).to_bits())
+            }
+            (Source::Bf16(a), CudaDType::Bf16) => conv(a, first, stage, |x| x.to_bits()),
+            (Source::Bf16(a), CudaDType::F16) => {
+                conv(a, first, stage, |x| f16::from_f32(x.into()).to_bits())
+            }
+            (Source::F16(a), CudaDType::Bf16) => {
+                conv(a, first, stage, |x| bf16::from_f32(x.into()).to_bits())
+            }
+            (Source::F16(a), CudaDType::F16) => conv(a, first, stage, |x| x.to_bits()),
+            (Source::I32(a), _) => conv(a, first, stage, |x| x),
         }
     }
 }
@@ -257,6 +367,16 @@ impl Backend for CudaBackend {
 
     fn supports(&self, op: &Op, inputs: &[TensorMeta]) -> Support {
         ops::supports(self.dev.arch, self.opts.attention_variant, op, inputs)
+    }
+
+    fn stored_bytes(&self, meta: &TensorMeta) -> u64 {
+        // Floats in 16 bits (bf16 or f16), i32 as is.
+        let size = if meta.dtype.is_float() {
+            2
+        } else {
+            meta.dtype.size()
+        };
+        (meta.numel() * size) as u64
     }
 
     fn upload(&self, host: &Tensor) -> Result<DeviceStorage> {
@@ -281,41 +401,23 @@ impl Backend for CudaBackend {
         };
         let buf = self.pool.alloc(bytes)?;
         if bytes > 0 {
-            self.up.with(bytes, |stage| {
-                match host.data() {
-                    HostData::F32(a) => {
-                        let dst: &mut [u16] = bytemuck::cast_slice_mut(stage);
-                        match half {
-                            CudaDType::Bf16 => encode(dst, a, |x| bf16::from_f32(x).to_bits()),
-                            CudaDType::F16 => encode(dst, a, |x| f16::from_f32(x).to_bits()),
-                        }
-                    }
-                    HostData::BF16(a) => {
-                        let dst: &mut [u16] = bytemuck::cast_slice_mut(stage);
-                        match half {
-                            CudaDType::Bf16 => encode(dst, a, |x| x.to_bits()),
-                            CudaDType::F16 => encode(dst, a, |x| f16::from_f32(x.into()).to_bits()),
-                        }
-                    }
-                    HostData::F16(a) => {
-                        let dst: &mut [u16] = bytemuck::cast_slice_mut(stage);
-                        match half {
-                            CudaDType::Bf16 => {
-                                encode(dst, a, |x| bf16::from_f32(x.into()).to_bits())
-                            }
-                            CudaDType::F16 => encode(dst, a, |x| x.to_bits()),
-                        }
-                    }
-                    HostData::I32(a) => {
-                        let dst: &mut [i32] = bytemuck::cast_slice_mut(stage);
-                        for (d, s) in dst.iter_mut().zip(a.iter()) {
-                            *d = *s;
-                        }
-                    }
-                    _ => {}
-                }
-                self.copy_up(buf.ptr(), stage)
-            })?;
+            let src = match host.data() {
+                HostData::F32(a) => Source::F32(contiguous(a)),
+                HostData::BF16(a) => Source::Bf16(contiguous(a)),
+                HostData::F16(a) => Source::F16(contiguous(a)),
+                HostData::I32(a) => Source::I32(contiguous(a)),
+                _ => return Err(Error::Internal("upload: unexpected host data".into())),
+            };
+            let elem = phys.size();
+            self.up.upload(
+                buf.ptr(),
+                bytes,
+                elem,
+                self.dev.copy_stream,
+                |off, stage| src.encode(half, off / elem, stage),
+            )?;
+            // Kernels that read the data run after the copies; no host thread waits for them.
+            self.order_after_copies()?;
         }
         Ok(self.wrap(meta, CudaStorage { buf, phys }))
     }
@@ -337,76 +439,47 @@ impl Backend for CudaBackend {
         let st = self.storage(storage)?;
         let meta = storage.meta.clone();
         let n = meta.numel();
-        let bytes = n * st.phys.size();
-        let l = &self.dev.label;
-        self.down.with(bytes, |stage| {
-            if bytes > 0 {
-                // SAFETY: the copy stream waits for all queued compute work, then copies into the
-                // pinned slice, which stays borrowed until the stream is synchronised.
-                unsafe {
-                    let ev = drv::event::create(
-                        cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
-                    )
-                    .ctx(l, "cuEventCreate")?;
-                    drv::event::record(ev, self.dev.stream).ctx(l, "cuEventRecord")?;
-                    drv::stream::wait_event(
-                        self.dev.copy_stream,
-                        ev,
-                        cudarc::driver::sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-                    )
-                    .ctx(l, "cuStreamWaitEvent")?;
-                    drv::memcpy_dtoh_async(stage, st.ptr(), self.dev.copy_stream)
-                        .ctx(l, "cuMemcpyDtoHAsync")?;
-                    drv::stream::synchronize(self.dev.copy_stream).ctx(l, "cuStreamSynchronize")?;
-                    drv::event::destroy(ev).ctx(l, "cuEventDestroy")?;
-                }
+        let shape = ndarray::IxDyn(&meta.shape);
+        let bad = |e: ndarray::ShapeError| Error::Internal(format!("download: {e}"));
+        let phys = st.phys;
+        let half_to_f32 = move |bits: u16| match phys {
+            DType::F16 => f32::from(f16::from_bits(bits)),
+            _ => f32::from(bf16::from_bits(bits)),
+        };
+        Ok(match (phys, meta.dtype) {
+            (DType::BF16 | DType::F16, DType::BF16) => {
+                let v: Vec<bf16> = if phys == DType::BF16 {
+                    self.fetch(st, n, bf16::from_bits)?
+                } else {
+                    self.fetch(st, n, |b: u16| bf16::from_f32(half_to_f32(b)))?
+                };
+                Tensor::new(HostData::BF16(
+                    ndarray::ArrayD::from_shape_vec(shape, v).map_err(bad)?,
+                ))
             }
-            let shape = ndarray::IxDyn(&meta.shape);
-            let bad = |e: ndarray::ShapeError| Error::Internal(format!("download: {e}"));
-            let half_to_f32 = |bits: u16| match st.phys {
-                DType::F16 => f32::from(f16::from_bits(bits)),
-                _ => f32::from(bf16::from_bits(bits)),
-            };
-            Ok(match (st.phys, meta.dtype) {
-                (DType::BF16 | DType::F16, DType::BF16) => {
-                    let src: &[u16] = bytemuck::cast_slice(stage);
-                    let v: Vec<bf16> = if st.phys == DType::BF16 {
-                        src.iter().map(|&b| bf16::from_bits(b)).collect()
-                    } else {
-                        src.iter()
-                            .map(|&b| bf16::from_f32(half_to_f32(b)))
-                            .collect()
-                    };
-                    Tensor::new(HostData::BF16(
-                        ndarray::ArrayD::from_shape_vec(shape, v).map_err(bad)?,
-                    ))
-                }
-                (DType::BF16 | DType::F16, DType::F16) => {
-                    let src: &[u16] = bytemuck::cast_slice(stage);
-                    let v: Vec<f16> = if st.phys == DType::F16 {
-                        src.iter().map(|&b| f16::from_bits(b)).collect()
-                    } else {
-                        src.iter().map(|&b| f16::from_f32(half_to_f32(b))).collect()
-                    };
-                    Tensor::new(HostData::F16(
-                        ndarray::ArrayD::from_shape_vec(shape, v).map_err(bad)?,
-                    ))
-                }
-                (DType::BF16 | DType::F16, _) => {
-                    let src: &[u16] = bytemuck::cast_slice(stage);
-                    let v: Vec<f32> = src.par_iter().map(|&b| half_to_f32(b)).collect();
-                    Tensor::from_f32(ndarray::ArrayD::from_shape_vec(shape, v).map_err(bad)?)
-                }
-                (DType::F32, _) => {
-                    let v: Vec<f32> = bytemuck::pod_collect_to_vec(stage);
-                    Tensor::from_f32(ndarray::ArrayD::from_shape_vec(shape, v).map_err(bad)?)
-                }
-                (DType::I32, _) => {
-                    let v: Vec<i32> = bytemuck::pod_collect_to_vec(stage);
-                    Tensor::from_i32(ndarray::ArrayD::from_shape_vec(shape, v).map_err(bad)?)
-                }
-                (p, _) => return Err(Error::Internal(format!("unexpected device precision {p}"))),
-            })
+            (DType::BF16 | DType::F16, DType::F16) => {
+                let v: Vec<f16> = if phys == DType::F16 {
+                    self.fetch(st, n, f16::from_bits)?
+                } else {
+                    self.fetch(st, n, |b: u16| f16::from_f32(half_to_f32(b)))?
+                };
+                Tensor::new(HostData::F16(
+                    ndarray::ArrayD::from_shape_vec(shape, v).map_err(bad)?,
+                ))
+            }
+            (DType::BF16 | DType::F16, _) => {
+                let v: Vec<f32> = self.fetch(st, n, half_to_f32)?;
+                Tensor::from_f32(ndarray::ArrayD::from_shape_vec(shape, v).map_err(bad)?)
+            }
+            (DType::F32, _) => {
+                let v: Vec<f32> = self.fetch(st, n, |x: f32| x)?;
+                Tensor::from_f32(ndarray::ArrayD::from_shape_vec(shape, v).map_err(bad)?)
+            }
+            (DType::I32, _) => {
+                let v: Vec<i32> = self.fetch(st, n, |x: i32| x)?;
+                Tensor::from_i32(ndarray::ArrayD::from_shape_vec(shape, v).map_err(bad)?)
+            }
+            (p, _) => return Err(Error::Internal(format!("unexpected device precision {p}"))),
         })
     }
 
@@ -460,30 +533,6 @@ impl Backend for CudaBackend {
 
     fn synchronize(&self) -> Result<()> {
         self.dev.synchronize()
-    }
-}
-
-/// Encodes host values as 16-bit device words, in parallel chunks when the array is
-/// contiguous.
-fn encode<T: Copy + Send + Sync>(
-    dst: &mut [u16],
-    src: &ndarray::ArrayD<T>,
-    f: impl Fn(T) -> u16 + Send + Sync,
-) {
-    match src.as_slice() {
-        Some(s) => dst
-            .par_chunks_mut(1 << 16)
-            .zip(s.par_chunks(1 << 16))
-            .for_each(|(d, s)| {
-                for (d, s) in d.iter_mut().zip(s) {
-                    *d = f(*s);
-                }
-            }),
-        None => {
-            for (d, s) in dst.iter_mut().zip(src.iter()) {
-                *d = f(*s);
-            }
-        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! Device memory: a pool of size-classed allocations reused in stream order, and pinned host
 //! staging buffers for uploads and downloads.
 
+pub mod bench;
 pub mod pool;
 pub mod staging;
 

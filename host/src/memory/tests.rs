@@ -1,0 +1,292 @@
+//! Memory budgets and transfer accounting, on a device that keeps its data in host memory
+//! and computes with the CPU backend (so they run without a GPU or a simulator).
+
+use std::sync::Arc;
+
+use crate::backend::cpu::CpuBackend;
+use crate::backend::{
+    Backend, DeviceId, DeviceInfo, DeviceKind, DeviceRegistry, DeviceStorage, Launch, Support,
+};
+use crate::dtype::DType;
+use crate::error::{ErrorKind, Result};
+use crate::exec::{ExecOptions, Executor, fetch};
+use crate::graph::Graph;
+use crate::ops::{Activation, LinearParams, Op, RmsNormParams};
+use crate::options::MemoryLimits;
+use crate::plan::{BackendChoice, plan};
+use crate::tensor::{Tensor, TensorMeta};
+
+/// A device of its own id whose storage is host tensors and whose ops the CPU computes: fast
+/// on paper, so auto placement prefers it.
+#[derive(Debug)]
+struct HostDevice {
+    info: DeviceInfo,
+    cpu: CpuBackend,
+}
+
+const DEV: DeviceId = DeviceId {
+    kind: DeviceKind::FpgaXrt,
+    index: 0,
+};
+
+impl Backend for HostDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+    fn supports(&self, op: &Op, inputs: &[TensorMeta]) -> Support {
+        self.cpu.supports(op, inputs)
+    }
+    fn upload(&self, host: &Tensor) -> Result<DeviceStorage> {
+        Ok(DeviceStorage::new(self.id(), host.meta(), host.clone()))
+    }
+    fn download(&self, storage: &DeviceStorage) -> Result<Tensor> {
+        storage.host_tensor("host device").cloned()
+    }
+    fn launch(&self, op: &Op, inputs: &[&DeviceStorage]) -> Result<Launch> {
+        let mut l = self.cpu.launch(op, inputs)?;
+        l.outputs = l
+            .outputs
+            .iter()
+            .map(|o| {
+                Ok(DeviceStorage::new(
+                    self.id(),
+                    o.meta.clone(),
+                    o.host_tensor("CPU")?.clone(),
+                ))
+            })
+            .collect::<Result<_>>()?;
+        Ok(l)
+    }
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+fn registry(limits: &str) -> Result<DeviceRegistry> {
+    let mut r = DeviceRegistry::cpu_only();
+    r.add(Arc::new(HostDevice {
+        info: DeviceInfo {
+            id: DEV,
+            name: "host device".into(),
+            memory_bytes: 1 << 40,
+            peak_flops: 1e18,
+            peak_bandwidth: 1e15,
+            compute_dtype: DType::F32,
+            details: Vec::new(),
+        },
+        cpu: CpuBackend::new(),
+    }));
+    r.set_memory_limits(MemoryLimits::parse(limits, "--memory-limit")?);
+    Ok(r)
+}
+
+/// Deterministic values in [-1, 1) (a 64-bit LCG), different per `seed`.
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// Side of the square tensors: each f32 tensor is `U` bytes.
+const N: usize = 256;
+const U: u64 = (N * N * 4) as u64;
+
+/// x [N, N] through `layers` linears `layers.{i}.lin` with weights [N, N].
+fn chain(layers: usize) -> Result<Graph> {
+    let mut g = Graph::default();
+    g.constant("x", Tensor::from_vec_f32(&[N, N], values(N * N, 1))?);
+    let mut prev = "x".to_string();
+    for i in 0..layers {
+        let w = format!("model.layers.{i}.w");
+        g.param(
+            &w,
+            Tensor::from_vec_f32(&[N, N], values(N * N, 10 + i as u64))?,
+        );
+        let lin = Op::Linear(LinearParams {
+            act: Activation::None,
+            bias: false,
+        });
+        prev = g.add(&format!("layers.{i}.lin"), lin, &[&prev, &w])[0].clone();
+    }
+    g.outputs = vec![prev];
+    Ok(g)
+}
+
+fn cpu_result(g: &Graph) -> Result<Vec<Tensor>> {
+    let reg = DeviceRegistry::cpu_only();
+    let p = plan(g, &reg, BackendChoice::Only(DeviceKind::Cpu))?;
+    let e = Executor::new().execute(g, &p, &reg, &ExecOptions::default())?;
+    fetch(&e, &reg, &g.outputs)
+}
+
+fn bits(t: &[Tensor]) -> Vec<Vec<u32>> {
+    t.iter()
+        .map(|t| t.to_f64().iter().map(|&v| (v as f32).to_bits()).collect())
+        .collect()
+}
+
+#[test]
+fn eviction_under_a_tight_limit_keeps_results_correct() -> Result<()> {
+    let g = chain(4)?;
+    let want = bits(&cpu_result(&g)?);
+    // Room for five tensors: the four outputs the device keeps and one fetched weight or
+    // input at a time, so the weights cannot all stay resident.
+    let reg = registry(&format!("fpga:0={}", 5 * U))?;
+    let p = plan(&g, &reg, BackendChoice::Only(DeviceKind::FpgaXrt))?;
+    assert!(p.placements.iter().all(|p| p.device == DEV));
+    let ex = Executor::new();
+    for round in 0..3 {
+        let e = ex.execute(&g, &p, &reg, &ExecOptions::default())?;
+        assert_eq!(bits(&fetch(&e, &reg, &g.outputs)?), want, "round {round}");
+        let u = reg.memory().usage(DEV);
+        assert!(u.peak <= 5 * U, "round {round}: peak {} > limit", u.peak);
+        // Later rounds fetch again the weights evicted before.
+        if round > 0 {
+            assert!(
+                e.resident_bytes() >= U,
+                "round {round}: nothing fetched again"
+            );
+        }
+        drop(e);
+        reg.memory().reset_peaks();
+    }
+    let u = reg.memory().usage(DEV);
+    assert!(u.evictions >= 3, "{u:?}");
+    assert_eq!(u.evicted_bytes, u.evictions * U);
+    // Whatever stays resident is within the limit; the run's outputs are gone.
+    assert!(u.used <= 5 * U, "{u:?}");
+    Ok(())
+}
+
+#[test]
+fn a_limit_below_one_ops_working_set_is_an_error_naming_it() -> Result<()> {
+    let g = chain(2)?;
+    let reg = registry(&format!("fpga:0={}", 2 * U))?;
+    let e = plan(&g, &reg, BackendChoice::Only(DeviceKind::FpgaXrt)).expect_err("too small");
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    let m = e.to_string();
+    for want in [
+        "node 'layers.0.lin' (linear)",
+        "on fpga:0 it needs 768.0 KiB",
+        "786432 bytes",
+        "limit of 512.0 KiB (524288 bytes)",
+        "--memory-limit",
+    ] {
+        assert!(m.contains(want), "{want:?} not in: {m}");
+    }
+    // In auto placement the CPU (no limit) takes it instead.
+    let p = plan(&g, &reg, BackendChoice::Auto)?;
+    assert!(p.placements.iter().all(|p| p.device == DeviceId::CPU));
+    // With the CPU limited too, no device fits: the error names both.
+    let reg = registry(&format!("fpga:0={},cpu={}", 2 * U, U))?;
+    let m = plan(&g, &reg, BackendChoice::Auto)
+        .expect_err("nowhere")
+        .to_string();
+    assert!(
+        m.contains("on cpu it needs") && m.contains("on fpga:0 it needs"),
+        "{m}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_model_too_big_for_one_device_is_split_by_layer() -> Result<()> {
+    let g = chain(4)?;
+    let want = bits(&cpu_result(&g)?);
+    // Unlimited: every layer on the fast device.
+    let p = plan(&g, &registry("")?, BackendChoice::Auto)?;
+    assert!(p.placements.iter().all(|p| p.device == DEV));
+    // Room for the outputs of two layers beside one fetched weight and input.
+    let reg = registry(&format!("fpga:0={}", 7 * U / 2))?;
+    let p = plan(&g, &reg, BackendChoice::Auto)?;
+    let on: Vec<String> = p.placements.iter().map(|p| p.device.to_string()).collect();
+    assert_eq!(on, ["fpga:0", "fpga:0", "cpu", "cpu"]);
+    let note = p
+        .warnings
+        .iter()
+        .find(|w| w.contains("split across devices"))
+        .expect("the plan says it split");
+    assert!(note.contains("fpga:0 (limit 896.0 KiB)"), "{note}");
+    assert!(
+        note.contains("layers 2, 3 (2 nodes) placed on cpu"),
+        "{note}"
+    );
+    let planned = p.memory.iter().find(|m| m.device == DEV).expect("planned");
+    assert!(planned.peak_bytes <= planned.limit_bytes);
+    let e = Executor::new().execute(&g, &p, &reg, &ExecOptions::default())?;
+    assert_eq!(bits(&fetch(&e, &reg, &g.outputs)?), want);
+    assert!(reg.memory().usage(DEV).peak <= 7 * U / 2);
+    Ok(())
+}
+
+#[test]
+fn transfer_accounting_is_exact() -> Result<()> {
+    // x -> lin0 (device) -> norm (CPU) -> lin1 (device): x and w0 go up, lin0's output comes
+    // down, the norm's output and w1 go up. Sizes differ so a wrong tensor would show.
+    let (t, d) = (48usize, 80usize);
+    let f = 4u64;
+    let mut g = Graph::default();
+    g.constant("x", Tensor::from_vec_f32(&[t, d], values(t * d, 1))?);
+    g.param("w0", Tensor::from_vec_f32(&[N, d], values(N * d, 2))?);
+    g.param("w1", Tensor::from_vec_f32(&[d, N], values(N * d, 3))?);
+    g.param("g", Tensor::from_vec_f32(&[N], values(N, 4))?);
+    let lin = || {
+        Op::Linear(LinearParams {
+            act: Activation::None,
+            bias: false,
+        })
+    };
+    let a = g.add("lin0", lin(), &["x", "w0"]);
+    let n = g.add("norm", Op::RmsNorm(RmsNormParams::default()), &[&a[0], "g"]);
+    let b = g.add("lin1", lin(), &[&n[0], "w1"]);
+    g.outputs = b.clone();
+    let reg = registry("")?;
+    let mut p = plan(&g, &reg, BackendChoice::Only(DeviceKind::FpgaXrt))?;
+    p.placements[1].device = DeviceId::CPU;
+    let ex = Executor::new();
+    let e = ex.execute(&g, &p, &reg, &ExecOptions::default())?;
+    let bytes: Vec<(u64, u64)> = e
+        .runs
+        .iter()
+        .map(|r| (r.transfer_bytes, r.resident_bytes))
+        .collect();
+    let (xb, w0b, ab, nb, w1b) = (
+        t as u64 * d as u64 * f,
+        N as u64 * d as u64 * f,
+        t as u64 * N as u64 * f,
+        t as u64 * N as u64 * f,
+        d as u64 * N as u64 * f,
+    );
+    // The CPU's gamma is on the host already: nothing moved for it.
+    assert_eq!(bytes, [(xb, w0b), (ab, 0), (nb, w1b)]);
+    let u = reg.memory().usage(DEV);
+    assert_eq!(
+        (u.uploaded, u.downloaded, u.peer),
+        (xb + w0b + nb + w1b, ab, 0)
+    );
+    // The device holds what it was sent and wrote (x, w0, lin0's output, norm's output, w1,
+    // lin1's output), each charged at its size.
+    let out = t as u64 * d as u64 * f;
+    assert_eq!(u.used, xb + w0b + ab + nb + w1b + out);
+    assert_eq!(u.peak, u.used);
+    // The run's buffers go with the execution; the resident weights stay.
+    drop(e);
+    assert_eq!(reg.memory().usage(DEV).used, w0b + w1b);
+    // A second execution moves the inputs again but not the weights.
+    let e = ex.execute(&g, &p, &reg, &ExecOptions::default())?;
+    let again: Vec<(u64, u64)> = e
+        .runs
+        .iter()
+        .map(|r| (r.transfer_bytes, r.resident_bytes))
+        .collect();
+    assert_eq!(again, [(xb, 0), (ab, 0), (nb, 0)]);
+    Ok(())
+}

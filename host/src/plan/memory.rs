@@ -1,0 +1,296 @@
+//! Memory accounting of the planner: what each device will hold as the schedule runs, against
+//! its limit (`--memory-limit`, else its capacity).
+//!
+//! The executor keeps every output a device writes until the run ends, while the inputs a
+//! device fetches (weights, inputs, activations from other devices) stay valid on the host and
+//! can be evicted and fetched again. So a node fits a device when the outputs the device
+//! already holds, plus the node's outputs and the inputs it must fetch, are within the limit;
+//! the outputs then stay counted. A node whose working set (inputs + outputs) is over a
+//! device's limit can never run there. Nodes named with a layer (`model.layers.3.attn`,
+//! `layers.3.moe`) are kept together: a layer whose outputs would not fit beside what the
+//! device holds goes whole to another device, so a model that does not fit one device is
+//! split by layer.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use crate::backend::{DeviceId, DeviceRegistry};
+use crate::error::{Error, Result};
+use crate::graph::{Graph, Node};
+use crate::limits::human_bytes;
+use crate::tensor::TensorMeta;
+
+/// What the plan expects a device to hold.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlannedMemory {
+    /// Device.
+    pub device: DeviceId,
+    /// Bytes it may hold (its `--memory-limit`, else its capacity).
+    pub limit_bytes: u64,
+    /// Most bytes the schedule has it hold at once (outputs kept plus one node's fetched
+    /// inputs).
+    pub peak_bytes: u64,
+}
+
+/// The layer a node belongs to, from its name: the number after `layers.` (`model.layers.3.attn`,
+/// `layers.12.moe.router`), if the name has one.
+pub fn layer_of(name: &str) -> Option<usize> {
+    let mut rest = name;
+    while let Some(i) = rest.find("layers.") {
+        let after = &rest[i + "layers.".len()..];
+        let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+        let at_word = i == 0 || rest[..i].ends_with('.') || rest[..i].ends_with('/');
+        if at_word && !digits.is_empty() && after[digits.len()..].starts_with('.') {
+            return digits.parse().ok();
+        }
+        rest = after;
+    }
+    None
+}
+
+/// Why a device cannot take a node.
+pub(super) enum NoRoom {
+    /// The node's working set is over the device's limit: it never fits.
+    TooBig {
+        /// Its inputs and outputs, bytes on the device.
+        need: u64,
+        /// The device's limit.
+        limit: u64,
+    },
+    /// The device holds too much already (or its layer went elsewhere).
+    Full(String),
+}
+
+/// The accounts of one planning pass.
+pub(super) struct Accounts<'a> {
+    reg: &'a DeviceRegistry,
+    metas: &'a BTreeMap<String, TensorMeta>,
+    /// Outputs each device holds until the run ends.
+    held: BTreeMap<DeviceId, u64>,
+    peak: BTreeMap<DeviceId, u64>,
+    /// Where each tensor is produced (constants: not produced).
+    produced_on: BTreeMap<&'a str, DeviceId>,
+    /// Outputs of every node of a layer, by layer.
+    layer_nodes: BTreeMap<usize, Vec<usize>>,
+    /// Layers kept off a device (their outputs do not fit beside what it holds).
+    banned: BTreeSet<(usize, DeviceId)>,
+    /// Nodes placed off the device they would have gone to, because it was full: by device.
+    pub spilled: BTreeMap<DeviceId, Vec<(String, DeviceId)>>,
+}
+
+impl<'a> Accounts<'a> {
+    pub fn new(
+        graph: &'a Graph,
+        reg: &'a DeviceRegistry,
+        metas: &'a BTreeMap<String, TensorMeta>,
+    ) -> Self {
+        let mut layer_nodes: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (i, n) in graph.nodes.iter().enumerate() {
+            if let Some(l) = layer_of(&n.name) {
+                layer_nodes.entry(l).or_default().push(i);
+            }
+        }
+        Self {
+            reg,
+            metas,
+            held: BTreeMap::new(),
+            peak: BTreeMap::new(),
+            produced_on: BTreeMap::new(),
+            layer_nodes,
+            banned: BTreeSet::new(),
+            spilled: BTreeMap::new(),
+        }
+    }
+
+    fn stored(&self, dev: DeviceId, name: &str) -> u64 {
+        match (self.reg.get(dev), self.metas.get(name)) {
+            (Some(b), Some(m)) => b.stored_bytes(m),
+            _ => 0,
+        }
+    }
+
+    /// Whether the user set `dev`'s limit (`--memory-limit`), rather than its capacity.
+    pub fn limit_set(&self, dev: DeviceId) -> bool {
+        self.reg.memory().limits().limit_for(dev).is_some()
+    }
+
+    fn limit(&self, dev: DeviceId) -> u64 {
+        self.reg.memory_limit(dev).unwrap_or(u64::MAX)
+    }
+
+    /// (outputs, inputs to fetch, working set) of `node` on `dev`, bytes as `dev` stores them.
+    fn need(&self, dev: DeviceId, node: &Node) -> (u64, u64, u64) {
+        let outs: u64 = node.outputs.iter().map(|o| self.stored(dev, o)).sum();
+        let mut seen = BTreeSet::new();
+        let (mut fetch, mut all) = (0u64, 0u64);
+        for i in &node.inputs {
+            if !seen.insert(i.as_str()) {
+                continue;
+            }
+            let b = self.stored(dev, i);
+            all += b;
+            if self.produced_on.get(i.as_str()) != Some(&dev) {
+                fetch += b;
+            }
+        }
+        (outs, fetch, outs + all)
+    }
+
+    /// Whether `node` (index `index` of `graph`) fits `dev` now.
+    pub fn check(&mut self, graph: &Graph, index: usize, dev: DeviceId) -> Result<(), NoRoom> {
+        let node = &graph.nodes[index];
+        let limit = self.limit(dev);
+        let (outs, fetch, working) = self.need(dev, node);
+        if working > limit {
+            return Err(NoRoom::TooBig {
+                need: working,
+                limit,
+            });
+        }
+        let held = self.held.get(&dev).copied().unwrap_or(0);
+        if let Some(l) = layer_of(&node.name) {
+            if self.banned.contains(&(l, dev)) {
+                return Err(NoRoom::Full(format!(
+                    "layer {l} did not fit beside what {dev} holds"
+                )));
+            }
+            // The layer's first node here: do all its outputs fit? Else the layer goes whole.
+            let first_here = self.layer_nodes[&l]
+                .iter()
+                .all(|&j| j >= index || self.placed_on(graph, j) != Some(dev));
+            if first_here {
+                let layer_outs: u64 = self.layer_nodes[&l]
+                    .iter()
+                    .filter(|&&j| j >= index)
+                    .flat_map(|&j| graph.nodes[j].outputs.iter())
+                    .map(|o| self.stored(dev, o))
+                    .sum();
+                if held.saturating_add(layer_outs).saturating_add(fetch) > limit {
+                    self.banned.insert((l, dev));
+                    return Err(NoRoom::Full(format!(
+                        "layer {l} needs {} beside the {} {dev} holds, over its limit of {}",
+                        human_bytes(layer_outs),
+                        human_bytes(held),
+                        human_bytes(limit)
+                    )));
+                }
+            }
+        }
+        if held.saturating_add(outs).saturating_add(fetch) > limit {
+            return Err(NoRoom::Full(format!(
+                "needs {} beside the {} it holds, over its limit of {}",
+                human_bytes(outs + fetch),
+                human_bytes(held),
+                human_bytes(limit)
+            )));
+        }
+        Ok(())
+    }
+
+    fn placed_on(&self, graph: &Graph, j: usize) -> Option<DeviceId> {
+        graph.nodes[j]
+            .outputs
+            .first()
+            .and_then(|o| self.produced_on.get(o.as_str()).copied())
+    }
+
+    /// Records `node` placed on `dev`.
+    pub fn place(&mut self, node: &'a Node, dev: DeviceId) {
+        let (outs, fetch, _) = self.need(dev, node);
+        let held = self.held.entry(dev).or_default();
+        *held += outs;
+        let now = *held + fetch;
+        let p = self.peak.entry(dev).or_default();
+        *p = (*p).max(now);
+        for o in &node.outputs {
+            self.produced_on.insert(o.as_str(), dev);
+        }
+    }
+
+    /// The error for a node that fits no device: `too_big` lists the devices that support it
+    /// but whose limit is under its working set.
+    pub fn too_big_error(node: &Node, too_big: &[(DeviceId, u64, u64)]) -> Error {
+        let parts: Vec<String> = too_big
+            .iter()
+            .map(|(d, need, limit)| {
+                format!(
+                    "on {d} it needs {} (inputs + outputs, {need} bytes), over the limit of {} ({limit} bytes)",
+                    human_bytes(*need),
+                    human_bytes(*limit)
+                )
+            })
+            .collect();
+        Error::invalid(
+            "memory limit",
+            format!(
+                "node '{}' ({}) fits no device: {}; raise --memory-limit for one of them \
+                 (or make the workload smaller)",
+                node.name,
+                node.op.name(),
+                parts.join("; ")
+            ),
+        )
+    }
+
+    /// What the plan expects each device it uses to hold.
+    pub fn planned(&self) -> Vec<PlannedMemory> {
+        self.peak
+            .iter()
+            .map(|(&device, &peak_bytes)| PlannedMemory {
+                device,
+                limit_bytes: self.limit(device),
+                peak_bytes,
+            })
+            .collect()
+    }
+
+    /// A line per device that could not hold all it would have run, naming where its nodes
+    /// (or layers) went.
+    pub fn split_notes(&self) -> Vec<String> {
+        self.spilled
+            .iter()
+            .map(|(from, nodes)| {
+                let layers: BTreeSet<usize> =
+                    nodes.iter().filter_map(|(n, _)| layer_of(n)).collect();
+                let to: BTreeSet<String> = nodes.iter().map(|(_, d)| d.to_string()).collect();
+                let to = to.into_iter().collect::<Vec<_>>().join(", ");
+                let what = if nodes.iter().all(|(n, _)| layer_of(n).is_some()) {
+                    let l: Vec<String> = layers.iter().map(usize::to_string).collect();
+                    format!("layers {} ({} nodes)", l.join(", "), nodes.len())
+                } else {
+                    let names: Vec<&str> = nodes.iter().take(4).map(|(n, _)| n.as_str()).collect();
+                    format!(
+                        "{} node{} ({}{})",
+                        nodes.len(),
+                        if nodes.len() == 1 { "" } else { "s" },
+                        names.join(", "),
+                        if nodes.len() > 4 { ", ..." } else { "" }
+                    )
+                };
+                format!(
+                    "memory: split across devices: {from} (limit {}) could not hold everything; \
+                     {what} placed on {to}",
+                    human_bytes(self.limit(*from))
+                )
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::layer_of;
+
+    #[test]
+    fn layers_are_read_from_node_names() {
+        assert_eq!(layer_of("model.layers.3.self_attn.q"), Some(3));
+        assert_eq!(layer_of("layers.12.moe"), Some(12));
+        assert_eq!(layer_of("l/layers.0.x"), Some(0));
+        assert_eq!(layer_of("attn_q"), None);
+        assert_eq!(layer_of("mylayers.3.x"), None);
+        assert_eq!(layer_of("layers.x.3"), None);
+        assert_eq!(layer_of("layers.3"), None);
+        assert_eq!(layer_of("a.layers.b.layers.7.c"), Some(7));
+    }
+}

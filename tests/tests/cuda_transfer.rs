@@ -1,0 +1,165 @@
+//! The CUDA data plane: uploads and downloads through the pinned staging slots, in several
+//! chunks, with the f32 -> bf16/f16 conversion on the way, bit for bit against an
+//! independent round-to-nearest-even conversion, edge values included (ties, subnormals,
+//! infinities, NaN, values past f16's range). Skipped where there is no GPU.
+
+use half::f16;
+use ndarray::{ArrayD, IxDyn};
+use tandem::Tensor;
+use tandem::backend::CudaDType;
+use tandem::tensor::HostData;
+use tandem_tests::cuda_or_skip;
+
+/// More values than two staging slots of 16-bit words hold (8 MiB slots), plus an odd tail.
+const N: usize = (8 << 20) + (4 << 20) / 2 * 3 + 7;
+
+/// bf16 bits of `x`, rounded to nearest even (NaN: quiet, sign kept), by bit arithmetic.
+fn bf16_rne(x: f32) -> u16 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        return ((b >> 16) | 0x0040) as u16;
+    }
+    let lsb = (b >> 16) & 1;
+    (b.wrapping_add(0x7fff + lsb) >> 16) as u16
+}
+
+fn edge_values() -> Vec<f32> {
+    let mut v = vec![
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::MAX,
+        f32::MIN_POSITIVE,
+        1e-40,  // subnormal
+        -3e-39, // subnormal
+        65504.0,
+        65520.0, // rounds to f16 infinity
+        1e6,     // past f16's range
+        6e-8,    // f16 subnormal
+    ];
+    // Exact ties between two bf16 values: the even one wins.
+    for m in [0x3f80_8000u32, 0x3f81_8000, 0xbf80_8000, 0x4000_8000] {
+        v.push(f32::from_bits(m));
+    }
+    v
+}
+
+fn values() -> Vec<f32> {
+    let edges = edge_values();
+    let mut s = 0x9e37_79b9_7f4a_7c15u64;
+    (0..N)
+        .map(|i| {
+            if i % 4099 < edges.len() {
+                return edges[i % 4099];
+            }
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            // Random bits: every exponent and mantissa pattern.
+            f32::from_bits((s >> 32) as u32)
+        })
+        .collect()
+}
+
+fn same(got: f32, want: f32) -> bool {
+    (got.is_nan() && want.is_nan()) || got.to_bits() == want.to_bits()
+}
+
+fn roundtrip(dtype: CudaDType) {
+    let Some(be) = cuda_or_skip(dtype) else {
+        return;
+    };
+    let v = values();
+    let t = Tensor::from_vec_f32(&[N], v.clone()).expect("tensor");
+    let st = be.upload(&t).expect("upload");
+    let back = be.download(&st).expect("download").to_f64();
+    let mut bad = 0usize;
+    for (i, (&x, &g)) in v.iter().zip(back.iter()).enumerate() {
+        let want = match dtype {
+            CudaDType::Bf16 => f32::from_bits(u32::from(bf16_rne(x)) << 16),
+            CudaDType::F16 => f16::from_f32(x).to_f32(),
+        };
+        if !same(g as f32, want) {
+            if bad < 5 {
+                eprintln!(
+                    "value {i}: {x:e} ({:#010x}) came back {g:e}, expected {want:e}",
+                    x.to_bits()
+                );
+            }
+            bad += 1;
+        }
+    }
+    assert_eq!(bad, 0, "{dtype}: {bad} of {N} values differ");
+}
+
+#[test]
+fn f32_to_bf16_through_pinned_chunks_is_round_to_nearest_even() {
+    roundtrip(CudaDType::Bf16);
+}
+
+#[test]
+fn f32_to_f16_through_pinned_chunks_matches_the_host_conversion() {
+    roundtrip(CudaDType::F16);
+}
+
+#[test]
+fn i32_and_strided_tensors_come_back_exactly() {
+    let Some(be) = cuda_or_skip(CudaDType::Bf16) else {
+        return;
+    };
+    // i32: no conversion, 4-byte words over several chunks.
+    let ints: Vec<i32> = (0..N as i32)
+        .map(|i| i.wrapping_mul(2654435761u32 as i32))
+        .collect();
+    let t = Tensor::from_i32(ArrayD::from_shape_vec(IxDyn(&[N]), ints.clone()).expect("shape"));
+    let back = be
+        .download(&be.upload(&t).expect("upload"))
+        .expect("download");
+    match back.data() {
+        HostData::I32(a) => assert!(a.iter().eq(ints.iter()), "i32 values changed"),
+        other => panic!("i32 came back as {:?}", Tensor::new(other.clone()).dtype()),
+    }
+    // A transposed (non-contiguous) f32 array goes up in its logical order.
+    let (r, c) = (1500, 1300);
+    let a = ArrayD::from_shape_vec(
+        IxDyn(&[r, c]),
+        (0..r * c).map(|i| i as f32 * 0.25).collect(),
+    )
+    .expect("shape");
+    let tr = a.clone().reversed_axes();
+    let back = be
+        .download(&be.upload(&Tensor::from_f32(tr.clone())).expect("upload"))
+        .expect("download")
+        .to_f64();
+    assert_eq!(back.shape(), &[c, r]);
+    for (g, w) in back.iter().zip(tr.iter()) {
+        let want = f32::from_bits(u32::from(bf16_rne(*w)) << 16);
+        assert_eq!(*g as f32, want);
+    }
+}
+
+#[test]
+fn uploads_back_to_back_reuse_the_slots_without_mixing_data() {
+    let Some(be) = cuda_or_skip(CudaDType::Bf16) else {
+        return;
+    };
+    // Many uploads queued without waiting: each slot is refilled only after its copy.
+    let n = (12 << 20) / 2 + 3;
+    let stored: Vec<_> = (0..6)
+        .map(|k| {
+            let t = Tensor::from_vec_f32(&[n], vec![k as f32; n]).expect("tensor");
+            be.upload(&t).expect("upload")
+        })
+        .collect();
+    for (k, st) in stored.iter().enumerate() {
+        let back = be.download(st).expect("download").to_f64();
+        assert!(
+            back.iter().all(|&x| x == k as f64),
+            "upload {k} came back mixed"
+        );
+    }
+}
