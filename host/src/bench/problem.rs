@@ -196,7 +196,7 @@ impl BenchShape {
                 Op::Rope(RopeParams::default()),
                 vec![f(vec![self.batch, self.heads, self.seq_len, self.head_dim])],
             ),
-            OpKind::Add | OpKind::SplitHeads | OpKind::MergeHeads => {
+            OpKind::Add | OpKind::SplitHeads | OpKind::MergeHeads | OpKind::Embedding => {
                 return Err(Error::invalid(
                     "bench",
                     format!(
@@ -243,7 +243,7 @@ impl BenchShape {
                 "B{} H{} T{} D{}",
                 self.batch, self.heads, self.seq_len, self.head_dim
             ),
-            OpKind::Add | OpKind::SplitHeads | OpKind::MergeHeads => op.name().to_string(),
+            OpKind::Add | OpKind::SplitHeads | OpKind::MergeHeads | OpKind::Embedding => op.name().to_string(),
         }
     }
 }

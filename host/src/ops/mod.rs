@@ -7,6 +7,7 @@
 
 pub mod attention;
 pub mod elementwise;
+pub mod embedding;
 pub mod layout;
 pub mod linear;
 pub mod moe;
@@ -18,6 +19,7 @@ use ndarray::ArrayD;
 use serde::{Deserialize, Serialize};
 
 pub use attention::AttentionParams;
+pub use embedding::EmbeddingParams;
 pub use layout::SplitHeadsParams;
 pub use linear::{Activation, LinearParams};
 pub use moe::{MoeExpertsParams, MoeRouteParams};
@@ -51,6 +53,8 @@ pub enum Op {
     SplitHeads(SplitHeadsParams),
     /// [B, H, T, D] -> [B*T, H*D].
     MergeHeads,
+    /// Embedding lookup: ids (i32), table [V, H] -> y [..., H].
+    Embedding(EmbeddingParams),
 }
 
 /// The family of an [`Op`], without its parameters: the one list of op names.
@@ -92,11 +96,15 @@ pub enum OpKind {
     /// [B, H, T, D] -> [B*T, H*D] (a graph op: not offered on the command line).
     #[cfg_attr(feature = "cli", value(skip))]
     MergeHeads,
+    /// Embedding lookup: ids (i32) `[...]`, table `[V, H]` -> y `[..., H]` (a graph op: not
+    /// offered on the command line).
+    #[cfg_attr(feature = "cli", value(skip))]
+    Embedding,
 }
 
 impl OpKind {
     /// Every op family, in [`Op`]'s order.
-    pub const ALL: [OpKind; 9] = [
+    pub const ALL: [OpKind; 10] = [
         OpKind::Attention,
         OpKind::MoeRoute,
         OpKind::MoeExperts,
@@ -106,6 +114,7 @@ impl OpKind {
         OpKind::Add,
         OpKind::SplitHeads,
         OpKind::MergeHeads,
+        OpKind::Embedding,
     ];
 
     /// The families that run alone with parameters from flags (`tandem op`, `tandem bench`);
@@ -120,7 +129,7 @@ impl OpKind {
     ];
 
     /// The name in reports, JSON and graphs: `attention`, `moe_route`, `moe_experts`,
-    /// `linear`, `rmsnorm`, `rope`, `add`, `split_heads`, `merge_heads`.
+    /// `linear`, `rmsnorm`, `rope`, `add`, `split_heads`, `merge_heads`, `embedding`.
     pub fn name(self) -> &'static str {
         match self {
             OpKind::Attention => "attention",
@@ -132,6 +141,7 @@ impl OpKind {
             OpKind::Add => "add",
             OpKind::SplitHeads => "split_heads",
             OpKind::MergeHeads => "merge_heads",
+            OpKind::Embedding => "embedding",
         }
     }
 }
@@ -185,6 +195,7 @@ impl Op {
             Op::Add => OpKind::Add,
             Op::SplitHeads(_) => OpKind::SplitHeads,
             Op::MergeHeads => OpKind::MergeHeads,
+            Op::Embedding(_) => OpKind::Embedding,
         }
     }
 
@@ -216,6 +227,7 @@ impl Op {
             Op::Rope(_) => vec!["x"],
             Op::Add => vec!["a", "b"],
             Op::SplitHeads(_) | Op::MergeHeads => vec!["x"],
+            Op::Embedding(_) => embedding::INPUTS.to_vec(),
         }
     }
 
@@ -243,6 +255,7 @@ impl Op {
             Op::Add => elementwise::validate_add(inputs),
             Op::SplitHeads(p) => p.validate(inputs),
             Op::MergeHeads => layout::validate_merge(inputs),
+            Op::Embedding(p) => p.validate(inputs),
         }
     }
 
@@ -286,6 +299,7 @@ impl Op {
             Op::Add => elementwise::cpu_add(inputs),
             Op::SplitHeads(p) => p.cpu(inputs),
             Op::MergeHeads => layout::cpu_merge(inputs),
+            Op::Embedding(p) => p.cpu(inputs),
         }
     }
 
@@ -295,6 +309,7 @@ impl Op {
         check_arity(self, inputs.len())?;
         let dtypes: &[crate::dtype::DType] = match self {
             Op::MoeExperts(_) => &moe::EXPERT_DTYPES,
+            Op::Embedding(_) => &embedding::DTYPES,
             _ => &[],
         };
         let outs = self.validate(&reference_metas(inputs, dtypes))?;
@@ -314,6 +329,7 @@ impl Op {
             Op::Add => elementwise::reference_add(inputs),
             Op::SplitHeads(p) => p.reference(inputs),
             Op::MergeHeads => layout::reference_merge(inputs),
+            Op::Embedding(p) => p.reference(inputs),
         }
     }
 
@@ -337,6 +353,7 @@ impl Op {
                 4.0 * inputs.first().map(|m| m.numel() as f64).unwrap_or(0.0)
             }
             Op::SplitHeads(_) | Op::MergeHeads => 0.0,
+            Op::Embedding(p) => p.flops(inputs),
         };
         OpCost { flops, bytes }
     }
@@ -437,6 +454,7 @@ mod tests {
             Op::Add,
             Op::SplitHeads(SplitHeadsParams { batch: 1, heads: 1 }),
             Op::MergeHeads,
+            Op::Embedding(EmbeddingParams {}),
         ];
         let kinds: Vec<OpKind> = ops.iter().map(Op::kind).collect();
         assert_eq!(kinds, OpKind::ALL);
