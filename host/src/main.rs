@@ -55,6 +55,9 @@ enum Command {
     /// FPGA kernels: emit Verilog + kernel.xml, synthesise with yosys, simulate with Verilator.
     #[command(subcommand)]
     Fpga(cli::fpga::FpgaCmd),
+    /// Model folders (config.json + safetensors): write a small test model, or describe one.
+    #[command(subcommand)]
+    Model(cli::model::ModelCmd),
     /// The op-time history the planner learns from: show it, or reset it.
     #[command(subcommand)]
     History(cli::history::HistoryCmd),
@@ -76,7 +79,10 @@ impl Command {
             Command::Compare(a) => a.input.cuda_dtype,
             Command::Op(a) => a.cuda_dtype,
             Command::Bench(a) => a.cuda_dtype,
-            Command::Fpga(_) | Command::History(_) | Command::Completions { .. } => None,
+            Command::Fpga(_)
+            | Command::History(_)
+            | Command::Model(_)
+            | Command::Completions { .. } => None,
         }
     }
 }
@@ -116,6 +122,10 @@ fn main() -> ExitCode {
         clap_complete::generate(*shell, &mut cmd, "tandem", &mut std::io::stdout());
         return ExitCode::SUCCESS;
     }
+    if let Command::Model(c) = &cli.command {
+        // Files only: no devices to discover.
+        return finish(cli::model::run(c));
+    }
     // The options, once: flags over the environment (a flag hides its variable, so a bad
     // TANDEM_CUDA_DTYPE does not matter under --cuda-dtype); a value that is not accepted
     // stops here, before any device is opened.
@@ -147,8 +157,14 @@ fn main() -> ExitCode {
         Command::Bench(a) => cli::bench::run(a, &reg),
         Command::Fpga(c) => cli::fpga::run(c, &reg.options().fpga),
         Command::History(c) => cli::history::run(c, reg.options()),
+        Command::Model(c) => cli::model::run(c),
         Command::Completions { .. } => Ok(()),
     };
+    finish(result)
+}
+
+/// The exit code of a command's result, its error (and causes) printed.
+fn finish(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
