@@ -34,7 +34,11 @@ fn array<T>(path: &Path, name: &str, shape: &[usize], v: Vec<T>) -> Result<Array
 }
 
 /// One tensor of a parsed file as a logical tensor (f64 -> f32, i64 -> i32 checked).
-fn tensor_of(path: &Path, name: &str, view: &safetensors::tensor::TensorView<'_>) -> Result<Tensor> {
+fn tensor_of(
+    path: &Path,
+    name: &str,
+    view: &safetensors::tensor::TensorView<'_>,
+) -> Result<Tensor> {
     let shape = view.shape().to_vec();
     let d = view.data();
     let data = match view.dtype() {
@@ -237,6 +241,6 @@ pub fn write_safetensors_with(
         views,
         &metadata.map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
     )
-        .map_err(|e| Error::file(path, format!("cannot serialise: {e}")))?;
+    .map_err(|e| Error::file(path, format!("cannot serialise: {e}")))?;
     crate::files::write_atomic(path, &bytes)
 }

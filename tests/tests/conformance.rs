@@ -10,8 +10,8 @@ use ndarray::{ArrayD, IxDyn};
 use rand::Rng;
 use tandem::backend::{Backend, CudaDType, DeviceKind, Support};
 use tandem::ops::{
-    Activation, AttentionParams, EmbeddingParams, LinearParams, MoeExpertsParams, MoeRouteParams, Op, RmsNormParams,
-    RopeParams, SplitHeadsParams,
+    Activation, AttentionParams, EmbeddingParams, LinearParams, MoeExpertsParams, MoeRouteParams,
+    Op, RmsNormParams, RopeParams, SplitHeadsParams,
 };
 use tandem::tensor::rel_error;
 use tandem::{DType, Tensor};

@@ -81,7 +81,10 @@ fn a_model_of_n_layers_equals_n_single_layer_runs_chained() -> TestResult {
     let (model_out, worst_node, chain_err) = run_cpu(&g)?;
     // The runtime's own checks: every node against f64 on its inputs, and the whole chain.
     assert!(worst_node < 1e-5, "worst node rel. error {worst_node:.3e}");
-    assert!(chain_err < 1e-5, "model output vs its f64 chain {chain_err:.3e}");
+    assert!(
+        chain_err < 1e-5,
+        "model output vs its f64 chain {chain_err:.3e}"
+    );
     // The same weights, one layer per graph, each fed the previous one's output.
     let mut h = x;
     for (i, lw) in w.layers.iter().enumerate() {
@@ -104,10 +107,7 @@ fn a_model_of_n_layers_equals_n_single_layer_runs_chained() -> TestResult {
 
 #[test]
 fn the_built_in_model_passes_the_f64_check_at_several_layers() -> TestResult {
-    let c = MixtralConfig {
-        seed: 3,
-        ..small()
-    };
+    let c = MixtralConfig { seed: 3, ..small() };
     let g = model_graph(&c, 3, None, None, &tandem::limits::Limits::host())?;
     assert_eq!(g.nodes.len(), 3 * 17);
     let (y, worst, e) = run_cpu(&g)?;
@@ -142,7 +142,8 @@ fn sharded_and_single_file_checkpoints_round_trip() -> TestResult {
         let three = dir.path().join(format!("three-{dtype}"));
         let files = workload::save_checkpoint(&one, &sizes, &w, SaveOptions { shards: 1, dtype })?;
         assert_eq!(files.len(), 2, "model.safetensors + config.json");
-        let files = workload::save_checkpoint(&three, &sizes, &w, SaveOptions { shards: 3, dtype })?;
+        let files =
+            workload::save_checkpoint(&three, &sizes, &w, SaveOptions { shards: 3, dtype })?;
         assert_eq!(files.len(), 5, "3 shards + index + config.json");
         let (a, b) = (Checkpoint::open(&one)?, Checkpoint::open(&three)?);
         assert_eq!(a.sizes, sizes);
@@ -157,7 +158,10 @@ fn sharded_and_single_file_checkpoints_round_trip() -> TestResult {
                 assert_eq!(&round(t), u, "{dtype} {n}");
             }
         }
-        assert_eq!(wa.lm_head.as_ref().map(round), w.lm_head.as_ref().map(round));
+        assert_eq!(
+            wa.lm_head.as_ref().map(round),
+            w.lm_head.as_ref().map(round)
+        );
         // Identical weights and ids give identical logits.
         let c = sizes.layer_config(&MixtralConfig {
             seq_len: 7,
@@ -170,7 +174,10 @@ fn sharded_and_single_file_checkpoints_round_trip() -> TestResult {
         let (yb, _, _) = run_cpu(&gb)?;
         assert_eq!(ya.shape(), [7, sizes.vocab]);
         assert_eq!(ya, yb, "{dtype}: sharded and single-file outputs");
-        assert!(worst < 1e-5 && e < 1e-5, "{dtype}: node {worst:.3e}, output {e:.3e}");
+        assert!(
+            worst < 1e-5 && e < 1e-5,
+            "{dtype}: node {worst:.3e}, output {e:.3e}"
+        );
     }
     Ok(())
 }
@@ -183,14 +190,21 @@ fn the_committed_test_model_runs_from_ids_to_logits() -> TestResult {
     assert!(ck.files().len() > 1, "the committed model is sharded");
     let w = ck.load(3)?;
     // Stored in bf16, as transformers saves Mixtral.
-    let raw = tandem::io::read_safetensors(Path::new(TINY).join("model-00001-of-00002.safetensors"))?;
+    let raw =
+        tandem::io::read_safetensors(Path::new(TINY).join("model-00001-of-00002.safetensors"))?;
     assert!(raw.values().all(|t| t.dtype() == DType::BF16));
     let c = ck.sizes.layer_config(&MixtralConfig {
         seq_len: 12,
         ..MixtralConfig::default()
     });
     let ids = Tensor::from_vec_i32(&[12], (0..12).map(|i| (i * 37) % 128).collect())?;
-    let g = model_graph(&c, 3, Some(w.clone()), Some(ids), &tandem::limits::Limits::host())?;
+    let g = model_graph(
+        &c,
+        3,
+        Some(w.clone()),
+        Some(ids),
+        &tandem::limits::Limits::host(),
+    )?;
     let (y, worst, e) = run_cpu(&g)?;
     assert_eq!(y.shape(), [12, 128]);
     assert!(worst < 1e-5 && e < 1e-5, "node {worst:.3e}, output {e:.3e}");
@@ -211,7 +225,10 @@ fn copy_tiny() -> TestResult<tempfile::TempDir> {
     Ok(dir)
 }
 
-fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>)) -> TestResult {
+fn edit_config(
+    dir: &Path,
+    f: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>),
+) -> TestResult {
     let p = dir.join("config.json");
     let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p)?)?;
     f(v.as_object_mut().ok_or("config.json is an object")?);
@@ -239,10 +256,18 @@ fn a_missing_shard_names_the_file_and_a_tensor() -> TestResult {
     let m = load_err(d.path(), 3);
     has_all(
         &m,
-        &["model-00002-of-00002.safetensors", "missing shard", INDEX_FILE, "model.layers."],
+        &[
+            "model-00002-of-00002.safetensors",
+            "missing shard",
+            INDEX_FILE,
+            "model.layers.",
+        ],
     );
     // One layer still needs the final norm and LM head, which were in the lost shard.
-    has_all(&load_err(d.path(), 1), &["model-00002-of-00002.safetensors", "missing shard"]);
+    has_all(
+        &load_err(d.path(), 1),
+        &["model-00002-of-00002.safetensors", "missing shard"],
+    );
     Ok(())
 }
 
@@ -257,7 +282,11 @@ fn a_tensor_listed_but_not_in_its_shard_is_named() -> TestResult {
     let m = load_err(d.path(), 3);
     has_all(
         &m,
-        &["model-00001-of-00002.safetensors", &format!("no tensor '{gone}'"), INDEX_FILE],
+        &[
+            "model-00001-of-00002.safetensors",
+            &format!("no tensor '{gone}'"),
+            INDEX_FILE,
+        ],
     );
     Ok(())
 }
@@ -285,7 +314,11 @@ fn a_shape_that_disagrees_with_config_json_is_named() -> TestResult {
     })?;
     has_all(
         &load_err(d.path(), 1),
-        &["self_attn.k_proj.weight", "has shape [16, 32]", "num_key_value_heads = 4"],
+        &[
+            "self_attn.k_proj.weight",
+            "has shape [16, 32]",
+            "num_key_value_heads = 4",
+        ],
     );
     Ok(())
 }
@@ -294,7 +327,10 @@ fn a_shape_that_disagrees_with_config_json_is_named() -> TestResult {
 fn layers_beyond_the_files_or_the_config_are_refused() -> TestResult {
     let d = copy_tiny()?;
     // More layers than num_hidden_layers: both named.
-    has_all(&load_err(d.path(), 4), &["4 layers asked for", "num_hidden_layers = 3", "config.json"]);
+    has_all(
+        &load_err(d.path(), 4),
+        &["4 layers asked for", "num_hidden_layers = 3", "config.json"],
+    );
     has_all(&load_err(d.path(), 0), &["0 layers asked for"]);
     // config.json claims more layers than the files hold.
     edit_config(d.path(), |c| {
@@ -338,13 +374,17 @@ fn a_missing_config_key_or_file_is_named() -> TestResult {
     let d = copy_tiny()?;
     std::fs::remove_file(d.path().join("config.json"))?;
     has_all(
-        &Checkpoint::open(d.path()).expect_err("no config").to_string(),
+        &Checkpoint::open(d.path())
+            .expect_err("no config")
+            .to_string(),
         &["config.json", "missing"],
     );
     let d = copy_tiny()?;
     std::fs::remove_file(d.path().join(INDEX_FILE))?;
     has_all(
-        &Checkpoint::open(d.path()).expect_err("no weights").to_string(),
+        &Checkpoint::open(d.path())
+            .expect_err("no weights")
+            .to_string(),
         &["holds neither", INDEX_FILE, "model.safetensors"],
     );
     let m = Checkpoint::open(Path::new(TINY).join("config.json"))
@@ -363,16 +403,28 @@ fn integer_weights_and_token_ids_outside_the_vocabulary_are_refused() -> TestRes
     let ints = Tensor::from_vec_i32(&[32], vec![1; 32])?;
     t.insert(name.into(), ints);
     tandem::io::write_safetensors(&shard, &t)?;
-    has_all(&load_err(d.path(), 3), &["model-00002-of-00002.safetensors", name, "is i32", "float"]);
+    has_all(
+        &load_err(d.path(), 3),
+        &["model-00002-of-00002.safetensors", name, "is i32", "float"],
+    );
     let ck = Checkpoint::open(TINY)?;
     let c = ck.sizes.layer_config(&MixtralConfig {
         seq_len: 4,
         ..MixtralConfig::default()
     });
     let ids = Tensor::from_vec_i32(&[4], vec![0, 127, 128, 5])?;
-    let m = model_graph(&c, 1, Some(ck.load(1)?), Some(ids), &tandem::limits::Limits::host())
-        .expect_err("id 128")
-        .to_string();
-    has_all(&m, &["token id 128 at position 2", "vocabulary of 128 tokens"]);
+    let m = model_graph(
+        &c,
+        1,
+        Some(ck.load(1)?),
+        Some(ids),
+        &tandem::limits::Limits::host(),
+    )
+    .expect_err("id 128")
+    .to_string();
+    has_all(
+        &m,
+        &["token id 128 at position 2", "vocabulary of 128 tokens"],
+    );
     Ok(())
 }

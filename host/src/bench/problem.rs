@@ -243,7 +243,9 @@ impl BenchShape {
                 "B{} H{} T{} D{}",
                 self.batch, self.heads, self.seq_len, self.head_dim
             ),
-            OpKind::Add | OpKind::SplitHeads | OpKind::MergeHeads | OpKind::Embedding => op.name().to_string(),
+            OpKind::Add | OpKind::SplitHeads | OpKind::MergeHeads | OpKind::Embedding => {
+                op.name().to_string()
+            }
         }
     }
 }

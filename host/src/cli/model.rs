@@ -102,7 +102,8 @@ fn make_test(a: &MakeTestArgs) -> anyhow::Result<()> {
     let c = sizes.layer_config(&MixtralConfig::default());
     c.check()?;
     let bytes = limits::sum([
-        c.weight_bytes().and_then(|b| b.checked_mul(a.layers as u64)),
+        c.weight_bytes()
+            .and_then(|b| b.checked_mul(a.layers as u64)),
         (a.vocab as u64).checked_mul(a.hidden as u64 * 8),
     ]);
     Limits::host().admit("model make-test", bytes)?;
@@ -221,8 +222,18 @@ pub fn build_from_folder(
     for (flag, given, key, value) in [
         ("--d-model", args.sizes.d_model, "hidden_size", s.hidden),
         ("--heads", args.sizes.heads, "num_attention_heads", s.heads),
-        ("--kv-heads", args.sizes.kv_heads, "num_key_value_heads", s.kv_heads),
-        ("--experts", args.sizes.experts, "num_local_experts", s.experts),
+        (
+            "--kv-heads",
+            args.sizes.kv_heads,
+            "num_key_value_heads",
+            s.kv_heads,
+        ),
+        (
+            "--experts",
+            args.sizes.experts,
+            "num_local_experts",
+            s.experts,
+        ),
         ("--ffn", args.sizes.ffn, "intermediate_size", s.ffn),
     ] {
         if let Some(v) = given

@@ -346,9 +346,19 @@ pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
             workload::output_as_btd(&fetch(output)?, &config)?,
         );
         // Every router's results: `topk_ids` etc. for one layer, `layers.N.topk_ids` in a model.
-        for node in graph.nodes.iter().filter(|n| n.op.kind() == OpKind::MoeRoute) {
+        for node in graph
+            .nodes
+            .iter()
+            .filter(|n| n.op.kind() == OpKind::MoeRoute)
+        {
             let prefix = node.name.strip_suffix("router").unwrap_or(&node.name);
-            for what in ["topk_ids", "topk_weights", "expert_counts", "aux_loss", "z_loss"] {
+            for what in [
+                "topk_ids",
+                "topk_weights",
+                "expert_counts",
+                "aux_loss",
+                "z_loss",
+            ] {
                 t.insert(
                     format!("{prefix}{what}"),
                     fetch(&format!("{}.{what}", node.name))?,

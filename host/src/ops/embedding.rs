@@ -44,7 +44,10 @@ impl EmbeddingParams {
         let [v, h] = table.shape[..] else {
             return Err(Error::invalid(
                 OP,
-                format!("table has shape {:?}, expected [vocab, hidden]", table.shape),
+                format!(
+                    "table has shape {:?}, expected [vocab, hidden]",
+                    table.shape
+                ),
             ));
         };
         if v == 0 || h == 0 {
@@ -201,10 +204,22 @@ mod tests {
         let p = EmbeddingParams {};
         let f = |s: &[usize], d| TensorMeta::new(s.to_vec(), d);
         for (ins, want) in [
-            (vec![f(&[3], DType::F32), f(&[5, 2], DType::F32)], "expected i32"),
-            (vec![f(&[3], DType::I32), f(&[5, 2], DType::I32)], "expected f32"),
-            (vec![f(&[3], DType::I32), f(&[10], DType::F32)], "[vocab, hidden]"),
-            (vec![f(&[3], DType::I32), f(&[0, 2], DType::F32)], "is empty"),
+            (
+                vec![f(&[3], DType::F32), f(&[5, 2], DType::F32)],
+                "expected i32",
+            ),
+            (
+                vec![f(&[3], DType::I32), f(&[5, 2], DType::I32)],
+                "expected f32",
+            ),
+            (
+                vec![f(&[3], DType::I32), f(&[10], DType::F32)],
+                "[vocab, hidden]",
+            ),
+            (
+                vec![f(&[3], DType::I32), f(&[0, 2], DType::F32)],
+                "is empty",
+            ),
             (vec![f(&[3], DType::I32)], "takes 2 inputs"),
         ] {
             let m = p.validate(&ins).expect_err(want).to_string();

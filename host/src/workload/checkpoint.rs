@@ -274,15 +274,39 @@ impl Checkpoint {
         let d = h / s.heads.max(1);
         let p = format!("model.layers.{i}.");
         let mut v = vec![
-            ("self_attn.q_proj.weight".to_string(), vec![s.heads * d, h], "hidden_size, num_attention_heads"),
-            ("self_attn.k_proj.weight".into(), vec![s.kv_heads * d, h], "hidden_size, num_attention_heads, num_key_value_heads"),
-            ("self_attn.v_proj.weight".into(), vec![s.kv_heads * d, h], "hidden_size, num_attention_heads, num_key_value_heads"),
-            ("self_attn.o_proj.weight".into(), vec![h, s.heads * d], "hidden_size, num_attention_heads"),
+            (
+                "self_attn.q_proj.weight".to_string(),
+                vec![s.heads * d, h],
+                "hidden_size, num_attention_heads",
+            ),
+            (
+                "self_attn.k_proj.weight".into(),
+                vec![s.kv_heads * d, h],
+                "hidden_size, num_attention_heads, num_key_value_heads",
+            ),
+            (
+                "self_attn.v_proj.weight".into(),
+                vec![s.kv_heads * d, h],
+                "hidden_size, num_attention_heads, num_key_value_heads",
+            ),
+            (
+                "self_attn.o_proj.weight".into(),
+                vec![h, s.heads * d],
+                "hidden_size, num_attention_heads",
+            ),
             ("input_layernorm.weight".into(), vec![h], "hidden_size"),
-            ("post_attention_layernorm.weight".into(), vec![h], "hidden_size"),
+            (
+                "post_attention_layernorm.weight".into(),
+                vec![h],
+                "hidden_size",
+            ),
         ];
         if fused {
-            v.push(("mlp.gate.weight".into(), vec![e, h], "num_local_experts, hidden_size"));
+            v.push((
+                "mlp.gate.weight".into(),
+                vec![e, h],
+                "num_local_experts, hidden_size",
+            ));
             v.push((
                 "mlp.experts.gate_up_proj".into(),
                 vec![e, 2 * f, h],
@@ -343,13 +367,14 @@ impl Checkpoint {
                 ));
             }
             let names: Vec<&str> = ws.iter().map(|w| w.name.as_str()).collect();
-            let mut got = crate::io::read_safetensors_named(&path, &names).map_err(|e| match e {
-                Error::File { path, msg } if msg.starts_with("no tensor") => Error::File {
-                    path,
-                    msg: format!("{msg}; {listing} maps it to this file"),
-                },
-                e => e,
-            })?;
+            let mut got =
+                crate::io::read_safetensors_named(&path, &names).map_err(|e| match e {
+                    Error::File { path, msg } if msg.starts_with("no tensor") => Error::File {
+                        path,
+                        msg: format!("{msg}; {listing} maps it to this file"),
+                    },
+                    e => e,
+                })?;
             for w in ws {
                 let t = got
                     .remove(&w.name)
@@ -402,7 +427,13 @@ fn ranges(v: &[usize]) -> String {
     parts.push((start, prev));
     parts
         .into_iter()
-        .map(|(a, b)| if a == b { a.to_string() } else { format!("{a} to {b}") })
+        .map(|(a, b)| {
+            if a == b {
+                a.to_string()
+            } else {
+                format!("{a} to {b}")
+            }
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -414,8 +445,8 @@ fn stack(views: &[ndarray::ArrayViewD<'_, f32>], axis: Axis) -> Result<ArrayD<f3
 /// Reads `model.safetensors.index.json`: its `weight_map`, each file a plain name inside the
 /// folder.
 fn read_index(path: &Path) -> Result<BTreeMap<String, String>> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| Error::file(path, format!("cannot read: {e}")))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::file(path, format!("cannot read: {e}")))?;
     let v: Value = serde_json::from_str(&text)
         .map_err(|e| Error::file(path, format!("not valid JSON: {e}")))?;
     let Some(map) = v.get("weight_map").and_then(Value::as_object) else {
@@ -466,7 +497,10 @@ mod tests {
         let dir = tempfile::tempdir()?;
         let p = dir.path().join(INDEX_FILE);
         for (text, want) in [
-            (r#"{"weight_map": {"a": "../x.safetensors"}}"#, "a file name inside"),
+            (
+                r#"{"weight_map": {"a": "../x.safetensors"}}"#,
+                "a file name inside",
+            ),
             (r#"{"weight_map": {"a": "/etc/x"}}"#, "a file name inside"),
             (r#"{"weight_map": {"a": 3}}"#, "is not a file name"),
             (r#"{"metadata": {}}"#, "no 'weight_map'"),

@@ -111,7 +111,10 @@ pub fn save_checkpoint(
     if sizes.layers != n {
         return Err(Error::invalid(
             "checkpoint",
-            format!("num_hidden_layers = {} but {n} layers of weights", sizes.layers),
+            format!(
+                "num_hidden_layers = {} but {n} layers of weights",
+                sizes.layers
+            ),
         ));
     }
     if opts.shards == 0 || opts.shards > n.max(1) {

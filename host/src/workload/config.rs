@@ -227,4 +227,3 @@ impl MixtralConfig {
         Ok(())
     }
 }
-

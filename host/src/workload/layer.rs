@@ -265,7 +265,8 @@ pub fn add_layer(
     for ((_, t), name) in w.all().into_iter().zip(&names.params) {
         g.param(name, rounded(t, c.dtype));
     }
-    let [wq, wk, wv, wo, ln1, ln2, gate, gate_up, down] = names.params.each_ref().map(String::as_str);
+    let [wq, wk, wv, wo, ln1, ln2, gate, gate_up, down] =
+        names.params.each_ref().map(String::as_str);
     let n = |s: &str| format!("{}{s}", names.node_prefix);
     let lin = Op::Linear(LinearParams {
         act: Activation::None,

@@ -250,7 +250,6 @@ pub fn load_hf_layer(path: impl AsRef<Path>, base: &MixtralConfig) -> Result<Loa
     load_layer(path, &c)
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -370,4 +369,3 @@ mod tests {
         Ok(())
     }
 }
-

@@ -7,10 +7,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use super::layer::{
-    LayerNames, MixtralWeights, add_layer, check_hidden_input, normal, rounded,
-};
 use super::MixtralConfig;
+use super::layer::{LayerNames, MixtralWeights, add_layer, check_hidden_input, normal, rounded};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::Graph;
@@ -90,7 +88,9 @@ impl ModelWeights {
     /// the other from `rng`), without embedding or head.
     pub fn random(c: &MixtralConfig, layers: usize, rng: &mut ChaCha8Rng) -> Self {
         Self {
-            layers: (0..layers).map(|_| MixtralWeights::random(c, rng)).collect(),
+            layers: (0..layers)
+                .map(|_| MixtralWeights::random(c, rng))
+                .collect(),
             embed: None,
             final_norm: None,
             lm_head: None,
@@ -157,10 +157,7 @@ pub fn model_graph(
     let w = match weights {
         Some(w) => {
             check_layers(w.layers.len())?;
-            limits.admit(
-                "workload",
-                limits::sum([w.bytes(), c.input_bytes()]),
-            )?;
+            limits.admit("workload", limits::sum([w.bytes(), c.input_bytes()]))?;
             w
         }
         None => {
@@ -175,13 +172,18 @@ pub fn model_graph(
             let [vocab, th] = table.shape()[..] else {
                 return Err(Error::invalid(
                     "workload",
-                    format!("embedding table has shape {:?}, expected [vocab, {h}]", table.shape()),
+                    format!(
+                        "embedding table has shape {:?}, expected [vocab, {h}]",
+                        table.shape()
+                    ),
                 ));
             };
             if th != h {
                 return Err(Error::invalid(
                     "workload",
-                    format!("embedding table is [{vocab}, {th}], expected [vocab, {h}] (hidden size {h})"),
+                    format!(
+                        "embedding table is [{vocab}, {th}], expected [vocab, {h}] (hidden size {h})"
+                    ),
                 ));
             }
             let ids = match input {
@@ -252,7 +254,9 @@ pub fn model_graph(
         if w.final_norm.is_none() {
             return Err(Error::invalid(
                 "workload",
-                format!("{LM_HEAD} without {FINAL_NORM}: the LM head reads the final norm's output"),
+                format!(
+                    "{LM_HEAD} without {FINAL_NORM}: the LM head reads the final norm's output"
+                ),
             ));
         }
         g.param(LM_HEAD, rounded(head, c.dtype));
@@ -306,8 +310,14 @@ mod tests {
                 .map(|n| n.inputs[0].clone())
         };
         assert_eq!(first("layers.0.input_norm").as_deref(), Some(INPUT_HIDDEN));
-        assert_eq!(first("layers.1.input_norm").as_deref(), Some("layers.0.out.y"));
-        assert_eq!(first("layers.2.input_norm").as_deref(), Some("layers.1.out.y"));
+        assert_eq!(
+            first("layers.1.input_norm").as_deref(),
+            Some("layers.0.out.y")
+        );
+        assert_eq!(
+            first("layers.2.input_norm").as_deref(),
+            Some("layers.1.out.y")
+        );
         assert_eq!(g.outputs[0], "layers.2.out.y");
         assert_eq!(g.outputs.len(), 1 + 2 * 3);
         Ok(())
@@ -326,7 +336,10 @@ mod tests {
         let m = model_graph(&c, 1, Some(w.clone()), Some(ids), &Limits::host())
             .expect_err("id 11")
             .to_string();
-        assert!(m.contains("token id 11 at position 9") && m.contains("11 tokens"), "{m}");
+        assert!(
+            m.contains("token id 11 at position 9") && m.contains("11 tokens"),
+            "{m}"
+        );
         let g = model_graph(&c, 1, Some(w.clone()), None, &Limits::host())?;
         assert_eq!(g.constants[INPUT_IDS].shape(), [10]);
         w.lm_head = Some(Tensor::from_vec_f32(&[11, 32], vec![0.5; 11 * 32])?);

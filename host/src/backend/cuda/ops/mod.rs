@@ -188,9 +188,9 @@ pub fn supports(
         // Every shape: the grouped kernels take hidden and ffn multiples of 8 (16-byte rows);
         // other sizes run the cuBLASLt path (moe::ExpertsPath::select says which and why).
         Op::MoeExperts(_) => Support::Native,
-        Op::Embedding(_) => Support::No(
-            "no CUDA kernel for the embedding lookup (the CPU gathers the rows)".into(),
-        ),
+        Op::Embedding(_) => {
+            Support::No("no CUDA kernel for the embedding lookup (the CPU gathers the rows)".into())
+        }
         _ => Support::Native,
     }
 }
