@@ -34,7 +34,8 @@ pub struct RunArgs {
     #[command(flatten)]
     pub exec: ExecArgs,
     /// Write the output (`output` [B, T, H], or [B, T, vocab] logits of a model with an LM
-    /// head) and each router's results (`layers.N.topk_ids`... in a model) here.
+    /// head), a model's `input_ids` and each router's results (`layers.N.topk_ids`... in a
+    /// model) here.
     #[arg(long)]
     pub save: Option<PathBuf>,
     /// Write a Chrome/Perfetto trace of the run (one track per device, and one of the
@@ -345,6 +346,10 @@ pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
             "output".into(),
             workload::output_as_btd(&fetch(output)?, &config)?,
         );
+        // A model's token ids, so the run can be repeated elsewhere (transformers).
+        if let Some(ids) = graph.constants.get(workload::model::INPUT_IDS) {
+            t.insert("input_ids".into(), ids.as_ref().clone());
+        }
         // Every router's results: `topk_ids` etc. for one layer, `layers.N.topk_ids` in a model.
         for node in graph
             .nodes

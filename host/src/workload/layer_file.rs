@@ -252,7 +252,13 @@ pub fn load_hf_layer(path: impl AsRef<Path>, base: &MixtralConfig) -> Result<Loa
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
+
     use super::*;
+    use crate::workload::{mixtral_layer, weight_names};
 
     /// A small layer's weights saved under transformers' fused names, in a folder of its own.
     fn save_layer(
