@@ -244,3 +244,52 @@ pub fn write_safetensors_with(
     .map_err(|e| Error::file(path, format!("cannot serialise: {e}")))?;
     crate::files::write_atomic(path, &bytes)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_from_the_header_and_tensors_by_name()
+    -> std::result::Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let p = dir.path().join("t.safetensors");
+        let a = Tensor::from_vec_f32(&[2, 3], vec![1.0, -2.5, 3.0, 0.0, 7.0, -1.0])?;
+        let t = BTreeMap::from([
+            ("a".to_string(), a.cast(DType::BF16)),
+            ("b".to_string(), a.cast(DType::F16)),
+            ("c".to_string(), Tensor::from_vec_i32(&[2], vec![4, 5])?),
+        ]);
+        let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+        write_safetensors_with(&p, &t, Some(&meta))?;
+        let mut names = safetensors_names(&p)?;
+        names.sort();
+        assert_eq!(names, ["a", "b", "c"]);
+        let got = read_safetensors_named(&p, &["b", "a"])?;
+        assert_eq!(got.len(), 2);
+        // bf16 and f16 read back as stored; these values are exact in both.
+        assert_eq!(got["a"].dtype(), DType::BF16);
+        assert_eq!(got["b"].dtype(), DType::F16);
+        assert_eq!(got["a"].to_f32(), a.to_f32());
+        assert_eq!(got["b"].to_f32(), a.to_f32());
+        let m = read_safetensors_named(&p, &["a", "zz"])
+            .expect_err("no zz")
+            .to_string();
+        assert!(
+            m.contains("t.safetensors") && m.contains("no tensor 'zz'"),
+            "{m}"
+        );
+        // A cut file: its header names the file.
+        let bytes = std::fs::read(&p)?;
+        let cut = dir.path().join("cut.safetensors");
+        std::fs::write(&cut, &bytes[..12])?;
+        let m = safetensors_names(&cut).expect_err("cut").to_string();
+        assert!(
+            m.contains("cut.safetensors") && m.contains("not a valid safetensors"),
+            "{m}"
+        );
+        std::fs::write(&cut, &bytes[..4])?;
+        assert!(safetensors_names(&cut).is_err());
+        Ok(())
+    }
+}

@@ -256,6 +256,35 @@ mod tests {
     }
 
     #[test]
+    fn a_whole_model_needs_every_size() -> Result<()> {
+        let full = r#"{"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "intermediate_size": 96, "num_local_experts": 8, "num_experts_per_tok": 2,
+            "num_hidden_layers": 3, "rms_norm_eps": 1e-6, "vocab_size": 100,
+            "rope_parameters": {"rope_theta": 1e6}, "head_dim": 16}"#;
+        let s = HfConfig::parse(full, "m/config.json")?.model_sizes("m/config.json")?;
+        assert_eq!((s.hidden, s.heads, s.kv_heads, s.ffn), (64, 4, 2, 96));
+        assert_eq!((s.experts, s.top_k, s.layers, s.vocab), (8, 2, 3, 100));
+        assert_eq!((s.rms_eps, s.rope_theta), (1e-6, 1e6));
+        let m = HfConfig::parse(
+            &full.replace("\"head_dim\": 16", "\"head_dim\": 32"),
+            "m/config.json",
+        )?
+        .model_sizes("m/config.json")
+        .expect_err("head_dim 32")
+        .to_string();
+        assert!(m.contains("m/config.json: head_dim = 32"), "{m}");
+        let m = HfConfig::parse(MIXTRAL, "m/config.json")?
+            .model_sizes("m/config.json")
+            .expect_err("no intermediate_size")
+            .to_string();
+        assert!(
+            m.contains("m/config.json: missing key 'intermediate_size'"),
+            "{m}"
+        );
+        Ok(())
+    }
+
+    #[test]
     fn bad_values_name_the_file_and_the_key() {
         for (text, key) in [
             (r#"{"num_attention_heads": 0}"#, "num_attention_heads = 0"),
