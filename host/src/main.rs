@@ -61,6 +61,9 @@ enum Command {
     /// Measure every device's links and op times (the built-in layer's ops at three lengths)
     /// and keep them for the planner; `--show` prints what is kept.
     Calibrate(cli::calibrate::CalibrateArgs),
+    /// Model folders (config.json + safetensors): write a small test model, or describe one.
+    #[command(subcommand)]
+    Model(cli::model::ModelCmd),
     /// The op-time history the planner learns from: show it, or reset it.
     #[command(subcommand)]
     History(cli::history::HistoryCmd),
@@ -84,7 +87,10 @@ impl Command {
             Command::Bench(a) => a.cuda_dtype,
             Command::Calibrate(a) => a.cuda_dtype,
             Command::ServeBench(a) => a.input.cuda_dtype,
-            Command::Fpga(_) | Command::History(_) | Command::Completions { .. } => None,
+            Command::Fpga(_)
+            | Command::History(_)
+            | Command::Model(_)
+            | Command::Completions { .. } => None,
         }
     }
 }
@@ -123,6 +129,10 @@ fn main() -> ExitCode {
         let mut cmd = <Cli as clap::CommandFactory>::command();
         clap_complete::generate(*shell, &mut cmd, "tandem", &mut std::io::stdout());
         return ExitCode::SUCCESS;
+    }
+    if let Command::Model(c) = &cli.command {
+        // Files only: no devices to discover.
+        return finish(cli::model::run(c));
     }
     // The options, once: flags over the environment (a flag hides its variable, so a bad
     // TANDEM_CUDA_DTYPE does not matter under --cuda-dtype); a value that is not accepted
@@ -164,8 +174,14 @@ fn main() -> ExitCode {
         Command::ServeBench(a) => cli::serve_bench::run(a, &reg),
         Command::Fpga(c) => cli::fpga::run(c, &reg.options().fpga),
         Command::History(c) => cli::history::run(c, reg.options()),
+        Command::Model(c) => cli::model::run(c),
         Command::Completions { .. } => Ok(()),
     };
+    finish(result)
+}
+
+/// The exit code of a command's result, its error (and causes) printed.
+fn finish(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -10,8 +10,8 @@ use ndarray::{ArrayD, IxDyn};
 use rand::Rng;
 use tandem::backend::{Backend, CudaDType, DeviceKind, Support};
 use tandem::ops::{
-    Activation, AttentionParams, LinearParams, MoeExpertsParams, MoeRouteParams, Op, RmsNormParams,
-    RopeParams, SplitHeadsParams,
+    Activation, AttentionParams, EmbeddingParams, LinearParams, MoeExpertsParams, MoeRouteParams,
+    Op, RmsNormParams, RopeParams, SplitHeadsParams,
 };
 use tandem::tensor::rel_error;
 use tandem::{DType, Tensor};
@@ -84,6 +84,7 @@ fn expected_decline(b: &dyn Backend, op: &Op, head_dim: Option<usize>) -> Option
             Op::Attention(_) if !head_dim.is_some_and(|d| d == 64 || d == 128) => {
                 Some("(64 and 128 are supported)")
             }
+            Op::Embedding(_) => Some("no CUDA kernel for the embedding lookup"),
             _ => None,
         };
     }
@@ -91,7 +92,7 @@ fn expected_decline(b: &dyn Backend, op: &Op, head_dim: Option<usize>) -> Option
         return None;
     }
     match op {
-        Op::MoeExperts(_) => Some("no FPGA kernel for"),
+        Op::MoeExperts(_) | Op::Embedding(_) => Some("no FPGA kernel for"),
         Op::Linear(p) if matches!(p.act, Activation::Gelu | Activation::Silu) => Some("ReLU only"),
         _ => None,
     }
@@ -364,6 +365,12 @@ fn conformance_norm_rope_layout(target: Target) -> TestResult {
         &*b,
         &Op::MergeHeads,
         &[t(uniform(&mut r, &[2, 4, 9, 8], 1.0))],
+    )?;
+    let ids = Tensor::from_vec_i32(&[2, 5], vec![0, 12, 3, 3, 7, 12, 1, 0, 9, 4])?;
+    check(
+        &*b,
+        &Op::Embedding(EmbeddingParams {}),
+        &[ids, t(uniform(&mut r, &[13, 64], 1.0))],
     )?;
     Ok(())
 }

@@ -196,7 +196,11 @@ impl BenchShape {
                 Op::Rope(RopeParams::default()),
                 vec![f(vec![self.batch, self.heads, self.seq_len, self.head_dim])],
             ),
-            OpKind::Add | OpKind::SplitHeads | OpKind::MergeHeads | OpKind::Nop => {
+            OpKind::Add
+            | OpKind::SplitHeads
+            | OpKind::MergeHeads
+            | OpKind::Nop
+            | OpKind::Embedding => {
                 return Err(Error::invalid(
                     "bench",
                     format!(
@@ -243,7 +247,11 @@ impl BenchShape {
                 "B{} H{} T{} D{}",
                 self.batch, self.heads, self.seq_len, self.head_dim
             ),
-            OpKind::Add | OpKind::SplitHeads | OpKind::MergeHeads | OpKind::Nop => {
+            OpKind::Add
+            | OpKind::SplitHeads
+            | OpKind::MergeHeads
+            | OpKind::Nop
+            | OpKind::Embedding => {
                 op.name().to_string()
             }
         }

@@ -7,6 +7,7 @@ pub mod compare;
 pub mod devices;
 pub mod fpga;
 pub mod history;
+pub mod model;
 pub mod op;
 pub mod overhead;
 pub mod placement;

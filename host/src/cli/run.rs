@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::Args;
 use tandem::backend::CudaDType;
 use tandem::exec::ExecOptions;
+use tandem::ops::OpKind;
 use tandem::plan::{self, BackendChoice};
 use tandem::run::{RunOptions, run_graph};
 use tandem::workload::{self, HfConfig, MixtralConfig, WorkloadFile};
@@ -32,7 +33,9 @@ pub struct RunArgs {
     pub explain: bool,
     #[command(flatten)]
     pub exec: ExecArgs,
-    /// Write the layer output (`output` [B, T, H]) and the router's results here.
+    /// Write the output (`output` [B, T, H], or [B, T, vocab] logits of a model with an LM
+    /// head), a model's `input_ids` and each router's results (`layers.N.topk_ids`... in a
+    /// model) here.
     #[arg(long)]
     pub save: Option<PathBuf>,
     /// Write a Chrome/Perfetto trace of the run (one track per device, and one of the
@@ -63,15 +66,22 @@ pub struct PlanArgs {
 pub struct WorkloadArgs {
     /// A TOML workload file; without one, the built-in Mixtral decoder layer.
     pub workload: Option<PathBuf>,
-    /// The layer's weights (and `input`, if present) from a safetensors file with transformers'
-    /// Mixtral names. The head count comes from the config.json beside it, else --heads is
-    /// required (the weights cannot tell heads from head size).
-    #[arg(long)]
+    /// A model folder as transformers saves it (config.json, and model.safetensors or shards
+    /// listed by model.safetensors.index.json): its first --layers layers (default: all), with
+    /// the embedding (token ids in) and the final norm + LM head (logits out) where present.
+    /// Or one safetensors file of one layer's weights (and `input`, if present) with
+    /// transformers' Mixtral names; the head count comes from the config.json beside it, else
+    /// --heads is required (the weights cannot tell heads from head size).
+    #[arg(long, value_name = "DIR|FILE")]
     pub weights: Option<PathBuf>,
-    /// With --weights: the layer to load from a file that holds several (the N of
+    /// With --weights FILE: the layer to load from a file that holds several (the N of
     /// `model.layers.N.`); required for such files.
     #[arg(long, value_name = "N", requires = "weights")]
     pub layer: Option<usize>,
+    /// Decoder layers, chained (layer i's output is layer i+1's input). Default: 1 for the
+    /// built-in layer (or the workload file's `layers`), all of a model folder's.
+    #[arg(long, value_name = "N")]
+    pub layers: Option<usize>,
     /// Precision CUDA devices store tensors in (f32 accumulation either way); default:
     /// $TANDEM_CUDA_DTYPE, else bf16.
     #[arg(long, value_name = "DTYPE", value_parser = super::cuda_dtype_parser())]
@@ -155,6 +165,7 @@ pub struct SizeArgs {
 }
 
 impl SizeArgs {
+    /// Sets the sizes given on the command line in `c`.
     pub fn apply(&self, c: &mut MixtralConfig) {
         let set = |dst: &mut usize, v: Option<usize>| {
             if let Some(v) = v {
@@ -183,19 +194,45 @@ pub fn build(
     args: &WorkloadArgs,
     limits: &tandem::limits::Limits,
 ) -> anyhow::Result<(tandem::graph::Graph, MixtralConfig, String)> {
-    let (mut c, mut name, toml_heads) = match &args.workload {
+    let (mut c, mut name, toml_heads, toml_layers) = match &args.workload {
         Some(p) => {
             let w = WorkloadFile::load(p)?;
             let name = w.name.clone().unwrap_or_else(|| p.display().to_string());
             let heads = w.given.iter().any(|k| k == "heads");
-            (w.mixtral, name, heads)
+            (w.mixtral, name, heads, w.layers)
         }
         None => (
             MixtralConfig::default(),
             "built-in Mixtral decoder layer".into(),
             false,
+            None,
         ),
     };
+    if args.layers == Some(0) {
+        bail!("--layers 0 is not accepted: must be at least 1");
+    }
+    if let Some(dir) = args.weights.as_deref().filter(|p| p.is_dir()) {
+        return super::model::build_from_folder(args, dir, c, args.layers.or(toml_layers), limits);
+    }
+    let layers = args.layers.or(toml_layers).unwrap_or(1);
+    if layers > 1 {
+        if args.weights.is_some() {
+            bail!(
+                "--layers {layers} with --weights FILE: a file gives one layer; pass a model \
+                 folder (config.json + safetensors) for several"
+            );
+        }
+        args.sizes.apply(&mut c);
+        c.check()?;
+        let g = workload::model_graph(&c, layers, None, None, limits)?;
+        let label = format!(
+            "{name}, {layers} layers: {} seed={} {}",
+            layer_sizes(&c),
+            c.seed,
+            c.dtype
+        );
+        return Ok((g, c, label));
+    }
     let (weights, input) = match &args.weights {
         Some(p) => {
             // config.json beside the weights first, then the flags over it.
@@ -250,8 +287,15 @@ pub fn build(
         String::new()
     };
     let g = workload::mixtral_layer_within(&c, weights, input, limits)?;
-    let label = format!(
-        "{name}: B={} T={} d_model={} heads={}/{} head_dim={} experts={} top-{} ffn={}{seed} {}",
+    let label = format!("{name}: {}{seed} {}", layer_sizes(&c), c.dtype);
+    Ok((g, c, label))
+}
+
+/// A layer's sizes for labels: `B=1 T=128 d_model=512 heads=8/2 head_dim=64 experts=8 top-2
+/// ffn=1024`.
+pub fn layer_sizes(c: &MixtralConfig) -> String {
+    format!(
+        "B={} T={} d_model={} heads={}/{} head_dim={} experts={} top-{} ffn={}",
         c.batch,
         c.seq_len,
         c.d_model,
@@ -261,9 +305,7 @@ pub fn build(
         c.experts,
         c.top_k,
         c.ffn,
-        c.dtype
-    );
-    Ok((g, c, label))
+    )
 }
 
 /// Runs the workload.
@@ -312,19 +354,42 @@ pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     }
     if let Some(path) = &args.save {
         let mut t: BTreeMap<String, Tensor> = BTreeMap::new();
-        let fetch = |n: &str| -> anyhow::Result<Tensor> { Ok(out.exec.buffers[n].to_host(reg)?) };
+        let fetch = |n: &str| -> anyhow::Result<Tensor> {
+            match out.exec.buffers.get(n) {
+                Some(b) => Ok(b.to_host(reg)?),
+                None => bail!("the run kept no tensor '{n}' to save"),
+            }
+        };
+        let Some(output) = graph.outputs.first() else {
+            bail!("the workload has no output to save");
+        };
         t.insert(
             "output".into(),
-            workload::output_as_btd(&fetch(workload::OUTPUT)?, &config)?,
+            workload::output_as_btd(&fetch(output)?, &config)?,
         );
-        for (file_name, graph_name) in [
-            ("topk_ids", "router.topk_ids"),
-            ("topk_weights", "router.topk_weights"),
-            ("expert_counts", "router.expert_counts"),
-            ("aux_loss", "router.aux_loss"),
-            ("z_loss", "router.z_loss"),
-        ] {
-            t.insert(file_name.into(), fetch(graph_name)?);
+        // A model's token ids, so the run can be repeated elsewhere (transformers).
+        if let Some(ids) = graph.constants.get(workload::model::INPUT_IDS) {
+            t.insert("input_ids".into(), ids.as_ref().clone());
+        }
+        // Every router's results: `topk_ids` etc. for one layer, `layers.N.topk_ids` in a model.
+        for node in graph
+            .nodes
+            .iter()
+            .filter(|n| n.op.kind() == OpKind::MoeRoute)
+        {
+            let prefix = node.name.strip_suffix("router").unwrap_or(&node.name);
+            for what in [
+                "topk_ids",
+                "topk_weights",
+                "expert_counts",
+                "aux_loss",
+                "z_loss",
+            ] {
+                t.insert(
+                    format!("{prefix}{what}"),
+                    fetch(&format!("{}.{what}", node.name))?,
+                );
+            }
         }
         tandem::io::write_safetensors(path, &t)?;
     }

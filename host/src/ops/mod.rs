@@ -7,6 +7,7 @@
 
 pub mod attention;
 pub mod elementwise;
+pub mod embedding;
 pub mod layout;
 pub mod linear;
 pub mod moe;
@@ -18,6 +19,7 @@ use ndarray::ArrayD;
 use serde::{Deserialize, Serialize};
 
 pub use attention::AttentionParams;
+pub use embedding::EmbeddingParams;
 pub use layout::SplitHeadsParams;
 pub use linear::{Activation, LinearParams};
 pub use moe::{MoeExpertsParams, MoeRouteParams};
@@ -57,6 +59,8 @@ pub enum Op {
     /// offered on the command line, not accepted in workload files.
     #[serde(skip_deserializing)]
     Nop,
+    /// Embedding lookup: ids (i32), table [V, H] -> y [..., H].
+    Embedding(EmbeddingParams),
 }
 
 /// The family of an [`Op`], without its parameters: the one list of op names.
@@ -101,11 +105,15 @@ pub enum OpKind {
     /// No work, a token out (the runtime-overhead bench's op: not offered on the command line).
     #[cfg_attr(feature = "cli", value(skip))]
     Nop,
+    /// Embedding lookup: ids (i32) `[...]`, table `[V, H]` -> y `[..., H]` (a graph op: not
+    /// offered on the command line).
+    #[cfg_attr(feature = "cli", value(skip))]
+    Embedding,
 }
 
 impl OpKind {
     /// Every op family, in [`Op`]'s order.
-    pub const ALL: [OpKind; 10] = [
+    pub const ALL: [OpKind; 11] = [
         OpKind::Attention,
         OpKind::MoeRoute,
         OpKind::MoeExperts,
@@ -116,6 +124,7 @@ impl OpKind {
         OpKind::SplitHeads,
         OpKind::MergeHeads,
         OpKind::Nop,
+        OpKind::Embedding,
     ];
 
     /// The families that run alone with parameters from flags (`tandem op`, `tandem bench`);
@@ -130,7 +139,7 @@ impl OpKind {
     ];
 
     /// The name in reports, JSON and graphs: `attention`, `moe_route`, `moe_experts`,
-    /// `linear`, `rmsnorm`, `rope`, `add`, `split_heads`, `merge_heads`, `nop`.
+    /// `linear`, `rmsnorm`, `rope`, `add`, `split_heads`, `merge_heads`, `nop`, `embedding`.
     pub fn name(self) -> &'static str {
         match self {
             OpKind::Attention => "attention",
@@ -143,6 +152,7 @@ impl OpKind {
             OpKind::SplitHeads => "split_heads",
             OpKind::MergeHeads => "merge_heads",
             OpKind::Nop => "nop",
+            OpKind::Embedding => "embedding",
         }
     }
 }
@@ -197,6 +207,7 @@ impl Op {
             Op::SplitHeads(_) => OpKind::SplitHeads,
             Op::MergeHeads => OpKind::MergeHeads,
             Op::Nop => OpKind::Nop,
+            Op::Embedding(_) => OpKind::Embedding,
         }
     }
 
@@ -229,6 +240,7 @@ impl Op {
             Op::Add => vec!["a", "b"],
             Op::SplitHeads(_) | Op::MergeHeads => vec!["x"],
             Op::Nop => vec!["after"],
+            Op::Embedding(_) => embedding::INPUTS.to_vec(),
         }
     }
 
@@ -257,6 +269,7 @@ impl Op {
             Op::SplitHeads(p) => p.validate(inputs),
             Op::MergeHeads => layout::validate_merge(inputs),
             Op::Nop => Ok(vec![nop_token()]),
+            Op::Embedding(p) => p.validate(inputs),
         }
     }
 
@@ -301,6 +314,7 @@ impl Op {
             Op::SplitHeads(p) => p.cpu(inputs),
             Op::MergeHeads => layout::cpu_merge(inputs),
             Op::Nop => Ok(vec![Tensor::zeros(&nop_token())]),
+            Op::Embedding(p) => p.cpu(inputs),
         }
     }
 
@@ -310,6 +324,7 @@ impl Op {
         check_arity(self, inputs.len())?;
         let dtypes: &[crate::dtype::DType] = match self {
             Op::MoeExperts(_) => &moe::EXPERT_DTYPES,
+            Op::Embedding(_) => &embedding::DTYPES,
             _ => &[],
         };
         let outs = self.validate(&reference_metas(inputs, dtypes))?;
@@ -330,6 +345,7 @@ impl Op {
             Op::SplitHeads(p) => p.reference(inputs),
             Op::MergeHeads => layout::reference_merge(inputs),
             Op::Nop => Ok(vec![ArrayD::zeros(ndarray::IxDyn(&[0]))]),
+            Op::Embedding(p) => p.reference(inputs),
         }
     }
 
@@ -353,6 +369,7 @@ impl Op {
                 4.0 * inputs.first().map(|m| m.numel() as f64).unwrap_or(0.0)
             }
             Op::SplitHeads(_) | Op::MergeHeads | Op::Nop => 0.0,
+            Op::Embedding(p) => p.flops(inputs),
         };
         OpCost { flops, bytes }
     }
@@ -459,6 +476,7 @@ mod tests {
             Op::SplitHeads(SplitHeadsParams { batch: 1, heads: 1 }),
             Op::MergeHeads,
             Op::Nop,
+            Op::Embedding(EmbeddingParams {}),
         ];
         let kinds: Vec<OpKind> = ops.iter().map(Op::kind).collect();
         assert_eq!(kinds, OpKind::ALL);

@@ -1,12 +1,13 @@
-//! transformers' `config.json`: the layer settings a checkpoint's folder gives beside its
-//! weights that the weights themselves cannot tell (head count, experts per token, RoPE
-//! theta, RMSNorm epsilon).
+//! transformers' `config.json`: every size of a Mixtral model ([`HfConfig`]), and for a lone
+//! layer file the settings the weights cannot tell (head count, experts per token, RoPE
+//! theta, RMSNorm epsilon). [`HfConfig::model_sizes`] requires what a whole model needs.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
 use super::MixtralConfig;
+use super::model::ModelSizes;
 use crate::error::{Error, Result};
 
 /// The settings of a transformers `config.json` that tandem reads; a key the file leaves out
@@ -21,6 +22,20 @@ pub struct HfConfig {
     pub rope_theta: Option<f64>,
     /// `rms_norm_eps`.
     pub rms_eps: Option<f32>,
+    /// `hidden_size`.
+    pub hidden: Option<usize>,
+    /// `num_key_value_heads`.
+    pub kv_heads: Option<usize>,
+    /// `intermediate_size` (one expert's FFN size).
+    pub ffn: Option<usize>,
+    /// `num_local_experts`.
+    pub experts: Option<usize>,
+    /// `num_hidden_layers`.
+    pub layers: Option<usize>,
+    /// `vocab_size`.
+    pub vocab: Option<usize>,
+    /// `head_dim` (where given; tandem needs it to be hidden_size / num_attention_heads).
+    pub head_dim: Option<usize>,
 }
 
 impl HfConfig {
@@ -105,7 +120,58 @@ impl HfConfig {
             top_k: count("num_experts_per_tok")?,
             rope_theta,
             rms_eps,
+            hidden: count("hidden_size")?,
+            kv_heads: count("num_key_value_heads")?,
+            ffn: count("intermediate_size")?,
+            experts: count("num_local_experts")?,
+            layers: count("num_hidden_layers")?,
+            vocab: count("vocab_size")?,
+            head_dim: count("head_dim")?,
         })
+    }
+
+    /// Every size of a whole model, as [`ModelSizes`]: a key the file lacks is an error
+    /// naming the file and the key (`path` names the file).
+    pub fn model_sizes(&self, path: impl AsRef<Path>) -> Result<ModelSizes> {
+        let path = path.as_ref();
+        fn need<T: Copy>(path: &Path, key: &str, v: Option<T>) -> Result<T> {
+            v.ok_or_else(|| {
+                Error::file(
+                    path,
+                    format!(
+                        "missing key '{key}' (a Mixtral model's config.json gives hidden_size, \
+                         num_attention_heads, num_key_value_heads, intermediate_size, \
+                         num_local_experts, num_experts_per_tok, num_hidden_layers, \
+                         rms_norm_eps, rope_theta and vocab_size)"
+                    ),
+                )
+            })
+        }
+        let s = ModelSizes {
+            hidden: need(path, "hidden_size", self.hidden)?,
+            heads: need(path, "num_attention_heads", self.heads)?,
+            kv_heads: need(path, "num_key_value_heads", self.kv_heads)?,
+            ffn: need(path, "intermediate_size", self.ffn)?,
+            experts: need(path, "num_local_experts", self.experts)?,
+            top_k: need(path, "num_experts_per_tok", self.top_k)?,
+            layers: need(path, "num_hidden_layers", self.layers)?,
+            rms_eps: need(path, "rms_norm_eps", self.rms_eps)?,
+            rope_theta: need(path, "rope_theta", self.rope_theta)?,
+            vocab: need(path, "vocab_size", self.vocab)?,
+        };
+        if let Some(d) = self.head_dim
+            && d * s.heads != s.hidden
+        {
+            return Err(Error::file(
+                path,
+                format!(
+                    "head_dim = {d} is not accepted: tandem needs head_dim * num_attention_heads \
+                     = hidden_size ({} * {} != {})",
+                    d, s.heads, s.hidden
+                ),
+            ));
+        }
+        Ok(s)
     }
 
     /// Sets the values the file gave in `c`, leaving the others.
@@ -161,6 +227,10 @@ mod tests {
                 top_k: Some(2),
                 rope_theta: Some(1e6),
                 rms_eps: Some(1e-5),
+                hidden: Some(4096),
+                kv_heads: Some(8),
+                experts: Some(8),
+                ..HfConfig::default()
             }
         );
         let mut c = MixtralConfig::default();
@@ -182,6 +252,35 @@ mod tests {
             "config.json",
         )?;
         assert_eq!((h.heads, h.rope_theta), (Some(16), Some(5e5)));
+        Ok(())
+    }
+
+    #[test]
+    fn a_whole_model_needs_every_size() -> Result<()> {
+        let full = r#"{"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "intermediate_size": 96, "num_local_experts": 8, "num_experts_per_tok": 2,
+            "num_hidden_layers": 3, "rms_norm_eps": 1e-6, "vocab_size": 100,
+            "rope_parameters": {"rope_theta": 1e6}, "head_dim": 16}"#;
+        let s = HfConfig::parse(full, "m/config.json")?.model_sizes("m/config.json")?;
+        assert_eq!((s.hidden, s.heads, s.kv_heads, s.ffn), (64, 4, 2, 96));
+        assert_eq!((s.experts, s.top_k, s.layers, s.vocab), (8, 2, 3, 100));
+        assert_eq!((s.rms_eps, s.rope_theta), (1e-6, 1e6));
+        let m = HfConfig::parse(
+            &full.replace("\"head_dim\": 16", "\"head_dim\": 32"),
+            "m/config.json",
+        )?
+        .model_sizes("m/config.json")
+        .expect_err("head_dim 32")
+        .to_string();
+        assert!(m.contains("m/config.json: head_dim = 32"), "{m}");
+        let m = HfConfig::parse(MIXTRAL, "m/config.json")?
+            .model_sizes("m/config.json")
+            .expect_err("no intermediate_size")
+            .to_string();
+        assert!(
+            m.contains("m/config.json: missing key 'intermediate_size'"),
+            "{m}"
+        );
         Ok(())
     }
 

@@ -188,6 +188,9 @@ pub fn supports(
         // Every shape: the grouped kernels take hidden and ffn multiples of 8 (16-byte rows);
         // other sizes run the cuBLASLt path (moe::ExpertsPath::select says which and why).
         Op::MoeExperts(_) => Support::Native,
+        Op::Embedding(_) => {
+            Support::No("no CUDA kernel for the embedding lookup (the CPU gathers the rows)".into())
+        }
         _ => Support::Native,
     }
 }
@@ -271,6 +274,11 @@ pub fn run(
         Op::MoeExperts(p) => moe::experts(cx, p, ins, metas, outs),
         // No elements to write.
         Op::Nop => Ok("nop".to_string()),
+        Op::Embedding(_) => Err(crate::error::Error::Unsupported {
+            op: op.name().into(),
+            device: cx.be.dev.label.clone(),
+            why: "no CUDA kernel for the embedding lookup (the CPU gathers the rows)".into(),
+        }),
     }
 }
 
