@@ -412,6 +412,11 @@ impl Backend for FpgaBackend {
                 };
                 attention::support(&self.attention, p, inputs, max)
             }
+            Op::AttentionDecode(_) => Support::No(
+                "no FPGA kernel for attention_decode: the streaming attention kernel takes dense \
+                 K/V [B, H, N, D], not a KV cache with per-sequence lengths or a block table"
+                    .into(),
+            ),
             other => Support::No(format!(
                 "no FPGA kernel for {} in this build (router, GEMM and attention are plugged in)",
                 other.name()
@@ -570,6 +575,11 @@ mod tests {
         assert!(matches!(
             b.supports(&Op::Add, &[m.clone(), m]),
             Support::No(_)
+        ));
+        let decode = Op::AttentionDecode(crate::ops::AttentionDecodeParams::default());
+        assert!(matches!(
+            b.supports(&decode, &[]),
+            Support::No(why) if why.contains("attention_decode") && why.contains("KV cache")
         ));
     }
 
