@@ -6,6 +6,7 @@ pub mod compare;
 pub mod devices;
 pub mod fpga;
 pub mod history;
+pub mod decode;
 pub mod op;
 pub mod placement;
 pub mod render;

@@ -78,6 +78,8 @@ pub struct WorkloadArgs {
     pub cuda_dtype: Option<CudaDType>,
     #[command(flatten)]
     pub sizes: SizeArgs,
+    #[command(flatten)]
+    pub decode: super::decode::DecodeArgs,
 }
 
 /// How a workload is executed and checked (`run`, `compare`).
@@ -135,7 +137,7 @@ pub struct SizeArgs {
 }
 
 impl SizeArgs {
-    fn apply(&self, c: &mut MixtralConfig) {
+    pub(super) fn apply(&self, c: &mut MixtralConfig) {
         let set = |dst: &mut usize, v: Option<usize>| {
             if let Some(v) = v {
                 *dst = v;
@@ -163,6 +165,9 @@ pub fn build(
     args: &WorkloadArgs,
     limits: &tandem::limits::Limits,
 ) -> anyhow::Result<(tandem::graph::Graph, MixtralConfig, String)> {
+    if let Some(t) = args.decode.decode {
+        return super::decode::build(args, t, limits);
+    }
     let (mut c, mut name, toml_heads) = match &args.workload {
         Some(p) => {
             let w = WorkloadFile::load(p)?;
@@ -250,6 +255,9 @@ pub fn build(
 pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     for p in args.save.iter().chain(&args.trace) {
         tandem::files::check_writable(p)?;
+    }
+    if args.input.decode.decode.is_some() && args.save.is_some() {
+        bail!("--save writes the Mixtral layer's output and router results; a --decode step has no router");
     }
     let backend = args.backend;
     args.placement.check(reg, backend)?;

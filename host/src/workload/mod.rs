@@ -2,6 +2,7 @@
 //! safetensors files with transformers' Mixtral names (with the `config.json` beside them:
 //! [`HfConfig`], [`load_hf_layer`]).
 
+pub mod decode;
 mod hf_config;
 
 pub use hf_config::HfConfig;

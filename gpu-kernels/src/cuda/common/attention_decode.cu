@@ -24,7 +24,7 @@
 
 __device__ __forceinline__ uint4 dec_ld(const h16_t* p) {
     uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p));
     return r;
@@ -32,9 +32,11 @@ __device__ __forceinline__ uint4 dec_ld(const h16_t* p) {
 
 template <int D, int RB>
 struct DecGeom {
-    // 16-byte vectors per lane per key: q and acc take 2 * RB * 8 * VPL registers (<= 128)
+    // 16-byte vectors per lane per key (at most 2): q and acc take 2 * RB * 8 * VPL registers
+    // (<= 128), the tile's K and V vectors 8 * U * VPL
     static constexpr int VPL0 = (8 / RB) < (D / 64) ? (8 / RB) : (D / 64);
-    static constexpr int VPL = VPL0 < 1 ? 1 : VPL0;
+    static constexpr int VPL1 = VPL0 < 2 ? VPL0 : 2;
+    static constexpr int VPL = VPL1 < 1 ? 1 : VPL1;
     static constexpr int LPK = D / (8 * VPL);  // lanes per key
     static constexpr int KPW = 32 / LPK;       // keys per warp step
     static constexpr int U = RB <= 4 ? 4 : 2;  // warp steps per tile (loads in flight)
