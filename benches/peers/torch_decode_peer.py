@@ -66,7 +66,11 @@ def load(path):
         return None
     try:
         with open(path) as f:
-            return json.loads(f.read().strip().splitlines()[-1])
+            text = f.read().strip()
+        try:
+            return json.loads(text)  # `--json`: one pretty-printed object
+        except json.JSONDecodeError:
+            return json.loads(text.splitlines()[-1])
     except Exception as ex:  # report, never hide
         print(f"  tandem {path}: no result ({ex})")
         return None

@@ -393,7 +393,7 @@ pub const DECODE_MERGE_THREADS: u32 = 128;
 /// Keys a block of the decode partial kernel takes per tile for head dim `d` and `rb` rows
 /// (DecGeom in attention_decode.cu: `U * KPW * DEC_WARPS`).
 pub fn decode_keys_per_tile(d: usize, rb: usize) -> usize {
-    let vpl = (8 / rb).min(d / 64).min(2).max(1);
+    let vpl = (8 / rb).min(d / 64).clamp(1, 2);
     let lpk = d / (8 * vpl);
     let u = if rb <= 4 { 4 } else { 2 };
     u * (32 / lpk) * DECODE_WARPS as usize

@@ -135,23 +135,22 @@ pub fn prefill(
         contiguous[1].as_f32().expect("k"),
         contiguous[2].as_f32().expect("v"),
     );
-    let mut qf = ArrayD::from_shape_simple_fn(IxDyn(&[1, c.hq, l, c.d]), || {
-        r.gen_range(-1.0f32..1.0)
-    });
+    let mut qf =
+        ArrayD::from_shape_simple_fn(IxDyn(&[1, c.hq, l, c.d]), || r.gen_range(-1.0f32..1.0));
     qf.slice_mut(s![0, .., l - c.nq.., ..])
         .assign(&q.slice(s![b, .., .., ..]));
-    let cut = |a: &ArrayD<f32>| {
-        a.slice(s![b..b + 1, .., ..l, ..])
-            .to_owned()
-            .into_dyn()
-    };
+    let cut = |a: &ArrayD<f32>| a.slice(s![b..b + 1, .., ..l, ..]).to_owned().into_dyn();
     let op = Op::Attention(AttentionParams {
         causal: true,
         scale: None,
     });
     (
         op,
-        vec![Tensor::from_f32(qf), Tensor::from_f32(cut(k)), Tensor::from_f32(cut(v))],
+        vec![
+            Tensor::from_f32(qf),
+            Tensor::from_f32(cut(k)),
+            Tensor::from_f32(cut(v)),
+        ],
     )
 }
 

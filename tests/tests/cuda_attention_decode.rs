@@ -106,7 +106,12 @@ fn cuda_decode_paged_matches_contiguous(be: &CudaBackend, dt: CudaDType) {
             check_outputs(&format!("{c:?} paged bs {bs}"), &out, &want, dt);
             // the same data through the block table: within rounding of the contiguous run
             // (the capacity, so the chunking, may differ)
-            check("o paged vs contiguous", &out[0], &flat[0].to_f64(), dt.tolerance());
+            check(
+                "o paged vs contiguous",
+                &out[0],
+                &flat[0].to_f64(),
+                dt.tolerance(),
+            );
         }
     }
 }
@@ -148,7 +153,12 @@ fn cuda_decode_bad_values_give_nan(be: &CudaBackend, dt: CudaDType) {
     let o = out[0].to_f64();
     assert!(sequence_rows(&o, 1).iter().all(|x| x.is_nan()), "long");
     let first = Tensor::from_f32(sequence_rows(&o, 0).mapv(|x| x as f32));
-    check("o of the good sequence", &first, &sequence_rows(&want[0], 0), dt.tolerance());
+    check(
+        "o of the good sequence",
+        &first,
+        &sequence_rows(&want[0], 0),
+        dt.tolerance(),
+    );
     let pins = paged(&c, &ins, 16, 0, &mut r);
     let mut t = pins[4].as_i32().expect("table").clone();
     t[[1, 3]] = 1 << 30;
@@ -157,5 +167,8 @@ fn cuda_decode_bad_values_give_nan(be: &CudaBackend, dt: CudaDType) {
     let (out, _) = launch(be, &c.paged_op(16), &bad);
     let o = out[0].to_f64();
     assert!(sequence_rows(&o, 1).iter().all(|x| x.is_nan()), "block id");
-    assert!(sequence_rows(&o, 0).iter().all(|x| x.is_finite()), "good sequence");
+    assert!(
+        sequence_rows(&o, 0).iter().all(|x| x.is_finite()),
+        "good sequence"
+    );
 }

@@ -36,11 +36,11 @@ fn cases() -> Vec<DecodeCase> {
         nmax,
     };
     vec![
-        c(4, 4, 1, 64, &[1, 37, 200], 203),  // MHA, a sequence of just its new token
+        c(4, 4, 1, 64, &[1, 37, 200], 203), // MHA, a sequence of just its new token
         c(8, 2, 3, 128, &[3, 70, 129], 150), // GQA 4, Nq 3
         c(8, 1, 16, 64, &[16, 33, 100], 100), // GQA 8, Nq 16, one sequence at capacity
-        c(32, 1, 2, 64, &[95, 2], 97),       // MQA 32
-        c(4, 2, 5, 256, &[61, 130], 131),    // d 256
+        c(32, 1, 2, 64, &[95, 2], 97),      // MQA 32
+        c(4, 2, 5, 256, &[61, 130], 131),   // d 256
     ]
 }
 
@@ -74,7 +74,12 @@ fn decode_is_the_last_rows_of_prefill() -> TestResult {
                 let want = last_rows(&pre_ref[i], c.nq);
                 let name = format!("{c:?} seq {b} {what}");
                 check(&name, &sequence_rows(&dec_ref[i], b), &want, F64_TOL);
-                check(&name, &sequence_rows(&dec_cpu[i].to_f64(), b), &want, F32_TOL);
+                check(
+                    &name,
+                    &sequence_rows(&dec_cpu[i].to_f64(), b),
+                    &want,
+                    F32_TOL,
+                );
             }
         }
     }
@@ -150,12 +155,72 @@ fn bad_lengths_and_block_ids_are_refused() -> TestResult {
     let i = |s: &[usize]| tandem::TensorMeta::new(s.to_vec(), tandem::DType::I32);
     let op = Op::AttentionDecode(AttentionDecodeParams::default());
     let e = op
-        .validate(&[f(&[1, 2, 17, 64]), f(&[1, 2, 40, 64]), f(&[1, 2, 40, 64]), i(&[1])])
+        .validate(&[
+            f(&[1, 2, 17, 64]),
+            f(&[1, 2, 40, 64]),
+            f(&[1, 2, 40, 64]),
+            i(&[1]),
+        ])
         .expect_err("nq 17");
     assert!(e.to_string().contains("accepted: 1..=16"), "{e}");
     let e = op
-        .validate(&[f(&[1, 2, 1, 80]), f(&[1, 2, 40, 80]), f(&[1, 2, 40, 80]), i(&[1])])
+        .validate(&[
+            f(&[1, 2, 1, 80]),
+            f(&[1, 2, 40, 80]),
+            f(&[1, 2, 40, 80]),
+            i(&[1]),
+        ])
         .expect_err("d 80");
     assert!(e.to_string().contains("accepted: 64, 128, 256"), "{e}");
+    Ok(())
+}
+
+/// The decode workload (`tandem run --decode`) planned, executed and checked on the CPU:
+/// every node and the output against the f64 chain, contiguous and paged.
+#[test]
+fn the_decode_workload_runs_and_matches_its_reference() -> TestResult {
+    use tandem::plan::BackendChoice;
+    use tandem::run::{RunOptions, run_graph};
+    use tandem::workload::MixtralConfig;
+    use tandem::workload::decode::{DecodeStep, decode_layer};
+    let reg = tandem::DeviceRegistry::cpu_only();
+    for block_size in [None, Some(32)] {
+        let c = MixtralConfig {
+            batch: 3,
+            d_model: 256,
+            heads: 4,
+            kv_heads: 1,
+            ..MixtralConfig::default()
+        };
+        let step = DecodeStep {
+            new_tokens: 3,
+            context: 150,
+            block_size,
+        };
+        let g = decode_layer(&c, &step, &tandem::limits::Limits::default())?;
+        let opts = RunOptions {
+            backend: BackendChoice::Only(tandem::DeviceKind::Cpu),
+            placement: Default::default(),
+            backend_label: "cpu".into(),
+            exec: Default::default(),
+            check: true,
+            workload: "decode".into(),
+            history: None,
+            limits: tandem::limits::Limits::default(),
+            allow_nonfinite: false,
+            warmup: 0,
+        };
+        let out = run_graph(&g, &reg, &opts)?;
+        let e = out.report.output_rel_error.ok_or("no output error")?;
+        assert!(e < 1e-5, "{block_size:?}: output rel err {e:.2e}");
+        assert!(
+            out.report
+                .nodes
+                .iter()
+                .any(|n| n.run.op == "attention_decode"
+                    && n.error.rel_error.is_some_and(|x| x < 1e-5)),
+            "{block_size:?}: no checked attention_decode node"
+        );
+    }
     Ok(())
 }

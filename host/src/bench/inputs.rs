@@ -74,7 +74,10 @@ fn decode_inputs(
         if ids.len() < need {
             return Err(Error::invalid(
                 "attention_decode",
-                format!("{} cache blocks, {need} needed for full sequences", ids.len()),
+                format!(
+                    "{} cache blocks, {need} needed for full sequences",
+                    ids.len()
+                ),
             ));
         }
         ids.truncate(need);

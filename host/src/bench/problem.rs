@@ -4,8 +4,8 @@
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::{
-    Activation, AttentionDecodeParams, AttentionParams, LinearParams, MoeExpertsParams, MoeRouteParams, Op, OpKind,
-    RmsNormParams, RopeParams,
+    Activation, AttentionDecodeParams, AttentionParams, LinearParams, MoeExpertsParams,
+    MoeRouteParams, Op, OpKind, RmsNormParams, RopeParams,
 };
 use crate::tensor::TensorMeta;
 
@@ -170,7 +170,12 @@ impl BenchShape {
                     block_size: self.block_size,
                 };
                 let inputs = match self.block_size {
-                    None => vec![q, f(vec![b, hkv, ctx, d]), f(vec![b, hkv, ctx, d]), i(vec![b])],
+                    None => vec![
+                        q,
+                        f(vec![b, hkv, ctx, d]),
+                        f(vec![b, hkv, ctx, d]),
+                        i(vec![b]),
+                    ],
                     Some(bs) => {
                         // every sequence full: ceil(ctx / bs) blocks each
                         let per = ctx.div_ceil(bs.max(1));

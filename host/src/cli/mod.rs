@@ -3,10 +3,10 @@
 pub mod baselines;
 pub mod bench;
 pub mod compare;
+pub mod decode;
 pub mod devices;
 pub mod fpga;
 pub mod history;
-pub mod decode;
 pub mod op;
 pub mod placement;
 pub mod render;

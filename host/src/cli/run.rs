@@ -257,7 +257,9 @@ pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
         tandem::files::check_writable(p)?;
     }
     if args.input.decode.decode.is_some() && args.save.is_some() {
-        bail!("--save writes the Mixtral layer's output and router results; a --decode step has no router");
+        bail!(
+            "--save writes the Mixtral layer's output and router results; a --decode step has no router"
+        );
     }
     let backend = args.backend;
     args.placement.check(reg, backend)?;

@@ -181,7 +181,10 @@ impl AttentionDecodeParams {
         if lens.shape != [b] {
             return Err(Error::invalid(
                 OP,
-                format!("seq_lens has shape {:?}, expected [{b}] (one per sequence)", lens.shape),
+                format!(
+                    "seq_lens has shape {:?}, expected [{b}] (one per sequence)",
+                    lens.shape
+                ),
             ));
         }
         if let Some(s) = self.scale {
@@ -219,9 +222,7 @@ impl AttentionDecodeParams {
                 if !bs.is_power_of_two() || bs > MAX_BLOCK_SIZE {
                     return Err(Error::invalid(
                         OP,
-                        format!(
-                            "block_size {bs} (accepted: a power of two, 1..={MAX_BLOCK_SIZE})"
-                        ),
+                        format!("block_size {bs} (accepted: a power of two, 1..={MAX_BLOCK_SIZE})"),
                     ));
                 }
                 if k.shape[2] != bs {
@@ -526,7 +527,10 @@ fn decode_group(
     }
     for r in 0..rows {
         let inv = 1.0 / l[r];
-        for (dst, &a) in o[r * d..(r + 1) * d].iter_mut().zip(&acc[r * d..(r + 1) * d]) {
+        for (dst, &a) in o[r * d..(r + 1) * d]
+            .iter_mut()
+            .zip(&acc[r * d..(r + 1) * d])
+        {
             *dst = a * inv;
         }
         lse[r] = m[r] + l[r].ln();
@@ -564,7 +568,12 @@ mod tests {
         let f = |s: &[usize]| meta(s, DType::F32);
         let i = |s: &[usize]| meta(s, DType::I32);
         let p = AttentionDecodeParams::default();
-        let ok = [f(&[2, 8, 1, 64]), f(&[2, 2, 40, 64]), f(&[2, 2, 40, 64]), i(&[2])];
+        let ok = [
+            f(&[2, 8, 1, 64]),
+            f(&[2, 2, 40, 64]),
+            f(&[2, 2, 40, 64]),
+            i(&[2]),
+        ];
         let s = p.shape(&ok).expect("valid");
         assert_eq!((s.capacity, s.group_rows()), (40, 4));
         let bad = |ins: &[TensorMeta], p: AttentionDecodeParams, want: &str| {
@@ -572,22 +581,42 @@ mod tests {
             assert!(e.contains(want), "{e}");
         };
         bad(
-            &[f(&[2, 8, 17, 64]), f(&[2, 2, 40, 64]), f(&[2, 2, 40, 64]), i(&[2])],
+            &[
+                f(&[2, 8, 17, 64]),
+                f(&[2, 2, 40, 64]),
+                f(&[2, 2, 40, 64]),
+                i(&[2]),
+            ],
             p,
             "accepted: 1..=16",
         );
         bad(
-            &[f(&[2, 8, 1, 96]), f(&[2, 2, 40, 96]), f(&[2, 2, 40, 96]), i(&[2])],
+            &[
+                f(&[2, 8, 1, 96]),
+                f(&[2, 2, 40, 96]),
+                f(&[2, 2, 40, 96]),
+                i(&[2]),
+            ],
             p,
             "accepted: 64, 128, 256",
         );
         bad(
-            &[f(&[2, 6, 1, 64]), f(&[2, 4, 40, 64]), f(&[2, 4, 40, 64]), i(&[2])],
+            &[
+                f(&[2, 6, 1, 64]),
+                f(&[2, 4, 40, 64]),
+                f(&[2, 4, 40, 64]),
+                i(&[2]),
+            ],
             p,
             "multiple of kv heads",
         );
         bad(
-            &[f(&[2, 8, 1, 64]), f(&[2, 2, 40, 64]), f(&[2, 2, 40, 64]), f(&[2])],
+            &[
+                f(&[2, 8, 1, 64]),
+                f(&[2, 2, 40, 64]),
+                f(&[2, 2, 40, 64]),
+                f(&[2]),
+            ],
             p,
             "seq_lens is f32, expected i32",
         );

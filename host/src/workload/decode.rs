@@ -146,7 +146,10 @@ pub fn decode_layer(c: &MixtralConfig, step: &DecodeStep, limits: &Limits) -> Re
     let to_i32 = |x: usize| {
         i32::try_from(x).map_err(|_| Error::invalid("decode workload", format!("{x} exceeds i32")))
     };
-    let lens_i32 = lens.iter().map(|&l| to_i32(l)).collect::<Result<Vec<_>>>()?;
+    let lens_i32 = lens
+        .iter()
+        .map(|&l| to_i32(l))
+        .collect::<Result<Vec<_>>>()?;
     g.constant("seq_lens", Tensor::from_vec_i32(&[b], lens_i32)?);
     let mut att_inputs = vec!["q_rope.y", "k_cache", "v_cache", "seq_lens"];
     if step.block_size.is_some() {
@@ -220,7 +223,7 @@ mod tests {
     }
 
     #[test]
-    fn the_step_builds_and_runs_on_the_cpu_against_the_reference() -> Result<()> {
+    fn the_step_builds_with_varied_lengths_contiguous_and_paged() -> Result<()> {
         for block_size in [None, Some(16)] {
             let step = DecodeStep {
                 new_tokens: 2,
