@@ -37,11 +37,14 @@ pub enum Module {
     /// MoE experts as grouped GEMMs on mma.sync over the routing's padded permutation: tile
     /// map, gate/up GEMM with fused SwiGLU, down GEMM, weighted combine (bf16 and f16).
     MoeExpertsSm80,
+    /// Decode attention (flash-decoding split-KV on CUDA cores, any sm_80+): per-chunk
+    /// partials over a contiguous or paged KV cache, merged by LSE (bf16 and f16).
+    AttentionDecode,
 }
 
 impl Module {
     /// Every module.
-    pub const ALL: [Module; 7] = [
+    pub const ALL: [Module; 8] = [
         Module::Elementwise,
         Module::Norm,
         Module::Rope,
@@ -49,6 +52,7 @@ impl Module {
         Module::AttentionSm80,
         Module::AttentionSm90aWs,
         Module::MoeExpertsSm80,
+        Module::AttentionDecode,
     ];
 
     /// Short name (used in cache file names and logs).
@@ -61,6 +65,7 @@ impl Module {
             Module::AttentionSm80 => "attention_sm80",
             Module::AttentionSm90aWs => "attention_sm90a_ws",
             Module::MoeExpertsSm80 => "moe_experts_sm80",
+            Module::AttentionDecode => "attention_decode",
         }
     }
 
@@ -74,6 +79,7 @@ impl Module {
             Module::AttentionSm80 => "sm80/attention.cu",
             Module::AttentionSm90aWs => "sm90a/attention_ws.cu",
             Module::MoeExpertsSm80 => "sm80/moe_experts.cu",
+            Module::AttentionDecode => "common/attention_decode.cu",
         }
     }
 
@@ -87,6 +93,7 @@ impl Module {
             Module::AttentionSm80 => include_str!("cuda/sm80/attention.cu"),
             Module::AttentionSm90aWs => include_str!("cuda/sm90a/attention_ws.cu"),
             Module::MoeExpertsSm80 => include_str!("cuda/sm80/moe_experts.cu"),
+            Module::AttentionDecode => include_str!("cuda/common/attention_decode.cu"),
         }
     }
 
@@ -222,6 +229,62 @@ impl Module {
                 "moe_combine_slots_bf16",
                 "moe_combine_slots_f16",
             ],
+            Module::AttentionDecode => &[
+                "attn_decode_bf16_d64_r1",
+                "attn_decode_bf16_d64_r2",
+                "attn_decode_bf16_d64_r4",
+                "attn_decode_bf16_d64_r8",
+                "attn_decode_paged_bf16_d64_r1",
+                "attn_decode_paged_bf16_d64_r2",
+                "attn_decode_paged_bf16_d64_r4",
+                "attn_decode_paged_bf16_d64_r8",
+                "attn_decode_merge_bf16_d64",
+                "attn_decode_bf16_d128_r1",
+                "attn_decode_bf16_d128_r2",
+                "attn_decode_bf16_d128_r4",
+                "attn_decode_bf16_d128_r8",
+                "attn_decode_paged_bf16_d128_r1",
+                "attn_decode_paged_bf16_d128_r2",
+                "attn_decode_paged_bf16_d128_r4",
+                "attn_decode_paged_bf16_d128_r8",
+                "attn_decode_merge_bf16_d128",
+                "attn_decode_bf16_d256_r1",
+                "attn_decode_bf16_d256_r2",
+                "attn_decode_bf16_d256_r4",
+                "attn_decode_bf16_d256_r8",
+                "attn_decode_paged_bf16_d256_r1",
+                "attn_decode_paged_bf16_d256_r2",
+                "attn_decode_paged_bf16_d256_r4",
+                "attn_decode_paged_bf16_d256_r8",
+                "attn_decode_merge_bf16_d256",
+                "attn_decode_f16_d64_r1",
+                "attn_decode_f16_d64_r2",
+                "attn_decode_f16_d64_r4",
+                "attn_decode_f16_d64_r8",
+                "attn_decode_paged_f16_d64_r1",
+                "attn_decode_paged_f16_d64_r2",
+                "attn_decode_paged_f16_d64_r4",
+                "attn_decode_paged_f16_d64_r8",
+                "attn_decode_merge_f16_d64",
+                "attn_decode_f16_d128_r1",
+                "attn_decode_f16_d128_r2",
+                "attn_decode_f16_d128_r4",
+                "attn_decode_f16_d128_r8",
+                "attn_decode_paged_f16_d128_r1",
+                "attn_decode_paged_f16_d128_r2",
+                "attn_decode_paged_f16_d128_r4",
+                "attn_decode_paged_f16_d128_r8",
+                "attn_decode_merge_f16_d128",
+                "attn_decode_f16_d256_r1",
+                "attn_decode_f16_d256_r2",
+                "attn_decode_f16_d256_r4",
+                "attn_decode_f16_d256_r8",
+                "attn_decode_paged_f16_d256_r1",
+                "attn_decode_paged_f16_d256_r2",
+                "attn_decode_paged_f16_d256_r4",
+                "attn_decode_paged_f16_d256_r8",
+                "attn_decode_merge_f16_d256",
+            ],
         }
     }
 
@@ -328,6 +391,25 @@ pub fn attention_ws_block_n(d: usize) -> usize {
 /// alignment.
 pub fn attention_ws_smem(d: usize, bn: usize) -> usize {
     attention_ws_block_m(d) * d * 2 + 4 * bn * d * 2 + 128 + 1024
+}
+
+/// Warps per block of the decode attention's partial kernels (DEC_WARPS in
+/// attention_decode.cu).
+pub const DECODE_WARPS: u32 = 4;
+/// Query rows per block of the decode partial kernels (their `_r{RB}` suffix): the host
+/// takes the smallest that holds a kv head's group (Hq/Hkv * Nq rows), else the largest and
+/// several row groups.
+pub const DECODE_ROW_BLOCKS: [usize; 4] = [1, 2, 4, 8];
+/// Threads per block of the decode merge kernels.
+pub const DECODE_MERGE_THREADS: u32 = 128;
+
+/// Keys a block of the decode partial kernel takes per tile for head dim `d` and `rb` rows
+/// (DecGeom in attention_decode.cu: `U * KPW * DEC_WARPS`).
+pub fn decode_keys_per_tile(d: usize, rb: usize) -> usize {
+    let vpl = (8 / rb).min(d / 64).clamp(1, 2);
+    let lpk = d / (8 * vpl);
+    let u = if rb <= 4 { 4 } else { 2 };
+    u * (32 / lpk) * DECODE_WARPS as usize
 }
 
 /// 16-byte vectors per thread of `rmsnorm_bf16` (RMS_VPT in norm.cu).
@@ -470,6 +552,14 @@ mod tests {
         assert_eq!(ROUTE_TOKENS_PER_BLOCK, 8 * 8);
         assert!(Module::AttentionSm80.body().contains("#define ATT_BN 64"));
         assert!(Module::Norm.body().contains("#define RMS_VPT 4"));
+        let dec = Module::AttentionDecode.body();
+        assert!(dec.contains(&format!("#define DEC_WARPS {DECODE_WARPS}")));
+        assert!(dec.contains("__launch_bounds__(128) name("));
+        assert_eq!(DECODE_MERGE_THREADS, 128);
+        assert!(dec.contains("U = RB <= 4 ? 4 : 2"));
+        // d128 with 4 rows: 2 vectors per lane, 8 lanes per key, 4 keys per warp step
+        assert_eq!(decode_keys_per_tile(128, 4), 4 * 4 * 4);
+        assert_eq!(decode_keys_per_tile(256, 8), 2 * 4);
         let ws = Module::AttentionSm90aWs.body();
         for (d, nc) in ATTENTION_WS_CONSUMERS {
             assert!(ws.contains(&format!("#define WS_NC_D{d} {nc}")));

@@ -3,6 +3,7 @@
 //! Benchmarks of tandem live in `benches/benches`; PyTorch peers in `benches/peers`.
 
 pub mod cuda;
+pub mod decode;
 pub mod skip;
 
 pub use skip::{Need, skip};

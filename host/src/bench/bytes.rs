@@ -22,7 +22,8 @@ pub fn storage_dtype(compute: DType) -> DType {
 }
 
 /// Bytes the figure of merit counts, and what they are: the expert weights for moe_experts
-/// (what a decode step must stream), else every input and output once at `storage`.
+/// (what a decode step must stream), the KV cache for attention_decode (every sequence at the
+/// cache's capacity, as the bench fills it), else every input and output once at `storage`.
 pub fn counted_bytes(op: &Op, metas: &[TensorMeta], storage: DType) -> (f64, &'static str) {
     match op {
         Op::MoeExperts(_) => {
@@ -33,6 +34,10 @@ pub fn counted_bytes(op: &Op, metas: &[TensorMeta], storage: DType) -> (f64, &'s
             };
             let w: usize = metas.iter().skip(5).take(2).map(TensorMeta::numel).sum();
             ((w * size) as f64, "expert weights")
+        }
+        Op::AttentionDecode(p) => {
+            let size = storage.size().min(4);
+            (p.kv_bytes(metas, size), "KV cache")
         }
         _ => (device_bytes(op, metas, storage), "inputs and outputs"),
     }

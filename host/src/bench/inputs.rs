@@ -33,6 +33,9 @@ pub fn make_inputs(op: &Op, metas: &[TensorMeta], seed: u64) -> Result<Vec<Tenso
     if let Op::MoeExperts(_) = op {
         return moe_experts_inputs(metas, seed_of);
     }
+    if let Op::AttentionDecode(p) = op {
+        return decode_inputs(p, metas, seed);
+    }
     metas
         .iter()
         .enumerate()
@@ -45,6 +48,42 @@ pub fn make_inputs(op: &Op, metas: &[TensorMeta], seed: u64) -> Result<Vec<Tenso
             random_tensor(&m.shape, scale, seed_of(i))
         })
         .collect()
+}
+
+/// Decode attention's inputs: q and the caches uniform in [-1, 1), every sequence full (its
+/// length the cache's capacity), and, paged, each sequence's blocks a seeded shuffle of the
+/// cache's blocks (so neighbouring tokens are not neighbours in memory).
+fn decode_inputs(
+    p: &crate::ops::AttentionDecodeParams,
+    metas: &[TensorMeta],
+    seed: u64,
+) -> Result<Vec<Tensor>> {
+    use rand::seq::SliceRandom;
+    let s = p.shape(metas)?;
+    let mut v = Vec::with_capacity(metas.len());
+    for (i, m) in metas.iter().take(3).enumerate() {
+        v.push(random_tensor(&m.shape, 1.0, seed ^ ((i as u64) << 40))?);
+    }
+    let len = i32::try_from(s.capacity)
+        .map_err(|_| Error::invalid("attention_decode", "cache capacity exceeds i32"))?;
+    v.push(Tensor::from_vec_i32(&[s.b], vec![len; s.b])?);
+    if let Some(nb) = s.num_blocks {
+        let mut ids: Vec<i32> = (0..nb.min(i32::MAX as usize) as i32).collect();
+        ids.shuffle(&mut ChaCha8Rng::seed_from_u64(seed ^ 0xb10c));
+        let need = s.b * s.max_blocks;
+        if ids.len() < need {
+            return Err(Error::invalid(
+                "attention_decode",
+                format!(
+                    "{} cache blocks, {need} needed for full sequences",
+                    ids.len()
+                ),
+            ));
+        }
+        ids.truncate(need);
+        v.push(Tensor::from_vec_i32(&[s.b, s.max_blocks], ids)?);
+    }
+    Ok(v)
 }
 
 /// The experts' inputs: x, then routing of random logits, then the two weight stacks.

@@ -4,8 +4,8 @@
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::{
-    Activation, AttentionParams, LinearParams, MoeExpertsParams, MoeRouteParams, Op, OpKind,
-    RmsNormParams, RopeParams,
+    Activation, AttentionDecodeParams, AttentionParams, LinearParams, MoeExpertsParams,
+    MoeRouteParams, Op, OpKind, RmsNormParams, RopeParams,
 };
 use crate::tensor::TensorMeta;
 
@@ -53,6 +53,12 @@ pub struct BenchShape {
     pub head_dim: usize,
     /// Attention: bottom-right causal mask.
     pub causal: bool,
+    /// Decode attention: tokens in each sequence's KV cache, the new ones included.
+    pub context: usize,
+    /// Decode attention: new queries per sequence (1..=16).
+    pub new_tokens: usize,
+    /// Decode attention: tokens per block of a paged cache (`None`: contiguous cache).
+    pub block_size: Option<usize>,
     /// MoE: tokens (`None`: 16384 for moe_route, 4096 for moe_experts).
     pub tokens: Option<usize>,
     /// MoE: experts (`None`: 64 for moe_route, 8 for moe_experts).
@@ -95,6 +101,9 @@ impl BenchShape {
         kv_len: None,
         head_dim: 128,
         causal: false,
+        context: 8192,
+        new_tokens: 1,
+        block_size: None,
         tokens: None,
         experts: None,
         top_k: None,
@@ -150,6 +159,36 @@ impl BenchShape {
                         f(vec![b, hkv, nkv, d]),
                     ],
                 )
+            }
+            OpKind::AttentionDecode => {
+                let hkv = self.kv_heads.unwrap_or(self.heads);
+                let (b, d, ctx) = (self.batch, self.head_dim, self.context);
+                let i = |s: Vec<usize>| TensorMeta::new(s, DType::I32);
+                let q = f(vec![b, self.heads, self.new_tokens, d]);
+                let p = AttentionDecodeParams {
+                    scale: None,
+                    block_size: self.block_size,
+                };
+                let inputs = match self.block_size {
+                    None => vec![
+                        q,
+                        f(vec![b, hkv, ctx, d]),
+                        f(vec![b, hkv, ctx, d]),
+                        i(vec![b]),
+                    ],
+                    Some(bs) => {
+                        // every sequence full: ceil(ctx / bs) blocks each
+                        let per = ctx.div_ceil(bs.max(1));
+                        vec![
+                            q,
+                            f(vec![b * per, hkv, bs, d]),
+                            f(vec![b * per, hkv, bs, d]),
+                            i(vec![b]),
+                            i(vec![b, per]),
+                        ]
+                    }
+                };
+                (Op::AttentionDecode(p), inputs)
             }
             OpKind::MoeRoute => {
                 let (t, e, _) = self.moe(op);
@@ -226,6 +265,19 @@ impl BenchShape {
                 self.head_dim,
                 if self.causal { " causal" } else { "" }
             ),
+            OpKind::AttentionDecode => format!(
+                "B{} Hq{} Hkv{} ctx{} Nq{} D{} {}",
+                self.batch,
+                self.heads,
+                self.kv_heads.unwrap_or(self.heads),
+                self.context,
+                self.new_tokens,
+                self.head_dim,
+                match self.block_size {
+                    Some(bs) => format!("paged bs{bs}"),
+                    None => "contiguous".into(),
+                }
+            ),
             OpKind::MoeRoute => {
                 let (t, e, k) = self.moe(op);
                 format!("T{t} E{e} k{k}")
@@ -289,6 +341,20 @@ mod tests {
         let p = s.problem(OpKind::Linear)?;
         assert_eq!(p.inputs.len(), 3);
         assert_eq!(p.label, "M3 N5 K7 Silu+bias");
+        let s = BenchShape {
+            batch: 3,
+            heads: 8,
+            kv_heads: Some(2),
+            context: 100,
+            new_tokens: 4,
+            head_dim: 64,
+            block_size: Some(16),
+            ..BenchShape::DEFAULT
+        };
+        let p = s.problem(OpKind::AttentionDecode)?;
+        assert_eq!(p.inputs[1].shape, vec![21, 2, 16, 64]);
+        assert_eq!(p.inputs[4].shape, vec![3, 7]);
+        assert_eq!(p.label, "B3 Hq8 Hkv2 ctx100 Nq4 D64 paged bs16");
         let p = BenchShape::DEFAULT.problem(OpKind::MoeRoute)?;
         assert_eq!(p.inputs[0].shape, vec![16384, 64]);
         let s = BenchShape {
@@ -314,7 +380,8 @@ mod tests {
             batch: 1,
             heads: 2,
             seq_len: 8,
-            head_dim: 16,
+            head_dim: 64,
+            context: 40,
             tokens: Some(8),
             experts: Some(4),
             top_k: Some(2),

@@ -94,6 +94,15 @@ pub struct BenchArgs {
     /// Attention: bottom-right causal mask.
     #[arg(long)]
     pub causal: bool,
+    /// Decode attention: tokens in each sequence's KV cache, the new ones included.
+    #[arg(long, default_value_t = BenchShape::DEFAULT.context)]
+    pub context: usize,
+    /// Decode attention: new queries per sequence (1..=16).
+    #[arg(long, default_value_t = BenchShape::DEFAULT.new_tokens)]
+    pub new_tokens: usize,
+    /// Decode attention: a paged KV cache with this many tokens per block (default: contiguous).
+    #[arg(long)]
+    pub block_size: Option<usize>,
     /// MoE: tokens (default 16384 for moe-route, 4096 for moe-experts).
     #[arg(long)]
     pub tokens: Option<usize>,
@@ -156,6 +165,9 @@ impl BenchArgs {
             kv_len: self.kv_len,
             head_dim: self.head_dim,
             causal: self.causal,
+            context: self.context,
+            new_tokens: self.new_tokens,
+            block_size: self.block_size,
             tokens: self.tokens,
             experts: self.experts,
             top_k: self.top_k,
@@ -329,6 +341,23 @@ mod tests {
         let p = t.b.problem()?;
         assert_eq!(p.op.name(), "moe_experts");
         assert_eq!(p.label, "T5 H16 F14336 E8 k2");
+        let t = T::try_parse_from([
+            "x",
+            "attention-decode",
+            "--batch",
+            "64",
+            "--kv-heads",
+            "8",
+            "--context",
+            "8192",
+            "--block-size",
+            "16",
+        ])?;
+        let p = t.b.problem()?;
+        assert_eq!(p.op.name(), "attention_decode");
+        assert_eq!(p.inputs[0].shape, vec![64, 32, 1, 128]);
+        assert_eq!(p.inputs[1].shape, vec![64 * 512, 8, 16, 128]);
+        assert_eq!(p.label, "B64 Hq32 Hkv8 ctx8192 Nq1 D128 paged bs16");
         let t = T::try_parse_from(["x", "moe-route"])?;
         assert_eq!(t.b.shape(), BenchShape::DEFAULT);
         assert_eq!(t.b.options(DeviceKind::Cpu), BenchOptions::DEFAULT);
@@ -345,7 +374,7 @@ mod tests {
         for (args, listed) in [
             (
                 vec!["x", "add"],
-                "attention, moe-route, moe-experts, linear, rmsnorm, rope",
+                "attention, attention-decode, moe-route, moe-experts, linear, rmsnorm, rope",
             ),
             (
                 vec!["x", "rope", "--backend", "tpu"],

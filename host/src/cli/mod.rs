@@ -4,6 +4,7 @@ pub mod baselines;
 pub mod bench;
 pub mod calibrate;
 pub mod compare;
+pub mod decode;
 pub mod devices;
 pub mod fpga;
 pub mod history;

@@ -90,6 +90,14 @@ pub fn run(args: &OpArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
             causal: args.causal,
             scale: args.scale,
         }),
+        // paged when the file holds a block table; the block size is the caches' third dim
+        OpKind::AttentionDecode => Op::AttentionDecode(tandem::ops::AttentionDecodeParams {
+            scale: args.scale,
+            block_size: match (has("block_table"), tensors.get("k_cache")) {
+                (true, Some(k)) => k.shape().get(2).copied(),
+                _ => None,
+            },
+        }),
         OpKind::MoeRoute => Op::MoeRoute(MoeRouteParams {
             top_k: args.top_k,
             renormalize: args.renormalize,

@@ -88,6 +88,8 @@ pub struct WorkloadArgs {
     pub cuda_dtype: Option<CudaDType>,
     #[command(flatten)]
     pub sizes: SizeArgs,
+    #[command(flatten)]
+    pub decode: super::decode::DecodeArgs,
 }
 
 /// How a workload is executed and checked (`run`, `compare`).
@@ -194,6 +196,9 @@ pub fn build(
     args: &WorkloadArgs,
     limits: &tandem::limits::Limits,
 ) -> anyhow::Result<(tandem::graph::Graph, MixtralConfig, String)> {
+    if let Some(t) = args.decode.decode {
+        return super::decode::build(args, t, limits);
+    }
     let (mut c, mut name, toml_heads, toml_layers) = match &args.workload {
         Some(p) => {
             let w = WorkloadFile::load(p)?;
@@ -312,6 +317,11 @@ pub fn layer_sizes(c: &MixtralConfig) -> String {
 pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     for p in args.save.iter().chain(&args.trace) {
         tandem::files::check_writable(p)?;
+    }
+    if args.input.decode.decode.is_some() && args.save.is_some() {
+        bail!(
+            "--save writes the Mixtral layer's output and router results; a --decode step has no router"
+        );
     }
     let backend = args.backend;
     args.exec.apply_memory_limit(reg)?;

@@ -6,6 +6,7 @@
 //! in another precision (bf16 on a GPU, int8 on an FPGA) but reads and writes them as these.
 
 pub mod attention;
+pub mod attention_decode;
 pub mod elementwise;
 pub mod embedding;
 pub mod layout;
@@ -20,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 pub use attention::AttentionParams;
 pub use embedding::EmbeddingParams;
+pub use attention_decode::AttentionDecodeParams;
 pub use layout::SplitHeadsParams;
 pub use linear::{Activation, LinearParams};
 pub use moe::{MoeExpertsParams, MoeRouteParams};
@@ -36,6 +38,9 @@ use crate::tensor::{Tensor, TensorMeta};
 pub enum Op {
     /// Attention forward: q, k, v -> o, lse.
     Attention(AttentionParams),
+    /// Decode attention against a KV cache (contiguous or paged): q, k_cache, v_cache,
+    /// seq_lens (, block_table) -> o, lse.
+    AttentionDecode(AttentionDecodeParams),
     /// MoE routing: logits -> topk_ids, topk_weights, expert_counts, sorted_token_ids,
     /// expert_offsets, aux_loss, z_loss.
     MoeRoute(MoeRouteParams),
@@ -76,6 +81,13 @@ pub enum OpKind {
     /// Attention forward: q, k, v -> o, lse.
     #[cfg_attr(feature = "cli", value(name = "attention"))]
     Attention,
+    /// Decode attention, Nq (1..=16) new queries per sequence against a KV cache, contiguous
+    /// or paged: q, k_cache, v_cache, seq_lens (, block_table) -> o, lse.
+    #[cfg_attr(
+        feature = "cli",
+        value(name = "attention-decode", alias = "attention_decode")
+    )]
+    AttentionDecode,
     /// MoE routing (top-k softmax, align, losses): logits -> topk_ids, topk_weights,
     /// expert_counts, sorted_token_ids, expert_offsets, aux_loss, z_loss.
     #[cfg_attr(feature = "cli", value(name = "moe-route", alias = "moe_route"))]
@@ -113,8 +125,9 @@ pub enum OpKind {
 
 impl OpKind {
     /// Every op family, in [`Op`]'s order.
-    pub const ALL: [OpKind; 11] = [
+    pub const ALL: [OpKind; 12] = [
         OpKind::Attention,
+        OpKind::AttentionDecode,
         OpKind::MoeRoute,
         OpKind::MoeExperts,
         OpKind::Linear,
@@ -129,8 +142,9 @@ impl OpKind {
 
     /// The families that run alone with parameters from flags (`tandem op`, `tandem bench`);
     /// the others are pieces of a graph.
-    pub const STANDALONE: [OpKind; 6] = [
+    pub const STANDALONE: [OpKind; 7] = [
         OpKind::Attention,
+        OpKind::AttentionDecode,
         OpKind::MoeRoute,
         OpKind::MoeExperts,
         OpKind::Linear,
@@ -138,11 +152,13 @@ impl OpKind {
         OpKind::Rope,
     ];
 
-    /// The name in reports, JSON and graphs: `attention`, `moe_route`, `moe_experts`,
-    /// `linear`, `rmsnorm`, `rope`, `add`, `split_heads`, `merge_heads`, `nop`, `embedding`.
+    /// The name in reports, JSON and graphs: `attention`, `attention_decode`, `moe_route`,
+    /// `moe_experts`, `linear`, `rmsnorm`, `rope`, `add`, `split_heads`, `merge_heads`, `nop`,
+    /// `embedding`.
     pub fn name(self) -> &'static str {
         match self {
             OpKind::Attention => "attention",
+            OpKind::AttentionDecode => "attention_decode",
             OpKind::MoeRoute => "moe_route",
             OpKind::MoeExperts => "moe_experts",
             OpKind::Linear => "linear",
@@ -198,6 +214,7 @@ impl Op {
     pub fn kind(&self) -> OpKind {
         match self {
             Op::Attention(_) => OpKind::Attention,
+            Op::AttentionDecode(_) => OpKind::AttentionDecode,
             Op::MoeRoute(_) => OpKind::MoeRoute,
             Op::MoeExperts(_) => OpKind::MoeExperts,
             Op::Linear(_) => OpKind::Linear,
@@ -220,6 +237,7 @@ impl Op {
     pub fn input_names(&self) -> Vec<&'static str> {
         match self {
             Op::Attention(_) => vec!["q", "k", "v"],
+            Op::AttentionDecode(p) => p.input_names(),
             Op::MoeRoute(_) => vec!["logits"],
             Op::MoeExperts(_) => moe::EXPERT_INPUTS.to_vec(),
             Op::Linear(p) => {
@@ -247,7 +265,7 @@ impl Op {
     /// Names of the outputs this op produces, in order.
     pub fn output_names(&self) -> Vec<&'static str> {
         match self {
-            Op::Attention(_) => vec!["o", "lse"],
+            Op::Attention(_) | Op::AttentionDecode(_) => vec!["o", "lse"],
             Op::MoeRoute(_) => moe::ROUTE_OUTPUTS.to_vec(),
             Op::MoeExperts(_) => vec!["y"],
             Op::RmsNorm(p) if p.residual => vec!["y", "sum"],
@@ -260,6 +278,7 @@ impl Op {
         check_arity(self, inputs.len())?;
         match self {
             Op::Attention(p) => p.validate(inputs),
+            Op::AttentionDecode(p) => p.validate(inputs),
             Op::MoeRoute(p) => p.validate(inputs),
             Op::MoeExperts(p) => p.validate(inputs),
             Op::Linear(p) => p.validate(inputs),
@@ -292,6 +311,7 @@ impl Op {
         deadline.check(&what)?;
         let outs = match self {
             Op::Attention(p) => p.cpu_within(inputs, deadline),
+            Op::AttentionDecode(p) => p.cpu_within(inputs, deadline),
             Op::MoeExperts(p) => p.cpu_within(inputs, deadline),
             Op::Linear(p) => p.cpu_within(inputs, deadline),
             _ => self.run_cpu_unbounded(inputs),
@@ -305,6 +325,7 @@ impl Op {
     fn run_cpu_unbounded(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         match self {
             Op::Attention(p) => p.cpu(inputs),
+            Op::AttentionDecode(p) => p.cpu(inputs),
             Op::MoeRoute(p) => p.cpu(inputs),
             Op::MoeExperts(p) => p.cpu(inputs),
             Op::Linear(p) => p.cpu(inputs),
@@ -322,9 +343,14 @@ impl Op {
     /// come back as f64 values.
     pub fn reference(&self, inputs: &[ArrayD<f64>]) -> Result<Vec<ArrayD<f64>>> {
         check_arity(self, inputs.len())?;
+        let decode_dtypes;
         let dtypes: &[crate::dtype::DType] = match self {
             Op::MoeExperts(_) => &moe::EXPERT_DTYPES,
             Op::Embedding(_) => &embedding::DTYPES,
+            Op::AttentionDecode(p) => {
+                decode_dtypes = p.input_dtypes();
+                &decode_dtypes
+            }
             _ => &[],
         };
         let outs = self.validate(&reference_metas(inputs, dtypes))?;
@@ -336,6 +362,7 @@ impl Op {
         }
         match self {
             Op::Attention(p) => p.reference(inputs),
+            Op::AttentionDecode(p) => p.reference(inputs),
             Op::MoeRoute(p) => p.reference(inputs),
             Op::MoeExperts(p) => p.reference(inputs),
             Op::Linear(p) => p.reference(inputs),
@@ -362,6 +389,7 @@ impl Op {
         let bytes = io_bytes(&outs);
         let flops = match self {
             Op::Attention(p) => p.flops(inputs),
+            Op::AttentionDecode(p) => p.flops(inputs),
             Op::MoeRoute(p) => p.flops(inputs),
             Op::MoeExperts(p) => p.flops(inputs),
             Op::Linear(p) => p.flops(inputs),
@@ -458,7 +486,7 @@ mod tests {
         let m = e.to_string();
         assert!(m.contains("'matmul'"), "{m}");
         assert!(
-            m.contains("accepted: attention, moe_route, moe_experts, linear"),
+            m.contains("accepted: attention, attention_decode, moe_route, moe_experts, linear"),
             "{m}"
         );
     }
@@ -467,6 +495,7 @@ mod tests {
     fn every_op_has_its_kind() {
         let ops = [
             Op::Attention(AttentionParams::default()),
+            Op::AttentionDecode(AttentionDecodeParams::default()),
             Op::MoeRoute(MoeRouteParams::default()),
             Op::MoeExperts(MoeExpertsParams {}),
             Op::Linear(LinearParams::default()),

@@ -14,6 +14,7 @@
 pub mod checkpoint;
 pub mod checkpoint_save;
 mod config;
+pub mod decode;
 mod hf_config;
 mod layer;
 mod layer_file;

@@ -434,6 +434,11 @@ impl Backend for FpgaBackend {
                 let max = (!self.model_sized()).then_some(vecops::MAX_SIM_CYCLES);
                 vecops::support(&self.vecops, op, inputs, max)
             }
+            Op::AttentionDecode(_) => Support::No(
+                "no FPGA kernel for attention_decode: the streaming attention kernel takes dense \
+                 K/V [B, H, N, D], not a KV cache with per-sequence lengths or a block table"
+                    .into(),
+            ),
             other => Support::No(format!(
                 "no FPGA kernel for {} in this build (router, GEMM, attention and vecops \
                  (rmsnorm, rope, add; split/merge_heads as host layout) are plugged in)",
@@ -624,6 +629,11 @@ mod tests {
         assert!(matches!(
             b.supports(&Op::Add, &[m, TensorMeta::new(vec![4, 63], DType::F32)]),
             Support::No(_)
+        ));
+        let decode = Op::AttentionDecode(crate::ops::AttentionDecodeParams::default());
+        assert!(matches!(
+            b.supports(&decode, &[]),
+            Support::No(why) if why.contains("attention_decode") && why.contains("KV cache")
         ));
     }
 

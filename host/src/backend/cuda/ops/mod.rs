@@ -1,6 +1,7 @@
 //! The ops on a CUDA device: which ones run, their output storage, and the launches of each.
 
 mod attention;
+mod attention_decode;
 mod basic;
 mod linear;
 mod moe;
@@ -198,7 +199,7 @@ pub fn supports(
 /// Device precision of each output of `op`, floats stored as `half`.
 fn output_precisions(op: &Op, metas: &[TensorMeta], half: DType) -> Vec<DType> {
     match op {
-        Op::Attention(_) => vec![half, DType::F32],
+        Op::Attention(_) | Op::AttentionDecode(_) => vec![half, DType::F32],
         Op::MoeRoute(_) => vec![
             DType::I32,
             DType::F32,
@@ -242,6 +243,7 @@ pub fn prepare(cx: &Cx<'_>, op: &Op) -> Result<()> {
             }
             v
         }
+        Op::AttentionDecode(_) => vec![cx.kernel("attn_decode_merge_{s}_d64")?, "fill_u16"],
         Op::MoeRoute(_) => vec![moe::topk_kernel(DType::F32), "fill_u16"],
         Op::RmsNorm(_) => vec![cx.kernel("rmsnorm_{s}")?, "fill_u16"],
         Op::Rope(_) => vec![cx.kernel("rope_{s}")?, "fill_u16"],
@@ -270,6 +272,7 @@ pub fn run(
         Op::Rope(p) => basic::rope(cx, p, ins, metas, outs),
         Op::Linear(p) => linear::linear(cx, p, ins, metas, outs),
         Op::Attention(p) => attention::attention(cx, p, ins, metas, outs),
+        Op::AttentionDecode(p) => attention_decode::attention_decode(cx, p, ins, metas, outs),
         Op::MoeRoute(p) => moe::route(cx, p, ins, metas, outs),
         Op::MoeExperts(p) => moe::experts(cx, p, ins, metas, outs),
         // No elements to write.

@@ -1,0 +1,194 @@
+//! Decode attention on a CUDA device (common/attention_decode.cu): flash-decoding split-KV.
+//! A partial kernel per (KV chunk, kv head x row group, sequence) writes each chunk's (o, lse)
+//! to f32 scratch, then a merge kernel combines the chunks by LSE. The build is chosen per
+//! shape: the row block (`_r1/_r2/_r4/_r8`) is the smallest that holds a kv head's query
+//! rows (Hq/Hkv * Nq), and the chunk count fills the device with blocks.
+
+use super::{Arg, Cx};
+use crate::backend::cuda::kernels::Dims;
+use crate::backend::cuda::{CudaDType, CudaStorage};
+use crate::error::{Error, Result};
+use crate::ops::AttentionDecodeParams;
+use crate::ops::attention_decode::DecodeShape;
+use crate::tensor::TensorMeta;
+
+/// Blocks of the partial kernel aimed for, per multiprocessor (several waves, so the blocks
+/// of short sequences, which end early, leave no SM idle for long).
+const BLOCKS_PER_SM: usize = 32;
+/// Fewest keys a chunk takes (below this the merge costs more than it spreads).
+const MIN_CHUNK: usize = 256;
+
+/// How a decode problem is split over the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodePlan {
+    /// Query rows per block (the kernel's `_r` suffix).
+    pub rows: usize,
+    /// Row groups per kv head (blocks along the group's rows).
+    pub row_groups: usize,
+    /// KV chunks per sequence.
+    pub chunks: usize,
+    /// Keys per chunk.
+    pub chunk_len: usize,
+}
+
+impl DecodePlan {
+    /// The split for shape `s` on a device of `sms` multiprocessors.
+    pub fn new(s: &DecodeShape, sms: usize) -> Self {
+        let group = s.group_rows();
+        let blocks = tandem_gpu_kernels::DECODE_ROW_BLOCKS;
+        let rows = blocks
+            .iter()
+            .copied()
+            .find(|&r| r >= group)
+            .unwrap_or(blocks[blocks.len() - 1]);
+        let row_groups = group.div_ceil(rows);
+        let tile = tandem_gpu_kernels::decode_keys_per_tile(s.d, rows);
+        let per_chunk = s.b * s.hkv * row_groups;
+        let most = s.capacity.div_ceil(MIN_CHUNK).max(1);
+        let chunks = (sms.max(1) * BLOCKS_PER_SM)
+            .div_ceil(per_chunk)
+            .clamp(1, most);
+        let chunk_len = s.capacity.div_ceil(chunks).next_multiple_of(tile);
+        Self {
+            rows,
+            row_groups,
+            chunks: s.capacity.div_ceil(chunk_len),
+            chunk_len,
+        }
+    }
+
+    /// The partial kernel's entry point for head dim `d`, paged or not, in storage `dtype`.
+    pub fn kernel(&self, d: usize, paged: bool, dtype: CudaDType) -> Result<&'static str> {
+        let p = if paged { "paged_" } else { "" };
+        super::kernel_for(&format!("attn_decode_{p}{{s}}_d{d}_r{}", self.rows), dtype)
+    }
+}
+
+/// The merge kernel's entry point for head dim `d` in storage `dtype`.
+pub fn merge_kernel(d: usize, dtype: CudaDType) -> Result<&'static str> {
+    super::kernel_for(&format!("attn_decode_merge_{{s}}_d{d}"), dtype)
+}
+
+fn i32_arg(what: &str, x: usize) -> Result<Arg> {
+    i32::try_from(x)
+        .map(Arg::I32)
+        .map_err(|_| Error::invalid("attention_decode", format!("{what} {x} exceeds i32")))
+}
+
+/// Queues decode attention; returns the kernels that ran (`partial+merge`).
+pub fn attention_decode(
+    cx: &Cx<'_>,
+    p: &AttentionDecodeParams,
+    ins: &[&CudaStorage],
+    metas: &[TensorMeta],
+    outs: &[CudaStorage],
+) -> Result<String> {
+    let s = p.shape(metas)?;
+    let paged = p.block_size.is_some();
+    let plan = DecodePlan::new(&s, cx.sms() as usize);
+    let partial = plan.kernel(s.d, paged, cx.dtype())?;
+    let merge = merge_kernel(s.d, cx.dtype())?;
+    let q = cx.half(ins[0], metas[0].numel())?;
+    let k = cx.half(ins[1], metas[1].numel())?;
+    let v = cx.half(ins[2], metas[2].numel())?;
+    let lens = ins[3].ptr();
+    let table = if paged { ins[4].ptr() } else { 0 };
+    let rows_total = s.b * s.hq * s.nq;
+    let part_o = cx.scratch(rows_total * plan.chunks * s.d * 4)?;
+    let part_lse = cx.scratch(rows_total * plan.chunks * 4)?;
+    tracing::debug!(
+        "attention_decode: {partial} rows {} x {} groups, {} chunks of {} keys",
+        plan.rows,
+        plan.row_groups,
+        plan.chunks,
+        plan.chunk_len
+    );
+    let grid = (
+        plan.chunks as u32,
+        (s.hkv * plan.row_groups) as u32,
+        s.b as u32,
+    );
+    let threads = 32 * tandem_gpu_kernels::DECODE_WARPS;
+    let scale_log2 = p.scale_for(s.d) * std::f32::consts::LOG2_E;
+    cx.k(
+        partial,
+        Dims {
+            grid,
+            block: (threads, 1, 1),
+            smem: 0,
+        },
+        &[
+            Arg::Ptr(q.ptr),
+            Arg::Ptr(k.ptr),
+            Arg::Ptr(v.ptr),
+            Arg::Ptr(lens),
+            Arg::Ptr(table),
+            Arg::Ptr(part_o.ptr()),
+            Arg::Ptr(part_lse.ptr()),
+            i32_arg("query heads", s.hq)?,
+            i32_arg("kv heads", s.hkv)?,
+            i32_arg("new tokens", s.nq)?,
+            i32_arg("cache capacity", s.capacity)?,
+            Arg::I32(s.block.trailing_zeros() as i32),
+            i32_arg("block-table width", s.max_blocks)?,
+            i32_arg("cache blocks", s.num_blocks.unwrap_or(0))?,
+            i32_arg("chunk length", plan.chunk_len)?,
+            Arg::F32(scale_log2),
+        ],
+    )?;
+    cx.k(
+        merge,
+        Dims::linear(rows_total as u32, tandem_gpu_kernels::DECODE_MERGE_THREADS),
+        &[
+            Arg::Ptr(part_o.ptr()),
+            Arg::Ptr(part_lse.ptr()),
+            Arg::Ptr(outs[0].ptr()),
+            Arg::Ptr(outs[1].ptr()),
+            i32_arg("chunks", plan.chunks)?,
+        ],
+    )?;
+    Ok(format!("{partial}+{merge}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(b: usize, hq: usize, hkv: usize, nq: usize, d: usize, cap: usize) -> DecodeShape {
+        DecodeShape {
+            b,
+            hq,
+            hkv,
+            nq,
+            d,
+            capacity: cap,
+            num_blocks: None,
+            max_blocks: 0,
+            block: cap,
+        }
+    }
+
+    #[test]
+    fn the_split_fits_the_group_and_fills_the_device() {
+        // the target shape: 4 rows per kv head, enough chunks for 132 SMs
+        let p = DecodePlan::new(&shape(64, 32, 8, 1, 128, 8192), 132);
+        assert_eq!((p.rows, p.row_groups), (4, 1));
+        assert!(64 * 8 * p.chunks >= 132 * BLOCKS_PER_SM, "{p:?}");
+        assert!(p.chunks * p.chunk_len >= 8192 && (p.chunks - 1) * p.chunk_len < 8192);
+        // MQA with 16 new tokens: 512 rows in groups of 8
+        let p = DecodePlan::new(&shape(1, 32, 1, 16, 64, 100), 132);
+        assert_eq!((p.rows, p.row_groups, p.chunks), (8, 64, 1));
+        // MHA, one token: one row per block
+        let p = DecodePlan::new(&shape(2, 4, 4, 1, 256, 5000), 132);
+        assert_eq!(p.rows, 1);
+        assert!(p.chunk_len >= MIN_CHUNK && p.chunks * p.chunk_len >= 5000);
+        for dt in CudaDType::ALL {
+            for d in [64, 128, 256] {
+                for paged in [false, true] {
+                    assert!(p.kernel(d, paged, dt).is_ok());
+                }
+                assert!(merge_kernel(d, dt).is_ok());
+            }
+        }
+    }
+}
