@@ -57,9 +57,11 @@ fn has_fpga_sim() -> bool {
 
 #[test]
 fn a_missing_backend_is_an_error_in_every_subcommand_unless_fallback() -> TestResult {
-    // Without Verilator on PATH the simulated card is missing, as on a machine without it.
+    // Without Verilator on PATH (and no prebuilt models in the build cache) the simulated card
+    // is missing, as on a machine without it.
     let empty = tempfile::tempdir()?;
-    let no_verilator = [("PATH", empty.path().to_str().ok_or("path")?)];
+    let empty_dir = empty.path().to_str().ok_or("path")?;
+    let no_verilator = [("PATH", empty_dir), ("TANDEM_SIM_CACHE_DIR", empty_dir)];
     let attention = reference("attention_0.safetensors");
     let attention = attention.to_str().ok_or("path")?;
     let commands: Vec<Vec<&str>> = vec![

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The measuring calls of the 2026-11-23 session (issues 11, 14, 15), one part per argument:
+#   tests     every bundled test with TANDEM_REQUIRE_GPU=1
+#   transfer  tandem bench transfer beside PyTorch's pinned/pageable copies
+#   layer     the T4096 Mixtral-sized layer on cuda (data plane), and under --memory-limit
+#   route     moe_route shapes beside PyTorch (gpu_bench.sh ONLY=route)
+#   decode    attention_decode B64 Hq32 Hkv8 ctx 8192 d128 (contiguous, paged) beside SDPA
+#   calib     tandem calibrate on cuda at the T4096 sizes, then run --explain (predicted vs measured)
+#   model     a 4-layer T4096 model on cuda (tokens/s), and with --memory-limit forcing eviction
+#   serve     serve-bench on cpu, cuda, auto
+#   overhead  tandem bench overhead (the runtime's per-op cost; StarPU is not on this machine)
+# Usage there, after `../shared/tools/gpu-bundle -p tandem -p tandem-tests` here:
+#   benches/peers/gpu_session.sh OUT_DIR PART...
+set -uo pipefail
+out=$1; shift
+mkdir -p "$out"
+T=.gpu/bin/tandem
+export TANDEM_HISTORY=off PYTHONUNBUFFERED=1 TANDEM_CALIBRATION=off
+L="--seq-len 4096 --d-model 4096 --heads 32 --kv-heads 8 --experts 8 --top-k 2 --ffn 14336"
+peak=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo 4800 || echo 3350)
+for part in "$@"; do
+  echo "== $part ($(date -u +%T))"
+  case $part in
+    tests)
+      TANDEM_REQUIRE_GPU=1 .gpu/run > "$out/tests.log" 2>&1; echo "tests rc=$?"
+      grep -E '^test result|FAILED|panicked' "$out/tests.log" | sort | uniq -c | sort -rn | head -20 ;;
+    transfer)
+      $T bench transfer 2>&1 | tee "$out/transfer.txt"
+      python3 benches/peers/transfer_torch.py 2>&1 | tee "$out/transfer_torch.txt" ;;
+    layer)
+      $T run --backend cuda $L --no-check --warmup 2 --trace "$out/t4096.trace.json" 2>&1 | tail -12 | tee "$out/t4096.txt"
+      $T run --backend cuda $L --no-check --warmup 1 --memory-limit cuda:0=3GiB 2>&1 | tail -8 | tee "$out/t4096_limit.txt"
+      $T run --backend cuda $L --no-check --warmup 0 --memory-limit cuda:0=1GiB 2>&1 | tail -4 | tee "$out/t4096_toosmall.txt" ;;
+    route)
+      ONLY=route benches/peers/gpu_bench.sh > "$out/route.log" 2>&1; sed -n '/== summary/,$p' "$out/route.log" ;;
+    decode)
+      D="--batch 64 --heads 32 --kv-heads 8 --context 8192 --head-dim 128 --new-tokens 1 --cuda-dtype bf16"
+      $T bench attention-decode $D --json > "$out/dec_c.json" 2> "$out/dec_c.err"; tail -3 "$out/dec_c.err"
+      $T bench attention-decode $D --block-size 16 --json > "$out/dec_p.json" 2> "$out/dec_p.err"; tail -3 "$out/dec_p.err"
+      python3 benches/peers/torch_decode_peer.py --batch 64 --heads 32 --kv-heads 8 --context 8192 --head-dim 128 \
+        --new-tokens 1 --block-size 16 --dtype bf16 --peak-gbps "$peak" --tandem-json "$out/dec_c.json" \
+        --tandem-paged-json "$out/dec_p.json" 2>&1 | tee "$out/decode_peer.txt"
+      $T run --decode 4 --context 3000 --kv-block-size 16 --batch 4 --backend cuda 2>&1 | tail -12 | tee "$out/decode_run.txt" ;;
+    calib)
+      export TANDEM_CALIBRATION="$out/calibration.json"
+      $T calibrate --backend cuda --iters 5 $L 2>&1 | tee "$out/calibrate.txt" | tail -20
+      $T run --backend cuda $L --no-check --warmup 1 --explain --fresh 2>&1 | grep -iE "predicted|measured|calibrated|total" | head -40 | tee "$out/explain.txt"
+      export TANDEM_CALIBRATION=off ;;
+    model)
+      $T run --backend cuda $L --layers 4 --no-check --warmup 1 2>&1 | tail -8 | tee "$out/model4.txt"
+      $T run --backend cuda $L --layers 4 --no-check --warmup 1 --memory-limit cuda:0=12GiB 2>&1 | tail -10 | tee "$out/model4_limit.txt" ;;
+    serve)
+      $T serve-bench --requests 200 --concurrency 8 --backend cpu,cuda,auto --seq-len 512 --d-model 1024 --heads 16 --kv-heads 4 --ffn 2048 2>&1 | tail -12 | tee "$out/serve.txt" ;;
+    overhead)
+      $T bench overhead 2>&1 | tail -12 | tee "$out/overhead.txt" ;;
+  esac
+done
