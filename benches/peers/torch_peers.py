@@ -250,7 +250,11 @@ def main():
     if a.tandem_json:
         try:
             with open(a.tandem_json) as f:
-                tj = json.loads(f.read().strip().splitlines()[-1])
+                text = f.read().strip()
+            try:
+                tj = json.loads(text)  # `tandem bench --json` prints one (pretty) document
+            except ValueError:
+                tj = json.loads(text.splitlines()[-1])  # or a JSON line last
         except Exception as ex:  # report, never hide
             print(f"  tandem: no result ({ex})")
             return 1
