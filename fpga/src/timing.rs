@@ -92,6 +92,61 @@ pub fn gemm_cycles(c: &GemmCore, m: u64, np: u64, kp: u64, mem: &MemTiming) -> u
     total + 27 + 3 * last + overhead(mem)
 }
 
+/// [`gemm_cycles`] for a pass of a K split (`mode`: [`crate::kernels::gemm::MODE_ACC_IN`],
+/// [`crate::kernels::gemm::MODE_PART_OUT`]): ACC_IN reads each tile's int32 partials (4 words
+/// per row, one request per row) before its W stream; PART_OUT writes them back (4 words per
+/// row) instead of one y word, which makes the read-out longer.
+pub fn gemm_cycles_mode(c: &GemmCore, m: u64, np: u64, kp: u64, mode: u32, mem: &MemTiming) -> u64 {
+    use crate::kernels::gemm::{MODE_ACC_IN, MODE_PART_OUT};
+    let (acc_in, part_out) = (mode & MODE_ACC_IN != 0, mode & MODE_PART_OUT != 0);
+    if !acc_in && !part_out {
+        return gemm_cycles(c, m, np, kp, mem);
+    }
+    let rows = u64::from(c.rows).max(1);
+    let nt = np / 8;
+    let per_row = if part_out { GEMM_PART_ROW } else { 3 };
+    let mut total = mem.stream(np);
+    let mut left = m;
+    let mut last = 0;
+    while left > 0 {
+        let r = left.min(rows);
+        let readout = 22 + per_row * r;
+        let pin = if acc_in { mem.stream(4 * r) + GEMM_PART_IN_FIXED } else { 0 };
+        total += mem.stream(r * kp / 8) + nt * (mem.stream(kp) + pin).max(readout);
+        last = r;
+        left -= r;
+    }
+    total + 27 + per_row * last + overhead(mem)
+}
+
+/// Cycles per row of a PART_OUT read-out (request + 4 data beats + the handshakes).
+const GEMM_PART_ROW: u64 = 6;
+/// Cycles an ACC_IN partial read adds per column tile beyond its words.
+const GEMM_PART_IN_FIXED: u64 = 2;
+
+/// A K-split GEMM as [`crate::drive::run_gemm_split`] runs it: one launch per (N chunk of at
+/// most `n_max`, K pass of at most `k_max`); the sum of their cycles.
+pub fn gemm_split_cycles(c: &GemmCore, m: u64, n: u64, k: u64, mem: &MemTiming) -> u64 {
+    use crate::kernels::gemm::{MODE_ACC_IN, MODE_PART_OUT, pad8};
+    let (n_max, k_max) = (u64::from(c.n_max).max(8), u64::from(c.k_max).max(8));
+    if n <= n_max && k <= k_max {
+        return gemm_cycles(c, m, pad8(n as usize) as u64, pad8(k as usize) as u64, mem);
+    }
+    let passes = crate::golden::gemm::k_passes(k as usize, k_max as usize);
+    let mut total = 0;
+    let mut n0 = 0;
+    while n0 < n {
+        let nc = pad8((n - n0).min(n_max) as usize) as u64;
+        for (i, r) in passes.iter().enumerate() {
+            let mode = if i == 0 { 0 } else { MODE_ACC_IN }
+                | if i + 1 == passes.len() { 0 } else { MODE_PART_OUT };
+            total += gemm_cycles_mode(c, m, nc, pad8(r.len()) as u64, mode, mem);
+        }
+        n0 += n_max;
+    }
+    total
+}
+
 /// (query, key) pairs a head sees: all, or the bottom-right causal ones.
 pub fn visible_pairs(causal: bool, nq: u64, nkv: u64) -> u64 {
     if !causal {

@@ -25,6 +25,20 @@ mod ffi {
             k: i32,
             relu: i32,
         ) -> i32;
+        pub fn gemm_kernel_pass(
+            x: *const i8,
+            w: *const i8,
+            bias: *const i32,
+            mult: *const u16,
+            shift: *const u8,
+            y: *mut i8,
+            part: *mut i32,
+            m: i32,
+            n: i32,
+            k: i32,
+            relu: i32,
+            mode: i32,
+        ) -> i32;
         pub fn attention_kernel(
             q: *const i8,
             k: *const i8,
@@ -156,6 +170,60 @@ pub fn gemm(
     };
     if rc != 0 {
         return Err(HlsError::Range { kernel: k, dims });
+    }
+    Ok(y)
+}
+
+/// Runs the HLS GEMM for any K, as passes of at most [`gemm_max_k`] (`gemm_kernel_pass`: the
+/// int32 partials of the earlier passes kept in one buffer, bias, ReLU and requantisation on
+/// the last pass); same arguments and result as [`tandem_fpga::golden::gemm::gemm`].
+pub fn gemm_split(
+    x: &[i8],
+    w: &[i8],
+    bias: &[i32],
+    rq: &[Requant],
+    relu: bool,
+    d: GemmDims,
+    k_max: usize,
+) -> Result<Vec<i8>, HlsError> {
+    let kn = "gemm";
+    check(kn, "x", x.len(), d.m * d.k)?;
+    check(kn, "w", w.len(), d.n * d.k)?;
+    check(kn, "bias", bias.len(), d.n)?;
+    check(kn, "requant", rq.len(), d.n)?;
+    let dims = format!("{d:?} in passes of {k_max}");
+    let (m, n) = (dim(kn, d.m, &dims)?, dim(kn, d.n, &dims)?);
+    let mult: Vec<u16> = rq.iter().map(|r| r.mult).collect();
+    let shift: Vec<u8> = rq.iter().map(|r| r.shift).collect();
+    let mut y = vec![0i8; d.m * d.n];
+    let mut part = vec![0i32; d.m * d.n];
+    let passes = tandem_fpga::golden::gemm::k_passes(d.k, k_max);
+    for (i, r) in passes.iter().enumerate() {
+        let xs = tandem_fpga::golden::gemm::k_slice(x, d.k, r.clone());
+        let ws = tandem_fpga::golden::gemm::k_slice(w, d.k, r.clone());
+        let kk = dim(kn, r.len(), &dims)?;
+        let mode = i32::from(i > 0) | if i + 1 < passes.len() { 2 } else { 0 };
+        // SAFETY: x, w are [m][kk] and [n][kk], bias/mult/shift [n], y and part [m][n]; the C
+        // function reads and writes only within those bounds.
+        let rc = unsafe {
+            ffi::gemm_kernel_pass(
+                xs.as_ptr(),
+                ws.as_ptr(),
+                bias.as_ptr(),
+                mult.as_ptr(),
+                shift.as_ptr(),
+                y.as_mut_ptr(),
+                part.as_mut_ptr(),
+                m,
+                n,
+                kk,
+                i32::from(relu),
+                mode,
+            )
+        };
+        if rc != 0 {
+            return Err(HlsError::Range { kernel: kn, dims });
+        }
     }
     Ok(y)
 }

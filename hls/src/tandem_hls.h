@@ -17,6 +17,10 @@
 #define GEMM_TN 8
 // Largest inner dimension held on chip.
 #define GEMM_MAX_K 4096
+// `mode` bits of a K-split pass: add the int32 partials in `part` (ACC_IN); write the sums to
+// `part` instead of y, without bias, ReLU and requantisation (PART_OUT).
+#define GEMM_MODE_ACC_IN 1
+#define GEMM_MODE_PART_OUT 2
 
 // ---- attention ----------------------------------------------------------------------------
 // Keys per online-softmax tile (the golden model's kv_tile).
@@ -42,6 +46,13 @@ extern "C" {
 // dimensions are out of range (k > GEMM_MAX_K, any of m, n, k < 1).
 int gemm_kernel(const int8_t *x, const int8_t *w, const int32_t *bias, const uint16_t *mult,
                 const uint8_t *shift, int8_t *y, int m, int n, int k, int relu);
+
+// One pass of a GEMM whose K is split (K > GEMM_MAX_K): as gemm_kernel over this pass's K
+// columns, plus the int32 partials part[m][n] (GEMM_MODE_ACC_IN) and, with GEMM_MODE_PART_OUT,
+// the sums written to part instead of y. Returns 0, or -1 when out of range.
+int gemm_kernel_pass(const int8_t *x, const int8_t *w, const int32_t *bias,
+                     const uint16_t *mult, const uint8_t *shift, int8_t *y, int32_t *part,
+                     int m, int n, int k, int relu, int mode);
 
 // One attention head, see fpga::golden::attention. e_out and l_out get the final exponent and
 // running sum of each row. Returns 0, or -1 when out of range.

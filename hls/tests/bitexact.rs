@@ -229,3 +229,39 @@ fn router_matches_golden_random_ties_and_edges() {
         "k > E must be refused"
     );
 }
+
+#[test]
+fn gemm_k_split_passes_match_golden() {
+    // K beyond the C++ build's GEMM_MAX_K, and small passes that split K many times, with
+    // wrapping biases and every shift: the partials stay int32 (wrapping) across passes.
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let max_k = tandem_hls::gemm_max_k();
+    for &(m, n, k, pass) in &[
+        (3, 10, max_k + 904, max_k),
+        (9, 17, 100, 16),
+        (5, 3, 64, 8),
+        (1, 8, 41, 24),
+    ] {
+        let d = GemmDims { m, n, k };
+        for (relu, extreme) in [(false, false), (true, true)] {
+            let x = rand_i8(&mut rng, m * k, true);
+            let w = rand_i8(&mut rng, n * k, true);
+            let bias: Vec<i32> = (0..n)
+                .map(|_| if extreme { rng.r#gen() } else { rng.gen_range(-5_000..5_000) })
+                .collect();
+            let rq: Vec<Requant> = (0..n)
+                .map(|_| Requant {
+                    mult: rng.r#gen(),
+                    shift: if extreme { rng.gen_range(0..=47) } else { rng.gen_range(24..=28) },
+                })
+                .collect();
+            let want = ggemm::gemm(&x, &w, &bias, &rq, relu, d).expect("golden");
+            let got = tandem_hls::gemm_split(&x, &w, &bias, &rq, relu, d, pass).expect("hls");
+            assert_eq!(got, want, "{d:?} passes of {pass} relu={relu}");
+        }
+    }
+    // a single launch still refuses K beyond the build
+    let d = GemmDims { m: 1, n: 1, k: max_k + 8 };
+    let r = tandem_hls::gemm(&vec![1; d.k], &vec![1; d.k], &[0], &[Requant::default()], false, d);
+    assert!(r.is_err());
+}

@@ -91,3 +91,39 @@ fn attention_through_the_shell_matches_golden() {
         );
     }
 }
+
+#[test]
+fn gemm_k_and_n_split_through_the_shell_matches_golden() {
+    // K far past k_max (int32 partials in device memory between passes), N past n_max
+    // (column chunks), M off the tile; wrapping biases and every shift on one shape.
+    let core = GemmCore {
+        rows: 4,
+        k_max: 32,
+        n_max: 16,
+    };
+    let Some(mut c) = card(&core) else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(33);
+    for (m, n, k, relu, shifts) in [
+        (9, 20, 70, true, 20..=24),
+        (5, 16, 96, false, 20..=24),
+        (3, 40, 33, false, 0..=47),
+        (8, 8, 200, true, 21..=25),
+    ] {
+        let d = GemmDims { m, n, k };
+        let mut p = GemmProblem::random(&mut rng, d, shifts);
+        if m == 3 {
+            p.bias.iter_mut().for_each(|b| *b = rng.r#gen());
+        }
+        let (y, st) = drive::run_gemm_split(&mut c, &core, &p.x, &p.w, &p.bias, &p.rq, relu, d, T)
+            .expect("run");
+        let want = p.golden(relu).expect("golden");
+        assert_eq!(y, want, "{d:?}");
+        let passes = k.div_ceil(core.k_max as usize) * n.div_ceil(core.n_max as usize);
+        println!("gemm split {d:?}: {passes} launches, {} cycles", st.cycles);
+    }
+    // and a single launch on the same card still works (mode 0 after split runs)
+    let d = GemmDims { m: 6, n: 16, k: 32 };
+    let p = GemmProblem::random(&mut rng, d, 20..=24);
+    let (y, _) = drive::run_gemm(&mut c, &p.x, &p.w, &p.bias, &p.rq, true, d, T).expect("run");
+    assert_eq!(y, p.golden(true).expect("golden"));
+}

@@ -33,7 +33,6 @@ use std::time::Duration;
 use tandem_fpga::core::KernelCore;
 use tandem_fpga::kernels::attention::AttentionCore;
 use tandem_fpga::kernels::gemm::GemmCore;
-use tandem_fpga::kernels::gemm::pad8;
 use tandem_fpga::kernels::router::RouterCore;
 use tandem_fpga::shell::ShellConfig;
 use tandem_fpga::timing::{self, MemTiming};
@@ -289,8 +288,13 @@ impl FpgaBackend {
             }
             Op::Linear(p) => {
                 let (m, n, k) = p.mnk(inputs).ok()?;
-                let (np, kp) = (pad8(n) as u64, pad8(k) as u64);
-                Some(timing::gemm_cycles(&self.gemm, m as u64, np, kp, &mem))
+                Some(timing::gemm_split_cycles(
+                    &self.gemm,
+                    m as u64,
+                    n as u64,
+                    k as u64,
+                    &mem,
+                ))
             }
             Op::Attention(p) => {
                 let s = p.shape(inputs).ok()?;
