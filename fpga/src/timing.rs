@@ -164,6 +164,67 @@ fn visible(causal: bool, i: u64, nq: u64, nkv: u64) -> u64 {
     }
 }
 
+/// One launch of `heads` query heads of a GQA group over one K/V range whose sequence has
+/// `kv_skip` more keys after it (the driver's K/V split): K and V loaded once, then the rows
+/// of every head as in [`attention_cycles`] (a causal row sees `min(Nkv, i + 1 + Nkv +
+/// kv_skip - Nq)` keys).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_group_cycles(
+    _c: &AttentionCore,
+    nq: u64,
+    nkv: u64,
+    dp: u64,
+    causal: bool,
+    heads: u64,
+    kv_skip: u64,
+    m: &MemTiming,
+) -> u64 {
+    let load = m.stream(2 * nkv * dp / 8);
+    let fin = 28 + dp / 4;
+    let rows_total = nq * heads.max(1);
+    let row = |i: u64| -> u64 {
+        let ih = i % nq.max(1);
+        let vis = if causal {
+            (ih + 1 + nkv + kv_skip).saturating_sub(nq).min(nkv)
+        } else {
+            nkv
+        };
+        vis.max(1)
+    };
+    let rows: u64 = if rows_total == 0 {
+        0
+    } else if !causal {
+        nkv.max(1) + (rows_total - 1) * nkv.max(fin)
+    } else {
+        row(0) + (1..rows_total).map(|i| row(i).max(fin)).sum::<u64>()
+    };
+    load + m.bound(rows, rows_total * dp / 8) + fin + 12 + nkv.min(14) + dp / 16 + overhead(m)
+}
+
+/// An attention op's heads as [`crate::drive::run_attention_split`] runs them: `groups`
+/// launches of `heads` query heads each per K/V range of at most `nkv_max` keys.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_split_cycles(
+    c: &AttentionCore,
+    nq: u64,
+    nkv: u64,
+    dp: u64,
+    causal: bool,
+    groups: u64,
+    heads: u64,
+    m: &MemTiming,
+) -> u64 {
+    let chunk = u64::from(c.nkv_max).max(1);
+    let mut total = 0;
+    let mut j0 = 0;
+    while j0 < nkv {
+        let len = chunk.min(nkv - j0);
+        total += attention_group_cycles(c, nq, len, dp, causal, heads, nkv - j0 - len, m);
+        j0 += len;
+    }
+    groups * total
+}
+
 /// Streaming attention, one head: K and V loaded whole (`2 Nkv dp / 8` words), then one
 /// cycle per visible (query, key) pair; a row after the first takes at least the finaliser's
 /// time for the previous row (`28 + dp / 4` cycles: the dividers), a row without keys one

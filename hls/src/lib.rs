@@ -53,6 +53,22 @@ mod ffi {
             score_mult: i32,
             score_shift: i32,
         ) -> i32;
+        pub fn attention_kernel_group(
+            q: *const i8,
+            k: *const i8,
+            v: *const i8,
+            o: *mut i16,
+            e_out: *mut i32,
+            l_out: *mut u32,
+            nq: i32,
+            nkv: i32,
+            d: i32,
+            causal: i32,
+            score_mult: i32,
+            score_shift: i32,
+            heads: i32,
+            kv_skip: i32,
+        ) -> i32;
         pub fn router_kernel(
             logits: *const i16,
             routes: *mut u32,
@@ -226,6 +242,67 @@ pub fn gemm_split(
         }
     }
     Ok(y)
+}
+
+/// Runs the HLS attention for the query heads of one GQA group in one call
+/// (`attention_kernel_group`: `q` holds `heads` planes `[Nq, D]` one after another) over a
+/// K/V range whose sequence has `kv_skip` more keys after it; returns one output per head.
+pub fn attention_group(
+    q: &[i8],
+    k: &[i8],
+    v: &[i8],
+    cfg: &AttentionConfig,
+    heads: usize,
+    kv_skip: usize,
+) -> Result<Vec<AttentionOut>, HlsError> {
+    let kn = "attention";
+    let g = heads.max(1);
+    check(kn, "q", q.len(), g * cfg.nq * cfg.d)?;
+    check(kn, "k", k.len(), cfg.nkv * cfg.d)?;
+    check(kn, "v", v.len(), cfg.nkv * cfg.d)?;
+    let dims = format!("{cfg:?} heads {heads} kv_skip {kv_skip}");
+    let (nq, nkv, d, hh, skip) = (
+        dim(kn, cfg.nq, &dims)?,
+        dim(kn, cfg.nkv, &dims)?,
+        dim(kn, cfg.d, &dims)?,
+        dim(kn, heads, &dims)?,
+        dim(kn, kv_skip, &dims)?,
+    );
+    let rows = g * cfg.nq;
+    let mut o = vec![0i16; rows * cfg.d];
+    let mut e = vec![0i32; rows];
+    let mut l = vec![0u32; rows];
+    // SAFETY: q holds heads x nq rows of d, k and v nkv rows of d, the outputs heads x nq rows
+    // (checked above and allocated here); the C function stays within them.
+    let rc = unsafe {
+        ffi::attention_kernel_group(
+            q.as_ptr(),
+            k.as_ptr(),
+            v.as_ptr(),
+            o.as_mut_ptr(),
+            e.as_mut_ptr(),
+            l.as_mut_ptr(),
+            nq,
+            nkv,
+            d,
+            i32::from(cfg.causal),
+            i32::from(cfg.score_mult),
+            i32::from(cfg.score_shift),
+            hh,
+            skip,
+        )
+    };
+    if rc != 0 {
+        return Err(HlsError::Range { kernel: kn, dims });
+    }
+    let per = cfg.nq * cfg.d;
+    Ok((0..g)
+        .map(|h| AttentionOut {
+            o: o[h * per..(h + 1) * per].to_vec(),
+            e: e[h * cfg.nq..(h + 1) * cfg.nq].to_vec(),
+            l: l[h * cfg.nq..(h + 1) * cfg.nq].to_vec(),
+        })
+        .collect())
 }
 
 /// Runs the HLS attention (`attention_kernel`) on the host. `cfg.kv_tile` is ignored: the C++

@@ -60,6 +60,13 @@ int attention_kernel(const int8_t *q, const int8_t *k, const int8_t *v, int16_t 
                      int32_t *e_out, uint32_t *l_out, int nq, int nkv, int d, int causal,
                      int score_mult, int score_shift);
 
+// The query heads of one GQA group (`heads`, 0 counts as 1; their [nq][d] planes one after
+// another in q, o, e_out, l_out) over one K/V range whose sequence has `kv_skip` more keys
+// after it (causal: row i of a head sees key j iff j + nq <= i + nkv + kv_skip).
+int attention_kernel_group(const int8_t *q, const int8_t *k, const int8_t *v, int16_t *o,
+                           int32_t *e_out, uint32_t *l_out, int nq, int nkv, int d, int causal,
+                           int score_mult, int score_shift, int heads, int kv_skip);
+
 // MoE router over `tokens` rows of `experts` int16 logits (rows padded to 4); writes routes
 // (rows of ceil(k/2)*2 u32 slots, weight << 16 | id) and hist (ceil(E/2)*2 u32). Returns 0,
 // or -1 when out of range (E > ROUTER_MAX_E, k > ROUTER_MAX_K, k > E).

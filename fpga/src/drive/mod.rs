@@ -21,7 +21,9 @@ pub mod router;
 
 use std::time::Duration;
 
-pub use attention::{AttentionDims, KvHead, QueryHead, run_attention, run_attention_head};
+pub use attention::{
+    AttentionDims, KvHead, QueryHead, run_attention, run_attention_head, run_attention_split,
+};
 pub use gemm::{run_gemm, run_gemm_split};
 pub use router::run_router;
 

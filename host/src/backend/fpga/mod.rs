@@ -162,7 +162,7 @@ pub struct FpgaBackend {
     modelled: Option<OpenDevice>,
     router: RouterCore,
     gemm: GemmCore,
-    attention: [(&'static str, AttentionCore); 2],
+    attention: [(&'static str, AttentionCore); 3],
     /// One card per kernel build and mode (the first Verilator build of a kernel takes a
     /// while; later ones load from the cache).
     cards: Mutex<Cards>,
@@ -209,7 +209,7 @@ impl FpgaBackend {
                 "kernels".into(),
                 format!(
                     "router (e_max={}, k_max={}), gemm (rows={}, k_max={}, n_max={}), \
-                     attention (d_max={} and {}, nkv_max={}, kv_tile={})",
+                     attention (d_max={}, {} and {}, nkv_max={} per launch, kv_tile={})",
                     router.e_max,
                     router.k_max,
                     gemm.rows,
@@ -217,6 +217,7 @@ impl FpgaBackend {
                     gemm.n_max,
                     attention[0].1.d_max,
                     attention[1].1.d_max,
+                    attention[2].1.d_max,
                     attention[0].1.nkv_max,
                     attention[0].1.kv_tile
                 ),
@@ -486,7 +487,7 @@ impl Backend for FpgaBackend {
                             Error::Internal("no attention build for this shape".into())
                         })?;
                     let ((heads, st), clock) = self.with_card(name, &core, modelled, |dev| {
-                        job.run(dev, deadline.remaining())
+                        job.run(dev, &core, deadline.remaining())
                     })?;
                     (heads, st.cycles, clock)
                 };
