@@ -111,8 +111,15 @@ pub fn gemm_cycles_mode(c: &GemmCore, m: u64, np: u64, kp: u64, mode: u32, mem: 
     while left > 0 {
         let r = left.min(rows);
         let readout = 22 + per_row * r;
-        let pin = if acc_in { mem.stream(4 * r) + GEMM_PART_IN_FIXED } else { 0 };
-        total += mem.stream(r * kp / 8) + nt * (mem.stream(kp) + pin).max(readout);
+        // ACC_IN: a tile's partials are read before its W stream, and only once the
+        // read-out of the tile two back (same buffer half) is over, so the partial read
+        // does not overlap the read-out: per tile `pin + max(Kp, read-out)`.
+        let per_tile = if acc_in {
+            mem.stream(4 * r) + GEMM_PART_IN_FIXED + mem.stream(kp).max(readout)
+        } else {
+            mem.stream(kp).max(readout)
+        };
+        total += mem.stream(r * kp / 8) + nt * per_tile;
         last = r;
         left -= r;
     }
@@ -120,7 +127,7 @@ pub fn gemm_cycles_mode(c: &GemmCore, m: u64, np: u64, kp: u64, mode: u32, mem: 
 }
 
 /// Cycles per row of a PART_OUT read-out (request + 4 data beats + the handshakes).
-const GEMM_PART_ROW: u64 = 6;
+const GEMM_PART_ROW: u64 = 5;
 /// Cycles an ACC_IN partial read adds per column tile beyond its words.
 const GEMM_PART_IN_FIXED: u64 = 2;
 
@@ -139,7 +146,11 @@ pub fn gemm_split_cycles(c: &GemmCore, m: u64, n: u64, k: u64, mem: &MemTiming) 
         let nc = pad8((n - n0).min(n_max) as usize) as u64;
         for (i, r) in passes.iter().enumerate() {
             let mode = if i == 0 { 0 } else { MODE_ACC_IN }
-                | if i + 1 == passes.len() { 0 } else { MODE_PART_OUT };
+                | if i + 1 == passes.len() {
+                    0
+                } else {
+                    MODE_PART_OUT
+                };
             total += gemm_cycles_mode(c, m, nc, pad8(r.len()) as u64, mode, mem);
         }
         n0 += n_max;

@@ -247,12 +247,22 @@ fn gemm_k_split_passes_match_golden() {
             let x = rand_i8(&mut rng, m * k, true);
             let w = rand_i8(&mut rng, n * k, true);
             let bias: Vec<i32> = (0..n)
-                .map(|_| if extreme { rng.r#gen() } else { rng.gen_range(-5_000..5_000) })
+                .map(|_| {
+                    if extreme {
+                        rng.r#gen()
+                    } else {
+                        rng.gen_range(-5_000..5_000)
+                    }
+                })
                 .collect();
             let rq: Vec<Requant> = (0..n)
                 .map(|_| Requant {
                     mult: rng.r#gen(),
-                    shift: if extreme { rng.gen_range(0..=47) } else { rng.gen_range(24..=28) },
+                    shift: if extreme {
+                        rng.gen_range(0..=47)
+                    } else {
+                        rng.gen_range(24..=28)
+                    },
                 })
                 .collect();
             let want = ggemm::gemm(&x, &w, &bias, &rq, relu, d).expect("golden");
@@ -261,8 +271,19 @@ fn gemm_k_split_passes_match_golden() {
         }
     }
     // a single launch still refuses K beyond the build
-    let d = GemmDims { m: 1, n: 1, k: max_k + 8 };
-    let r = tandem_hls::gemm(&vec![1; d.k], &vec![1; d.k], &[0], &[Requant::default()], false, d);
+    let d = GemmDims {
+        m: 1,
+        n: 1,
+        k: max_k + 8,
+    };
+    let r = tandem_hls::gemm(
+        &vec![1; d.k],
+        &vec![1; d.k],
+        &[0],
+        &[Requant::default()],
+        false,
+        d,
+    );
     assert!(r.is_err());
 }
 
@@ -293,7 +314,10 @@ fn attention_gqa_groups_and_kv_ranges_match_golden() {
         let ranges = gatt::kv_chunks(nkv, chunk);
         let mut parts: Vec<Vec<gatt::AttentionOut>> = vec![Vec::new(); heads];
         for r in &ranges {
-            let c = AttentionConfig { nkv: r.len(), ..cfg };
+            let c = AttentionConfig {
+                nkv: r.len(),
+                ..cfg
+            };
             let (ks, vs) = (&k[r.start * d..r.end * d], &v[r.start * d..r.end * d]);
             let outs =
                 tandem_hls::attention_group(&q, ks, vs, &c, heads, nkv - r.end).expect("hls");

@@ -152,8 +152,7 @@ fn attention_gqa_groups_and_long_kv_through_the_shell_match_golden() {
         let (score_mult, score_shift) =
             AttentionConfig::score_multiplier(0.25, 0.02, 0.02).expect("scale");
         let dims = drive::AttentionDims { nq, nkv, d, causal };
-        let kv: Vec<drive::KvHead<'_>> =
-            kvs.iter().map(|(k, v)| drive::KvHead { k, v }).collect();
+        let kv: Vec<drive::KvHead<'_>> = kvs.iter().map(|(k, v)| drive::KvHead { k, v }).collect();
         let heads: Vec<drive::QueryHead<'_>> = qs
             .iter()
             .enumerate()
@@ -178,8 +177,8 @@ fn attention_gqa_groups_and_long_kv_through_the_shell_match_golden() {
         };
         for (h, out) in outs.iter().enumerate() {
             let (k, v) = &kvs[h / (hq / hkv)];
-            let want = gatt::attention_chunked(&qs[h], k, v, &cfg, core.nkv_max as usize)
-                .expect("golden");
+            let want =
+                gatt::attention_chunked(&qs[h], k, v, &cfg, core.nkv_max as usize).expect("golden");
             assert_eq!(out, &want, "{cfg:?} head {h}");
         }
         let launches = hkv * nkv.div_ceil(core.nkv_max as usize);

@@ -159,7 +159,13 @@ pub fn run_attention_split(
                     ..*b
                 };
                 let (kr, vr) = (at(kb), at(vb));
-                let pointers = [("q", &qb), ("k", &kr), ("v", &vr), ("o", &ob), ("stats", &sb)];
+                let pointers = [
+                    ("q", &qb),
+                    ("k", &kr),
+                    ("v", &vr),
+                    ("o", &ob),
+                    ("stats", &sb),
+                ];
                 let scalars = [
                     ("nq", u32_of(KERNEL, "nq", nq)?),
                     ("nkv", u32_of(KERNEL, "nkv", r.len())?),

@@ -12,9 +12,11 @@ use std::time::Duration;
 
 use super::{Scratch, bad, bytes_of, launch, read, u32_of, with_scratch, words};
 use crate::device::{FpgaDevice, FpgaError, RunStats};
-use crate::golden::gemm::{GemmDims, MAX_SHIFT, Requant};
 use crate::golden::gemm::k_slice;
-use crate::kernels::gemm::{GemmCore, MODE_ACC_IN, MODE_PART_OUT, pack_params, pack_w, pad_x, pad8};
+use crate::golden::gemm::{GemmDims, MAX_SHIFT, Requant};
+use crate::kernels::gemm::{
+    GemmCore, MODE_ACC_IN, MODE_PART_OUT, pack_params, pack_w, pad_x, pad8,
+};
 
 const KERNEL: &str = "gemm";
 
@@ -129,7 +131,18 @@ pub fn run_gemm_split(
         let nc = (n - n0).min(n_max);
         let wc = &w[n0 * k..(n0 + nc) * k];
         let (yc, st) = with_scratch(dev, |dev, s: &mut Scratch| {
-            gemm_passes(dev, s, x, wc, &bias[n0..n0 + nc], &rq[n0..n0 + nc], relu, (m, nc, k), &passes, timeout)
+            gemm_passes(
+                dev,
+                s,
+                x,
+                wc,
+                &bias[n0..n0 + nc],
+                &rq[n0..n0 + nc],
+                relu,
+                (m, nc, k),
+                &passes,
+                timeout,
+            )
         })?;
         for (row, out) in yc.chunks_exact(nc.max(1)).zip(y.chunks_exact_mut(n)) {
             out[n0..n0 + nc].copy_from_slice(row);

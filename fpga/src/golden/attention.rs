@@ -310,7 +310,11 @@ pub fn merge_parts(parts: &[AttentionOut], nq: usize, d: usize) -> AttentionOut 
             .iter()
             .map(|p| {
                 let s = (i64::from(emax) - i64::from(p.e[i])) as u64;
-                if s >= 64 { 0 } else { (u128::from(p.l[i]) << 32) >> s }
+                if s >= 64 {
+                    0
+                } else {
+                    (u128::from(p.l[i]) << 32) >> s
+                }
             })
             .collect();
         let wsum: u128 = w.iter().sum();
@@ -426,7 +430,9 @@ mod tests {
             (5, 300, 8, 64, true),
         ] {
             let mut g = |n: usize| -> Vec<i8> {
-                (0..n).map(|_| (rng.normal() * 40.0).clamp(-127.0, 127.0) as i8).collect()
+                (0..n)
+                    .map(|_| (rng.normal() * 40.0).clamp(-127.0, 127.0) as i8)
+                    .collect()
             };
             let (q, k, v) = (g(nq * d), g(nkv * d), g(nkv * d));
             let cfg = AttentionConfig {

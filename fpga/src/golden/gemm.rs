@@ -459,7 +459,12 @@ mod tests {
     fn k_split_passes_give_the_same_y() {
         use rand::SeedableRng;
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(77);
-        for &(m, n, k, k_max) in &[(3, 5, 40, 16), (2, 9, 17, 8), (4, 3, 24, 24), (1, 1, 100, 32)] {
+        for &(m, n, k, k_max) in &[
+            (3, 5, 40, 16),
+            (2, 9, 17, 8),
+            (4, 3, 24, 24),
+            (1, 1, 100, 32),
+        ] {
             let d = GemmDims { m, n, k };
             // wide bias and large sums so that wrapping and saturation both show
             let p = GemmProblem::random(&mut rng, d, 0..=20);

@@ -55,12 +55,11 @@ pub(super) fn run(
     };
     let (mut o, mut stats) = (Vec::new(), Vec::new());
     for q in qall.chunks_exact(nq * dp) {
-        let out = attention_skip(q, &k, &v, &cfg, kv_skip as usize).map_err(|err| {
-            FpgaError::Device {
+        let out =
+            attention_skip(q, &k, &v, &cfg, kv_skip as usize).map_err(|err| FpgaError::Device {
                 device: card.name_of(),
                 msg: err.to_string(),
-            }
-        })?;
+            })?;
         o.extend(out.o.iter().flat_map(|x| x.to_le_bytes()));
         stats.extend(
             out.e

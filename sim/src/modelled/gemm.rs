@@ -92,12 +92,7 @@ pub(super) fn run(
         card.store(card.pointer(desc, "y")?, &bytes)?;
     }
     Ok(timing::gemm_cycles_mode(
-        c,
-        m as u64,
-        np as u64,
-        kp as u64,
-        mode,
-        t,
+        c, m as u64, np as u64, kp as u64, mode, t,
     ))
 }
 
@@ -116,7 +111,11 @@ fn sums_fast(
     std::thread::scope(|s| {
         for (ci, (chunk, out)) in x.chunks(rows * k).zip(y.chunks_mut(rows * n)).enumerate() {
             s.spawn(move || {
-                for (ri, (xr, yr)) in chunk.chunks_exact(k).zip(out.chunks_exact_mut(n)).enumerate() {
+                for (ri, (xr, yr)) in chunk
+                    .chunks_exact(k)
+                    .zip(out.chunks_exact_mut(n))
+                    .enumerate()
+                {
                     let row = ci * rows + ri;
                     for (j, (wr, yv)) in w.chunks_exact(k).zip(yr.iter_mut()).enumerate() {
                         let p = part_in.map_or(0, |p| p[row * n + j]);

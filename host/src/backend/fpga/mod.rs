@@ -290,11 +290,7 @@ impl FpgaBackend {
             Op::Linear(p) => {
                 let (m, n, k) = p.mnk(inputs).ok()?;
                 Some(timing::gemm_split_cycles(
-                    &self.gemm,
-                    m as u64,
-                    n as u64,
-                    k as u64,
-                    &mem,
+                    &self.gemm, m as u64, n as u64, k as u64, &mem,
                 ))
             }
             Op::Attention(p) => {
