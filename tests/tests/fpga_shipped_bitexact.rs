@@ -125,14 +125,18 @@ fn shipped_gemm_build_rtl_golden_hls_agree() {
         println!("gemm {d:?} relu {relu}: bit-exact, {} cycles", st.cycles);
     }
     // K past the build's k_max: two passes with int32 partials in device memory
-    let d = GemmDims { m: 3, n: 9, k: 4096 + 40 };
+    let d = GemmDims {
+        m: 3,
+        n: 9,
+        k: 4096 + 40,
+    };
     let p = GemmProblem::random(&mut rng, d, 22..=27);
     let want = p.golden(true).expect("golden");
     let hls = tandem_hls::gemm_split(&p.x, &p.w, &p.bias, &p.rq, true, d, core.k_max as usize)
         .expect("hls");
     assert_eq!(hls, want, "{d:?}: HLS split vs golden");
-    let (rtl, st) = drive::run_gemm_split(&mut c, &core, &p.x, &p.w, &p.bias, &p.rq, true, d, T)
-        .expect("rtl");
+    let (rtl, st) =
+        drive::run_gemm_split(&mut c, &core, &p.x, &p.w, &p.bias, &p.rq, true, d, T).expect("rtl");
     assert_eq!(rtl, want, "{d:?}: RTL split vs golden");
     println!("gemm {d:?} split: bit-exact, {} cycles", st.cycles);
 }
