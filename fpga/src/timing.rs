@@ -92,6 +92,72 @@ pub fn gemm_cycles(c: &GemmCore, m: u64, np: u64, kp: u64, mem: &MemTiming) -> u
     total + 27 + 3 * last + overhead(mem)
 }
 
+/// [`gemm_cycles`] for a pass of a K split (`mode`: [`crate::kernels::gemm::MODE_ACC_IN`],
+/// [`crate::kernels::gemm::MODE_PART_OUT`]): ACC_IN reads each tile's int32 partials (4 words
+/// per row, one request per row) before its W stream; PART_OUT writes them back (4 words per
+/// row) instead of one y word, which makes the read-out longer.
+pub fn gemm_cycles_mode(c: &GemmCore, m: u64, np: u64, kp: u64, mode: u32, mem: &MemTiming) -> u64 {
+    use crate::kernels::gemm::{MODE_ACC_IN, MODE_PART_OUT};
+    let (acc_in, part_out) = (mode & MODE_ACC_IN != 0, mode & MODE_PART_OUT != 0);
+    if !acc_in && !part_out {
+        return gemm_cycles(c, m, np, kp, mem);
+    }
+    let rows = u64::from(c.rows).max(1);
+    let nt = np / 8;
+    let per_row = if part_out { GEMM_PART_ROW } else { 3 };
+    let mut total = mem.stream(np);
+    let mut left = m;
+    let mut last = 0;
+    while left > 0 {
+        let r = left.min(rows);
+        let readout = 22 + per_row * r;
+        // ACC_IN: a tile's partials are read before its W stream, and only once the
+        // read-out of the tile two back (same buffer half) is over, so the partial read
+        // does not overlap the read-out: per tile `pin + max(Kp, read-out)`.
+        let per_tile = if acc_in {
+            mem.stream(4 * r) + GEMM_PART_IN_FIXED + mem.stream(kp).max(readout)
+        } else {
+            mem.stream(kp).max(readout)
+        };
+        total += mem.stream(r * kp / 8) + nt * per_tile;
+        last = r;
+        left -= r;
+    }
+    total + 27 + per_row * last + overhead(mem)
+}
+
+/// Cycles per row of a PART_OUT read-out (request + 4 data beats + the handshakes).
+const GEMM_PART_ROW: u64 = 5;
+/// Cycles an ACC_IN partial read adds per column tile beyond its words.
+const GEMM_PART_IN_FIXED: u64 = 2;
+
+/// A K-split GEMM as [`crate::drive::run_gemm_split`] runs it: one launch per (N chunk of at
+/// most `n_max`, K pass of at most `k_max`); the sum of their cycles.
+pub fn gemm_split_cycles(c: &GemmCore, m: u64, n: u64, k: u64, mem: &MemTiming) -> u64 {
+    use crate::kernels::gemm::{MODE_ACC_IN, MODE_PART_OUT, pad8};
+    let (n_max, k_max) = (u64::from(c.n_max).max(8), u64::from(c.k_max).max(8));
+    if n <= n_max && k <= k_max {
+        return gemm_cycles(c, m, pad8(n as usize) as u64, pad8(k as usize) as u64, mem);
+    }
+    let passes = crate::golden::gemm::k_passes(k as usize, k_max as usize);
+    let mut total = 0;
+    let mut n0 = 0;
+    while n0 < n {
+        let nc = pad8((n - n0).min(n_max) as usize) as u64;
+        for (i, r) in passes.iter().enumerate() {
+            let mode = if i == 0 { 0 } else { MODE_ACC_IN }
+                | if i + 1 == passes.len() {
+                    0
+                } else {
+                    MODE_PART_OUT
+                };
+            total += gemm_cycles_mode(c, m, nc, pad8(r.len()) as u64, mode, mem);
+        }
+        n0 += n_max;
+    }
+    total
+}
+
 /// (query, key) pairs a head sees: all, or the bottom-right causal ones.
 pub fn visible_pairs(causal: bool, nq: u64, nkv: u64) -> u64 {
     if !causal {
@@ -107,6 +173,67 @@ fn visible(causal: bool, i: u64, nq: u64, nkv: u64) -> u64 {
     } else {
         nkv
     }
+}
+
+/// One launch of `heads` query heads of a GQA group over one K/V range whose sequence has
+/// `kv_skip` more keys after it (the driver's K/V split): K and V loaded once, then the rows
+/// of every head as in [`attention_cycles`] (a causal row sees `min(Nkv, i + 1 + Nkv +
+/// kv_skip - Nq)` keys).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_group_cycles(
+    _c: &AttentionCore,
+    nq: u64,
+    nkv: u64,
+    dp: u64,
+    causal: bool,
+    heads: u64,
+    kv_skip: u64,
+    m: &MemTiming,
+) -> u64 {
+    let load = m.stream(2 * nkv * dp / 8);
+    let fin = 28 + dp / 4;
+    let rows_total = nq * heads.max(1);
+    let row = |i: u64| -> u64 {
+        let ih = i % nq.max(1);
+        let vis = if causal {
+            (ih + 1 + nkv + kv_skip).saturating_sub(nq).min(nkv)
+        } else {
+            nkv
+        };
+        vis.max(1)
+    };
+    let rows: u64 = if rows_total == 0 {
+        0
+    } else if !causal {
+        nkv.max(1) + (rows_total - 1) * nkv.max(fin)
+    } else {
+        row(0) + (1..rows_total).map(|i| row(i).max(fin)).sum::<u64>()
+    };
+    load + m.bound(rows, rows_total * dp / 8) + fin + 12 + nkv.min(14) + dp / 16 + overhead(m)
+}
+
+/// An attention op's heads as [`crate::drive::run_attention_split`] runs them: `groups`
+/// launches of `heads` query heads each per K/V range of at most `nkv_max` keys.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_split_cycles(
+    c: &AttentionCore,
+    nq: u64,
+    nkv: u64,
+    dp: u64,
+    causal: bool,
+    groups: u64,
+    heads: u64,
+    m: &MemTiming,
+) -> u64 {
+    let chunk = u64::from(c.nkv_max).max(1);
+    let mut total = 0;
+    let mut j0 = 0;
+    while j0 < nkv {
+        let len = chunk.min(nkv - j0);
+        total += attention_group_cycles(c, nq, len, dp, causal, heads, nkv - j0 - len, m);
+        j0 += len;
+    }
+    groups * total
 }
 
 /// Streaming attention, one head: K and V loaded whole (`2 Nkv dp / 8` words), then one

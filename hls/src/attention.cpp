@@ -44,12 +44,12 @@ static int16_t att_normalise(int64_t acc, uint32_t l) {
 }
 
 static void att_scores(const int8_t qrow[ATT_MAX_D], const int8_t *k, int j0, int j1, int i,
-                       int nq, int nkv, int d, int causal, int score_mult, int score_shift,
+                       int nq, int64_t nv, int d, int causal, int score_mult, int score_shift,
                        int64_t t[ATT_KV_TILE], bool vis[ATT_KV_TILE]) {
 scores_j:
     for (int jj = 0; jj < ATT_KV_TILE; jj++) {
         int j = j0 + jj;
-        vis[jj] = j < j1 && (!causal || (int64_t)j + nq <= (int64_t)i + nkv);
+        vis[jj] = j < j1 && (!causal || (int64_t)j + nq <= (int64_t)i + nv);
         int32_t s = 0;
     scores_d:
         for (int c = 0; c < d; c++) {
@@ -61,9 +61,10 @@ scores_j:
     }
 }
 
-extern "C" int attention_kernel(const int8_t *q, const int8_t *k, const int8_t *v, int16_t *o,
-                                int32_t *e_out, uint32_t *l_out, int nq, int nkv, int d,
-                                int causal, int score_mult, int score_shift) {
+extern "C" int attention_kernel_group(const int8_t *q, const int8_t *k, const int8_t *v,
+                                      int16_t *o, int32_t *e_out, uint32_t *l_out, int nq,
+                                      int nkv, int d, int causal, int score_mult,
+                                      int score_shift, int heads, int kv_skip) {
 #pragma HLS INTERFACE m_axi port = q offset = slave bundle = gmem0
 #pragma HLS INTERFACE m_axi port = k offset = slave bundle = gmem1 max_read_burst_length = 64
 #pragma HLS INTERFACE m_axi port = v offset = slave bundle = gmem2 max_read_burst_length = 64
@@ -76,10 +77,18 @@ extern "C" int attention_kernel(const int8_t *q, const int8_t *k, const int8_t *
 #pragma HLS INTERFACE s_axilite port = causal
 #pragma HLS INTERFACE s_axilite port = score_mult
 #pragma HLS INTERFACE s_axilite port = score_shift
+#pragma HLS INTERFACE s_axilite port = heads
+#pragma HLS INTERFACE s_axilite port = kv_skip
 #pragma HLS INTERFACE s_axilite port = return
     if (nq < 0 || nkv < 1 || nkv > 65536 || d < 1 || d > ATT_MAX_D || score_mult < 0 ||
-        score_mult > 65535 || score_shift < 0 || score_shift > 47)
+        score_mult > 65535 || score_shift < 0 || score_shift > 47 || heads < 0 || heads > 1024 ||
+        kv_skip < 0 || kv_skip > (1 << 30))
         return -1;
+    // query heads of one GQA group share this K/V: their rows follow each other in q, o, e, l
+    int64_t rows_total = (int64_t)nq * (heads == 0 ? 1 : heads);
+    if (rows_total > (1 << 30)) return -1;
+    // causal: row i of its head sees key j iff j + nq <= i + nkv + kv_skip
+    int64_t nv = (int64_t)nkv + kv_skip;
     int8_t qrow[ATT_MAX_D];
     int64_t acc[ATT_MAX_D];
 #pragma HLS ARRAY_PARTITION variable = acc cyclic factor = 16
@@ -88,10 +97,11 @@ extern "C" int attention_kernel(const int8_t *q, const int8_t *k, const int8_t *
 #pragma HLS ARRAY_PARTITION variable = t complete
 #pragma HLS ARRAY_PARTITION variable = vis complete
 rows:
-    for (int i = 0; i < nq; i++) {
+    for (int64_t r = 0; r < rows_total; r++) {
+        int i = (int)(r % nq);
         for (int c = 0; c < d; c++) {
 #pragma HLS PIPELINE II = 1
-            qrow[c] = q[(int64_t)i * d + c];
+            qrow[c] = q[r * d + c];
             acc[c] = 0;
         }
         bool have_e = false;
@@ -100,7 +110,7 @@ rows:
     tiles:
         for (int j0 = 0; j0 < nkv; j0 += ATT_KV_TILE) {
             int j1 = j0 + ATT_KV_TILE < nkv ? j0 + ATT_KV_TILE : nkv;
-            att_scores(qrow, k, j0, j1, i, nq, nkv, d, causal, score_mult, score_shift, t, vis);
+            att_scores(qrow, k, j0, j1, i, nq, nv, d, causal, score_mult, score_shift, t, vis);
             bool any = false;
             int64_t tmax = 0;
             for (int jj = 0; jj < ATT_KV_TILE; jj++) {
@@ -136,22 +146,29 @@ rows:
             }
         }
         if (have_e) {
-            e_out[i] = e < -2147483647LL ? -2147483647 : (e > 2147483647LL ? 2147483647 : (int32_t)e);
-            l_out[i] = l;
+            e_out[r] = e < -2147483647LL ? -2147483647 : (e > 2147483647LL ? 2147483647 : (int32_t)e);
+            l_out[r] = l;
             for (int c = 0; c < d; c++) {
 #pragma HLS PIPELINE II = 1
-                o[(int64_t)i * d + c] = att_normalise(acc[c], l);
+                o[r * d + c] = att_normalise(acc[c], l);
             }
         } else {
-            e_out[i] = (int32_t)(-2147483647 - 1);
-            l_out[i] = 0;
+            e_out[r] = (int32_t)(-2147483647 - 1);
+            l_out[r] = 0;
             for (int c = 0; c < d; c++) {
 #pragma HLS PIPELINE II = 1
-                o[(int64_t)i * d + c] = 0;
+                o[r * d + c] = 0;
             }
         }
     }
     return 0;
+}
+
+extern "C" int attention_kernel(const int8_t *q, const int8_t *k, const int8_t *v, int16_t *o,
+                                int32_t *e_out, uint32_t *l_out, int nq, int nkv, int d,
+                                int causal, int score_mult, int score_shift) {
+    return attention_kernel_group(q, k, v, o, e_out, l_out, nq, nkv, d, causal, score_mult,
+                                  score_shift, 1, 0);
 }
 
 extern "C" int attention_kv_tile(void) { return ATT_KV_TILE; }

@@ -53,8 +53,8 @@ mac_k:
 }
 
 static void gemm_store(uint32_t acc[GEMM_TM][GEMM_TN], const int32_t *bias,
-                       const uint16_t *mult, const uint8_t *shift, int8_t *y, int m0, int n0,
-                       int m, int n, int relu) {
+                       const uint16_t *mult, const uint8_t *shift, int8_t *y, int32_t *part,
+                       int m0, int n0, int m, int n, int relu, int mode) {
 store_i:
     for (int i = 0; i < GEMM_TM; i++) {
     store_j:
@@ -62,15 +62,22 @@ store_i:
 #pragma HLS PIPELINE II = 1
             int r = m0 + i, c = n0 + j;
             if (r < m && c < n) {
-                y[(int64_t)r * n + c] = gemm_postprocess(acc[i][j], bias[c], relu, mult[c], shift[c]);
+                int64_t at = (int64_t)r * n + c;
+                // K split: the partial sums of the earlier passes (wrapping int32 adds)
+                uint32_t a = acc[i][j] + ((mode & GEMM_MODE_ACC_IN) ? (uint32_t)part[at] : 0u);
+                if (mode & GEMM_MODE_PART_OUT) {
+                    part[at] = (int32_t)a;
+                } else {
+                    y[at] = gemm_postprocess(a, bias[c], relu, mult[c], shift[c]);
+                }
             }
         }
     }
 }
 
 static void gemm_tile(const int8_t *x, const int8_t *w, const int32_t *bias,
-                      const uint16_t *mult, const uint8_t *shift, int8_t *y, int m0, int n0,
-                      int m, int n, int k, int relu) {
+                      const uint16_t *mult, const uint8_t *shift, int8_t *y, int32_t *part,
+                      int m0, int n0, int m, int n, int k, int relu, int mode) {
 #pragma HLS DATAFLOW
     int8_t xb[GEMM_TM][GEMM_MAX_K];
 #pragma HLS ARRAY_PARTITION variable = xb dim = 1 complete
@@ -81,32 +88,42 @@ static void gemm_tile(const int8_t *x, const int8_t *w, const int32_t *bias,
     gemm_load(x, xb, GEMM_TM, m0, m, k);
     gemm_load(w, wb, GEMM_TN, n0, n, k);
     gemm_mac(xb, wb, acc, k);
-    gemm_store(acc, bias, mult, shift, y, m0, n0, m, n, relu);
+    gemm_store(acc, bias, mult, shift, y, part, m0, n0, m, n, relu, mode);
 }
 
-extern "C" int gemm_kernel(const int8_t *x, const int8_t *w, const int32_t *bias,
-                           const uint16_t *mult, const uint8_t *shift, int8_t *y, int m, int n,
-                           int k, int relu) {
+extern "C" int gemm_kernel_pass(const int8_t *x, const int8_t *w, const int32_t *bias,
+                                const uint16_t *mult, const uint8_t *shift, int8_t *y,
+                                int32_t *part, int m, int n, int k, int relu, int mode) {
 #pragma HLS INTERFACE m_axi port = x offset = slave bundle = gmem0 max_read_burst_length = 64
 #pragma HLS INTERFACE m_axi port = w offset = slave bundle = gmem1 max_read_burst_length = 64
 #pragma HLS INTERFACE m_axi port = bias offset = slave bundle = gmem2
 #pragma HLS INTERFACE m_axi port = mult offset = slave bundle = gmem2
 #pragma HLS INTERFACE m_axi port = shift offset = slave bundle = gmem2
 #pragma HLS INTERFACE m_axi port = y offset = slave bundle = gmem3 max_write_burst_length = 64
+#pragma HLS INTERFACE m_axi port = part offset = slave bundle = gmem4 max_write_burst_length = 64
 #pragma HLS INTERFACE s_axilite port = m
 #pragma HLS INTERFACE s_axilite port = n
 #pragma HLS INTERFACE s_axilite port = k
 #pragma HLS INTERFACE s_axilite port = relu
+#pragma HLS INTERFACE s_axilite port = mode
 #pragma HLS INTERFACE s_axilite port = return
     if (m < 1 || n < 1 || k < 1 || k > GEMM_MAX_K) return -1;
+    if ((mode & ~(GEMM_MODE_ACC_IN | GEMM_MODE_PART_OUT)) != 0) return -1;
+    if (mode != 0 && part == 0) return -1;
 tiles_m:
     for (int m0 = 0; m0 < m; m0 += GEMM_TM) {
     tiles_n:
         for (int n0 = 0; n0 < n; n0 += GEMM_TN) {
-            gemm_tile(x, w, bias, mult, shift, y, m0, n0, m, n, k, relu);
+            gemm_tile(x, w, bias, mult, shift, y, part, m0, n0, m, n, k, relu, mode);
         }
     }
     return 0;
+}
+
+extern "C" int gemm_kernel(const int8_t *x, const int8_t *w, const int32_t *bias,
+                           const uint16_t *mult, const uint8_t *shift, int8_t *y, int m, int n,
+                           int k, int relu) {
+    return gemm_kernel_pass(x, w, bias, mult, shift, y, 0, m, n, k, relu, 0);
 }
 
 extern "C" int gemm_max_k(void) { return GEMM_MAX_K; }

@@ -25,6 +25,20 @@ mod ffi {
             k: i32,
             relu: i32,
         ) -> i32;
+        pub fn gemm_kernel_pass(
+            x: *const i8,
+            w: *const i8,
+            bias: *const i32,
+            mult: *const u16,
+            shift: *const u8,
+            y: *mut i8,
+            part: *mut i32,
+            m: i32,
+            n: i32,
+            k: i32,
+            relu: i32,
+            mode: i32,
+        ) -> i32;
         pub fn attention_kernel(
             q: *const i8,
             k: *const i8,
@@ -38,6 +52,22 @@ mod ffi {
             causal: i32,
             score_mult: i32,
             score_shift: i32,
+        ) -> i32;
+        pub fn attention_kernel_group(
+            q: *const i8,
+            k: *const i8,
+            v: *const i8,
+            o: *mut i16,
+            e_out: *mut i32,
+            l_out: *mut u32,
+            nq: i32,
+            nkv: i32,
+            d: i32,
+            causal: i32,
+            score_mult: i32,
+            score_shift: i32,
+            heads: i32,
+            kv_skip: i32,
         ) -> i32;
         pub fn router_kernel(
             logits: *const i16,
@@ -172,6 +202,121 @@ pub fn gemm(
         return Err(HlsError::Range { kernel: k, dims });
     }
     Ok(y)
+}
+
+/// Runs the HLS GEMM for any K, as passes of at most [`gemm_max_k`] (`gemm_kernel_pass`: the
+/// int32 partials of the earlier passes kept in one buffer, bias, ReLU and requantisation on
+/// the last pass); same arguments and result as [`tandem_fpga::golden::gemm::gemm`].
+pub fn gemm_split(
+    x: &[i8],
+    w: &[i8],
+    bias: &[i32],
+    rq: &[Requant],
+    relu: bool,
+    d: GemmDims,
+    k_max: usize,
+) -> Result<Vec<i8>, HlsError> {
+    let kn = "gemm";
+    check(kn, "x", x.len(), d.m * d.k)?;
+    check(kn, "w", w.len(), d.n * d.k)?;
+    check(kn, "bias", bias.len(), d.n)?;
+    check(kn, "requant", rq.len(), d.n)?;
+    let dims = format!("{d:?} in passes of {k_max}");
+    let (m, n) = (dim(kn, d.m, &dims)?, dim(kn, d.n, &dims)?);
+    let mult: Vec<u16> = rq.iter().map(|r| r.mult).collect();
+    let shift: Vec<u8> = rq.iter().map(|r| r.shift).collect();
+    let mut y = vec![0i8; d.m * d.n];
+    let mut part = vec![0i32; d.m * d.n];
+    let passes = tandem_fpga::golden::gemm::k_passes(d.k, k_max);
+    for (i, r) in passes.iter().enumerate() {
+        let xs = tandem_fpga::golden::gemm::k_slice(x, d.k, r.clone());
+        let ws = tandem_fpga::golden::gemm::k_slice(w, d.k, r.clone());
+        let kk = dim(kn, r.len(), &dims)?;
+        let mode = i32::from(i > 0) | if i + 1 < passes.len() { 2 } else { 0 };
+        // SAFETY: x, w are [m][kk] and [n][kk], bias/mult/shift [n], y and part [m][n]; the C
+        // function reads and writes only within those bounds.
+        let rc = unsafe {
+            ffi::gemm_kernel_pass(
+                xs.as_ptr(),
+                ws.as_ptr(),
+                bias.as_ptr(),
+                mult.as_ptr(),
+                shift.as_ptr(),
+                y.as_mut_ptr(),
+                part.as_mut_ptr(),
+                m,
+                n,
+                kk,
+                i32::from(relu),
+                mode,
+            )
+        };
+        if rc != 0 {
+            return Err(HlsError::Range { kernel: kn, dims });
+        }
+    }
+    Ok(y)
+}
+
+/// Runs the HLS attention for the query heads of one GQA group in one call
+/// (`attention_kernel_group`: `q` holds `heads` planes `[Nq, D]` one after another) over a
+/// K/V range whose sequence has `kv_skip` more keys after it; returns one output per head.
+pub fn attention_group(
+    q: &[i8],
+    k: &[i8],
+    v: &[i8],
+    cfg: &AttentionConfig,
+    heads: usize,
+    kv_skip: usize,
+) -> Result<Vec<AttentionOut>, HlsError> {
+    let kn = "attention";
+    let g = heads.max(1);
+    check(kn, "q", q.len(), g * cfg.nq * cfg.d)?;
+    check(kn, "k", k.len(), cfg.nkv * cfg.d)?;
+    check(kn, "v", v.len(), cfg.nkv * cfg.d)?;
+    let dims = format!("{cfg:?} heads {heads} kv_skip {kv_skip}");
+    let (nq, nkv, d, hh, skip) = (
+        dim(kn, cfg.nq, &dims)?,
+        dim(kn, cfg.nkv, &dims)?,
+        dim(kn, cfg.d, &dims)?,
+        dim(kn, heads, &dims)?,
+        dim(kn, kv_skip, &dims)?,
+    );
+    let rows = g * cfg.nq;
+    let mut o = vec![0i16; rows * cfg.d];
+    let mut e = vec![0i32; rows];
+    let mut l = vec![0u32; rows];
+    // SAFETY: q holds heads x nq rows of d, k and v nkv rows of d, the outputs heads x nq rows
+    // (checked above and allocated here); the C function stays within them.
+    let rc = unsafe {
+        ffi::attention_kernel_group(
+            q.as_ptr(),
+            k.as_ptr(),
+            v.as_ptr(),
+            o.as_mut_ptr(),
+            e.as_mut_ptr(),
+            l.as_mut_ptr(),
+            nq,
+            nkv,
+            d,
+            i32::from(cfg.causal),
+            i32::from(cfg.score_mult),
+            i32::from(cfg.score_shift),
+            hh,
+            skip,
+        )
+    };
+    if rc != 0 {
+        return Err(HlsError::Range { kernel: kn, dims });
+    }
+    let per = cfg.nq * cfg.d;
+    Ok((0..g)
+        .map(|h| AttentionOut {
+            o: o[h * per..(h + 1) * per].to_vec(),
+            e: e[h * cfg.nq..(h + 1) * cfg.nq].to_vec(),
+            l: l[h * cfg.nq..(h + 1) * cfg.nq].to_vec(),
+        })
+        .collect())
 }
 
 /// Runs the HLS attention (`attention_kernel`) on the host. `cfg.kv_tile` is ignored: the C++

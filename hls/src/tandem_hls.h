@@ -17,6 +17,10 @@
 #define GEMM_TN 8
 // Largest inner dimension held on chip.
 #define GEMM_MAX_K 4096
+// `mode` bits of a K-split pass: add the int32 partials in `part` (ACC_IN); write the sums to
+// `part` instead of y, without bias, ReLU and requantisation (PART_OUT).
+#define GEMM_MODE_ACC_IN 1
+#define GEMM_MODE_PART_OUT 2
 
 // ---- attention ----------------------------------------------------------------------------
 // Keys per online-softmax tile (the golden model's kv_tile).
@@ -49,11 +53,25 @@ extern "C" {
 int gemm_kernel(const int8_t *x, const int8_t *w, const int32_t *bias, const uint16_t *mult,
                 const uint8_t *shift, int8_t *y, int m, int n, int k, int relu);
 
+// One pass of a GEMM whose K is split (K > GEMM_MAX_K): as gemm_kernel over this pass's K
+// columns, plus the int32 partials part[m][n] (GEMM_MODE_ACC_IN) and, with GEMM_MODE_PART_OUT,
+// the sums written to part instead of y. Returns 0, or -1 when out of range.
+int gemm_kernel_pass(const int8_t *x, const int8_t *w, const int32_t *bias,
+                     const uint16_t *mult, const uint8_t *shift, int8_t *y, int32_t *part,
+                     int m, int n, int k, int relu, int mode);
+
 // One attention head, see fpga::golden::attention. e_out and l_out get the final exponent and
 // running sum of each row. Returns 0, or -1 when out of range.
 int attention_kernel(const int8_t *q, const int8_t *k, const int8_t *v, int16_t *o,
                      int32_t *e_out, uint32_t *l_out, int nq, int nkv, int d, int causal,
                      int score_mult, int score_shift);
+
+// The query heads of one GQA group (`heads`, 0 counts as 1; their [nq][d] planes one after
+// another in q, o, e_out, l_out) over one K/V range whose sequence has `kv_skip` more keys
+// after it (causal: row i of a head sees key j iff j + nq <= i + nkv + kv_skip).
+int attention_kernel_group(const int8_t *q, const int8_t *k, const int8_t *v, int16_t *o,
+                           int32_t *e_out, uint32_t *l_out, int nq, int nkv, int d, int causal,
+                           int score_mult, int score_shift, int heads, int kv_skip);
 
 // MoE router over `tokens` rows of `experts` int16 logits (rows padded to 4); writes routes
 // (rows of ceil(k/2)*2 u32 slots, weight << 16 | id) and hist (ceil(E/2)*2 u32). Returns 0,

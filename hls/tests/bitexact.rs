@@ -229,3 +229,108 @@ fn router_matches_golden_random_ties_and_edges() {
         "k > E must be refused"
     );
 }
+
+#[test]
+fn gemm_k_split_passes_match_golden() {
+    // K beyond the C++ build's GEMM_MAX_K, and small passes that split K many times, with
+    // wrapping biases and every shift: the partials stay int32 (wrapping) across passes.
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let max_k = tandem_hls::gemm_max_k();
+    for &(m, n, k, pass) in &[
+        (3, 10, max_k + 904, max_k),
+        (9, 17, 100, 16),
+        (5, 3, 64, 8),
+        (1, 8, 41, 24),
+    ] {
+        let d = GemmDims { m, n, k };
+        for (relu, extreme) in [(false, false), (true, true)] {
+            let x = rand_i8(&mut rng, m * k, true);
+            let w = rand_i8(&mut rng, n * k, true);
+            let bias: Vec<i32> = (0..n)
+                .map(|_| {
+                    if extreme {
+                        rng.r#gen()
+                    } else {
+                        rng.gen_range(-5_000..5_000)
+                    }
+                })
+                .collect();
+            let rq: Vec<Requant> = (0..n)
+                .map(|_| Requant {
+                    mult: rng.r#gen(),
+                    shift: if extreme {
+                        rng.gen_range(0..=47)
+                    } else {
+                        rng.gen_range(24..=28)
+                    },
+                })
+                .collect();
+            let want = ggemm::gemm(&x, &w, &bias, &rq, relu, d).expect("golden");
+            let got = tandem_hls::gemm_split(&x, &w, &bias, &rq, relu, d, pass).expect("hls");
+            assert_eq!(got, want, "{d:?} passes of {pass} relu={relu}");
+        }
+    }
+    // a single launch still refuses K beyond the build
+    let d = GemmDims {
+        m: 1,
+        n: 1,
+        k: max_k + 8,
+    };
+    let r = tandem_hls::gemm(
+        &vec![1; d.k],
+        &vec![1; d.k],
+        &[0],
+        &[Requant::default()],
+        false,
+        d,
+    );
+    assert!(r.is_err());
+}
+
+#[test]
+fn attention_gqa_groups_and_kv_ranges_match_golden() {
+    // the query heads of a group in one call, K/V split into ranges with kv_skip and merged,
+    // head dims 64, 128 and 256: bit for bit golden's attention_chunked per head
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    let tile = tandem_hls::attention_kv_tile();
+    for &(nq, nkv, d, heads, chunk, causal) in &[
+        (9, 70, 64, 4, 32, true),
+        (20, 45, 128, 2, 16, false),
+        (3, 40, 256, 3, 17, true),
+        (30, 12, 8, 2, 5, true),
+    ] {
+        let q = rand_i8(&mut rng, heads * nq * d, false);
+        let k = rand_i8(&mut rng, nkv * d, false);
+        let v = rand_i8(&mut rng, nkv * d, true);
+        let cfg = AttentionConfig {
+            nq,
+            nkv,
+            d,
+            kv_tile: tile,
+            causal,
+            score_mult: rng.gen_range(20_000..60_000),
+            score_shift: 14,
+        };
+        let ranges = gatt::kv_chunks(nkv, chunk);
+        let mut parts: Vec<Vec<gatt::AttentionOut>> = vec![Vec::new(); heads];
+        for r in &ranges {
+            let c = AttentionConfig {
+                nkv: r.len(),
+                ..cfg
+            };
+            let (ks, vs) = (&k[r.start * d..r.end * d], &v[r.start * d..r.end * d]);
+            let outs =
+                tandem_hls::attention_group(&q, ks, vs, &c, heads, nkv - r.end).expect("hls");
+            for (p, o) in parts.iter_mut().zip(outs) {
+                p.push(o);
+            }
+        }
+        for (h, p) in parts.iter().enumerate() {
+            let got = gatt::merge_parts(p, nq, d);
+            let qh = &q[h * nq * d..(h + 1) * nq * d];
+            let want = gatt::attention_chunked(qh, &k, &v, &cfg, chunk).expect("golden");
+            assert_eq!(got, want, "{cfg:?} head {h} chunk {chunk}");
+            assert!(want.l.iter().any(|&l| l > 0));
+        }
+    }
+}

@@ -9,7 +9,10 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tandem_fpga::core::KernelCore;
-use tandem_fpga::drive::{AttentionDims, KvHead, QueryHead, run_attention, run_gemm, run_router};
+use tandem_fpga::drive::{
+    AttentionDims, KvHead, QueryHead, run_attention, run_attention_split, run_gemm, run_gemm_split,
+    run_router,
+};
 use tandem_fpga::golden::gemm::{GemmDims, GemmProblem};
 use tandem_fpga::kernels::attention::AttentionCore;
 use tandem_fpga::kernels::gemm::GemmCore;
@@ -154,6 +157,124 @@ fn attention_model_matches_the_rtl() {
         );
     }
     verdict("attention", diffs);
+}
+
+#[test]
+fn gemm_split_model_matches_the_rtl() {
+    // K past k_max (passes with int32 partials: PART_OUT, ACC_IN, both) and N past n_max
+    // (column chunks): the cycles of all launches of a shape, model against RTL.
+    let core = GemmCore {
+        rows: 8,
+        k_max: 64,
+        n_max: 64,
+    };
+    let Some((mut rtl, mut model)) = cards(&core) else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(0x5b17);
+    let mut diffs = Vec::new();
+    for _ in 0..SHAPES {
+        let m = rng.gen_range(1..=40);
+        let n = rng.gen_range(1..=150);
+        let k = rng.gen_range(65..=300);
+        let d = GemmDims { m, n, k };
+        let p = GemmProblem::random(&mut rng, d, 20..=25);
+        let relu = rng.gen_bool(0.5);
+        let run = |c: &mut dyn FpgaDevice| {
+            run_gemm_split(c, &core, &p.x, &p.w, &p.bias, &p.rq, relu, d, T)
+        };
+        let (a, sa) = run(&mut rtl).expect("RTL");
+        let (b, sb) = run(&mut model).expect("model");
+        assert_eq!(a, b, "gemm split {d:?}: outputs differ");
+        assert_eq!(a, p.golden(relu).expect("golden"), "gemm split {d:?}");
+        let predicted = tandem_fpga::timing::gemm_split_cycles(
+            &core,
+            m as u64,
+            n as u64,
+            k as u64,
+            &tandem_fpga::timing::MemTiming::default(),
+        );
+        assert_eq!(
+            predicted, sb.cycles,
+            "the planner's estimate is the modelled card's"
+        );
+        compare(
+            &format!("gemm split M={m} N={n} K={k}"),
+            &sa,
+            &sb,
+            &mut diffs,
+        );
+    }
+    verdict("gemm split", diffs);
+}
+
+#[test]
+fn attention_groups_and_kv_ranges_model_matches_the_rtl() {
+    // GQA groups in one launch and K/V past nkv_max (ranges with kv_skip, merged): the
+    // cycles of all launches of a shape, model against RTL.
+    let core = AttentionCore {
+        d_max: 16,
+        nkv_max: 64,
+        kv_tile: 8,
+    };
+    let Some((mut rtl, mut model)) = cards(&core) else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(0x6a7);
+    let mut diffs = Vec::new();
+    for _ in 0..SHAPES {
+        let nq = rng.gen_range(1..=48);
+        let nkv = rng.gen_range(1..=200);
+        let d = rng.gen_range(1..=16);
+        let causal = rng.gen_bool(0.5);
+        let hkv = rng.gen_range(1..=2);
+        let hq = hkv * rng.gen_range(1..=4);
+        let draw = |rng: &mut ChaCha8Rng, n: usize| -> Vec<i8> {
+            (0..n).map(|_| rng.gen_range(-60..60)).collect()
+        };
+        let qs: Vec<Vec<i8>> = (0..hq).map(|_| draw(&mut rng, nq * d)).collect();
+        let kvs: Vec<(Vec<i8>, Vec<i8>)> = (0..hkv)
+            .map(|_| (draw(&mut rng, nkv * d), draw(&mut rng, nkv * d)))
+            .collect();
+        let (score_mult, score_shift) = (rng.gen_range(20000..65000), rng.gen_range(14..22));
+        let dims = AttentionDims { nq, nkv, d, causal };
+        let kv: Vec<KvHead<'_>> = kvs.iter().map(|(k, v)| KvHead { k, v }).collect();
+        let heads: Vec<QueryHead<'_>> = qs
+            .iter()
+            .enumerate()
+            .map(|(h, q)| QueryHead {
+                q,
+                kv: h / (hq / hkv),
+                score_mult,
+                score_shift,
+            })
+            .collect();
+        let chunk = core.nkv_max as usize;
+        let (a, sa) = run_attention_split(&mut rtl, chunk, dims, &kv, &heads, T).expect("RTL");
+        let (b, sb) = run_attention_split(&mut model, chunk, dims, &kv, &heads, T).expect("model");
+        assert_eq!(a, b, "attention {dims:?} Hq {hq} Hkv {hkv}: outputs differ");
+        let predicted = tandem_fpga::timing::attention_split_cycles(
+            &core,
+            nq as u64,
+            nkv as u64,
+            d.div_ceil(8) as u64 * 8,
+            causal,
+            hkv as u64,
+            (hq / hkv) as u64,
+            &tandem_fpga::timing::MemTiming::default(),
+        );
+        assert_eq!(
+            predicted, sb.cycles,
+            "the planner's estimate is the modelled card's"
+        );
+        compare(
+            &format!("attention Hq={hq} Hkv={hkv} Nq={nq} Nkv={nkv} d={d} causal={causal}"),
+            &sa,
+            &sb,
+            &mut diffs,
+        );
+    }
+    verdict("attention groups", diffs);
 }
 
 #[test]

@@ -183,16 +183,24 @@ fn attention_on_the_simulated_card_matches_the_reference() -> TestResult {
 }
 
 #[test]
-fn attention_beyond_the_build_is_declined() {
+fn attention_beyond_the_builds_is_declined_and_long_kv_is_taken() {
     let Some(b) = fpga_sim() else { return };
     let op = Op::Attention(AttentionParams::default());
     let m = |h, n, d| TensorMeta::new(vec![1, h, n, d], DType::F32);
-    for (d, nkv) in [(136, 16), (256, 16), (64, 600), (128, 513)] {
+    for (d, nkv) in [(264, 16), (512, 16)] {
         let metas = [m(2, 8, d), m(2, nkv, d), m(2, nkv, d)];
         match b.supports(&op, &metas) {
-            Support::No(why) => println!("declined d={d} nkv={nkv}: {why}"),
+            Support::No(why) => {
+                assert!(why.contains("d_max"), "{why}");
+                println!("declined d={d} nkv={nkv}: {why}")
+            }
             other => panic!("d={d} nkv={nkv}: {other:?}"),
         }
+    }
+    // head dims up to 256 and K/V past a launch's nkv_max (several launches, merged)
+    for (d, nkv) in [(136, 16), (256, 16), (64, 600), (128, 513)] {
+        let metas = [m(2, 8, d), m(2, nkv, d), m(2, nkv, d)];
+        assert_eq!(b.supports(&op, &metas), Support::Native, "d={d} nkv={nkv}");
     }
 }
 

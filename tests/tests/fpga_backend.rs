@@ -106,12 +106,12 @@ fn ops_without_a_kernel_are_declined_with_a_reason() {
     let wide = TensorMeta::new(vec![8, 4096], DType::F32);
     assert!(matches!(b.supports(&too_many, &[wide]), Support::No(_)));
     // attention runs on the card (tests/tests/fpga_attention_backend.rs), but not with a head
-    // dimension beyond the largest build's d_max = 128
-    let q = TensorMeta::new(vec![1, 2, 8, 256], DType::F32);
+    // dimension beyond the largest build's d_max = 256
+    let q = TensorMeta::new(vec![1, 2, 8, 264], DType::F32);
     let att = Op::Attention(AttentionParams::default());
     match b.supports(&att, &[q.clone(), q.clone(), q]) {
         Support::No(why) => assert!(why.contains("d_max"), "{why}"),
-        Support::Native => panic!("head dim 256 exceeds the attention builds"),
+        Support::Native => panic!("head dim 264 exceeds the attention builds"),
     }
     // launching an op it declined is an error, not a panic
     let s = b.upload(&Tensor::zeros(&m)).expect("upload");

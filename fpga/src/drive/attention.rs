@@ -1,13 +1,16 @@
-//! The streaming attention kernel's driver: all heads of one op, one launch per query head,
-//! each kv head's K and V written to the card once and shared by its query group (semantics
-//! of one launch: [`crate::golden::attention::attention`]). The head dimension is zero padded
+//! The streaming attention kernel's driver: all heads of one op, one launch per GQA group
+//! (the query heads that share a kv head and a score multiplier: the kernel's `heads`
+//! register), each kv head's K and V written to the card once (semantics per head:
+//! [`crate::golden::attention::attention`]); with [`run_attention_split`] any number of keys,
+//! K/V split into ranges of at most `nkv_max` keys whose parts are merged per row
+//! ([`crate::golden::attention::attention_chunked`]). The head dimension is zero padded
 //! to a multiple of 8 here (a zero column changes no score and gives a zero output column,
 //! dropped on the way back).
 
 use std::time::Duration;
 
 use super::{Scratch, bad, bytes_of, launch, read, u32_of, with_scratch};
-use crate::device::{FpgaDevice, FpgaError, RunStats};
+use crate::device::{DeviceBuffer, FpgaDevice, FpgaError, RunStats};
 use crate::golden::attention::{AttentionConfig, AttentionOut};
 use crate::kernels::gemm::{pad_x, pad8};
 
@@ -49,12 +52,32 @@ pub struct QueryHead<'a> {
     pub score_shift: u8,
 }
 
-/// Runs every query head on `dev` (which must have the attention kernel loaded), one launch
-/// after another, all within `timeout`; K and V of each kv head are written once. Returns each head's output (o
-/// `[Nq, D]`, per row e and l) in the order of `heads`, and the counters with `cycles` and
-/// `wall` summed over the launches.
+/// Most query heads one launch takes (the kernel's `heads` register allows 1024).
+pub const MAX_GROUP: usize = 64;
+
+/// Runs every query head on `dev` (which must have the attention kernel loaded), all within
+/// `timeout`: the query heads that share a kv head and a score multiplier run in one launch
+/// (the kernel's `heads` register, at most [`MAX_GROUP`]), so each kv head's K and V are
+/// written once and read once per group. Returns each head's output (o `[Nq, D]`, per row e
+/// and l) in the order of `heads`, and the counters with `cycles` and `wall` summed over the
+/// launches.
 pub fn run_attention(
     dev: &mut dyn FpgaDevice,
+    dims: AttentionDims,
+    kv: &[KvHead<'_>],
+    heads: &[QueryHead<'_>],
+    timeout: Duration,
+) -> Result<(Vec<AttentionOut>, RunStats), FpgaError> {
+    run_attention_split(dev, usize::MAX, dims, kv, heads, timeout)
+}
+
+/// [`run_attention`] for any number of keys: K/V in ranges of at most `nkv_max` keys (the
+/// build's), one launch per (group, range) with the range's `kv_skip` for the causal mask,
+/// the parts merged per row by [`crate::golden::attention::merge_parts`] (bit for bit
+/// [`crate::golden::attention::attention_chunked`]).
+pub fn run_attention_split(
+    dev: &mut dyn FpgaDevice,
+    nkv_max: usize,
     dims: AttentionDims,
     kv: &[KvHead<'_>],
     heads: &[QueryHead<'_>],
@@ -87,13 +110,23 @@ pub fn run_attention(
         ));
     }
     let dp = pad8(d);
-    let sizes = [
-        ("nq", u32_of(KERNEL, "nq", nq)?),
-        ("nkv", u32_of(KERNEL, "nkv", nkv)?),
-        ("d", u32_of(KERNEL, "d", dp)?),
-        ("causal", u32::from(causal)),
-    ];
-    let (obytes, sbytes) = (nq * dp * 2, nq * 8);
+    // groups: heads with the same kv head and score multiplier, in order of appearance
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for (i, h) in heads.iter().enumerate() {
+        let same = |g: &Vec<usize>| {
+            let f = &heads[g[0]];
+            g.len() < MAX_GROUP
+                && f.kv == h.kv
+                && f.score_mult == h.score_mult
+                && f.score_shift == h.score_shift
+        };
+        match groups.iter_mut().find(|g| same(g)) {
+            Some(g) => g.push(i),
+            None => groups.push(vec![i]),
+        }
+    }
+    let gmax = groups.iter().map(Vec::len).max().unwrap_or(1);
+    let ranges = crate::golden::attention::kv_chunks(nkv, nkv_max);
     with_scratch(dev, |dev, s: &mut Scratch| {
         let mut kvb = Vec::with_capacity(kv.len());
         for h in kv {
@@ -101,33 +134,80 @@ pub fn run_attention(
             let vb = s.upload(dev, &bytes_of(&pad_x(h.v, nkv, d)))?;
             kvb.push((kb, vb));
         }
-        let qb = s.alloc(dev, nq * dp)?;
+        let qb = s.alloc(dev, gmax * nq * dp)?;
+        let (obytes, sbytes) = (gmax * nq * dp * 2, gmax * nq * 8);
         let ob = s.alloc(dev, obytes)?;
         let sb = s.alloc(dev, sbytes)?;
         // One deadline for all the launches of the op.
         let deadline = std::time::Instant::now().checked_add(timeout);
-        let mut outs = Vec::with_capacity(heads.len());
+        let mut outs: Vec<Option<AttentionOut>> = vec![None; heads.len()];
         let mut total = RunStats::default();
-        for h in heads {
-            let (kb, vb) = &kvb[h.kv];
-            super::write(dev, &qb, &bytes_of(&pad_x(h.q, nq, d)))?;
-            let pointers = [("q", &qb), ("k", kb), ("v", vb), ("o", &ob), ("stats", &sb)];
-            let mut scalars = sizes.to_vec();
-            scalars.push(("score_mult", u32::from(h.score_mult)));
-            scalars.push(("score_shift", u32::from(h.score_shift)));
-            let left = deadline.map_or(timeout, |d| {
-                d.saturating_duration_since(std::time::Instant::now())
-            });
-            let st = launch(dev, &pointers, &scalars, left)?;
-            total = RunStats {
-                cycles: total.cycles + st.cycles,
-                total_cycles: st.total_cycles,
-                wall: total.wall + st.wall,
-            };
-            let o = read(dev, &ob, obytes)?;
-            let stats = read(dev, &sb, sbytes)?;
-            outs.push(unpack(&o, &stats, d, dp));
+        for g in &groups {
+            let first = &heads[g[0]];
+            let (kb, vb) = &kvb[first.kv];
+            let qs: Vec<u8> = g
+                .iter()
+                .flat_map(|&i| bytes_of(&pad_x(heads[i].q, nq, d)))
+                .collect();
+            super::write(dev, &qb, &qs)?;
+            let (go, gs) = (g.len() * nq * dp * 2, g.len() * nq * 8);
+            let mut parts: Vec<Vec<AttentionOut>> = vec![Vec::new(); g.len()];
+            for r in &ranges {
+                let at = |b: &DeviceBuffer| DeviceBuffer {
+                    addr: b.addr + (r.start * dp) as u64,
+                    len: (r.len() * dp) as u64,
+                    ..*b
+                };
+                let (kr, vr) = (at(kb), at(vb));
+                let pointers = [
+                    ("q", &qb),
+                    ("k", &kr),
+                    ("v", &vr),
+                    ("o", &ob),
+                    ("stats", &sb),
+                ];
+                let scalars = [
+                    ("nq", u32_of(KERNEL, "nq", nq)?),
+                    ("nkv", u32_of(KERNEL, "nkv", r.len())?),
+                    ("d", u32_of(KERNEL, "d", dp)?),
+                    ("causal", u32::from(causal)),
+                    ("score_mult", u32::from(first.score_mult)),
+                    ("score_shift", u32::from(first.score_shift)),
+                    ("heads", u32_of(KERNEL, "heads", g.len())?),
+                    ("kv_skip", u32_of(KERNEL, "kv_skip", nkv - r.end)?),
+                ];
+                let left = deadline.map_or(timeout, |d| {
+                    d.saturating_duration_since(std::time::Instant::now())
+                });
+                let st = launch(dev, &pointers, &scalars, left)?;
+                total = RunStats {
+                    cycles: total.cycles + st.cycles,
+                    total_cycles: st.total_cycles,
+                    wall: total.wall + st.wall,
+                };
+                let o = read(dev, &ob, go)?;
+                let stats = read(dev, &sb, gs)?;
+                for (h, part) in parts.iter_mut().enumerate() {
+                    part.push(unpack(
+                        &o[h * nq * dp * 2..(h + 1) * nq * dp * 2],
+                        &stats[h * nq * 8..(h + 1) * nq * 8],
+                        d,
+                        dp,
+                    ));
+                }
+            }
+            for (&i, mut p) in g.iter().zip(parts) {
+                outs[i] = Some(if p.len() == 1 {
+                    p.pop().ok_or_else(|| bad(KERNEL, "no output".into()))?
+                } else {
+                    crate::golden::attention::merge_parts(&p, nq, d)
+                });
+            }
         }
+        let outs = outs
+            .into_iter()
+            .map(|o| o.ok_or_else(|| bad(KERNEL, "a head without output".into())))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok((outs, total))
     })
 }

@@ -22,8 +22,10 @@ pub mod vecops;
 
 use std::time::Duration;
 
-pub use attention::{AttentionDims, KvHead, QueryHead, run_attention, run_attention_head};
-pub use gemm::run_gemm;
+pub use attention::{
+    AttentionDims, KvHead, QueryHead, run_attention, run_attention_head, run_attention_split,
+};
+pub use gemm::{run_gemm, run_gemm_split};
 pub use router::run_router;
 pub use vecops::run_vecops;
 
@@ -45,6 +47,17 @@ impl Scratch {
         let b = dev.alloc(0, bytes.max(8) as u64)?;
         self.bufs.push(b);
         Ok(b)
+    }
+
+    /// Frees the `count` buffers allocated last (a driver that loops over launches keeps its
+    /// device memory to one launch's worth).
+    pub fn free_last(&mut self, dev: &mut dyn FpgaDevice, count: usize) -> Result<(), FpgaError> {
+        for _ in 0..count {
+            if let Some(b) = self.bufs.pop() {
+                dev.free(b)?;
+            }
+        }
+        Ok(())
     }
 
     /// Allocates a buffer holding `data` and moves it to the device.

@@ -191,7 +191,21 @@ pub fn attention(
     v: &[i8],
     cfg: &AttentionConfig,
 ) -> Result<AttentionOut, AttentionError> {
+    attention_skip(q, k, v, cfg, 0)
+}
+
+/// One launch over a part of the keys: as [`attention`], with the causal mask of a sequence
+/// that has `kv_skip` more keys after these (row i sees key j iff `j + Nq <= i + Nkv +
+/// kv_skip`): the kernel's `kv_skip` register.
+pub fn attention_skip(
+    q: &[i8],
+    k: &[i8],
+    v: &[i8],
+    cfg: &AttentionConfig,
+    kv_skip: usize,
+) -> Result<AttentionOut, AttentionError> {
     cfg.check()?;
+    let visible = |i: usize, j: usize| !cfg.causal || j + cfg.nq <= i + cfg.nkv + kv_skip;
     let (nq, nkv, d) = (cfg.nq, cfg.nkv, cfg.d);
     for (what, buf, rows) in [("q", q, nq), ("k", k, nkv), ("v", v, nkv)] {
         if buf.len() != rows * d {
@@ -219,7 +233,7 @@ pub fn attention(
             let j1 = (j0 + cfg.kv_tile).min(nkv);
             let mut tmax: Option<i64> = None;
             for j in j0..j1 {
-                if !cfg.visible(i, j) {
+                if !visible(i, j) {
                     continue;
                 }
                 let kj = &k[j * d..(j + 1) * d];
@@ -245,7 +259,7 @@ pub fn attention(
             }
             let ecur = e.unwrap_or(et);
             for j in j0..j1 {
-                if !cfg.visible(i, j) {
+                if !visible(i, j) {
                     continue;
                 }
                 let p = weight((ecur << FRAC) - t[j - j0], &lut);
@@ -264,6 +278,87 @@ pub fn attention(
         }
     }
     Ok(out)
+}
+
+/// The key ranges of a sequence of `nkv` keys split into launches of at most `chunk` keys.
+pub fn kv_chunks(nkv: usize, chunk: usize) -> Vec<std::ops::Range<usize>> {
+    let step = chunk.max(1);
+    (0..nkv.max(1))
+        .step_by(step)
+        .map(|j0| j0..(j0 + step).min(nkv))
+        .collect()
+}
+
+/// Merges the outputs of launches over consecutive key ranges of one sequence (each with
+/// its `kv_skip`, [`attention_skip`]) into one row result, in integers:
+/// per row, `E = max e_c` over the parts that saw a key, `w_c = (l_c << 32) >> (E - e_c)`
+/// (0 once the shift reaches 64), `o = floor((2 sum o_c w_c + W) / 2W)` with `W = sum w_c`
+/// (round half up of the weighted mean, saturated to int16), `e = E`,
+/// `l = min((W + 2^31) >> 32, u32::MAX)`; a row no part saw stays empty.
+pub fn merge_parts(parts: &[AttentionOut], nq: usize, d: usize) -> AttentionOut {
+    let mut out = AttentionOut {
+        o: vec![0; nq * d],
+        e: vec![i32::MIN; nq],
+        l: vec![0; nq],
+    };
+    for i in 0..nq {
+        let seen: Vec<&AttentionOut> = parts.iter().filter(|p| p.l[i] > 0).collect();
+        let Some(emax) = seen.iter().map(|p| p.e[i]).max() else {
+            continue;
+        };
+        let w: Vec<u128> = seen
+            .iter()
+            .map(|p| {
+                let s = (i64::from(emax) - i64::from(p.e[i])) as u64;
+                if s >= 64 {
+                    0
+                } else {
+                    (u128::from(p.l[i]) << 32) >> s
+                }
+            })
+            .collect();
+        let wsum: u128 = w.iter().sum();
+        out.e[i] = emax;
+        out.l[i] = ((wsum + (1 << 31)) >> 32).min(u128::from(u32::MAX)) as u32;
+        for c in 0..d {
+            let num: i128 = seen
+                .iter()
+                .zip(&w)
+                .map(|(p, &wc)| i128::from(p.o[i * d + c]) * wc as i128)
+                .sum();
+            let den = wsum as i128;
+            let o = (2 * num + den).div_euclid(2 * den);
+            out.o[i * d + c] = o.clamp(-32768, 32767) as i16;
+        }
+    }
+    out
+}
+
+/// One head over any number of keys as the driver runs it when `Nkv` exceeds a build's
+/// `nkv_max`: launches over key ranges of at most `chunk` ([`kv_chunks`], each with its
+/// `kv_skip`), merged by [`merge_parts`]. One range is exactly [`attention`].
+pub fn attention_chunked(
+    q: &[i8],
+    k: &[i8],
+    v: &[i8],
+    cfg: &AttentionConfig,
+    chunk: usize,
+) -> Result<AttentionOut, AttentionError> {
+    let ranges = kv_chunks(cfg.nkv, chunk);
+    if ranges.len() == 1 {
+        return attention(q, k, v, cfg);
+    }
+    let d = cfg.d;
+    let mut parts = Vec::with_capacity(ranges.len());
+    for r in &ranges {
+        let c = AttentionConfig {
+            nkv: r.len(),
+            ..*cfg
+        };
+        let (ks, vs) = (&k[r.start * d..r.end * d], &v[r.start * d..r.end * d]);
+        parts.push(attention_skip(q, ks, vs, &c, cfg.nkv - r.end)?);
+    }
+    Ok(merge_parts(&parts, cfg.nq, d))
 }
 
 #[cfg(test)]
@@ -321,6 +416,52 @@ mod tests {
             }
         }
         (o, lse)
+    }
+
+    #[test]
+    fn chunked_keys_match_the_whole_sequence_closely() {
+        // K/V split over launches and merged: within a few LSB of one launch over all keys
+        // (each part's o is rounded once more), e equal or one apart, lse within 0.01.
+        let mut rng = Rng(5);
+        for &(nq, nkv, d, chunk, causal) in &[
+            (7, 100, 16, 32, false),
+            (40, 100, 8, 24, true),
+            (130, 60, 24, 16, true),
+            (5, 300, 8, 64, true),
+        ] {
+            let mut g = |n: usize| -> Vec<i8> {
+                (0..n)
+                    .map(|_| (rng.normal() * 40.0).clamp(-127.0, 127.0) as i8)
+                    .collect()
+            };
+            let (q, k, v) = (g(nq * d), g(nkv * d), g(nkv * d));
+            let cfg = AttentionConfig {
+                nq,
+                nkv,
+                d,
+                kv_tile: 16,
+                causal,
+                score_mult: 40000,
+                score_shift: 14,
+            };
+            let whole = attention(&q, &k, &v, &cfg).expect("whole");
+            let split = attention_chunked(&q, &k, &v, &cfg, chunk).expect("split");
+            let worst = whole
+                .o
+                .iter()
+                .zip(&split.o)
+                .map(|(&a, &b)| (i32::from(a) - i32::from(b)).abs())
+                .max()
+                .unwrap_or(0);
+            assert!(worst <= 4, "{cfg:?} chunk {chunk}: o differs by {worst}");
+            for (i, (&wl, &sl)) in whole.l.iter().zip(&split.l).enumerate() {
+                assert_eq!(wl == 0, sl == 0, "row {i}");
+                if wl > 0 {
+                    assert!((whole.lse(i) - split.lse(i)).abs() < 0.01, "row {i}");
+                }
+            }
+        }
+        assert_eq!(kv_chunks(10, 4), vec![0..4, 4..8, 8..10]);
     }
 
     #[test]

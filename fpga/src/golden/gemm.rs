@@ -225,6 +225,74 @@ pub fn gemm(
         .collect())
 }
 
+/// The K range of each pass when K is split into passes of at most `k_max` (a positive multiple
+/// of 8): every pass but the last is exactly `k_max` long. One pass when `k <= k_max`.
+pub fn k_passes(k: usize, k_max: usize) -> Vec<std::ops::Range<usize>> {
+    let step = k_max.max(8) / 8 * 8;
+    (0..k.max(1))
+        .step_by(step)
+        .map(|k0| k0..(k0 + step).min(k))
+        .collect()
+}
+
+/// One pass of a K-split GEMM: int32 `[M, N]` partial sums `part_in + x w^T` (wrapping), where
+/// x and w hold this pass's K columns only. This is what the kernel writes to `part` with
+/// `mode` bit 1 (PART_OUT); bias, ReLU and requantisation are left to the last pass.
+pub fn gemm_pass(
+    x: &[i8],
+    w: &[i8],
+    d: GemmDims,
+    part_in: Option<&[i32]>,
+) -> Result<Vec<i32>, GemmError> {
+    let mut acc = accumulate(x, w, d)?;
+    if let Some(p) = part_in {
+        check_len("part", p.len(), d.m * d.n)?;
+        for (a, &b) in acc.iter_mut().zip(p) {
+            *a = a.wrapping_add(b);
+        }
+    }
+    Ok(acc)
+}
+
+/// The last pass of a K-split GEMM: `y = sat8(requant(act(part_in + x w^T + bias)))` (the
+/// kernel with `mode` bit 0, ACC_IN). Since int32 adds wrap, a GEMM split into passes over K
+/// gives exactly [`gemm`]'s y.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_last_pass(
+    x: &[i8],
+    w: &[i8],
+    bias: &[i32],
+    rq: &[Requant],
+    relu: bool,
+    d: GemmDims,
+    part_in: Option<&[i32]>,
+) -> Result<Vec<i8>, GemmError> {
+    check_len("bias", bias.len(), d.n)?;
+    check_len("requant", rq.len(), d.n)?;
+    if let Some((col, r)) = rq.iter().enumerate().find(|(_, r)| r.shift > MAX_SHIFT) {
+        return Err(GemmError::Shift {
+            col,
+            shift: r.shift,
+        });
+    }
+    let acc = gemm_pass(x, w, d, part_in)?;
+    Ok(acc
+        .iter()
+        .enumerate()
+        .map(|(i, &a)| {
+            let c = i % d.n;
+            postprocess(a, bias[c], relu, rq[c])
+        })
+        .collect())
+}
+
+/// Columns `r` of a row-major `[rows, k]` int8 matrix, as a `[rows, r.len()]` matrix.
+pub fn k_slice(a: &[i8], k: usize, r: std::ops::Range<usize>) -> Vec<i8> {
+    a.chunks_exact(k.max(1))
+        .flat_map(|row| row[r.clone()].iter().copied())
+        .collect()
+}
+
 /// Rounds half away from zero and saturates to `[-127, 127]` (symmetric int8).
 pub fn quantize_value(v: f32, scale: f32) -> i8 {
     if scale <= 0.0 || !scale.is_finite() {
@@ -387,6 +455,42 @@ impl QuantLinear {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn k_split_passes_give_the_same_y() {
+        use rand::SeedableRng;
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(77);
+        for &(m, n, k, k_max) in &[
+            (3, 5, 40, 16),
+            (2, 9, 17, 8),
+            (4, 3, 24, 24),
+            (1, 1, 100, 32),
+        ] {
+            let d = GemmDims { m, n, k };
+            // wide bias and large sums so that wrapping and saturation both show
+            let p = GemmProblem::random(&mut rng, d, 0..=20);
+            for relu in [false, true] {
+                let want = p.golden(relu).expect("golden");
+                let passes = k_passes(k, k_max);
+                assert!(passes.iter().all(|r| r.len() <= k_max && !r.is_empty()));
+                assert_eq!(passes.last().map(|r| r.end), Some(k));
+                let mut part: Option<Vec<i32>> = None;
+                let mut got = Vec::new();
+                for (i, r) in passes.iter().enumerate() {
+                    let dd = GemmDims { m, n, k: r.len() };
+                    let (xs, ws) = (k_slice(&p.x, k, r.clone()), k_slice(&p.w, k, r.clone()));
+                    if i + 1 == passes.len() {
+                        got = gemm_last_pass(&xs, &ws, &p.bias, &p.rq, relu, dd, part.as_deref())
+                            .expect("last");
+                    } else {
+                        part = Some(gemm_pass(&xs, &ws, dd, part.as_deref()).expect("pass"));
+                    }
+                }
+                assert_eq!(got, want, "{d:?} k_max {k_max} relu {relu}");
+            }
+        }
+        assert_eq!(k_passes(5000, 4096), vec![0..4096, 4096..5000]);
+    }
+
     use super::*;
 
     /// SplitMix64: a tiny deterministic generator so the golden tests need no dependencies.

@@ -26,7 +26,11 @@
 //! Arguments: `q` (ptr0), `k` (ptr1), `v` (ptr2), `o` (ptr3, int16 `[Nq][d]`), `stats` (ptr4,
 //! one 64-bit word per row: e in bits 31:0, l in 63:32), `nq` (arg0), `nkv` (arg1), `d`
 //! (arg2, a multiple of 8; the host pads), `causal` (arg3), `score_mult` (arg4),
-//! `score_shift` (arg5). Out-of-range arguments finish at once without touching memory.
+//! `score_shift` (arg5), `heads` (arg6: query heads of one GQA group sharing this K/V, their
+//! `[Nq][d]` planes one after another in `q`, `o` and `stats`; 0 counts as 1), `kv_skip`
+//! (arg7: keys of the sequence after this launch's K/V, for the causal mask when K/V is split
+//! over launches; 0 for a whole sequence). Out-of-range arguments finish at once without
+//! touching memory.
 
 use std::fmt::Write as _;
 
@@ -109,6 +113,8 @@ impl KernelCore for AttentionCore {
                 ArgDesc::scalar("causal"),
                 ArgDesc::scalar("score_mult"),
                 ArgDesc::scalar("score_shift"),
+                ArgDesc::scalar("heads"),
+                ArgDesc::scalar("kv_skip"),
             ],
         }
     }
@@ -259,7 +265,7 @@ endfunction
 
 // ---- run control and arguments ----
 reg running;
-reg [31:0] nq_q, nkv_q, d_q, d_words, mult_q;
+reg [31:0] nq_q, nqt_q, nkv_q, nv_q, d_q, d_words, mult_q;
 reg [5:0] shift_q;
 reg causal_q;
 reg [63:0] pq_q, pk_q, pv_q, po_q, ps_q;
@@ -268,14 +274,17 @@ reg [63:0] pq_q, pk_q, pv_q, po_q, ps_q;
 reg [{dwh}:0] bank_on;
 assign busy = running;
 wire args_ok = (arg0 != 32'd0) && (arg1 != 32'd0) && (arg1 <= NKV_MAX) && (arg2 != 32'd0)
-            && (arg2[2:0] == 3'd0) && (arg2 <= D_MAX) && (arg4 <= 32'd65535) && (arg5 <= 32'd47);
+            && (arg2[2:0] == 3'd0) && (arg2 <= D_MAX) && (arg4 <= 32'd65535) && (arg5 <= 32'd47)
+            && (arg6 <= 32'd1024) && (arg7 <= 32'h40000000) && (arg0 * heads_a <= 64'h40000000);
+// query heads of one GQA group in this launch (0 counts as 1): their rows follow each other
+wire [63:0] heads_a = (arg6 == 32'd0) ? 64'd1 : {{32'd0, arg6}};
 
 // ---- read requests: all of K, all of V, all of Q ----
 reg [1:0] g_ph;
 always @* begin
     rd_req_valid = running && g_ph != 2'd3;
     rd_req_addr = (g_ph == 2'd0) ? pk_q : ((g_ph == 2'd1) ? pv_q : pq_q);
-    rd_req_len = (g_ph == 2'd2) ? nq_q * d_words : nkv_q * d_words;
+    rd_req_len = (g_ph == 2'd2) ? nqt_q * d_words : nkv_q * d_words;
 end
 
 // ---- data consumer: K banks, V banks, then the Q prefetch row ----
@@ -291,8 +300,10 @@ reg q_clear;
 
 // ---- score stage: slot issue ----
 reg s_run, s_alldone, s_inrow;
-reg [31:0] s_i, s_j, s_jend, s_jt;
-wire [31:0] jend_c = causal_q ? ((s_i + nkv_q >= nq_q) ? (((s_i + nkv_q - nq_q + 32'd1) < nkv_q) ? (s_i + nkv_q - nq_q + 32'd1) : nkv_q) : 32'd0) : nkv_q;
+reg [31:0] s_i, s_ih, s_j, s_jend, s_jt;
+// causal: row s_ih of its head sees key j iff j + nq <= s_ih + nkv + kv_skip (kv_skip: keys of
+// the sequence after this launch's, when K/V is split over launches)
+wire [31:0] jend_c = causal_q ? ((s_ih + nv_q >= nq_q) ? (((s_ih + nv_q - nq_q + 32'd1) < nkv_q) ? (s_ih + nv_q - nq_q + 32'd1) : nkv_q) : 32'd0) : nkv_q;
 reg [{atdh}:0] tf_wp, tf_rp, xf_wp, xf_rp;
 reg [{atd}:0] tf_cnt, xf_cnt;
 wire s_room = (tf_cnt + {atd1}'d6 < TD);
@@ -389,12 +400,13 @@ always @(posedge clock) begin
             if (args_ok) begin
                 running <= 1'b1;
                 nq_q <= arg0; nkv_q <= arg1; d_q <= arg2; d_words <= arg2 >> 3; causal_q <= arg3[0];
+                nqt_q <= arg0 * heads_a[31:0]; nv_q <= arg1 + arg7;
                 bank_on <= {bank_on_init};
                 mult_q <= arg4; shift_q <= arg5[5:0];
                 pq_q <= ptr0; pk_q <= ptr1; pv_q <= ptr2; po_q <= ptr3; ps_q <= ptr4;
                 g_ph <= 2'd0; c_ph <= 2'd0; c_row <= 32'd0; c_b <= 0; c_qrows <= 32'd0;
                 qn_full <= 1'b0; q_clear <= 1'b1;
-                s_run <= 1'b0; s_alldone <= 1'b0; s_inrow <= 1'b0; s_i <= 32'd0; s_j <= 32'd0; s_jt <= 32'd0;
+                s_run <= 1'b0; s_alldone <= 1'b0; s_inrow <= 1'b0; s_i <= 32'd0; s_ih <= 32'd0; s_j <= 32'd0; s_jt <= 32'd0;
                 tf_cnt <= 0; xf_cnt <= 0; tf_wp <= 0; tf_rp <= 0; xf_wp <= 0; xf_rp <= 0;
                 sa_v <= 1'b0; sb_v <= 1'b0; sc_v <= 1'b0; sd_v <= 1'b0;
                 p0_v <= 1'b0; p1_v <= 1'b0; f_st <= F_IDLE;
@@ -414,7 +426,7 @@ always @(posedge clock) begin
         if (q_we) begin
             if ({{{pad_dw}'d0, c_b}} + 32'd1 == d_words) begin
                 c_b <= 0; qn_full <= 1'b1;
-                if (c_qrows + 32'd1 == nq_q) c_ph <= 2'd3;
+                if (c_qrows + 32'd1 == nqt_q) c_ph <= 2'd3;
                 c_qrows <= c_qrows + 32'd1;
             end else c_b <= c_b + 1'b1;
         end
@@ -427,8 +439,9 @@ always @(posedge clock) begin
             sa_j <= s_jcur; sa_i <= s_i;
             if (s_last) begin
                 s_inrow <= 1'b0; s_j <= 32'd0; s_jt <= 32'd0;
-                if (s_i + 32'd1 == nq_q) s_alldone <= 1'b1;
+                if (s_i + 32'd1 == nqt_q) s_alldone <= 1'b1;
                 s_i <= s_i + 32'd1;
+                s_ih <= (s_ih + 32'd1 == nq_q) ? 32'd0 : s_ih + 32'd1;
             end else begin
                 s_inrow <= 1'b1; s_jend <= s_jend_cur; s_j <= s_jcur + 32'd1;
                 s_jt <= s_tlast ? 32'd0 : s_jt + 32'd1;
@@ -533,9 +546,11 @@ mod tests {
     fn register_offsets_as_documented() {
         let slots = AttentionCore::default().desc().slots().expect("slots");
         let offs: Vec<u32> = slots.iter().map(|s| s.offset).collect();
-        let want: Vec<u32> = (0..11).map(|i| 0x10 + 8 * i).collect();
+        let want: Vec<u32> = (0..13).map(|i| 0x10 + 8 * i).collect();
         assert_eq!(offs, want);
         assert_eq!(slots[10].arg.name, "score_shift");
+        assert_eq!(slots[11].arg.name, "heads");
+        assert_eq!(slots[12].arg.name, "kv_skip");
     }
 
     #[test]

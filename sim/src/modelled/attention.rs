@@ -1,8 +1,8 @@
-//! Streaming attention on the modelled card: one head's q, K and V rows in, o rows and the
-//! per-row (e, l) statistics out.
+//! Streaming attention on the modelled card: the q rows of the launch's query heads (one GQA
+//! group), one K/V range in, o rows and the per-row (e, l) statistics out.
 
 use tandem_fpga::FpgaError;
-use tandem_fpga::golden::attention::{AttentionConfig, attention};
+use tandem_fpga::golden::attention::{AttentionConfig, attention_skip};
 use tandem_fpga::kernels::attention::AttentionCore;
 use tandem_fpga::regmap::KernelDesc;
 use tandem_fpga::timing::{self, MemTiming};
@@ -21,6 +21,9 @@ pub(super) fn run(
     let causal = card.scalar(desc, "causal")? & 1 == 1;
     let mult = card.scalar(desc, "score_mult")?;
     let shift = card.scalar(desc, "score_shift")?;
+    let heads = card.scalar(desc, "heads")?;
+    let kv_skip = card.scalar(desc, "kv_skip")?;
+    let g = u64::from(heads.max(1));
     // The RTL's args_ok: anything else finishes at once without touching memory.
     let ok = nq != 0
         && nkv != 0
@@ -29,13 +32,16 @@ pub(super) fn run(
         && dp % 8 == 0
         && dp <= c.d_max
         && mult <= 65535
-        && shift <= 47;
+        && shift <= 47
+        && heads <= 1024
+        && kv_skip <= 0x4000_0000
+        && u64::from(nq) * g <= 0x4000_0000;
     if !ok {
         return Ok(timing::REFUSED_RUN_CYCLES);
     }
-    let (nq, nkv, dp) = (nq as usize, nkv as usize, dp as usize);
+    let (nq, nkv, dp, g) = (nq as usize, nkv as usize, dp as usize, g as usize);
     let int8 = |b: Vec<u8>| -> Vec<i8> { b.into_iter().map(|v| v as i8).collect() };
-    let q = int8(card.fetch(card.pointer(desc, "q")?, nq * dp)?);
+    let qall = int8(card.fetch(card.pointer(desc, "q")?, g * nq * dp)?);
     let k = int8(card.fetch(card.pointer(desc, "k")?, nkv * dp)?);
     let v = int8(card.fetch(card.pointer(desc, "v")?, nkv * dp)?);
     let cfg = AttentionConfig {
@@ -47,20 +53,31 @@ pub(super) fn run(
         score_mult: mult as u16,
         score_shift: shift as u8,
     };
-    let out = attention(&q, &k, &v, &cfg).map_err(|err| FpgaError::Device {
-        device: card.name_of(),
-        msg: err.to_string(),
-    })?;
-    let o: Vec<u8> = out.o.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let (mut o, mut stats) = (Vec::new(), Vec::new());
+    for q in qall.chunks_exact(nq * dp) {
+        let out =
+            attention_skip(q, &k, &v, &cfg, kv_skip as usize).map_err(|err| FpgaError::Device {
+                device: card.name_of(),
+                msg: err.to_string(),
+            })?;
+        o.extend(out.o.iter().flat_map(|x| x.to_le_bytes()));
+        stats.extend(
+            out.e
+                .iter()
+                .zip(&out.l)
+                .flat_map(|(&e, &l)| (u64::from(l) << 32 | u64::from(e as u32)).to_le_bytes()),
+        );
+    }
     card.store(card.pointer(desc, "o")?, &o)?;
-    let stats: Vec<u8> = out
-        .e
-        .iter()
-        .zip(&out.l)
-        .flat_map(|(&e, &l)| (u64::from(l) << 32 | u64::from(e as u32)).to_le_bytes())
-        .collect();
     card.store(card.pointer(desc, "stats")?, &stats)?;
-    Ok(timing::attention_cycles(
-        c, nq as u64, nkv as u64, dp as u64, causal, t,
+    Ok(timing::attention_group_cycles(
+        c,
+        nq as u64,
+        nkv as u64,
+        dp as u64,
+        causal,
+        g as u64,
+        u64::from(kv_skip),
+        t,
     ))
 }

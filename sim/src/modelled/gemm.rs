@@ -1,9 +1,9 @@
 //! The GEMM on the modelled card: x rows, the packed W stream and the parameter words in, y
-//! rows out.
+//! rows out; with `mode` (ACC_IN, PART_OUT) the int32 partials of a K split in and out.
 
 use tandem_fpga::FpgaError;
 use tandem_fpga::golden::gemm::{MAX_SHIFT, Requant, postprocess};
-use tandem_fpga::kernels::gemm::GemmCore;
+use tandem_fpga::kernels::gemm::{GemmCore, MODE_ACC_IN, MODE_PART_OUT};
 use tandem_fpga::regmap::KernelDesc;
 use tandem_fpga::timing::{self, MemTiming};
 
@@ -19,6 +19,8 @@ pub(super) fn run(
     let np = card.scalar(desc, "n")?;
     let kp = card.scalar(desc, "k")?;
     let relu = card.scalar(desc, "relu")? & 1 == 1;
+    let mode = card.scalar(desc, "mode")?;
+    let (acc_in, part_out) = (mode & MODE_ACC_IN != 0, mode & MODE_PART_OUT != 0);
     // The RTL's args_ok: anything else finishes at once without touching memory.
     let ok = m != 0
         && np != 0
@@ -62,33 +64,62 @@ pub(super) fn run(
             msg: format!("column {col}: requant shift {} > {MAX_SHIFT}", r.shift),
         });
     }
-    let y = gemm_fast(&x, &w, &bias, &rq, relu, (m, np, kp));
-    let bytes: Vec<u8> = y.iter().map(|&v| v as u8).collect();
-    card.store(card.pointer(desc, "y")?, &bytes)?;
-    Ok(timing::gemm_cycles(c, m as u64, np as u64, kp as u64, t))
+    let part_in: Option<Vec<i32>> = if acc_in {
+        let raw = card.fetch(card.pointer(desc, "part")?, m * np * 4)?;
+        Some(
+            raw.chunks_exact(4)
+                .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+        )
+    } else {
+        None
+    };
+    let dims = (m, np, kp);
+    if part_out {
+        let sums = sums_fast(&x, &w, part_in.as_deref(), dims);
+        let bytes: Vec<u8> = sums.iter().flat_map(|v| v.to_le_bytes()).collect();
+        card.store(card.pointer(desc, "part")?, &bytes)?;
+    } else {
+        let sums = sums_fast(&x, &w, part_in.as_deref(), dims);
+        let bytes: Vec<u8> = sums
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| {
+                let j = i % np;
+                postprocess(a, bias[j], relu, rq[j]) as u8
+            })
+            .collect();
+        card.store(card.pointer(desc, "y")?, &bytes)?;
+    }
+    Ok(timing::gemm_cycles_mode(
+        c, m as u64, np as u64, kp as u64, mode, t,
+    ))
 }
 
-/// `fpga::golden::gemm::gemm`, bit for bit, at host speed: int32 wrapping sums are the same in
-/// any order, so rows are split over threads and each dot product runs in a loop the compiler
-/// vectorises; the per-column post-processing is the golden model's own `postprocess`.
-fn gemm_fast(
+/// `part_in + x w^T` (`fpga::golden::gemm::gemm_pass`), bit for bit, at host speed: int32
+/// wrapping sums are the same in any order, so rows are split over threads and each dot
+/// product runs in a loop the compiler vectorises.
+fn sums_fast(
     x: &[i8],
     w: &[i8],
-    bias: &[i32],
-    rq: &[Requant],
-    relu: bool,
+    part_in: Option<&[i32]>,
     (m, n, k): (usize, usize, usize),
-) -> Vec<i8> {
-    let mut y = vec![0i8; m * n];
+) -> Vec<i32> {
+    let mut y = vec![0i32; m * n];
     let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
     let rows = m.div_ceil(threads).max(1);
     std::thread::scope(|s| {
-        for (chunk, out) in x.chunks(rows * k).zip(y.chunks_mut(rows * n)) {
+        for (ci, (chunk, out)) in x.chunks(rows * k).zip(y.chunks_mut(rows * n)).enumerate() {
             s.spawn(move || {
-                for (xr, yr) in chunk.chunks_exact(k).zip(out.chunks_exact_mut(n)) {
+                for (ri, (xr, yr)) in chunk
+                    .chunks_exact(k)
+                    .zip(out.chunks_exact_mut(n))
+                    .enumerate()
+                {
+                    let row = ci * rows + ri;
                     for (j, (wr, yv)) in w.chunks_exact(k).zip(yr.iter_mut()).enumerate() {
-                        let acc = dot(xr, wr);
-                        *yv = postprocess(acc, bias[j], relu, rq[j]);
+                        let p = part_in.map_or(0, |p| p[row * n + j]);
+                        *yv = dot(xr, wr).wrapping_add(p);
                     }
                 }
             });

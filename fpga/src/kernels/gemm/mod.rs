@@ -35,6 +35,14 @@ pub mod pack;
 
 pub use pack::{pack_params, pack_w, pad_x, pad8};
 
+/// `mode` bit 0, ACC_IN: the int32 partial sums in `part` (`[M][Np]`, row-major, little
+/// endian) are added to the tile's sums before the epilogue (or before PART_OUT).
+pub const MODE_ACC_IN: u32 = 1;
+/// `mode` bit 1, PART_OUT: the tile's int32 sums (plus the partials read in with ACC_IN) are
+/// written to `part` instead of y; no bias, ReLU or requantisation (a pass that is not a
+/// K split's last).
+pub const MODE_PART_OUT: u32 = 2;
+
 /// Columns of the array: the 8 int8 weights of one 64-bit read word.
 pub const COLS: usize = 8;
 
@@ -119,6 +127,8 @@ impl KernelCore for GemmCore {
                 ArgDesc::scalar("n"),
                 ArgDesc::scalar("k"),
                 ArgDesc::scalar("relu"),
+                ArgDesc::pointer("part", "int*"),
+                ArgDesc::scalar("mode"),
             ],
         }
     }
@@ -175,6 +185,20 @@ fn gemm_verilog(p: &GemmCore) -> String {
             "always @(posedge clock) begin\n    if (pb_we && c_widx[2:0] == 3'd{c}) pb_{c}[c_widx[{hi}:3]] <= rd_data[53:0];\n    if (ro_prm) prm_{c} <= pb_{c}[ro_nt[{hn}:0]];\nend",
             hi = ant + 2,
             hn = ant - 1
+        );
+    }
+    // ---- int32 partials read in (ACC_IN), double buffered by tile parity ----
+    for c in 0..COLS {
+        let _ = writeln!(
+            decl,
+            "reg [31:0] pib_{c} [0:{last}];\nwire [31:0] pin_{c} = acc_in_q ? pib_{c}[{{ro_par, ro_r}}] : 32'd0;",
+            last = 2 * (1usize << ar) - 1
+        );
+        let _ = writeln!(
+            seq,
+            "always @(posedge clock) if (pi_we && c_widx[1:0] == 2'd{w}) pib_{c}[{{c_tpar, c_r}}] <= rd_data[{lo} +: 32];",
+            w = c / 2,
+            lo = 32 * (c % 2)
         );
     }
     // ---- skew lines: row r's x and flag delayed r steps, column c's w delayed c steps ----
@@ -270,17 +294,26 @@ fn gemm_verilog(p: &GemmCore) -> String {
     let _ = writeln!(comb, "        default: ;\n    endcase\nend");
     let mut lanes = String::new();
     let mut ywords = Vec::new();
+    let pwords: Vec<String> = (0..COLS / 2)
+        .map(|w| format!("{{vw_{}, vw_{}}}", 2 * w + 1, 2 * w))
+        .collect();
+    let mut pmux = String::new();
+    for (w, word) in pwords.iter().enumerate() {
+        let _ = writeln!(pmux, "        2'd{w}: wr_data = {word};");
+    }
     for c in 0..COLS {
         let _ = writeln!(
             decl,
-            "reg signed [31:0] v_{c}; reg signed [48:0] pm_{c}; reg [7:0] y_{c};\n\
-             wire signed [31:0] vb_{c} = shr_{c} + prm_{c}[31:0];\n\
+            "reg signed [31:0] v_{c}, vm_{c}, vr_{c}, vw_{c}; reg signed [48:0] pm_{c}; reg [7:0] y_{c};\n\
+             wire signed [31:0] vb_{c} = shr_{c} + (part_out_q ? 32'd0 : prm_{c}[31:0]) + pin_{c};\n\
              wire [5:0] sf_{c} = prm_{c}[53:48];\n\
              wire signed [48:0] rd_{c} = (sf_{c} == 6'd0) ? pm_{c} : ((pm_{c} + (49'sd1 <<< (sf_{c} - 6'd1))) >>> sf_{c});"
         );
         let _ = writeln!(
             lanes,
-            "            if (ro_issue) v_{c} <= (relu_q && vb_{c}[31]) ? 32'sd0 : vb_{c};\n\
+            "            if (ro_issue) v_{c} <= (relu_q && !part_out_q && vb_{c}[31]) ? 32'sd0 : vb_{c};\n\
+             \x20           if (pipe_adv) begin vm_{c} <= v_{c}; vr_{c} <= vm_{c}; end\n\
+             \x20           if (wb_take) vw_{c} <= vr_{c};\n\
              \x20           if (pipe_adv) pm_{c} <= v_{c} * $signed({{1'b0, prm_{c}[47:32]}});\n\
              \x20           if (pipe_adv) y_{c} <= (rd_{c} > 49'sd127) ? 8'd127 : ((rd_{c} < -49'sd128) ? 8'h80 : rd_{c}[7:0]);"
         );
@@ -298,14 +331,14 @@ fn gemm_verilog(p: &GemmCore) -> String {
 localparam [31:0] ROWS = 32'd{rows};
 localparam [31:0] K_MAX = 32'd{k_max};
 localparam [31:0] N_MAX = 32'd{n_max};
-localparam [2:0] P_PRM = 3'd0, P_X = 3'd1, P_W = 3'd2, P_FLUSH = 3'd3, P_END = 3'd4, P_IDLE = 3'd7;
+localparam [2:0] P_PRM = 3'd0, P_X = 3'd1, P_W = 3'd2, P_FLUSH = 3'd3, P_END = 3'd4, P_PI = 3'd5, P_IDLE = 3'd7;
 localparam [1:0] W_IDLE = 2'd0, W_REQ = 2'd1, W_DAT = 2'd2;
 
 // ---- run control and arguments ----
 reg running;
 reg [31:0] m_q, n_q, k_q, nt_q, kw_q;
-reg relu_q;
-reg [63:0] px_q, pw_q, pp_q, py_q;
+reg relu_q, acc_in_q, part_out_q;
+reg [63:0] px_q, pw_q, pp_q, py_q, pq_q;
 assign busy = running;
 wire args_ok = (arg0 != 32'd0) && (arg1 != 32'd0) && (arg1[2:0] == 3'd0) && (arg1 <= N_MAX)
             && (arg2 != 32'd0) && (arg2[2:0] == 3'd0) && (arg2 <= K_MAX);
@@ -314,15 +347,16 @@ wire args_ok = (arg0 != 32'd0) && (arg1 != 32'd0) && (arg1[2:0] == 3'd0) && (arg
 reg [2:0] g_ph;
 reg [31:0] g_m0, g_nt;
 reg [{arh}:0] g_r;
-reg [63:0] g_xa, g_wa;
+reg [63:0] g_xa, g_wa, g_pa, g_prow;
 always @* begin
-    rd_req_valid = running && (g_ph == P_PRM || g_ph == P_X || g_ph == P_W);
+    rd_req_valid = running && (g_ph == P_PRM || g_ph == P_X || g_ph == P_W || g_ph == P_PI);
     rd_req_addr = 64'd0;
     rd_req_len = 32'd1;
     case (g_ph)
         P_PRM: begin rd_req_addr = pp_q; rd_req_len = n_q; end
         P_X: begin rd_req_addr = g_xa; rd_req_len = kw_q; end
         P_W: begin rd_req_addr = g_wa; rd_req_len = k_q; end
+        P_PI: begin rd_req_addr = g_pa; rd_req_len = 32'd4; end
         default: ;
     endcase
 end
@@ -332,7 +366,8 @@ wire g_last_row = ({{{pad}'d0, g_r}} + 32'd1 == ROWS) || (g_m0 + {{{pad}'d0, g_r
 reg [2:0] c_ph;
 reg [31:0] c_m0, c_nt, c_widx;
 reg [{arh}:0] c_r;
-reg [63:0] c_yrow;
+reg [63:0] c_yrow, c_prow;
+reg c_tpar;
 wire c_last_row = ({{{pad}'d0, c_r}} + 32'd1 == ROWS) || (c_m0 + {{{pad}'d0, c_r}} + 32'd1 >= m_q);
 wire xb_we = running && c_ph == P_X && rd_data_valid;
 wire pb_we = running && c_ph == P_PRM && rd_data_valid;
@@ -345,31 +380,35 @@ reg [7:0] fl_cnt;
 wire w_take = running && c_ph == P_W && rd_data_valid && (c_widx != 32'd0 || flag_ok);
 wire fl_step = running && c_ph == P_FLUSH && (fl_sent || flag_ok) && (fl_cnt != 8'd0 || !fl_sent);
 // a tile shorter than the array's depth: zero steps move the pending flag on (x * 0 adds 0)
-wire bubble = running && cap_pending && ((c_ph == P_W && c_widx == 32'd0) || (c_ph == P_FLUSH && !fl_sent));
+wire bubble = running && cap_pending && ((c_ph == P_W && c_widx == 32'd0) || c_ph == P_PI || (c_ph == P_FLUSH && !fl_sent));
 wire adv = w_take || fl_step || bubble;
 wire flag_now = (w_take && c_widx == 32'd0) || (fl_step && !fl_sent);
-always @* rd_data_ready = running && (c_ph == P_PRM || c_ph == P_X || (c_ph == P_W && (c_widx != 32'd0 || flag_ok)));
+always @* rd_data_ready = running && (c_ph == P_PRM || c_ph == P_X || (c_ph == P_PI && pi_ok) || (c_ph == P_W && (c_widx != 32'd0 || flag_ok)));
 
+// partials of the next tile may not overwrite a buffer whose read-out is pending or running
+wire pi_ok = !(ro_busy && ro_par == c_tpar) && !(cap_pending && cap_has && cap_par == c_tpar);
+wire pi_we = running && c_ph == P_PI && rd_data_valid && pi_ok;
 // ---- stage 0: the W word and the x bank words of this k ----
 reg [63:0] s0w;
 reg s0_flag;
 reg [2:0] s0_sel;
 
 // the capture in flight: which tile the flag's wavefront is collecting
-reg has_prev, cap_has;
+reg has_prev, cap_has, prev_par, cap_par;
 reg [31:0] prev_m0, prev_nt, cap_m0, cap_nt;
-reg [63:0] prev_ybase, cap_ybase;
+reg [63:0] prev_ybase, cap_ybase, prev_pbase, cap_pbase;
 
 // ---- read-out ----
 // rows flow through add -> multiply -> round (one row per stage), then a one-word writer
-reg ro_prm, ro_iss;
+reg ro_prm, ro_iss, ro_par;
 reg [{arh}:0] ro_r;
 reg [31:0] ro_m0, ro_nt;
-reg [63:0] ro_addr, a_addr, m_addr, r_addr, w_addr;
+reg [63:0] ro_addr, ro_paddr, a_addr, m_addr, r_addr, w_addr;
 reg a_v, m_v, r_v;
-reg [1:0] w_st;
+reg [1:0] w_st, w_b;
 reg [63:0] w_word;
-wire wb_take = r_v && (w_st == W_IDLE || (w_st == W_DAT && wr_data_ready));
+wire w_lastb = !part_out_q || w_b == 2'd3;
+wire wb_take = r_v && (w_st == W_IDLE || (w_st == W_DAT && wr_data_ready && w_lastb));
 wire pipe_adv = !r_v || wb_take;
 wire ro_issue = ro_busy && !ro_prm && ro_iss && pipe_adv;
 wire ro_last = ({{{pad}'d0, ro_r}} + 32'd1 == ROWS) || (ro_m0 + {{{pad}'d0, ro_r}} + 32'd1 >= m_q);
@@ -398,8 +437,10 @@ always @(posedge clock) begin
             if (args_ok) begin
                 running <= 1'b1;
                 m_q <= arg0; n_q <= arg1; k_q <= arg2; relu_q <= arg3[0];
+                acc_in_q <= arg4[0]; part_out_q <= arg4[1];
                 nt_q <= arg1 >> 3; kw_q <= arg2 >> 3;
-                px_q <= ptr0; pw_q <= ptr1; pp_q <= ptr2; py_q <= ptr3;
+                px_q <= ptr0; pw_q <= ptr1; pp_q <= ptr2; py_q <= ptr3; pq_q <= ptr4;
+                g_prow <= ptr4; c_prow <= ptr4; c_tpar <= 1'b0;
                 g_ph <= P_PRM; c_ph <= P_PRM;
                 g_m0 <= 32'd0; g_nt <= 32'd0; g_r <= 0; g_xa <= ptr0; g_wa <= ptr1;
                 c_m0 <= 32'd0; c_nt <= 32'd0; c_r <= 0; c_widx <= 32'd0; c_yrow <= ptr3;
@@ -416,17 +457,29 @@ always @(posedge clock) begin
                 P_PRM: g_ph <= P_X;
                 P_X: begin
                     g_xa <= g_xa + {{32'd0, k_q}};
-                    if (g_last_row) begin g_ph <= P_W; g_nt <= 32'd0; g_wa <= pw_q; end
+                    if (g_last_row) begin
+                        g_ph <= acc_in_q ? P_PI : P_W; g_nt <= 32'd0; g_wa <= pw_q;
+                        g_r <= 0; g_pa <= g_prow;
+                    end
+                    else g_r <= g_r + 1'b1;
+                end
+                P_PI: begin
+                    g_pa <= g_pa + {{30'd0, n_q, 2'd0}};
+                    if (g_last_row) begin g_ph <= P_W; g_r <= 0; end
                     else g_r <= g_r + 1'b1;
                 end
                 P_W: begin
                     g_wa <= g_wa + {{29'd0, k_q, 3'd0}};
+                    g_r <= 0;
                     if (g_nt + 32'd1 == nt_q) begin
                         g_nt <= 32'd0;
-                        g_r <= 0;
+                        g_prow <= g_prow + {{30'd0, n_q, 2'd0}} * ROWS;
                         if (g_m0 + ROWS >= m_q) g_ph <= P_END;
                         else begin g_ph <= P_X; g_m0 <= g_m0 + ROWS; end
-                    end else g_nt <= g_nt + 32'd1;
+                    end else begin
+                        g_nt <= g_nt + 32'd1;
+                        if (acc_in_q) begin g_ph <= P_PI; g_pa <= g_prow + {{27'd0, g_nt + 32'd1, 5'd0}}; end
+                    end
                 end
                 default: ;
             endcase
@@ -440,18 +493,32 @@ always @(posedge clock) begin
             P_X: if (rd_data_valid) begin
                 if (c_widx + 32'd1 == kw_q) begin
                     c_widx <= 32'd0;
-                    if (c_last_row) begin c_ph <= P_W; c_nt <= 32'd0; end
+                    if (c_last_row) begin c_ph <= acc_in_q ? P_PI : P_W; c_nt <= 32'd0; c_r <= 0; end
+                    else c_r <= c_r + 1'b1;
+                end else c_widx <= c_widx + 32'd1;
+            end
+            P_PI: if (pi_we) begin
+                if (c_widx[1:0] == 2'd3) begin
+                    c_widx <= 32'd0;
+                    if (c_last_row) begin c_ph <= P_W; c_r <= 0; end
                     else c_r <= c_r + 1'b1;
                 end else c_widx <= c_widx + 32'd1;
             end
             P_W: if (w_take) begin
                 if (c_widx + 32'd1 == k_q) begin
                     c_widx <= 32'd0;
+                    c_tpar <= !c_tpar;
                     if (c_nt + 32'd1 == nt_q) begin
                         c_nt <= 32'd0; c_r <= 0;
                         if (c_m0 + ROWS >= m_q) begin c_ph <= P_FLUSH; fl_sent <= 1'b0; fl_cnt <= 8'd0; end
-                        else begin c_ph <= P_X; c_m0 <= c_m0 + ROWS; c_yrow <= c_yrow + ROWS * n_q; end
-                    end else c_nt <= c_nt + 32'd1;
+                        else begin
+                            c_ph <= P_X; c_m0 <= c_m0 + ROWS; c_yrow <= c_yrow + ROWS * n_q;
+                            c_prow <= c_prow + {{30'd0, n_q, 2'd0}} * ROWS;
+                        end
+                    end else begin
+                        c_nt <= c_nt + 32'd1;
+                        if (acc_in_q) c_ph <= P_PI;
+                    end
                 end else c_widx <= c_widx + 32'd1;
             end
             P_FLUSH: begin
@@ -470,14 +537,17 @@ always @(posedge clock) begin
         if (adv && flag_now) begin
             cap_pending <= 1'b1;
             cap_has <= has_prev; cap_m0 <= prev_m0; cap_nt <= prev_nt; cap_ybase <= prev_ybase;
+            cap_par <= prev_par; cap_pbase <= prev_pbase;
             has_prev <= (c_ph == P_W);
             prev_m0 <= c_m0; prev_nt <= c_nt; prev_ybase <= c_yrow + {{29'd0, c_nt, 3'd0}};
+            prev_par <= c_tpar; prev_pbase <= c_prow + {{27'd0, c_nt, 5'd0}};
         end
         if (adv && {last_flag}) begin
             cap_pending <= 1'b0;
             if (cap_has) begin
                 ro_busy <= 1'b1; ro_prm <= 1'b1; ro_iss <= 1'b1; ro_r <= 0;
                 ro_m0 <= cap_m0; ro_nt <= cap_nt; ro_addr <= cap_ybase;
+                ro_paddr <= cap_pbase; ro_par <= cap_par;
             end
         end
         // read-out
@@ -485,17 +555,20 @@ always @(posedge clock) begin
         if (ro_issue) begin
             ro_r <= ro_r + 1'b1;
             ro_addr <= ro_addr + {{32'd0, n_q}};
+            ro_paddr <= ro_paddr + {{30'd0, n_q, 2'd0}};
             if (ro_last) ro_iss <= 1'b0;
         end
         if (pipe_adv) begin
-            a_v <= ro_issue; a_addr <= ro_addr;
+            a_v <= ro_issue; a_addr <= part_out_q ? ro_paddr : ro_addr;
             m_v <= a_v; m_addr <= a_addr;
             r_v <= m_v; r_addr <= m_addr;
         end
         if (wb_take) begin
-            w_st <= W_REQ; w_addr <= r_addr; w_word <= {{{yword}}};
+            w_st <= W_REQ; w_addr <= r_addr; w_word <= {{{yword}}}; w_b <= 2'd0;
         end else if (w_st == W_REQ && wr_req_ready) w_st <= W_DAT;
-        else if (w_st == W_DAT && wr_data_ready) w_st <= W_IDLE;
+        else if (w_st == W_DAT && wr_data_ready) begin
+            if (w_lastb) w_st <= W_IDLE; else w_b <= w_b + 2'd1;
+        end
         if (ro_busy && !ro_prm && !ro_iss && !a_v && !m_v && !r_v && w_st == W_IDLE) ro_busy <= 1'b0;
     end
     if (!reset) begin
@@ -505,9 +578,12 @@ end
 always @* begin
     wr_req_valid = (w_st == W_REQ);
     wr_req_addr = w_addr;
-    wr_req_len = 32'd1;
+    wr_req_len = part_out_q ? 32'd4 : 32'd1;
     wr_data_valid = (w_st == W_DAT);
     wr_data = w_word;
+    if (part_out_q) case (w_b)
+{pmux}        default: ;
+    endcase
     wr_strb = 8'hFF;
 end
 
@@ -522,6 +598,7 @@ endmodule // gemm_core
         pad = 32 - ar,
         flush = rows + COLS + 2,
         last_flag = last_flag,
+        pmux = pmux,
     )
 }
 
@@ -554,6 +631,8 @@ mod tests {
             ("n", 0x38),
             ("k", 0x40),
             ("relu", 0x48),
+            ("part", 0x50),
+            ("mode", 0x58),
         ];
         assert_eq!(offs, want.map(|(n, o)| (n.to_string(), o)).to_vec());
     }

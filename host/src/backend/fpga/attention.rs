@@ -1,11 +1,13 @@
 //! `attention` on the streaming attention kernel (`tandem_fpga::kernels::attention`), one
-//! (batch, query head) problem per launch (`tandem_fpga::drive::run_attention`).
+//! launch per (batch, GQA group) and K/V range (`tandem_fpga::drive::run_attention_split`:
+//! the query heads of a kv head in one launch sharing one K/V load; any number of keys, split
+//! into ranges of the build's `nkv_max` whose parts are merged per row).
 //!
-//! At the boundary each launch's tensors are quantised to int8 per tensor (symmetric,
-//! `max|x| / 127`, as `fpga::golden::attention` is specified and tested): the query plane of
-//! head h, and the key and value planes of its kv head h / (Hq / Hkv) (quantised once per kv
-//! head, written to the card once and shared by its query group; the driver pads the head
-//! dimension to a multiple of 8). The softmax scale goes into the kernel's score multiplier
+//! At the boundary the tensors are quantised to int8 per tensor (symmetric, `max|x| / 127`,
+//! as `fpga::golden::attention` is specified and tested): the query planes of a GQA group
+//! (the heads h with the same kv head h / (Hq / Hkv)) with one scale, so they share one
+//! score multiplier and one launch, and the key and value planes of each kv head (written to
+//! the card once; the driver pads the head dimension to a multiple of 8). The softmax scale goes into the kernel's score multiplier
 //! (`AttentionConfig::score_multiplier(scale, sq, sk)`); o comes back as int16 in units of
 //! `sv / 256` and is dequantised; `lse` is computed from the kernel's per-row running
 //! exponent and sum, `ln 2 (e + log2(l / 2^15))` (`AttentionOut::lse`), -inf for rows that
@@ -13,7 +15,7 @@
 
 use std::time::Duration;
 
-use tandem_fpga::golden::attention::{AttentionConfig, AttentionOut, MAX_NKV};
+use tandem_fpga::golden::attention::{AttentionConfig, AttentionOut};
 use tandem_fpga::golden::gemm as gq;
 use tandem_fpga::kernels::attention::AttentionCore;
 use tandem_fpga::kernels::gemm::pad8;
@@ -38,16 +40,21 @@ pub const MAX_SIM_CYCLES: u64 = 1 << 22;
 pub const MAX_MODEL_CYCLES: u64 = 1 << 34;
 
 /// The attention builds the backend loads (each on its own card, at its first launch),
-/// smallest first: 64 + 64 and 128 + 128 MAC lanes (head dim up to 64 and 128), both with
-/// 512 keys on chip and 16-key softmax tiles. A launch uses the smallest that takes its
-/// (padded) head dimension, so the MAC arrays stay as busy as the shape allows.
-pub fn builds() -> [(&'static str, AttentionCore); 2] {
+/// smallest first: 64 + 64, 128 + 128 and 256 + 256 MAC lanes (head dim up to 64, 128 and
+/// 256), all with 512 keys on chip per launch (longer K/V runs as several launches) and
+/// 16-key softmax tiles. A launch uses the smallest that takes its (padded) head dimension,
+/// so the MAC arrays stay as busy as the shape allows.
+pub fn builds() -> [(&'static str, AttentionCore); 3] {
     let core = |d_max| AttentionCore {
         d_max,
         nkv_max: 512,
         kv_tile: 16,
     };
-    [("attention_d64", core(64)), ("attention_d128", core(128))]
+    [
+        ("attention_d64", core(64)),
+        ("attention_d128", core(128)),
+        ("attention_d256", core(256)),
+    ]
 }
 
 /// The build head dims up to 64 (the default layer's) run on.
@@ -67,18 +74,23 @@ pub fn pick(
         .copied()
 }
 
-/// Estimated kernel cycles of the whole op on `core` (all heads, run one after another):
-/// `tandem_fpga::timing::attention_cycles` per head (within 5% of the RTL's cycles).
+/// Estimated kernel cycles of the whole op on `core` as the driver runs it (one launch per
+/// GQA group of at most `drive::attention::MAX_GROUP` heads and K/V range):
+/// `tandem_fpga::timing::attention_split_cycles` (within 5% of the RTL's cycles).
 pub fn estimate_cycles(core: &AttentionCore, causal: bool, s: &AttentionShape) -> u64 {
-    let per_head = timing::attention_cycles(
+    let group = (s.hq / s.hkv.max(1)).max(1);
+    let per = group.min(drive::attention::MAX_GROUP);
+    let groups = (s.b * s.hkv * group.div_ceil(per)) as u64;
+    timing::attention_split_cycles(
         core,
         s.nq as u64,
         s.nkv as u64,
         pad8(s.d) as u64,
         causal,
+        groups,
+        per as u64,
         &MemTiming::default(),
-    );
-    ((s.b * s.hq) as u64).saturating_mul(per_head)
+    )
 }
 
 /// Whether one of `builds` takes this attention.
@@ -101,14 +113,12 @@ pub fn support(
             s.d
         ));
     };
-    if s.nkv > core.nkv_max as usize || s.nkv > MAX_NKV {
+    // K/V longer than the build's nkv_max runs as several launches (merged per row)
+    if s.nq.saturating_mul(drive::attention::MAX_GROUP) > 1 << 30 || s.nkv > 1 << 30 {
         return Support::No(format!(
-            "kv length {} exceeds the attention build's nkv_max = {}",
-            s.nkv, core.nkv_max
+            "query length {} or kv length {} is beyond the kernel's 2^30 rows per launch",
+            s.nq, s.nkv
         ));
-    }
-    if u32::try_from(s.nq).is_err() {
-        return Support::No(format!("query length {} does not fit 32 bits", s.nq));
     }
     let cycles = estimate_cycles(&core, p.causal, &s);
     if cycles > max_cycles {
@@ -166,7 +176,13 @@ impl AttentionJob {
         for b in 0..s.b {
             for h in 0..s.hq {
                 let plane = b * s.hq + h;
-                let (qq, sq) = gq::quantize_per_tensor(&q[plane * qp..(plane + 1) * qp]);
+                // one scale for the query planes of the group, so they share a launch
+                let g0 = b * s.hq + h / group * group;
+                let sq = gq::scale_of(&q[g0 * qp..(g0 + group) * qp]);
+                let qq: Vec<i8> = q[plane * qp..(plane + 1) * qp]
+                    .iter()
+                    .map(|&x| gq::quantize_value(x, sq))
+                    .collect();
                 let kvi = b * s.hkv + h / group;
                 let sk = kv[kvi].2;
                 let (mult, shift) =
@@ -197,10 +213,12 @@ impl AttentionJob {
         self.s.nq == 0 || self.s.nkv == 0
     }
 
-    /// Runs every head on `dev`, each kv head's K and V written once.
+    /// Runs every head on `dev` (loaded with the build `core`): one launch per GQA group and
+    /// K/V range of at most `core.nkv_max` keys, each kv head's K and V written once.
     pub(super) fn run(
         &self,
         dev: &mut dyn FpgaDevice,
+        core: &AttentionCore,
         timeout: Duration,
     ) -> std::result::Result<(Vec<AttentionOut>, RunStats), FpgaError> {
         let dims = drive::AttentionDims {
@@ -224,7 +242,7 @@ impl AttentionJob {
                 score_shift: *score_shift,
             })
             .collect();
-        drive::run_attention(dev, dims, &kv, &heads, timeout)
+        drive::run_attention_split(dev, core.nkv_max as usize, dims, &kv, &heads, timeout)
     }
 
     /// o and lse from the kernel's per-head outputs (none when [`Self::is_empty`]): o
@@ -281,21 +299,22 @@ mod tests {
         let core = builds();
         assert_eq!(pick(&core, 20).map(|b| b.1.d_max), Some(64));
         assert_eq!(pick(&core, 72).map(|b| b.1.d_max), Some(128));
-        assert_eq!(pick(&core, 130), None);
+        assert_eq!(pick(&core, 130).map(|b| b.1.d_max), Some(256));
+        assert_eq!(pick(&core, 260), None);
         let p = AttentionParams::default();
         let m = |b, h, n, d| TensorMeta::new(vec![b, h, n, d], DType::F32);
         let ok = [m(1, 4, 24, 16), m(1, 2, 24, 16), m(1, 2, 24, 16)];
         assert_eq!(support(&core, &p, &ok, MAX_SIM_CYCLES), Support::Native);
-        let wide = [m(1, 2, 8, 136), m(1, 2, 8, 136), m(1, 2, 8, 136)];
+        let wide = [m(1, 2, 8, 264), m(1, 2, 8, 264), m(1, 2, 8, 264)];
         assert!(matches!(
             support(&core, &p, &wide, MAX_SIM_CYCLES),
             Support::No(_)
         ));
+        // K/V past nkv_max and head dims up to 256 are taken
         let long = [m(1, 2, 8, 16), m(1, 2, 600, 16), m(1, 2, 600, 16)];
-        assert!(matches!(
-            support(&core, &p, &long, MAX_SIM_CYCLES),
-            Support::No(_)
-        ));
+        assert_eq!(support(&core, &p, &long, MAX_SIM_CYCLES), Support::Native);
+        let d256 = [m(1, 2, 8, 256), m(1, 2, 8, 256), m(1, 2, 8, 256)];
+        assert_eq!(support(&core, &p, &d256, MAX_SIM_CYCLES), Support::Native);
         let many = [m(64, 32, 512, 64), m(64, 8, 512, 64), m(64, 8, 512, 64)];
         assert!(matches!(
             support(&core, &p, &many, MAX_SIM_CYCLES),

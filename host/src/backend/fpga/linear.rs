@@ -1,7 +1,9 @@
 //! `linear` (no activation or ReLU) on the GEMM kernel (`tandem_fpga::kernels::gemm`):
 //! x per tensor and w per output channel quantised to int8, int32 bias, y requantised to int8
 //! at a scale calibrated on up to 16 rows of x and dequantised on the host
-//! (`fpga::golden::gemm::QuantLinear`).
+//! (`fpga::golden::gemm::QuantLinear`). Any N and K: beyond the build's `n_max` / `k_max` the
+//! driver (`tandem_fpga::drive::run_gemm_split`) runs column chunks and K passes whose int32
+//! partial sums stay in device memory, bit for bit the single-launch result.
 
 use std::time::Duration;
 
@@ -24,9 +26,10 @@ pub(super) const MAX_SIM_MACS: u128 = 1 << 26;
 /// Largest linear the modelled card takes (the golden GEMM's time on the host).
 pub(super) const MAX_MODEL_MACS: u128 = 1 << 37;
 
-/// Whether the GEMM build `core` takes this linear.
+/// Whether the GEMM build takes this linear: any N and K (past the build's `n_max` /
+/// `k_max` as column chunks and K passes), up to `max_macs` multiply-adds.
 pub(super) fn support(
-    core: &GemmCore,
+    _core: &GemmCore,
     p: &LinearParams,
     inputs: &[TensorMeta],
     max_macs: u128,
@@ -36,12 +39,6 @@ pub(super) fn support(
     };
     if !matches!(p.act, Activation::None | Activation::Relu) {
         return Support::No(format!("the GEMM kernel has ReLU only, not {:?}", p.act));
-    }
-    if n > core.n_max as usize || k > core.k_max as usize {
-        return Support::No(format!(
-            "N = {n}, K = {k} exceed the GEMM build (n_max = {}, k_max = {})",
-            core.n_max, core.k_max
-        ));
     }
     if (m as u128) * (n as u128) * (k as u128) > max_macs {
         return Support::No(format!(
@@ -108,8 +105,9 @@ impl LinearJob {
         timeout: Duration,
     ) -> std::result::Result<(Vec<i8>, RunStats), FpgaError> {
         let ql = &self.ql;
-        drive::run_gemm(
+        drive::run_gemm_split(
             dev,
+            &super::gemm_build(),
             &self.xq,
             &ql.w,
             &ql.bias,

@@ -38,7 +38,6 @@ use std::time::Duration;
 use tandem_fpga::core::KernelCore;
 use tandem_fpga::kernels::attention::AttentionCore;
 use tandem_fpga::kernels::gemm::GemmCore;
-use tandem_fpga::kernels::gemm::pad8;
 use tandem_fpga::kernels::router::RouterCore;
 use tandem_fpga::kernels::vecops::VecopsCore;
 use tandem_fpga::shell::ShellConfig;
@@ -174,7 +173,7 @@ pub struct FpgaBackend {
     modelled: Option<OpenDevice>,
     router: RouterCore,
     gemm: GemmCore,
-    attention: [(&'static str, AttentionCore); 2],
+    attention: [(&'static str, AttentionCore); 3],
     vecops: VecopsCore,
     /// One card per kernel build and mode (the first Verilator build of a kernel takes a
     /// while; later ones load from the cache).
@@ -223,7 +222,8 @@ impl FpgaBackend {
                 "kernels".into(),
                 format!(
                     "router (e_max={}, k_max={}), gemm (rows={}, k_max={}, n_max={}), \
-                     attention (d_max={} and {}, nkv_max={}, kv_tile={}), vecops (n_max={})",
+                     attention (d_max={}, {} and {}, nkv_max={} per launch, kv_tile={}), \
+                     vecops (n_max={})",
                     router.e_max,
                     router.k_max,
                     gemm.rows,
@@ -231,6 +231,7 @@ impl FpgaBackend {
                     gemm.n_max,
                     attention[0].1.d_max,
                     attention[1].1.d_max,
+                    attention[2].1.d_max,
                     attention[0].1.nkv_max,
                     attention[0].1.kv_tile,
                     vecops.n_max
@@ -304,8 +305,9 @@ impl FpgaBackend {
             }
             Op::Linear(p) => {
                 let (m, n, k) = p.mnk(inputs).ok()?;
-                let (np, kp) = (pad8(n) as u64, pad8(k) as u64);
-                Some(timing::gemm_cycles(&self.gemm, m as u64, np, kp, &mem))
+                Some(timing::gemm_split_cycles(
+                    &self.gemm, m as u64, n as u64, k as u64, &mem,
+                ))
             }
             Op::Attention(p) => {
                 let s = p.shape(inputs).ok()?;
@@ -510,7 +512,7 @@ impl Backend for FpgaBackend {
                             Error::Internal("no attention build for this shape".into())
                         })?;
                     let ((heads, st), clock) = self.with_card(name, &core, modelled, |dev| {
-                        job.run(dev, deadline.remaining())
+                        job.run(dev, &core, deadline.remaining())
                     })?;
                     (heads, st.cycles, clock)
                 };

@@ -1,0 +1,53 @@
+//! Projected cycles, time and throughput at the target clock from the analytic cycle models
+//! (`tandem_fpga::timing`, within 5% of the RTL on the shapes `sim/tests/cycle_model.rs`
+//! checks) for the U55C-sized builds: GEMM T4096 x 4096 x 4096 and attention N 4096, d 128,
+//! causal and not, one head, and a GQA group of 4 heads. `cargo run -p tandem-fpga --example
+//! project_cycles`.
+
+use tandem_fpga::DEFAULT_CLOCK_MHZ;
+use tandem_fpga::kernels::attention::AttentionCore;
+use tandem_fpga::kernels::gemm::GemmCore;
+use tandem_fpga::timing::{self, MemTiming};
+
+fn line(what: &str, cycles: u64, ops: f64) {
+    let secs = cycles as f64 / (DEFAULT_CLOCK_MHZ * 1e6);
+    println!(
+        "{what}: {cycles} cycles, {:.2} ms at {DEFAULT_CLOCK_MHZ} MHz, {:.1} GOPS",
+        secs * 1e3,
+        ops / secs / 1e9
+    );
+}
+
+fn main() {
+    let mem = MemTiming::default();
+    let g = GemmCore::u55c();
+    let (m, n, k) = (4096u64, 4096u64, 4096u64);
+    let c = timing::gemm_split_cycles(&g, m, n, k, &mem);
+    line(
+        &format!("GEMM {m}x{n}x{k} on rows {} (k_max {})", g.rows, g.k_max),
+        c,
+        2.0 * (m * n * k) as f64,
+    );
+    let c = timing::gemm_split_cycles(&g, m, n, 14336, &mem);
+    line(
+        &format!("GEMM {m}x{n}x14336 (K split into passes of {})", g.k_max),
+        c,
+        2.0 * (m * n * 14336) as f64,
+    );
+    let a = AttentionCore::u55c();
+    let (nq, d) = (4096u64, 128u64);
+    for causal in [false, true] {
+        let pairs = timing::visible_pairs(causal, nq, nq) as f64;
+        for heads in [1u64, 4] {
+            let c = timing::attention_split_cycles(&a, nq, nq, d, causal, 1, heads, &mem);
+            line(
+                &format!(
+                    "attention N {nq} d {d} causal {causal}, {heads} head(s) of a group on d_max {} nkv_max {}",
+                    a.d_max, a.nkv_max
+                ),
+                c,
+                4.0 * (d as f64) * pairs * heads as f64,
+            );
+        }
+    }
+}
