@@ -303,9 +303,7 @@ impl BenchShape {
             | OpKind::SplitHeads
             | OpKind::MergeHeads
             | OpKind::Nop
-            | OpKind::Embedding => {
-                op.name().to_string()
-            }
+            | OpKind::Embedding => op.name().to_string(),
         }
     }
 }

@@ -116,11 +116,7 @@ pub fn run(args: &OpArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
             base: args.base,
             position_offset: args.position_offset,
         }),
-        OpKind::Add
-        | OpKind::SplitHeads
-        | OpKind::MergeHeads
-        | OpKind::Nop
-        | OpKind::Embedding => {
+        OpKind::Add | OpKind::SplitHeads | OpKind::MergeHeads | OpKind::Nop | OpKind::Embedding => {
             bail!("{} is a graph op: tandem op does not run it alone", args.op)
         }
     };

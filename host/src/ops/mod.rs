@@ -20,8 +20,8 @@ use ndarray::ArrayD;
 use serde::{Deserialize, Serialize};
 
 pub use attention::AttentionParams;
-pub use embedding::EmbeddingParams;
 pub use attention_decode::AttentionDecodeParams;
+pub use embedding::EmbeddingParams;
 pub use layout::SplitHeadsParams;
 pub use linear::{Activation, LinearParams};
 pub use moe::{MoeExpertsParams, MoeRouteParams};

@@ -210,11 +210,12 @@ impl CudaBackend {
         let buf = self.pool.alloc(bytes)?;
         if bytes > 0 {
             let src: &[u8] = bytemuck::cast_slice(&v);
-            self.up.upload(buf.ptr(), bytes, 4, self.dev.copy_stream, |off, stage| {
-                let n = stage.len();
-                stage.copy_from_slice(&src[off..off + n]);
-                Ok(())
-            })?;
+            self.up
+                .upload(buf.ptr(), bytes, 4, self.dev.copy_stream, |off, stage| {
+                    let n = stage.len();
+                    stage.copy_from_slice(&src[off..off + n]);
+                    Ok(())
+                })?;
             self.order_after_copies()?;
         }
         Ok(self.wrap(
