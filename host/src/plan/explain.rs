@@ -20,9 +20,10 @@ pub fn explain(graph: &Graph, plan: &Plan) -> String {
     );
     for (n, p) in graph.nodes.iter().zip(&plan.placements) {
         let lossy = if p.numerics.is_lossy() { "~" } else { "" };
-        let from = match p.history_samples {
-            Some(k) => format!("hist n={k}"),
-            None => "model".into(),
+        let from = match (p.history_samples, p.calibrated) {
+            (Some(k), _) => format!("hist n={k}"),
+            (None, Some(_)) => "calibrated".into(),
+            (None, None) => "model".into(),
         };
         s.push_str(&format!(
             "{:<22} {:<12} -> {:<12} {:>11.3}  {:<10} [{}]\n",
