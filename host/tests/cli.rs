@@ -220,7 +220,7 @@ fn bad_flags_are_usage_errors() {
         &planned,
     );
     assert_usage_error(&["bench", "rope", "--backend", "auto"], "auto", kinds);
-    let ops = "attention, moe-route, moe-experts, linear, rmsnorm, rope";
+    let ops = "attention, attention-decode, moe-route, moe-experts, linear, rmsnorm, rope";
     // `tandem bench` also measures copies (`transfer`).
     let targets = format!("{ops}, transfer");
     assert_usage_error(&["bench", "matmul"], "matmul", &targets);
