@@ -91,6 +91,21 @@ impl Buffer {
         b
     }
 
+    /// A buffer holding a shared host tensor (a graph's input), without copying it.
+    pub fn from_shared(name: impl Into<String>, tensor: Arc<Tensor>) -> Self {
+        let meta = tensor.meta();
+        let b = Self::empty(name, meta.clone());
+        {
+            let mut s = b.lock();
+            s.by_device.insert(
+                DeviceId::CPU,
+                Replica::uncharged(DeviceStorage::shared(DeviceId::CPU, meta, tensor)),
+            );
+            s.valid = vec![DeviceId::CPU];
+        }
+        b
+    }
+
     /// A buffer with no data yet (an op's output before it runs).
     pub fn empty(name: impl Into<String>, meta: TensorMeta) -> Self {
         Self {
@@ -320,7 +335,10 @@ impl Buffer {
         if to == DeviceId::CPU {
             return reg.cpu().upload(host);
         }
-        let out = dst.upload(host)?;
+        let out = match host_replica {
+            Some(h) => dst.upload_storage(&h.storage)?,
+            None => dst.upload(host)?,
+        };
         moved.uploaded += bytes;
         mem.count_transfer(to, Direction::Upload, bytes);
         Ok(out)

@@ -163,3 +163,69 @@ fn uploads_back_to_back_reuse_the_slots_without_mixing_data() {
         );
     }
 }
+
+/// A tensor uploaded again from one host replica is registered in place on its second upload
+/// and then copied from its own pages (f32 raw, rounded on the device by the cast kernel):
+/// every upload gives the same bits as the staged path's host rounding (edge values
+/// included), i32 comes back exact, and the registration goes once nothing else holds the
+/// tensor.
+#[test]
+fn repeated_uploads_from_registered_pages_match_the_staged_bits() {
+    use std::sync::Arc;
+    use tandem::backend::cuda::{CudaBackend, unavailable_reason};
+    use tandem::backend::{Backend, DeviceId, DeviceStorage};
+    if let Some(r) = unavailable_reason(&tandem_tests::cuda::options(CudaDType::default())) {
+        tandem_tests::skip(tandem_tests::Need::Gpu, &r);
+        return;
+    }
+    for dtype in [CudaDType::Bf16, CudaDType::F16] {
+        let be = CudaBackend::open(0, tandem_tests::cuda::options(dtype)).expect("device 0 opens");
+        let v = values();
+        let t = Arc::new(Tensor::from_vec_f32(&[N], v.clone()).expect("tensor"));
+        let staged = be
+            .download(&be.upload(&t).expect("upload"))
+            .expect("download");
+        let host = DeviceStorage::shared(DeviceId::CPU, t.meta(), t.clone());
+        for k in 0..3 {
+            let back = be
+                .download(&be.upload_storage(&host).expect("upload"))
+                .expect("download");
+            let (g, w) = (back.to_f64(), staged.to_f64());
+            let bad = g
+                .iter()
+                .zip(w.iter())
+                .filter(|(a, b)| !same(**a as f32, **b as f32))
+                .count();
+            assert_eq!(bad, 0, "{dtype}: upload {k}: {bad} of {N} values differ");
+            // Registered from the second upload on.
+            let (bytes, tensors) = be.registered_host();
+            assert_eq!(
+                (bytes >= N * 4, tensors),
+                (k >= 1, usize::from(k >= 1)),
+                "upload {k}"
+            );
+        }
+        drop(host);
+        drop(t);
+        // The next registration attempt lets the unheld one go.
+        let ints: Vec<i32> = (0..N as i32).map(|i| i ^ 0x5a5a_5a5a).collect();
+        let ti = Arc::new(Tensor::from_i32(
+            ArrayD::from_shape_vec(IxDyn(&[N]), ints.clone()).expect("shape"),
+        ));
+        let hi = DeviceStorage::shared(DeviceId::CPU, ti.meta(), ti.clone());
+        for _ in 0..2 {
+            let back = be
+                .download(&be.upload_storage(&hi).expect("upload"))
+                .expect("download");
+            match back.data() {
+                HostData::I32(a) => assert!(a.iter().eq(ints.iter()), "i32 values changed"),
+                other => panic!("i32 came back as {:?}", Tensor::new(other.clone()).dtype()),
+            }
+        }
+        assert_eq!(
+            be.registered_host().1,
+            1,
+            "only the i32 tensor stays registered"
+        );
+    }
+}

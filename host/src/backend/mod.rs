@@ -185,6 +185,26 @@ impl DeviceStorage {
         }
     }
 
+    /// Wraps backend-specific storage that is already shared (e.g. a graph's host tensor, so
+    /// that an execution holds it without copying it).
+    pub fn shared<T: Any + Send + Sync>(device: DeviceId, meta: TensorMeta, inner: Arc<T>) -> Self {
+        Self {
+            device,
+            meta,
+            inner,
+        }
+    }
+
+    /// Whether `self` and `other` hold the very same data (not equal data: the same value).
+    pub fn same_data(&self, other: &DeviceStorage) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// A weak reference to the data, to recognise it later without keeping it alive.
+    pub fn downgrade(&self) -> std::sync::Weak<dyn Any + Send + Sync> {
+        Arc::downgrade(&self.inner)
+    }
+
     /// The backend-specific storage, if it is a `T`.
     pub fn downcast<T: Any + Send + Sync>(&self) -> Option<&T> {
         self.inner.downcast_ref::<T>()
@@ -278,6 +298,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     /// Copies a host tensor to the device.
     fn upload(&self, host: &Tensor) -> Result<DeviceStorage>;
+
+    /// Copies the host tensor held by `host` (a CPU replica) to the device. A backend may use
+    /// the storage's identity (the same tensor uploaded again: the CUDA backend then copies
+    /// from its pages pinned in place); by default [`Backend::upload`].
+    fn upload_storage(&self, host: &DeviceStorage) -> Result<DeviceStorage> {
+        self.upload(host.host_tensor("CPU")?)
+    }
 
     /// Copies a host tensor that will be input `input` of `op` to the device: a backend may
     /// store it in another precision for that op (the CUDA backend keeps `moe_route`'s logits

@@ -83,7 +83,7 @@ impl RunState {
             .iter()
             .map(|s| match &s.source {
                 Source::Param(t) => resident.buffer(&s.name, t),
-                Source::Input(t) => Arc::new(Buffer::from_host(&s.name, (**t).clone())),
+                Source::Input(t) => Arc::new(Buffer::from_shared(&s.name, t.clone())),
                 Source::Output => Arc::new(Buffer::empty(&s.name, s.meta.clone())),
             })
             .collect();

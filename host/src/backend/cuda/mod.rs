@@ -90,6 +90,8 @@ impl CudaStorage {
 #[derive(Debug)]
 pub struct CudaBackend {
     info: DeviceInfo,
+    /// Host tensors pinned in place; released before the device (declared first: dropped first).
+    registered: memory::Registered,
     dev: Arc<device::Device>,
     pool: Arc<memory::Pool>,
     up: memory::Staging,
@@ -129,6 +131,7 @@ impl CudaBackend {
         let blas = blaslt::BlasLt::new(&dev.label, &pool)?;
         Ok(Self {
             info,
+            registered: memory::Registered::new(&dev.label, memory::registered::MAX_BYTES),
             up: memory::Staging::new(&dev.label),
             down: memory::Staging::new(&dev.label),
             kernels: kernels::Kernels::new(&dev.label, dev.arch, compiler),
@@ -225,6 +228,79 @@ impl CudaBackend {
                 phys: DType::F32,
             },
         ))
+    }
+
+    /// Uploads `host` (the tensor of the CPU replica `st`) by DMA straight from its pages when
+    /// they are registered ([`memory::Registered`]: a tensor uploaded the second time or
+    /// later); f32 goes over raw and is rounded to the storage precision on the device, on
+    /// the copy stream. `None`: the caller stages it.
+    fn upload_registered(
+        &self,
+        st: &DeviceStorage,
+        host: &Tensor,
+    ) -> Result<Option<DeviceStorage>> {
+        fn bytes_of<T: bytemuck::Pod>(a: &ndarray::ArrayD<T>) -> Option<&[u8]> {
+            a.as_slice().map(bytemuck::cast_slice)
+        }
+        let half = self.opts.dtype.dtype();
+        let (bytes, phys, cast) = match host.data() {
+            HostData::F32(a) => (
+                bytes_of(a),
+                half,
+                Some(if half == DType::F16 {
+                    "cast_f32_f16"
+                } else {
+                    "cast_f32_bf16"
+                }),
+            ),
+            HostData::BF16(a) if half == DType::BF16 => (bytes_of(a), half, None),
+            HostData::F16(a) if half == DType::F16 => (bytes_of(a), half, None),
+            HostData::I32(a) => (bytes_of(a), DType::I32, None),
+            _ => return Ok(None),
+        };
+        let Some(bytes) = bytes else { return Ok(None) };
+        self.dev.bind()?;
+        let Some(range) = self.registered.range(st, bytes)? else {
+            return Ok(None);
+        };
+        let n = host.meta().numel();
+        let out = self.pool.alloc(n * phys.size())?;
+        let l = &self.dev.label;
+        let copy = self.dev.copy_stream;
+        // SAFETY: the range is registered and kept alive (with its tensor) until the event
+        // `copied` records completes.
+        let src = unsafe { std::slice::from_raw_parts(range.ptr, range.len) };
+        // Raw f32 lands in `raw` and is rounded into `out` by a kernel on the copy stream.
+        let raw = match cast {
+            Some(_) => Some(self.pool.alloc(range.len)?),
+            None => None,
+        };
+        let landing = raw.as_ref().map_or(out.ptr(), |r| r.ptr());
+        // SAFETY: the landing buffer holds range.len bytes.
+        unsafe { drv::memcpy_htod_async(landing, src, copy) }.ctx(l, "cuMemcpyHtoDAsync")?;
+        self.registered.copied(range, copy)?;
+        if let Some(kernel) = cast {
+            self.kernels.launch(
+                kernel,
+                kernels::Dims::stride(n as u64, 256, self.dev.sms),
+                copy,
+                &[
+                    kernels::Arg::Ptr(landing),
+                    kernels::Arg::Ptr(out.ptr()),
+                    kernels::Arg::U64(n as u64),
+                ],
+            )?;
+        }
+        self.order_after_copies()?;
+        // `raw` goes back to the pool only now: later users of its block, on either stream,
+        // are ordered after the cast.
+        drop(raw);
+        Ok(Some(self.wrap(host.meta(), CudaStorage { buf: out, phys })))
+    }
+
+    /// Registered host memory now: (bytes, tensors).
+    pub fn registered_host(&self) -> (usize, usize) {
+        self.registered.usage()
     }
 
     /// Makes the compute stream wait (on the device, not the host) for everything queued on
@@ -421,6 +497,14 @@ impl Backend for CudaBackend {
             self.order_after_copies()?;
         }
         Ok(self.wrap(meta, CudaStorage { buf, phys }))
+    }
+
+    fn upload_storage(&self, st: &DeviceStorage) -> Result<DeviceStorage> {
+        let host = st.host_tensor("CPU")?;
+        match self.upload_registered(st, host)? {
+            Some(d) => Ok(d),
+            None => self.upload(host),
+        }
     }
 
     fn upload_for(&self, host: &Tensor, op: &Op, input: usize) -> Result<DeviceStorage> {

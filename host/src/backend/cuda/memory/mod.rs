@@ -3,7 +3,9 @@
 
 pub mod bench;
 pub mod pool;
+pub mod registered;
 pub mod staging;
 
 pub use pool::{DevBuf, Pool};
+pub use registered::Registered;
 pub use staging::Staging;
