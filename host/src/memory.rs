@@ -69,7 +69,7 @@ pub struct TransferStats {
 /// One logical tensor, replicated across devices.
 #[derive(Debug)]
 pub struct Buffer {
-    name: String,
+    name: Arc<str>,
     meta: TensorMeta,
     state: Arc<Mutex<Replicas>>,
     stats: Mutex<TransferStats>,
@@ -77,7 +77,7 @@ pub struct Buffer {
 
 impl Buffer {
     /// A buffer holding `tensor` on the host.
-    pub fn from_host(name: impl Into<String>, tensor: Tensor) -> Self {
+    pub fn from_host(name: impl Into<Arc<str>>, tensor: Tensor) -> Self {
         let meta = tensor.meta();
         let b = Self::empty(name, meta.clone());
         {
@@ -92,7 +92,7 @@ impl Buffer {
     }
 
     /// A buffer holding a shared host tensor (a graph's input), without copying it.
-    pub fn from_shared(name: impl Into<String>, tensor: Arc<Tensor>) -> Self {
+    pub fn from_shared(name: impl Into<Arc<str>>, tensor: Arc<Tensor>) -> Self {
         let meta = tensor.meta();
         let b = Self::empty(name, meta.clone());
         {
@@ -107,7 +107,7 @@ impl Buffer {
     }
 
     /// A buffer with no data yet (an op's output before it runs).
-    pub fn empty(name: impl Into<String>, meta: TensorMeta) -> Self {
+    pub fn empty(name: impl Into<Arc<str>>, meta: TensorMeta) -> Self {
         Self {
             name: name.into(),
             meta,

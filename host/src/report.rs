@@ -180,8 +180,8 @@ pub fn node_rows(r: &RunReport) -> Vec<Vec<String>> {
         .iter()
         .map(|n| {
             vec![
-                n.run.node.clone(),
-                n.run.op.clone(),
+                n.run.node.to_string(),
+                n.run.op.to_string(),
                 format!("{}{}", n.run.device, if n.lossy { "~" } else { "" }),
                 n.run.launch.kernel.clone(),
                 format!("{:.3}", ms(n.run.wall)),

@@ -319,7 +319,7 @@ fn small_layer_runs_attention_on_the_card() -> TestResult {
             .nodes
             .iter()
             .filter(|n| n.run.device.kind == DeviceKind::FpgaSim)
-            .map(|n| n.run.node.as_str())
+            .map(|n| &*n.run.node)
             .collect::<Vec<_>>()
             .join(", ")
     );

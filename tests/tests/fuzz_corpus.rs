@@ -242,7 +242,7 @@ fn history_corpus() {
     assert!(
         plan.placements
             .iter()
-            .all(|p| p.reason.contains("measured"))
+            .all(|p| p.reason.to_string().contains("measured"))
     );
     replay("history", |_, p| {
         let text = std::fs::read(p).expect("corpus file");

@@ -4,7 +4,8 @@
 //! once). `tandem bench overhead` prints it; benches/peers/starpu runs StarPU's empty
 //! codelets in the same shapes beside it.
 //!
-//! Plan = [`plan_with`] + [`Prepared::new`] (validation, placement, dependency indexing);
+//! Plan = [`crate::graph::Graph::index`] (validation, numbering the tensors, once) +
+//! [`plan_indexed`] (placement) + [`Prepared::with_index`] (dependency indexing);
 //! execute = [`Service::submit`] + [`crate::exec::Ticket::wait`] + dropping the result, on a
 //! service started beforehand (as StarPU is initialised before its timing).
 
@@ -18,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::exec::{ExecOptions, Prepared, Service, ServiceOptions};
 use crate::graph::Graph;
 use crate::ops::Op;
-use crate::plan::{BackendChoice, PlacementPolicy, plan_with};
+use crate::plan::{BackendChoice, PlacementPolicy, plan_indexed};
 use crate::tensor::{Tensor, TensorMeta};
 
 /// The dependency shape of an overhead graph.
@@ -138,14 +139,16 @@ pub fn measure(
     let mut ops_run = 0;
     for rep in 0..=opts.repeats {
         let t0 = Instant::now();
-        let plan = plan_with(
+        let index = graph.index()?;
+        let plan = plan_indexed(
             &graph,
+            &index,
             reg,
             BackendChoice::Only(DeviceKind::Cpu),
             None,
             &policy,
         )?;
-        let prepared = Arc::new(Prepared::new(&graph, &plan)?);
+        let prepared = Arc::new(Prepared::with_index(&graph, &index, &plan)?);
         let t1 = Instant::now();
         let execution = service.submit(prepared, &exec)?.wait()?;
         ops_run = execution.runs.len();

@@ -13,18 +13,19 @@
 //! - `queue`: admission (at most N requests in flight; wait, or [`Error::QueueFull`])
 //! - `service`: [`Service`], the many-request front
 
+mod buffers;
 mod prepared;
 mod queue;
 mod request;
 mod service;
 mod worker;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 
+pub use buffers::Buffers;
 pub use prepared::Prepared;
 pub use request::Ticket;
 pub use service::{Service, ServiceOptions};
@@ -32,7 +33,6 @@ pub use service::{Service, ServiceOptions};
 use crate::backend::{DeviceId, DeviceRegistry, LaunchInfo};
 use crate::error::{Error, Result};
 use crate::graph::Graph;
-use crate::memory::Buffer;
 use crate::plan::Plan;
 use crate::resident::ResidentCache;
 use crate::tensor::Tensor;
@@ -59,9 +59,9 @@ impl Default for ExecOptions {
 #[derive(Debug, Clone, Serialize)]
 pub struct NodeRun {
     /// Node name.
-    pub node: String,
+    pub node: Arc<str>,
     /// Op family.
-    pub op: String,
+    pub op: &'static str,
     /// Device it finally ran on.
     pub device: DeviceId,
     /// Kernel and device timing.
@@ -90,7 +90,7 @@ pub struct NodeRun {
 pub struct Execution {
     /// Every tensor of the run, by name. The parameters' buffers are the executor's resident
     /// ones, shared with later executions: read them, never write them.
-    pub buffers: BTreeMap<String, Arc<Buffer>>,
+    pub buffers: Buffers,
     /// Node runs in graph order.
     pub runs: Vec<NodeRun>,
     /// Wall time of the whole run.

@@ -3,12 +3,11 @@
 //! then does no name lookups and no graph analysis; a served request is prepared on the
 //! client's thread, so workers only run nodes.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::backend::DeviceId;
 use crate::error::{Error, Result};
-use crate::graph::Graph;
+use crate::graph::{Graph, GraphIndex};
 use crate::ops::Op;
 use crate::plan::Plan;
 use crate::tensor::{Tensor, TensorMeta};
@@ -27,7 +26,7 @@ pub(crate) enum Source {
 /// One tensor of the graph.
 #[derive(Debug, Clone)]
 pub(crate) struct Slot {
-    pub name: String,
+    pub name: Arc<str>,
     pub meta: TensorMeta,
     pub source: Source,
 }
@@ -35,7 +34,7 @@ pub(crate) struct Slot {
 /// One node, by slot and node index.
 #[derive(Debug, Clone)]
 pub(crate) struct PNode {
-    pub name: String,
+    pub name: Arc<str>,
     pub op: Op,
     pub inputs: Vec<u32>,
     pub outputs: Vec<u32>,
@@ -56,16 +55,20 @@ pub struct Prepared {
     pub(crate) nodes: Vec<PNode>,
     /// Nodes with no dependency, in graph order.
     pub(crate) roots: Vec<u32>,
-    /// Slots in the order of their names, so an execution's name map is built without
-    /// sorting.
-    pub(crate) by_name: Vec<u32>,
+    /// Slots in the order of their names ([`Prepared::by_name`]).
+    by_name: OnceLock<Vec<u32>>,
 }
 
 impl Prepared {
     /// Validates `graph` (see [`Graph::validate`]) and indexes it with `plan`'s placements.
     /// A plan made for another graph (a different node count) is an error.
     pub fn new(graph: &Graph, plan: &Plan) -> Result<Self> {
-        let metas = graph.validate()?;
+        Self::with_index(graph, &graph.index()?, plan)
+    }
+
+    /// As [`Prepared::new`], with the graph's index already made ([`Graph::index`], e.g. for
+    /// planning): `index` must be the index of `graph`.
+    pub fn with_index(graph: &Graph, index: &GraphIndex, plan: &Plan) -> Result<Self> {
         if plan.placements.len() != graph.nodes.len() {
             return Err(Error::invalid(
                 "execute",
@@ -76,59 +79,38 @@ impl Prepared {
                 ),
             ));
         }
-        let too_many = || Error::invalid("execute", "more than 2^32 tensors or nodes in a graph");
-        let mut slots = Vec::with_capacity(graph.constants.len() + graph.nodes.len());
-        let mut index: HashMap<&str, u32> = HashMap::with_capacity(slots.capacity());
-        let mut producer: Vec<Option<u32>> = Vec::with_capacity(slots.capacity());
-        for (name, t) in &graph.constants {
+        if !index.fits(graph) {
+            return Err(Error::Internal(
+                "the index given was made of another graph".into(),
+            ));
+        }
+        let mut slots = Vec::with_capacity(index.slots());
+        for ((name, t), meta) in graph.constants.iter().zip(index.metas()) {
             let source = if graph.is_param(name) {
                 Source::Param(t.clone())
             } else {
                 Source::Input(t.clone())
             };
-            index.insert(name, u32::try_from(slots.len()).map_err(|_| too_many())?);
             slots.push(Slot {
-                name: name.clone(),
-                meta: t.meta(),
+                name: name.as_str().into(),
+                meta: meta.clone(),
                 source,
             });
-            producer.push(None);
         }
         let mut nodes = Vec::with_capacity(graph.nodes.len());
         for (i, (node, placement)) in graph.nodes.iter().zip(&plan.placements).enumerate() {
-            let me = u32::try_from(i).map_err(|_| too_many())?;
-            // validate() checked that every input is defined before its reader.
-            let inputs = node
-                .inputs
-                .iter()
-                .map(|n| {
-                    index
-                        .get(n.as_str())
-                        .copied()
-                        .ok_or_else(|| Error::Internal(format!("no tensor '{n}'")))
-                })
-                .collect::<Result<Vec<u32>>>()?;
-            let mut outputs = Vec::with_capacity(node.outputs.len());
-            for o in &node.outputs {
-                let s = u32::try_from(slots.len()).map_err(|_| too_many())?;
-                let meta = metas
-                    .get(o)
-                    .cloned()
-                    .ok_or_else(|| Error::Internal(format!("no meta for '{o}'")))?;
-                index.insert(o, s);
+            for (o, s) in node.outputs.iter().zip(index.outputs(i)) {
                 slots.push(Slot {
-                    name: o.clone(),
-                    meta,
+                    name: o.as_str().into(),
+                    meta: index.meta(s).clone(),
                     source: Source::Output,
                 });
-                producer.push(Some(me));
-                outputs.push(s);
             }
             nodes.push(PNode {
-                name: node.name.clone(),
+                name: node.name.as_str().into(),
                 op: node.op.clone(),
-                inputs,
-                outputs,
+                inputs: index.inputs(i).to_vec(),
+                outputs: index.outputs(i).collect(),
                 device: placement.device,
                 deps: 0,
                 dependents: Vec::new(),
@@ -138,9 +120,11 @@ impl Prepared {
         let mut deps: Vec<u32> = Vec::new();
         for i in 0..nodes.len() {
             deps.clear();
-            deps.extend(nodes[i].inputs.iter().filter_map(|&s| producer[s as usize]));
-            deps.sort_unstable();
-            deps.dedup();
+            deps.extend(index.inputs(i).iter().filter_map(|&s| index.producer(s)));
+            if deps.len() > 1 {
+                deps.sort_unstable();
+                deps.dedup();
+            }
             nodes[i].deps = deps.len() as u32;
             for &d in &deps {
                 nodes[d as usize].dependents.push(i as u32);
@@ -149,13 +133,25 @@ impl Prepared {
                 roots.push(i as u32);
             }
         }
-        let mut by_name: Vec<u32> = (0..slots.len() as u32).collect();
-        by_name.sort_unstable_by(|&a, &b| slots[a as usize].name.cmp(&slots[b as usize].name));
         Ok(Self {
             slots,
             nodes,
             roots,
-            by_name,
+            by_name: OnceLock::new(),
+        })
+    }
+
+    /// Slots in the order of their names (an execution's name map is built from it without
+    /// sorting); made at the first execution that asks.
+    pub(crate) fn by_name(&self) -> &[u32] {
+        self.by_name.get_or_init(|| {
+            let mut v: Vec<u32> = (0..self.slots.len() as u32).collect();
+            v.sort_unstable_by(|&a, &b| {
+                self.slots[a as usize]
+                    .name
+                    .cmp(&self.slots[b as usize].name)
+            });
+            v
         })
     }
 

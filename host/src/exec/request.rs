@@ -13,7 +13,7 @@ use crossbeam_channel::{Receiver, Sender, bounded};
 use super::prepared::{Prepared, Source};
 use super::queue::Permit;
 use super::worker::Router;
-use super::{ExecOptions, Execution, NodeRun};
+use super::{Buffers, ExecOptions, Execution, NodeRun};
 use crate::backend::{Backend, DeviceId, DeviceRegistry, LaunchInfo};
 use crate::error::{Error, ErrorKind, Result};
 use crate::memory::{Access, Buffer};
@@ -40,7 +40,7 @@ pub(crate) struct RunState {
     reg: Arc<DeviceRegistry>,
     opts: ExecOptions,
     resident: Arc<ResidentCache>,
-    buffers: Vec<Arc<Buffer>>,
+    buffers: Arc<[Arc<Buffer>]>,
     waiting: Vec<AtomicU32>,
     /// Nodes handed to a worker and not finished: the execution ends when it reaches 0.
     in_flight: AtomicUsize,
@@ -83,8 +83,8 @@ impl RunState {
             .iter()
             .map(|s| match &s.source {
                 Source::Param(t) => resident.buffer(&s.name, t),
-                Source::Input(t) => Arc::new(Buffer::from_shared(&s.name, t.clone())),
-                Source::Output => Arc::new(Buffer::empty(&s.name, s.meta.clone())),
+                Source::Input(t) => Arc::new(Buffer::from_shared(s.name.clone(), t.clone())),
+                Source::Output => Arc::new(Buffer::empty(s.name.clone(), s.meta.clone())),
             })
             .collect();
         let n = prep.nodes.len();
@@ -278,7 +278,7 @@ impl RunState {
             // Nothing to move, launch or write: the scheduling is the whole cost.
             return Ok(NodeRun {
                 node: node.name.clone(),
-                op: node.op.name().to_string(),
+                op: node.op.name(),
                 device,
                 launch: LaunchInfo::default(),
                 start: Duration::ZERO,
@@ -341,7 +341,7 @@ impl RunState {
         let info = lock(&launch.info).clone();
         Ok(NodeRun {
             node: node.name.clone(),
-            op: node.op.name().to_string(),
+            op: node.op.name(),
             device,
             launch: info,
             start: Duration::ZERO,
@@ -383,18 +383,7 @@ impl Ticket {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        // Already in name order: the map is built without sorting.
-        let buffers = run
-            .prep
-            .by_name
-            .iter()
-            .map(|&s| {
-                (
-                    run.prep.slots[s as usize].name.clone(),
-                    run.buffers[s as usize].clone(),
-                )
-            })
-            .collect();
+        let buffers = Buffers::new(run.prep.clone(), run.buffers.clone());
         Ok(Execution {
             buffers,
             runs,

@@ -17,9 +17,8 @@ use serde::Serialize;
 
 use crate::backend::{DeviceId, DeviceRegistry};
 use crate::error::{Error, Result};
-use crate::graph::{Graph, Node};
+use crate::graph::{Graph, GraphIndex, Node};
 use crate::limits::human_bytes;
-use crate::tensor::TensorMeta;
 
 /// What the plan expects a device to hold.
 #[derive(Debug, Clone, Serialize)]
@@ -65,91 +64,132 @@ pub(super) enum NoRoom {
 /// The accounts of one planning pass.
 pub(super) struct Accounts<'a> {
     reg: &'a DeviceRegistry,
-    metas: &'a BTreeMap<String, TensorMeta>,
-    /// Outputs each device holds until the run ends.
-    held: BTreeMap<DeviceId, u64>,
-    peak: BTreeMap<DeviceId, u64>,
-    /// Where each tensor is produced (constants: not produced).
-    produced_on: BTreeMap<&'a str, DeviceId>,
-    /// Outputs of every node of a layer, by layer.
+    index: &'a GraphIndex,
+    /// Devices by position (`dev_pos`), with their limits and the bytes per slot as they
+    /// store them, computed once per device.
+    devices: Vec<DeviceAccount>,
+    /// Where each slot is produced (constants: never), by device position.
+    produced_on: Vec<u32>,
+    /// Nodes of every layer, by layer.
     layer_nodes: BTreeMap<usize, Vec<usize>>,
+    /// The layer of every node (from its name), if any.
+    node_layer: Vec<Option<usize>>,
     /// Layers kept off a device (their outputs do not fit beside what it holds).
     banned: BTreeSet<(usize, DeviceId)>,
     /// Nodes placed off the device they would have gone to, because it was full: by device.
     pub spilled: BTreeMap<DeviceId, Vec<(String, DeviceId)>>,
 }
 
+struct DeviceAccount {
+    id: DeviceId,
+    limit: u64,
+    limit_set: bool,
+    /// Bytes of each slot as the device stores it; empty until the device is first asked
+    /// about (then filled for every slot).
+    stored: Vec<u64>,
+    /// Outputs it holds until the run ends.
+    held: u64,
+    peak: u64,
+    /// Whether any node was placed here.
+    used: bool,
+}
+
+/// No device produced the slot (a constant).
+const NOWHERE: u32 = u32::MAX;
+
 impl<'a> Accounts<'a> {
-    pub fn new(
-        graph: &'a Graph,
-        reg: &'a DeviceRegistry,
-        metas: &'a BTreeMap<String, TensorMeta>,
-    ) -> Self {
+    pub fn new(graph: &'a Graph, index: &'a GraphIndex, reg: &'a DeviceRegistry) -> Self {
         let mut layer_nodes: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-        for (i, n) in graph.nodes.iter().enumerate() {
-            if let Some(l) = layer_of(&n.name) {
-                layer_nodes.entry(l).or_default().push(i);
+        let node_layer: Vec<Option<usize>> =
+            graph.nodes.iter().map(|n| layer_of(&n.name)).collect();
+        for (i, l) in node_layer.iter().enumerate() {
+            if let Some(l) = l {
+                layer_nodes.entry(*l).or_default().push(i);
             }
         }
         Self {
             reg,
-            metas,
-            held: BTreeMap::new(),
-            peak: BTreeMap::new(),
-            produced_on: BTreeMap::new(),
+            index,
+            devices: Vec::new(),
+            produced_on: vec![NOWHERE; index.slots()],
             layer_nodes,
+            node_layer,
             banned: BTreeSet::new(),
             spilled: BTreeMap::new(),
         }
     }
 
-    fn stored(&self, dev: DeviceId, name: &str) -> u64 {
-        match (self.reg.get(dev), self.metas.get(name)) {
-            (Some(b), Some(m)) => b.stored_bytes(m),
-            _ => 0,
+    /// The position of `dev` in `devices`, adding it (with its per-slot sizes) at first sight.
+    fn dev_pos(&mut self, dev: DeviceId) -> usize {
+        if let Some(p) = self.devices.iter().position(|d| d.id == dev) {
+            return p;
         }
+        let stored = match self.reg.get(dev) {
+            Some(b) => self
+                .index
+                .metas()
+                .iter()
+                .map(|m| b.stored_bytes(m))
+                .collect(),
+            None => vec![0; self.index.slots()],
+        };
+        self.devices.push(DeviceAccount {
+            id: dev,
+            limit: self.reg.memory_limit(dev).unwrap_or(u64::MAX),
+            limit_set: self.reg.memory().limits().limit_for(dev).is_some(),
+            stored,
+            held: 0,
+            peak: 0,
+            used: false,
+        });
+        self.devices.len() - 1
     }
 
     /// Whether the user set `dev`'s limit (`--memory-limit`), rather than its capacity.
     pub fn limit_set(&self, dev: DeviceId) -> bool {
-        self.reg.memory().limits().limit_for(dev).is_some()
+        match self.devices.iter().find(|d| d.id == dev) {
+            Some(d) => d.limit_set,
+            None => self.reg.memory().limits().limit_for(dev).is_some(),
+        }
     }
 
     fn limit(&self, dev: DeviceId) -> u64 {
         self.reg.memory_limit(dev).unwrap_or(u64::MAX)
     }
 
-    /// (outputs, inputs to fetch, working set) of `node` on `dev`, bytes as `dev` stores them.
-    fn need(&self, dev: DeviceId, node: &Node) -> (u64, u64, u64) {
-        let outs: u64 = node.outputs.iter().map(|o| self.stored(dev, o)).sum();
-        let mut seen = BTreeSet::new();
+    /// (outputs, inputs to fetch, working set) of node `node` on the device at `pos`, bytes
+    /// as it stores them.
+    fn need(&self, pos: usize, node: usize) -> (u64, u64, u64) {
+        let d = &self.devices[pos];
+        let outs: u64 = self.index.outputs(node).map(|o| d.stored[o as usize]).sum();
+        let ins = self.index.inputs(node);
         let (mut fetch, mut all) = (0u64, 0u64);
-        for i in &node.inputs {
-            if !seen.insert(i.as_str()) {
+        for (k, &i) in ins.iter().enumerate() {
+            if ins[..k].contains(&i) {
                 continue;
             }
-            let b = self.stored(dev, i);
+            let b = d.stored[i as usize];
             all += b;
-            if self.produced_on.get(i.as_str()) != Some(&dev) {
+            if self.produced_on[i as usize] != pos as u32 {
                 fetch += b;
             }
         }
         (outs, fetch, outs + all)
     }
 
-    /// Whether `node` (index `index` of `graph`) fits `dev` now.
-    pub fn check(&mut self, graph: &Graph, index: usize, dev: DeviceId) -> Result<(), NoRoom> {
-        let node = &graph.nodes[index];
-        let limit = self.limit(dev);
-        let (outs, fetch, working) = self.need(dev, node);
+    /// Whether node `index` fits `dev` now.
+    pub fn check(&mut self, node: usize, dev: DeviceId) -> Result<(), NoRoom> {
+        let pos = self.dev_pos(dev);
+        let limit = self.devices[pos].limit;
+        let (outs, fetch, working) = self.need(pos, node);
         if working > limit {
             return Err(NoRoom::TooBig {
                 need: working,
                 limit,
             });
         }
-        let held = self.held.get(&dev).copied().unwrap_or(0);
-        if let Some(l) = layer_of(&node.name) {
+        let held = self.devices[pos].held;
+        if let Some(l) = self.node_layer[node] {
             if self.banned.contains(&(l, dev)) {
                 return Err(NoRoom::Full(format!(
                     "layer {l} did not fit beside what {dev} holds"
@@ -158,13 +198,14 @@ impl<'a> Accounts<'a> {
             // The layer's first node here: do all its outputs fit? Else the layer goes whole.
             let first_here = self.layer_nodes[&l]
                 .iter()
-                .all(|&j| j >= index || self.placed_on(graph, j) != Some(dev));
+                .all(|&j| j >= node || self.placed_on(j) != Some(pos));
             if first_here {
+                let d = &self.devices[pos];
                 let layer_outs: u64 = self.layer_nodes[&l]
                     .iter()
-                    .filter(|&&j| j >= index)
-                    .flat_map(|&j| graph.nodes[j].outputs.iter())
-                    .map(|o| self.stored(dev, o))
+                    .filter(|&&j| j >= node)
+                    .flat_map(|&j| self.index.outputs(j))
+                    .map(|o| d.stored[o as usize])
                     .sum();
                 if held.saturating_add(layer_outs).saturating_add(fetch) > limit {
                     self.banned.insert((l, dev));
@@ -188,23 +229,26 @@ impl<'a> Accounts<'a> {
         Ok(())
     }
 
-    fn placed_on(&self, graph: &Graph, j: usize) -> Option<DeviceId> {
-        graph.nodes[j]
-            .outputs
-            .first()
-            .and_then(|o| self.produced_on.get(o.as_str()).copied())
+    /// The device position node `j` was placed on (through its first output).
+    fn placed_on(&self, j: usize) -> Option<usize> {
+        self.index
+            .outputs(j)
+            .next()
+            .map(|o| self.produced_on[o as usize])
+            .filter(|&p| p != NOWHERE)
+            .map(|p| p as usize)
     }
 
-    /// Records `node` placed on `dev`.
-    pub fn place(&mut self, node: &'a Node, dev: DeviceId) {
-        let (outs, fetch, _) = self.need(dev, node);
-        let held = self.held.entry(dev).or_default();
-        *held += outs;
-        let now = *held + fetch;
-        let p = self.peak.entry(dev).or_default();
-        *p = (*p).max(now);
-        for o in &node.outputs {
-            self.produced_on.insert(o.as_str(), dev);
+    /// Records node `node` placed on `dev`.
+    pub fn place(&mut self, node: usize, dev: DeviceId) {
+        let pos = self.dev_pos(dev);
+        let (outs, fetch, _) = self.need(pos, node);
+        let d = &mut self.devices[pos];
+        d.held += outs;
+        d.used = true;
+        d.peak = d.peak.max(d.held + fetch);
+        for o in self.index.outputs(node) {
+            self.produced_on[o as usize] = pos as u32;
         }
     }
 
@@ -235,14 +279,18 @@ impl<'a> Accounts<'a> {
 
     /// What the plan expects each device it uses to hold.
     pub fn planned(&self) -> Vec<PlannedMemory> {
-        self.peak
+        let mut v: Vec<PlannedMemory> = self
+            .devices
             .iter()
-            .map(|(&device, &peak_bytes)| PlannedMemory {
-                device,
-                limit_bytes: self.limit(device),
-                peak_bytes,
+            .filter(|d| d.used)
+            .map(|d| PlannedMemory {
+                device: d.id,
+                limit_bytes: d.limit,
+                peak_bytes: d.peak,
             })
-            .collect()
+            .collect();
+        v.sort_by_key(|m| m.device);
+        v
     }
 
     /// A line per device that could not hold all it would have run, naming where its nodes

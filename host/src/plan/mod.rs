@@ -11,6 +11,7 @@ mod explain;
 mod history;
 mod memory;
 mod policy;
+mod reason;
 
 pub use calibration::{
     CALIBRATION_VERSION, Calibrated, Calibration, DeviceCalibration, LinkFit, OpFit, machine_name,
@@ -19,6 +20,7 @@ pub use explain::{explain, explain_measured};
 pub use history::{HISTORY_VERSION, History, HistoryEntry, MAX_MEAN_S, Stat};
 pub use memory::{PlannedMemory, layer_of};
 pub use policy::PlacementPolicy;
+pub use reason::{Considered, EstimateSource, Reason};
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
@@ -28,7 +30,7 @@ use serde::Serialize;
 
 use crate::backend::{DeviceId, DeviceKind, DeviceRegistry, Numerics, Support};
 use crate::error::{Error, Result};
-use crate::graph::Graph;
+use crate::graph::{Graph, GraphIndex};
 use crate::tensor::TensorMeta;
 
 /// Which devices a run may use.
@@ -85,8 +87,8 @@ pub struct Placement {
     pub calibrated: Option<&'static str>,
     /// Estimated finish time of the node in the schedule (from the start of the run).
     pub finish: Duration,
-    /// Why this device (the alternatives considered, or why it fell back).
-    pub reason: String,
+    /// Why this device: the alternatives considered (displays as one line).
+    pub reason: Reason,
 }
 
 /// A placement for every node, and warnings about devices that were asked for but missing.
@@ -236,124 +238,135 @@ pub fn plan_with(
     history: Option<&History>,
     policy: &PlacementPolicy,
 ) -> Result<Plan> {
-    let metas = graph.validate()?;
+    plan_indexed(graph, &graph.index()?, reg, choice, history, policy)
+}
+
+/// [`plan_with`] for a graph already indexed ([`Graph::index`]; `index` must be `graph`'s),
+/// so a caller that executes the plan too ([`crate::exec::Prepared::with_index`]) validates
+/// and numbers the graph once.
+pub fn plan_indexed(
+    graph: &Graph,
+    index: &GraphIndex,
+    reg: &DeviceRegistry,
+    choice: BackendChoice,
+    history: Option<&History>,
+    policy: &PlacementPolicy,
+) -> Result<Plan> {
+    if !index.fits(graph) {
+        return Err(Error::Internal(
+            "the index given was made of another graph".into(),
+        ));
+    }
     let history = history.filter(|_| !policy.fresh);
     let mut warnings = Vec::new();
     let candidates: Vec<DeviceId> = match choice {
         BackendChoice::Auto => reg.backends().iter().map(|b| b.id()).collect(),
         BackendChoice::Only(kind) => requested(reg, kind, policy, &mut warnings)?,
     };
+    let backends: Vec<_> = candidates
+        .iter()
+        .filter_map(|&d| reg.get(d).map(|b| (d, b)))
+        .collect();
     let preferred = match choice {
         BackendChoice::Only(k) => Some(k),
         BackendChoice::Auto => None,
     };
-    let mut device_free: BTreeMap<DeviceId, Duration> = BTreeMap::new();
-    // Where each tensor will be, and when.
-    let mut location: BTreeMap<&str, (DeviceId, Duration)> = graph
-        .constants
-        .keys()
-        .map(|k| (k.as_str(), (DeviceId::CPU, Duration::ZERO)))
-        .collect();
+    // When each candidate device is free, by its position in `backends`.
+    let mut device_free: Vec<Duration> = vec![Duration::ZERO; backends.len()];
+    // Where each tensor will be, and when (constants: on the host from the start).
+    let mut location: Vec<(DeviceId, Duration)> =
+        vec![(DeviceId::CPU, Duration::ZERO); index.slots()];
     let mut placements = Vec::with_capacity(graph.nodes.len());
     let mut makespan = Duration::ZERO;
     // Ops the requested device lacks, with the first reason it gave.
     let mut fell_back: BTreeMap<&str, String> = BTreeMap::new();
     let mut fell_back_nodes = 0usize;
     let mut lossy_refused: BTreeMap<String, usize> = BTreeMap::new();
-    let mut mem = memory::Accounts::new(graph, reg, &metas);
-    for (index, node) in graph.nodes.iter().enumerate() {
-        let ins: Vec<TensorMeta> = node.inputs.iter().map(|i| metas[i].clone()).collect();
-        // (finish, estimate, history samples, device, numerics, calibrated)
+    let mut mem = memory::Accounts::new(graph, index, reg);
+    let calibration = reg.calibration();
+    // With an explicit backend, its device wins whenever it supports the op.
+    let rank = |d: DeviceId| match preferred {
+        Some(k) if d.kind == k => 0,
+        Some(_) => 1,
+        None => 0,
+    };
+    for (node_ix, node) in graph.nodes.iter().enumerate() {
+        let ins = index.input_metas(node_ix);
+        let in_slots = index.inputs(node_ix);
+        // (finish, estimate, history samples, device position, numerics, calibrated)
         type Best = (
             Duration,
             Duration,
             Option<u64>,
-            DeviceId,
+            usize,
             Numerics,
             Option<&'static str>,
         );
         let mut best: Option<Best> = None;
-        let mut considered = Vec::new();
+        let mut considered = Vec::with_capacity(backends.len());
         let mut lacks: Option<String> = None;
         // Devices whose limit is under the node's working set: (device, need, limit).
         let mut too_big: Vec<(DeviceId, u64, u64)> = Vec::new();
         // The best device had memory not counted, when it is not `best`: a spill.
         let mut best_any: Option<(u8, Duration, DeviceId)> = None;
         let mut full: Vec<String> = Vec::new();
-        for &dev in &candidates {
-            let Some(b) = reg.get(dev) else { continue };
-            if let Support::No(why) = b.supports(&node.op, &ins) {
+        for (pos, &(dev, ref b)) in backends.iter().enumerate() {
+            if let Support::No(why) = b.supports(&node.op, ins) {
                 if preferred == Some(dev.kind) && lacks.is_none() {
                     lacks = Some(why.clone());
                 }
-                considered.push(format!("{dev}: no ({why})"));
+                considered.push(Considered::No(dev, why));
                 continue;
             }
             let numerics = b.numerics();
             if preferred.is_none() {
-                let measured = history.and_then(|h| h.measured_error(dev, &node.op, &ins));
+                let measured = history.and_then(|h| h.measured_error(dev, &node.op, ins));
                 if let Err(why) = policy.admits(numerics, measured) {
                     *lossy_refused
                         .entry(format!("{dev} ({numerics})"))
                         .or_default() += 1;
-                    considered.push(format!("{dev}: not used ({why})"));
+                    considered.push(Considered::NotUsed(dev, why));
                     continue;
                 }
             }
-            let (est, samples, calibrated) =
-                match history.and_then(|h| h.estimate(dev, &node.op, &ins)) {
-                    Some((t, n)) => (t, Some(n), None),
-                    None => {
-                        let model = b.estimate(&node.op, &ins);
-                        match reg
-                            .calibration()
-                            .and_then(|c| c.estimate(dev, &node.op, &ins, model))
-                        {
-                            Some((t, Calibrated::Sample)) => (t, None, Some("calibrated shape")),
-                            Some((t, Calibrated::Fit)) => (t, None, Some("calibrated fit")),
-                            None => (model, None, None),
-                        }
+            let (est, source) = match history.and_then(|h| h.estimate(dev, &node.op, ins)) {
+                Some((t, n)) => (t, EstimateSource::Measured(n)),
+                None => {
+                    let model = b.estimate(&node.op, ins);
+                    match calibration.and_then(|c| c.estimate(dev, &node.op, ins, model)) {
+                        Some((t, Calibrated::Sample)) => (t, EstimateSource::CalibratedShape),
+                        Some((t, Calibrated::Fit)) => (t, EstimateSource::CalibratedFit),
+                        None => (model, EstimateSource::Model),
                     }
-                };
-            let ready = node
-                .inputs
+                }
+            };
+            let ready = in_slots
                 .iter()
-                .zip(&ins)
-                .map(|(name, m)| {
-                    let (at, t) = location
-                        .get(name.as_str())
-                        .copied()
-                        .unwrap_or((DeviceId::CPU, Duration::ZERO));
-                    let moved = reg
-                        .calibration()
+                .zip(ins)
+                .map(|(&slot, m)| {
+                    let (at, t) = location[slot as usize];
+                    if at == dev {
+                        return t;
+                    }
+                    let moved = calibration
                         .and_then(|c| c.transfer(m.bytes(), at, dev))
                         .unwrap_or_else(|| transfer_cost(m.bytes(), at, dev));
                     t.saturating_add(moved)
                 })
                 .max()
                 .unwrap_or_default();
-            let start = ready.max(device_free.get(&dev).copied().unwrap_or_default());
+            let start = ready.max(device_free[pos]);
             let finish = start.saturating_add(est);
-            let source = match (samples, calibrated) {
-                (Some(n), _) => format!("measured, n={n}"),
-                (None, Some(how)) => how.into(),
-                (None, None) => "model".into(),
-            };
-            considered.push(format!(
-                "{dev}: op {:.3} ms ({source}), done at {:.3} ms",
-                est.as_secs_f64() * 1e3,
-                finish.as_secs_f64() * 1e3
-            ));
-            // With an explicit backend, its device wins whenever it supports the op.
-            let rank = |d: DeviceId| match preferred {
-                Some(k) if d.kind == k => 0,
-                Some(_) => 1,
-                None => 0,
-            };
+            considered.push(Considered::Timed {
+                device: dev,
+                op: est,
+                source,
+                done: finish,
+            });
             if best_any.is_none_or(|(r, f, _)| (rank(dev), finish) < (r, f)) {
                 best_any = Some((rank(dev), finish, dev));
             }
-            match mem.check(graph, index, dev) {
+            match mem.check(node_ix, dev) {
                 Ok(()) => {}
                 Err(memory::NoRoom::TooBig { need, limit }) => {
                     let why = format!(
@@ -373,21 +386,30 @@ pub fn plan_with(
                     } else if preferred == Some(dev.kind) && lacks.is_none() {
                         lacks = Some(why.clone());
                     }
-                    considered.push(format!("{dev}: no ({why})"));
+                    considered.push(Considered::No(dev, why));
                     continue;
                 }
                 Err(memory::NoRoom::Full(why)) => {
-                    considered.push(format!("{dev}: no room ({why})"));
                     full.push(format!("{dev}: {why}"));
+                    considered.push(Considered::NoRoom(dev, why));
                     continue;
                 }
             }
             let better = match best {
                 None => true,
-                Some((bf, _, _, bd, _, _)) => (rank(dev), finish) < (rank(bd), bf),
+                Some((bf, _, _, bp, _, _)) => (rank(dev), finish) < (rank(backends[bp].0), bf),
             };
             if better {
-                best = Some((finish, est, samples, dev, numerics, calibrated));
+                let samples = match source {
+                    EstimateSource::Measured(n) => Some(n),
+                    _ => None,
+                };
+                let calibrated = match source {
+                    EstimateSource::CalibratedShape => Some("calibrated shape"),
+                    EstimateSource::CalibratedFit => Some("calibrated fit"),
+                    _ => None,
+                };
+                best = Some((finish, est, samples, pos, numerics, calibrated));
             }
         }
         // A requested device that can never hold the node, or no device that can: an error
@@ -413,22 +435,27 @@ pub fn plan_with(
                 ),
             ));
         }
-        if let (Some((_, _, want)), Some((_, _, _, got, _, _))) = (best_any, best)
-            && want != got
+        let (finish, est, samples, pos, numerics, calibrated) = match best {
+            Some(b) => b,
+            None => (
+                Duration::ZERO,
+                Duration::ZERO,
+                None,
+                usize::MAX,
+                Numerics::F32,
+                None,
+            ),
+        };
+        let dev = backends.get(pos).map_or(DeviceId::CPU, |b| b.0);
+        if let Some((_, _, want)) = best_any
+            && best.is_some()
+            && want != dev
         {
             mem.spilled
                 .entry(want)
                 .or_default()
-                .push((node.name.clone(), got));
+                .push((node.name.clone(), dev));
         }
-        let (finish, est, samples, dev, numerics, calibrated) = best.unwrap_or((
-            Duration::ZERO,
-            Duration::ZERO,
-            None,
-            DeviceId::CPU,
-            Numerics::F32,
-            None,
-        ));
         if let Some(k) = preferred
             && dev.kind != k
             && k != DeviceKind::Cpu
@@ -439,10 +466,12 @@ pub fn plan_with(
                 .entry(node.op.name())
                 .or_insert_with(|| lacks.unwrap_or_else(|| "no kernel".into()));
         }
-        device_free.insert(dev, finish);
-        mem.place(node, dev);
-        for o in &node.outputs {
-            location.insert(o.as_str(), (dev, finish));
+        if let Some(free) = device_free.get_mut(pos) {
+            *free = finish;
+        }
+        mem.place(node_ix, dev);
+        for o in index.outputs(node_ix) {
+            location[o as usize] = (dev, finish);
         }
         makespan = makespan.max(finish);
         placements.push(Placement {
@@ -452,7 +481,7 @@ pub fn plan_with(
             history_samples: samples,
             calibrated,
             finish,
-            reason: considered.join("; "),
+            reason: Reason(considered),
         });
     }
     if let (BackendChoice::Only(k), false) = (choice, fell_back.is_empty()) {
@@ -609,7 +638,12 @@ mod tests {
         let strict = plan(&g, &reg, auto)?;
         assert_eq!(devices(&strict), ["cpu", "cpu"]);
         assert_eq!(strict.lossy_refused, ["fpga:0 (int8 fixed point): 1 op"]);
-        assert!(strict.placements[0].reason.contains("--allow-lossy"));
+        assert!(
+            strict.placements[0]
+                .reason
+                .to_string()
+                .contains("--allow-lossy")
+        );
         assert!(strict.summary(auto).starts_with("auto, exact f32 only"));
         let any = plan_with(&g, &reg, auto, None, &policy(|p| p.allow_lossy = true))?;
         assert_eq!(devices(&any), ["fpga:0", "cpu"]);
@@ -658,7 +692,10 @@ mod tests {
         let p = plan_with(&g, &reg, auto, Some(&h), &tight)?;
         assert_eq!(devices(&p), ["cpu", "cpu"]);
         assert!(
-            p.placements[0].reason.contains("measured, 2 runs"),
+            p.placements[0]
+                .reason
+                .to_string()
+                .contains("measured, 2 runs"),
             "{}",
             p.placements[0].reason
         );
@@ -694,7 +731,10 @@ mod tests {
         assert!(p.placements[1].estimate >= Duration::from_secs(1));
         assert_eq!(p.placements[1].calibrated, Some("calibrated fit"));
         assert!(
-            p.placements[1].reason.contains("(calibrated fit)"),
+            p.placements[1]
+                .reason
+                .to_string()
+                .contains("(calibrated fit)"),
             "{}",
             p.placements[1].reason
         );

@@ -150,7 +150,7 @@ fn chart(
 pub fn compare_page(label: &str, runs: &[RunReport], not_compared: &[String]) -> String {
     let nodes: Vec<String> = runs
         .first()
-        .map(|r| r.nodes.iter().map(|n| n.run.node.clone()).collect())
+        .map(|r| r.nodes.iter().map(|n| n.run.node.to_string()).collect())
         .unwrap_or_default();
     let names: Vec<String> = runs.iter().map(|r| r.backend.clone()).collect();
     let times: Vec<Vec<Option<f64>>> = runs
@@ -229,7 +229,7 @@ pub fn compare_page(label: &str, runs: &[RunReport], not_compared: &[String]) ->
         let op = runs
             .first()
             .and_then(|r| r.nodes.get(i))
-            .map(|n| n.run.op.clone())
+            .map(|n| n.run.op)
             .unwrap_or_default();
         let _ = write!(s, "<tr><td>{}</td><td>{}</td>", esc(node), esc(&op));
         for (r, run) in runs.iter().enumerate() {

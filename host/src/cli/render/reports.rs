@@ -112,7 +112,7 @@ pub fn plan_tables(
             p.device.to_string(),
             format!("{:.3}", p.estimate.as_secs_f64() * 1e3),
             format!("{:.3}", p.finish.as_secs_f64() * 1e3),
-            p.reason.clone(),
+            p.reason.to_string(),
         ]);
     }
     let grid = g.render(format)?;

@@ -1,11 +1,15 @@
 //! The workload DAG: ops over named tensors.
 
+mod index;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ops::Op;
 use crate::tensor::{Tensor, TensorMeta};
+
+pub use index::GraphIndex;
 
 /// One op in a graph, reading and writing named tensors.
 #[derive(Debug, Clone)]
@@ -78,74 +82,18 @@ impl Graph {
     /// it, that names are unique, and that every op accepts its inputs; returns the meta of
     /// every tensor.
     pub fn validate(&self) -> Result<BTreeMap<String, TensorMeta>> {
-        if let Some(p) = self
-            .params
-            .iter()
-            .find(|p| !self.constants.contains_key(*p))
-        {
-            return Err(Error::invalid(
-                "workload",
-                format!("parameter '{p}' has no data (it is not among the constants)"),
-            ));
-        }
-        let mut metas: BTreeMap<String, TensorMeta> = self
-            .constants
-            .iter()
-            .map(|(n, t)| (n.clone(), t.meta()))
-            .collect();
-        let mut names = BTreeSet::new();
-        for node in &self.nodes {
-            if !names.insert(node.name.as_str()) {
-                return Err(Error::invalid(
-                    "workload",
-                    format!("two nodes are named '{}'", node.name),
-                ));
-            }
-            let ins = node
-                .inputs
-                .iter()
-                .map(|i| {
-                    metas.get(i).cloned().ok_or_else(|| {
-                        Error::invalid(
-                            "workload",
-                            format!(
-                                "node '{}' reads '{i}', which nothing defines before it",
-                                node.name
-                            ),
-                        )
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let outs = node
-                .op
-                .validate(&ins)
-                .map_err(|e| Error::invalid("workload", format!("node '{}': {e}", node.name)))?;
-            if outs.len() != node.outputs.len() {
-                return Err(Error::Internal(format!(
-                    "node '{}' names {} outputs, its op has {}",
-                    node.name,
-                    node.outputs.len(),
-                    outs.len()
-                )));
-            }
-            for (n, m) in node.outputs.iter().zip(outs) {
-                if metas.insert(n.clone(), m).is_some() {
-                    return Err(Error::invalid(
-                        "workload",
-                        format!("tensor '{n}' is defined twice"),
-                    ));
-                }
-            }
-        }
-        for o in &self.outputs {
-            if !metas.contains_key(o) {
-                return Err(Error::invalid(
-                    "workload",
-                    format!("output '{o}' is not produced by any node"),
-                ));
-            }
-        }
-        Ok(metas)
+        let ix = self.index()?;
+        Ok(ix
+            .slot_names(self)
+            .cloned()
+            .zip(ix.metas().iter().cloned())
+            .collect())
+    }
+
+    /// Validates the graph (as [`Graph::validate`]) and numbers its tensors, for walking it
+    /// without name lookups.
+    pub fn index(&self) -> Result<GraphIndex> {
+        GraphIndex::new(self)
     }
 
     /// For each node, the indices of the nodes it depends on.
