@@ -139,7 +139,7 @@ pub fn measure(
     let mut ops_run = 0;
     for rep in 0..=opts.repeats {
         let t0 = Instant::now();
-        let index = graph.index()?;
+        let index = Arc::new(graph.index()?);
         let plan = plan_indexed(
             &graph,
             &index,

@@ -4,26 +4,26 @@
 
 use std::sync::Arc;
 
-use super::prepared::Prepared;
+use super::prepared::SlotNames;
 use crate::memory::Buffer;
 
 /// Every tensor of an execution, by name, in name order.
 #[derive(Debug, Clone)]
 pub struct Buffers {
-    prep: Arc<Prepared>,
+    names: Arc<SlotNames>,
     /// By slot.
     bufs: Arc<[Arc<Buffer>]>,
 }
 
 impl Buffers {
-    pub(crate) fn new(prep: Arc<Prepared>, bufs: Arc<[Arc<Buffer>]>) -> Self {
-        Self { prep, bufs }
+    pub(crate) fn new(names: Arc<SlotNames>, bufs: Arc<[Arc<Buffer>]>) -> Self {
+        Self { names, bufs }
     }
 
     fn slot(&self, name: &str) -> Option<u32> {
-        let order = self.prep.by_name();
+        let order = self.names.order();
         order
-            .binary_search_by(|&s| (*self.prep.slots[s as usize].name).cmp(name))
+            .binary_search_by(|&s| (*self.names.names[s as usize]).cmp(name))
             .ok()
             .map(|i| order[i])
     }
@@ -50,10 +50,10 @@ impl Buffers {
 
     /// (name, buffer) of every tensor, in name order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Arc<Buffer>)> {
-        self.prep
-            .by_name()
+        self.names
+            .order()
             .iter()
-            .map(|&s| (&*self.prep.slots[s as usize].name, &self.bufs[s as usize]))
+            .map(|&s| (&*self.names.names[s as usize], &self.bufs[s as usize]))
     }
 
     /// Every tensor's name, in name order.

@@ -27,7 +27,6 @@ pub(crate) enum Source {
 #[derive(Debug, Clone)]
 pub(crate) struct Slot {
     pub name: Arc<str>,
-    pub meta: TensorMeta,
     pub source: Source,
 }
 
@@ -36,14 +35,10 @@ pub(crate) struct Slot {
 pub(crate) struct PNode {
     pub name: Arc<str>,
     pub op: Op,
-    pub inputs: Vec<u32>,
-    pub outputs: Vec<u32>,
     /// Where the plan put it.
     pub device: DeviceId,
     /// How many distinct nodes it waits for.
     pub deps: u32,
-    /// The nodes that wait for it.
-    pub dependents: Vec<u32>,
 }
 
 /// A graph with its plan, validated and indexed for the executor ([`super::Executor`],
@@ -51,24 +46,31 @@ pub(crate) struct PNode {
 /// weights) is held by `Arc`, so preparing copies no tensor data.
 #[derive(Debug, Clone)]
 pub struct Prepared {
+    /// The graph's tensors numbered, its nodes' slots (shared with the plan's index).
+    index: Arc<GraphIndex>,
     pub(crate) slots: Vec<Slot>,
+    /// The nodes waiting for node i: `dependents[dep_off[i]..dep_off[i+1]]`.
+    dependents: Vec<u32>,
+    dep_off: Vec<u32>,
     pub(crate) nodes: Vec<PNode>,
     /// Nodes with no dependency, in graph order.
     pub(crate) roots: Vec<u32>,
-    /// Slots in the order of their names ([`Prepared::by_name`]).
-    by_name: OnceLock<Vec<u32>>,
+    /// The slots' names, shared with the executions' [`super::Buffers`] (which must not hold
+    /// the prepared graph: it holds the host tensors, and so would keep replaced weights and
+    /// their resident copies alive).
+    pub(crate) names: Arc<SlotNames>,
 }
 
 impl Prepared {
     /// Validates `graph` (see [`Graph::validate`]) and indexes it with `plan`'s placements.
     /// A plan made for another graph (a different node count) is an error.
     pub fn new(graph: &Graph, plan: &Plan) -> Result<Self> {
-        Self::with_index(graph, &graph.index()?, plan)
+        Self::with_index(graph, &Arc::new(graph.index()?), plan)
     }
 
     /// As [`Prepared::new`], with the graph's index already made ([`Graph::index`], e.g. for
-    /// planning): `index` must be the index of `graph`.
-    pub fn with_index(graph: &Graph, index: &GraphIndex, plan: &Plan) -> Result<Self> {
+    /// planning with [`crate::plan::plan_indexed`]): `index` must be the index of `graph`.
+    pub fn with_index(graph: &Graph, index: &Arc<GraphIndex>, plan: &Plan) -> Result<Self> {
         if plan.placements.len() != graph.nodes.len() {
             return Err(Error::invalid(
                 "execute",
@@ -85,7 +87,7 @@ impl Prepared {
             ));
         }
         let mut slots = Vec::with_capacity(index.slots());
-        for ((name, t), meta) in graph.constants.iter().zip(index.metas()) {
+        for (name, t) in &graph.constants {
             let source = if graph.is_param(name) {
                 Source::Param(t.clone())
             } else {
@@ -93,66 +95,85 @@ impl Prepared {
             };
             slots.push(Slot {
                 name: name.as_str().into(),
-                meta: meta.clone(),
                 source,
             });
         }
         let mut nodes = Vec::with_capacity(graph.nodes.len());
+        // (dependency, dependent) pairs, then grouped by dependency.
+        let mut edges: Vec<(u32, u32)> = Vec::with_capacity(graph.nodes.len());
+        let mut roots = Vec::new();
+        let mut deps: Vec<u32> = Vec::new();
         for (i, (node, placement)) in graph.nodes.iter().zip(&plan.placements).enumerate() {
-            for (o, s) in node.outputs.iter().zip(index.outputs(i)) {
+            for o in &node.outputs {
                 slots.push(Slot {
                     name: o.as_str().into(),
-                    meta: index.meta(s).clone(),
                     source: Source::Output,
                 });
             }
-            nodes.push(PNode {
-                name: node.name.as_str().into(),
-                op: node.op.clone(),
-                inputs: index.inputs(i).to_vec(),
-                outputs: index.outputs(i).collect(),
-                device: placement.device,
-                deps: 0,
-                dependents: Vec::new(),
-            });
-        }
-        let mut roots = Vec::new();
-        let mut deps: Vec<u32> = Vec::new();
-        for i in 0..nodes.len() {
             deps.clear();
             deps.extend(index.inputs(i).iter().filter_map(|&s| index.producer(s)));
             if deps.len() > 1 {
                 deps.sort_unstable();
                 deps.dedup();
             }
-            nodes[i].deps = deps.len() as u32;
-            for &d in &deps {
-                nodes[d as usize].dependents.push(i as u32);
-            }
+            edges.extend(deps.iter().map(|&d| (d, i as u32)));
             if deps.is_empty() {
                 roots.push(i as u32);
             }
+            nodes.push(PNode {
+                name: node.name.as_str().into(),
+                op: node.op.clone(),
+                device: placement.device,
+                deps: deps.len() as u32,
+            });
         }
+        // Counting sort of the edges by dependency: each node's dependents in node order.
+        let mut dep_off = vec![0u32; nodes.len() + 1];
+        for &(d, _) in &edges {
+            dep_off[d as usize + 1] += 1;
+        }
+        for i in 0..nodes.len() {
+            dep_off[i + 1] += dep_off[i];
+        }
+        let mut fill = dep_off.clone();
+        let mut dependents = vec![0u32; edges.len()];
+        for &(d, j) in &edges {
+            dependents[fill[d as usize] as usize] = j;
+            fill[d as usize] += 1;
+        }
+        let names = Arc::new(SlotNames {
+            names: slots.iter().map(|s| s.name.clone()).collect(),
+            order: OnceLock::new(),
+        });
         Ok(Self {
+            names,
+            index: index.clone(),
             slots,
+            dependents,
+            dep_off,
             nodes,
             roots,
-            by_name: OnceLock::new(),
         })
     }
 
-    /// Slots in the order of their names (an execution's name map is built from it without
-    /// sorting); made at the first execution that asks.
-    pub(crate) fn by_name(&self) -> &[u32] {
-        self.by_name.get_or_init(|| {
-            let mut v: Vec<u32> = (0..self.slots.len() as u32).collect();
-            v.sort_unstable_by(|&a, &b| {
-                self.slots[a as usize]
-                    .name
-                    .cmp(&self.slots[b as usize].name)
-            });
-            v
-        })
+    /// The slots node `i` reads.
+    pub(crate) fn inputs(&self, i: u32) -> &[u32] {
+        self.index.inputs(i as usize)
+    }
+
+    /// The slots node `i` writes.
+    pub(crate) fn outputs(&self, i: u32) -> std::ops::Range<u32> {
+        self.index.outputs(i as usize)
+    }
+
+    /// The nodes waiting for node `i`.
+    pub(crate) fn dependents(&self, i: u32) -> &[u32] {
+        &self.dependents[self.dep_off[i as usize] as usize..self.dep_off[i as usize + 1] as usize]
+    }
+
+    /// The meta of tensor `slot`.
+    pub(crate) fn meta(&self, slot: u32) -> &TensorMeta {
+        self.index.meta(slot)
     }
 
     /// Number of nodes.
@@ -163,5 +184,23 @@ impl Prepared {
     /// Whether the graph has no node.
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
+    }
+}
+
+/// The names of a prepared graph's tensors, by slot, and their name order.
+#[derive(Debug)]
+pub(crate) struct SlotNames {
+    pub names: Vec<Arc<str>>,
+    order: OnceLock<Vec<u32>>,
+}
+
+impl SlotNames {
+    /// Slots in the order of their names; made at the first call.
+    pub fn order(&self) -> &[u32] {
+        self.order.get_or_init(|| {
+            let mut v: Vec<u32> = (0..self.names.len() as u32).collect();
+            v.sort_unstable_by(|&a, &b| self.names[a as usize].cmp(&self.names[b as usize]));
+            v
+        })
     }
 }

@@ -81,10 +81,13 @@ impl RunState {
         let buffers = prep
             .slots
             .iter()
-            .map(|s| match &s.source {
+            .enumerate()
+            .map(|(k, s)| match &s.source {
                 Source::Param(t) => resident.buffer(&s.name, t),
                 Source::Input(t) => Arc::new(Buffer::from_shared(s.name.clone(), t.clone())),
-                Source::Output => Arc::new(Buffer::empty(s.name.clone(), s.meta.clone())),
+                Source::Output => {
+                    Arc::new(Buffer::empty(s.name.clone(), prep.meta(k as u32).clone()))
+                }
             })
             .collect();
         let n = prep.nodes.len();
@@ -216,7 +219,7 @@ impl RunState {
                     run.fallback = lock(&self.trouble).notes.remove(&i);
                 }
                 *lock(&self.runs[i as usize]) = Some(run);
-                for &j in &self.prep.nodes[i as usize].dependents {
+                for &j in self.prep.dependents(i) {
                     if self.waiting[j as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
                         self.in_flight.fetch_add(1, Ordering::AcqRel);
                         let d = self.device_for(j);
@@ -292,8 +295,8 @@ impl RunState {
         }
         let (mut transfer, mut resident_transfer) = (Duration::ZERO, Duration::ZERO);
         let (mut transfer_bytes, mut resident_bytes) = (0u64, 0u64);
-        let mut inputs = Vec::with_capacity(node.inputs.len());
-        for &s in &node.inputs {
+        let mut inputs = Vec::with_capacity(self.prep.inputs(i).len());
+        for &s in self.prep.inputs(i) {
             let slot = &self.prep.slots[s as usize];
             let t_in = Instant::now();
             let (st, moved) =
@@ -327,15 +330,16 @@ impl RunState {
             })?;
         launch.done.wait(deadline.remaining(), &what)?;
         let wall = t0.elapsed();
-        if launch.outputs.len() != node.outputs.len() {
+        let outputs = self.prep.outputs(i);
+        if launch.outputs.len() != outputs.len() {
             return Err(Error::Internal(format!(
                 "{device} returned {} outputs for {}, expected {}",
                 launch.outputs.len(),
                 node.op.name(),
-                node.outputs.len()
+                outputs.len()
             )));
         }
-        for (&s, st) in node.outputs.iter().zip(launch.outputs) {
+        for (s, st) in outputs.zip(launch.outputs) {
             self.buffers[s as usize].set_written_in(&self.reg, st)?;
         }
         let info = lock(&launch.info).clone();
@@ -383,7 +387,7 @@ impl Ticket {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let buffers = Buffers::new(run.prep.clone(), run.buffers.clone());
+        let buffers = Buffers::new(run.prep.names.clone(), run.buffers.clone());
         Ok(Execution {
             buffers,
             runs,

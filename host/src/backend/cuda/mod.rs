@@ -346,6 +346,7 @@ impl CudaBackend {
     {
         let elem = std::mem::size_of::<S>();
         let mut out = vec![T::default(); n];
+        advise_huge_pages(&mut out);
         if n == 0 {
             return Ok(out);
         }
@@ -381,6 +382,31 @@ enum Source<'a> {
     Bf16(std::borrow::Cow<'a, [bf16]>),
     F16(std::borrow::Cow<'a, [f16]>),
     I32(std::borrow::Cow<'a, [i32]>),
+}
+
+/// Asks the kernel to back a large fresh host allocation (still untouched: a zeroed `Vec`
+/// is mapped lazily) with transparent huge pages, so the download's first writes fault it in
+/// 2 MiB at a time instead of 4 KiB: faulting fresh pages in, not the link, bounded downloads
+/// (6 GB/s for 256 MiB on the H100 machine against 55 GB/s pinned). Advice only: a kernel
+/// without THP, or with it off, ignores it.
+fn advise_huge_pages<T>(v: &mut [T]) {
+    const HUGE: usize = 2 << 20;
+    let bytes = std::mem::size_of_val(v);
+    if bytes < 2 * HUGE {
+        return;
+    }
+    let start = v.as_mut_ptr() as usize;
+    let first = start.next_multiple_of(HUGE);
+    let end = (start + bytes) / HUGE * HUGE;
+    if end > first {
+        // SAFETY: [first, end) lies inside `v`'s allocation; MADV_HUGEPAGE changes how pages
+        // are backed, never their contents.
+        let r =
+            unsafe { libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_HUGEPAGE) };
+        if r != 0 {
+            tracing::trace!("madvise(MADV_HUGEPAGE) declined");
+        }
+    }
 }
 
 fn contiguous<T: Clone>(a: &ndarray::ArrayD<T>) -> std::borrow::Cow<'_, [T]> {
