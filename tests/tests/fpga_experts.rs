@@ -349,3 +349,47 @@ fn default_layer_runs_every_op_on_the_card() -> TestResult {
     println!("layer output rel. error {:?}", out.report.output_rel_error);
     Ok(())
 }
+
+/// The planner's estimate of moe_experts comes from the kernels' cycle models over the launch
+/// sequence (slots spread evenly over the experts), at the default layer's size and at
+/// Mixtral's (T 4096, H 4096, E 8, top-2, F 14336), and is no faster than the GEMM array's
+/// multiply-adds allow (rows x 8 per cycle, three projections).
+#[test]
+fn estimates_come_from_the_cycle_models() -> TestResult {
+    let Some(b) = fpga_sim() else {
+        return Ok(());
+    };
+    let gemm = tandem::backend::fpga::gemm_build();
+    let vecops = tandem::backend::fpga::vecops::vecops_build();
+    let op = Op::MoeExperts(MoeExpertsParams::default());
+    for (t, h, e, k, f) in [(128, 512, 8, 2, 1024), (4096, 4096, 8, 2, 14336)] {
+        let p = t * k + e * 15;
+        let metas = [
+            TensorMeta::new(vec![t, h], tandem::DType::F32),
+            TensorMeta::new(vec![t, k], tandem::DType::I32),
+            TensorMeta::new(vec![t, k], tandem::DType::F32),
+            TensorMeta::new(vec![p], tandem::DType::I32),
+            TensorMeta::new(vec![e + 1], tandem::DType::I32),
+            TensorMeta::new(vec![e, 2 * f, h], tandem::DType::F32),
+            TensorMeta::new(vec![e, h, f], tandem::DType::F32),
+        ];
+        let rows: Vec<usize> = (0..e).map(|i| t * k / e + usize::from(i < t * k % e)).collect();
+        let cycles = experts_cycles(&gemm, &vecops, &rows, h, f, t, k, &MemTiming::default());
+        let clock = tandem_fpga::DEFAULT_CLOCK_MHZ * 1e6;
+        let want = cycles as f64 / clock + 20e-6;
+        let got = b.estimate(&op, &metas).as_secs_f64();
+        assert!((got - want).abs() <= 1e-9 + 1e-9 * want, "estimate {got} s vs {want} s");
+        let macs = 3.0 * (t * k) as f64 * h as f64 * f as f64;
+        let peak = f64::from(gemm.rows) * 8.0;
+        assert!(cycles as f64 >= macs / peak, "{cycles} cycles beat the array");
+        println!(
+            "moe_experts T {t} H {h} E {e} k {k} F {f}: {cycles} cycles, {:.3} ms at {} MHz, \
+             {:.1}% of the array's peak ({} GMAC)",
+            1e3 * cycles as f64 / clock,
+            tandem_fpga::DEFAULT_CLOCK_MHZ,
+            100.0 * macs / peak / cycles as f64,
+            macs / 1e9
+        );
+    }
+    Ok(())
+}

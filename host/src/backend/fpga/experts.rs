@@ -140,7 +140,14 @@ impl ExpertsJob {
             .ok_or_else(|| Error::Internal("moe_experts has no output".into()))?;
         let (sh, plan) = p.slots(inputs)?;
         let (h, f, k) = (sh.h, sh.f, sh.k);
-        let vals = |i: usize| -> Result<Vec<f32>> { Ok(inputs[i].as_f32()?.iter().copied().collect()) };
+        // the weights are large: borrowed where they are contiguous
+        let vals = |i: usize| -> Result<std::borrow::Cow<'_, [f32]>> {
+            let a = inputs[i].as_f32()?;
+            Ok(match a.as_slice() {
+                Some(s) => std::borrow::Cow::Borrowed(s),
+                None => std::borrow::Cow::Owned(a.iter().copied().collect()),
+            })
+        };
         let x = vals(0)?;
         let w = vals(2)?;
         let gate_up = vals(5)?;
