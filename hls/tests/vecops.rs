@@ -80,7 +80,9 @@ fn hls_vecops_matches_golden() {
 fn hls_int8_ops_match_golden() {
     let mut rng = ChaCha8Rng::seed_from_u64(0x418);
     let r8 = |rng: &mut ChaCha8Rng, len: usize| -> Vec<i8> {
-        (0..len).map(|_| rng.gen_range(-128i16..=127) as i8).collect()
+        (0..len)
+            .map(|_| rng.gen_range(-128i16..=127) as i8)
+            .collect()
     };
     for i in 0..40 {
         let rows = rng.gen_range(1..=5usize);
@@ -98,7 +100,11 @@ fn hls_int8_ops_match_golden() {
             let a = gv::pad_rows8(&r8(&mut rng, rows * n), rows, n);
             let b = gv::pad_rows8(&r8(&mut rng, rows * n), rows, n);
             let want = gv::silu_mul8(&args, N_MAX, &a, &b).expect("golden");
-            assert_eq!(tandem_hls::silu_mul8(&args, N_MAX, &a, &b).expect("hls"), want, "{args:?}");
+            assert_eq!(
+                tandem_hls::silu_mul8(&args, N_MAX, &a, &b).expect("hls"),
+                want,
+                "{args:?}"
+            );
         } else {
             let k = rng.gen_range(1..=4usize);
             let yrows = rng.gen_range(1..=6usize);
@@ -120,7 +126,11 @@ fn hls_int8_ops_match_golden() {
                 })
                 .collect();
             let want = gv::combine(&args, N_MAX, &y8, &table).expect("golden");
-            assert_eq!(tandem_hls::combine(&args, N_MAX, &y8, &table).expect("hls"), want, "{args:?}");
+            assert_eq!(
+                tandem_hls::combine(&args, N_MAX, &y8, &table).expect("hls"),
+                want,
+                "{args:?}"
+            );
         }
     }
     let refused = VecArgs {

@@ -32,7 +32,9 @@ const GEMM: GemmCore = GemmCore {
 const VECOPS: VecopsCore = VecopsCore { n_max: 256 };
 
 fn r8(rng: &mut ChaCha8Rng, len: usize) -> Vec<i8> {
-    (0..len).map(|_| rng.gen_range(-128i16..=127) as i8).collect()
+    (0..len)
+        .map(|_| rng.gen_range(-128i16..=127) as i8)
+        .collect()
 }
 
 fn linear(rng: &mut ChaCha8Rng, n: usize, k: usize) -> Linear8 {
@@ -48,7 +50,14 @@ fn linear(rng: &mut ChaCha8Rng, n: usize, k: usize) -> Linear8 {
 }
 
 /// A random quantised problem: `rows[e]` slots for each expert that got any.
-fn problem(rng: &mut ChaCha8Rng, h: usize, f: usize, tokens: usize, k: usize, rows: &[usize]) -> Experts8 {
+fn problem(
+    rng: &mut ChaCha8Rng,
+    h: usize,
+    f: usize,
+    tokens: usize,
+    k: usize,
+    rows: &[usize],
+) -> Experts8 {
     let experts: Vec<Expert8> = rows
         .iter()
         .map(|&m| Expert8 {
@@ -68,7 +77,11 @@ fn problem(rng: &mut ChaCha8Rng, h: usize, f: usize, tokens: usize, k: usize, ro
     let y_rows: usize = rows.iter().sum::<usize>().max(1);
     let table = (0..tokens * k)
         .map(|s| {
-            let w = if s % 11 == 5 { 0 } else { rng.gen_range(0..=32767) as i16 };
+            let w = if s % 11 == 5 {
+                0
+            } else {
+                rng.gen_range(0..=32767) as i16
+            };
             table_entry(rng.gen_range(0..y_rows as u32), w)
         })
         .collect();
@@ -115,9 +128,12 @@ fn card_runs_match_the_golden_model() {
         let p = problem(&mut rng, h, f, tokens, k, rows);
         let want = experts(&p).expect("golden");
         poison(&mut rtl, 1 << 20);
-        let (got, st) = run_experts(&mut rtl, &GEMM, &VECOPS, ShellConfig::default(), &p, T)
-            .expect("RTL run");
-        assert_eq!(got, want, "RTL vs golden: H {h} F {f} T {tokens} k {k} rows {rows:?}");
+        let (got, st) =
+            run_experts(&mut rtl, &GEMM, &VECOPS, ShellConfig::default(), &p, T).expect("RTL run");
+        assert_eq!(
+            got, want,
+            "RTL vs golden: H {h} F {f} T {tokens} k {k} rows {rows:?}"
+        );
         let (m, _) = run_experts(&mut model, &GEMM, &VECOPS, ShellConfig::default(), &p, T)
             .expect("model run");
         assert_eq!(m, got, "model vs RTL");
@@ -135,8 +151,14 @@ fn card_runs_match_the_golden_model() {
         // the kernels' models are within 5% each on their own shapes; the sum here includes
         // GEMMs of 1..3 rows and K 24, where the GEMM model's fixed costs are off by a few %
         assert!(err <= 0.10, "cycle model {est} vs RTL {}", st.cycles);
-        let saturated = want.iter().filter(|&&v| v == i16::MAX || v == i16::MIN).count();
-        assert!(saturated < want.len() / 4, "mostly saturated: a test of nothing");
+        let saturated = want
+            .iter()
+            .filter(|&&v| v == i16::MAX || v == i16::MIN)
+            .count();
+        assert!(
+            saturated < want.len() / 4,
+            "mostly saturated: a test of nothing"
+        );
     }
 }
 
@@ -163,7 +185,13 @@ fn uniform(rng: &mut ChaCha8Rng, shape: &[usize], lim: f32) -> Tensor {
 }
 
 /// The experts op's inputs: x, routing of `logits` (CPU), gate_up, down.
-fn inputs(rng: &mut ChaCha8Rng, logits: &Tensor, h: usize, f: usize, k: usize) -> TestResult<Vec<Tensor>> {
+fn inputs(
+    rng: &mut ChaCha8Rng,
+    logits: &Tensor,
+    h: usize,
+    f: usize,
+    k: usize,
+) -> TestResult<Vec<Tensor>> {
     let (t, e) = (logits.meta().shape[0], logits.meta().shape[1]);
     let route = Op::MoeRoute(MoeRouteParams {
         top_k: k,
@@ -187,7 +215,10 @@ fn check(b: &dyn Backend, ins: &[Tensor]) -> TestResult<(f64, String, u64)> {
     let op = Op::MoeExperts(MoeExpertsParams::default());
     let metas: Vec<TensorMeta> = ins.iter().map(|t| t.meta()).collect();
     assert_eq!(b.supports(&op, &metas), Support::Native);
-    let st = ins.iter().map(|t| b.upload(t)).collect::<tandem::Result<Vec<_>>>()?;
+    let st = ins
+        .iter()
+        .map(|t| b.upload(t))
+        .collect::<tandem::Result<Vec<_>>>()?;
     let refs: Vec<_> = st.iter().collect();
     let l = b.launch(&op, &refs)?;
     l.done.wait(Duration::from_secs(600), "moe_experts")?;
@@ -233,7 +264,9 @@ fn backend_experts_are_within_the_int8_bound() -> TestResult {
         logits = Tensor::from_vec_f32(&[t, e], lv)?;
         let ins = inputs(&mut rng, &logits, h, f, k)?;
         let (err, kernel, cycles) = check(&*b, &ins)?;
-        println!("moe_experts T {t} H {h} E {e} k {k} F {f} ({kind}): rel. error {err:.2e}, {cycles} cycles, {kernel}");
+        println!(
+            "moe_experts T {t} H {h} E {e} k {k} F {f} ({kind}): rel. error {err:.2e}, {cycles} cycles, {kernel}"
+        );
         assert!(err < INT8_BOUND, "{kind}: rel. error {err}");
         assert!(kernel.starts_with("moe_experts_int8"), "{kernel}");
         assert!(cycles > 0);
@@ -261,7 +294,10 @@ fn backend_experts_are_within_the_int8_bound() -> TestResult {
     let mut ins = inputs(&mut rng, &logits, 16, 16, 2)?;
     ins[1] = Tensor::from_vec_i32(&[5, 2], vec![9; 10])?;
     let op = Op::MoeExperts(MoeExpertsParams::default());
-    let st = ins.iter().map(|t| b.upload(t)).collect::<tandem::Result<Vec<_>>>()?;
+    let st = ins
+        .iter()
+        .map(|t| b.upload(t))
+        .collect::<tandem::Result<Vec<_>>>()?;
     let refs: Vec<_> = st.iter().collect();
     let e = b.launch(&op, &refs).err().ok_or("bad topk_ids accepted")?;
     assert!(e.to_string().contains("topk_ids"), "{e}");
@@ -342,7 +378,12 @@ fn default_layer_runs_every_op_on_the_card() -> TestResult {
             n.run.device,
             n.run.fallback
         );
-        assert!(n.run.fallback.is_none(), "{}: {:?}", n.run.node, n.run.fallback);
+        assert!(
+            n.run.fallback.is_none(),
+            "{}: {:?}",
+            n.run.node,
+            n.run.fallback
+        );
         let e = n.error.rel_error.ok_or("no error measured")?;
         assert!(e < INT8_BOUND, "{}: rel. error {e:.3e}", n.run.node);
     }
@@ -373,15 +414,23 @@ fn estimates_come_from_the_cycle_models() -> TestResult {
             TensorMeta::new(vec![e, 2 * f, h], tandem::DType::F32),
             TensorMeta::new(vec![e, h, f], tandem::DType::F32),
         ];
-        let rows: Vec<usize> = (0..e).map(|i| t * k / e + usize::from(i < t * k % e)).collect();
+        let rows: Vec<usize> = (0..e)
+            .map(|i| t * k / e + usize::from(i < t * k % e))
+            .collect();
         let cycles = experts_cycles(&gemm, &vecops, &rows, h, f, t, k, &MemTiming::default());
         let clock = tandem_fpga::DEFAULT_CLOCK_MHZ * 1e6;
         let want = cycles as f64 / clock + 20e-6;
         let got = b.estimate(&op, &metas).as_secs_f64();
-        assert!((got - want).abs() <= 1e-9 + 1e-9 * want, "estimate {got} s vs {want} s");
+        assert!(
+            (got - want).abs() <= 1e-9 + 1e-9 * want,
+            "estimate {got} s vs {want} s"
+        );
         let macs = 3.0 * (t * k) as f64 * h as f64 * f as f64;
         let peak = f64::from(gemm.rows) * 8.0;
-        assert!(cycles as f64 >= macs / peak, "{cycles} cycles beat the array");
+        assert!(
+            cycles as f64 >= macs / peak,
+            "{cycles} cycles beat the array"
+        );
         println!(
             "moe_experts T {t} H {h} E {e} k {k} F {f}: {cycles} cycles, {:.3} ms at {} MHz, \
              {:.1}% of the array's peak ({} GMAC)",

@@ -185,7 +185,9 @@ fn int8_ops_rtl_match_golden_and_the_model() {
         let n = rng.gen_range(1..=N_MAX as usize);
         let np8 = LANES8 * words8(n);
         let r8 = |rng: &mut ChaCha8Rng, len: usize| -> Vec<i8> {
-            (0..len).map(|_| rng.gen_range(-128i16..=127) as i8).collect()
+            (0..len)
+                .map(|_| rng.gen_range(-128i16..=127) as i8)
+                .collect()
         };
         let (args, cycles) = if i % 2 == 0 {
             let m = rng.gen_range(1u32..=65535);
@@ -200,7 +202,10 @@ fn int8_ops_rtl_match_golden_and_the_model() {
             let a = vecops::pad_rows8(&r8(&mut rng, rows * n), rows, n);
             let b = vecops::pad_rows8(&r8(&mut rng, rows * n), rows, n);
             let want = vecops::silu_mul8(&args, N_MAX as usize, &a, &b).expect("golden");
-            sat8 += want.iter().filter(|&&v| v == i8::MAX || v == i8::MIN).count();
+            sat8 += want
+                .iter()
+                .filter(|&&v| v == i8::MAX || v == i8::MIN)
+                .count();
             let (got, st) = run_silu_mul8(&mut rtl, &args, &a, &b, T).expect("RTL run");
             assert_eq!(got, want, "RTL vs golden: {args:?}");
             let (m, _) = run_silu_mul8(&mut model, &args, &a, &b, T).expect("model run");
@@ -221,12 +226,19 @@ fn int8_ops_rtl_match_golden_and_the_model() {
             let y8 = r8(&mut rng, yrows * np8);
             let table: Vec<u64> = (0..rows * k)
                 .map(|e| {
-                    let w = if e % 7 == 3 { 0 } else { rng.gen_range(-32768i32..=32767) as i16 };
+                    let w = if e % 7 == 3 {
+                        0
+                    } else {
+                        rng.gen_range(-32768i32..=32767) as i16
+                    };
                     table_entry(rng.gen_range(0..yrows as u32), w)
                 })
                 .collect();
             let want = vecops::combine(&args, N_MAX as usize, &y8, &table).expect("golden");
-            sat16 += want.iter().filter(|&&v| v == i16::MAX || v == i16::MIN).count();
+            sat16 += want
+                .iter()
+                .filter(|&&v| v == i16::MAX || v == i16::MIN)
+                .count();
             let (got, st) = run_combine(&mut rtl, &args, &y8, &table, T).expect("RTL run");
             assert_eq!(got, want, "RTL vs golden: {args:?}");
             let (m, _) = run_combine(&mut model, &args, &y8, &table, T).expect("model run");
@@ -239,16 +251,46 @@ fn int8_ops_rtl_match_golden_and_the_model() {
             &tandem_fpga::timing::MemTiming::default(),
         );
         let err = (est as f64 - cycles as f64).abs() / cycles as f64;
-        println!("{args:?}: {cycles} cycles, model {est} ({:.1}%)", 100.0 * err);
+        println!(
+            "{args:?}: {cycles} cycles, model {est} ({:.1}%)",
+            100.0 * err
+        );
         assert!(err <= 0.05, "{args:?}: cycle model {est} vs RTL {cycles}");
     }
-    assert!(sat8 > 0 && sat16 > 0, "no problem saturated ({sat8}, {sat16})");
+    assert!(
+        sat8 > 0 && sat16 > 0,
+        "no problem saturated ({sat8}, {sat16})"
+    );
     // refused: the kernel finishes at once, writing nothing
     let bad = [
-        VecArgs { op: OP_SILU_MUL8, rows: 1, n: 8, shift: 48, ..VecArgs::default() },
-        VecArgs { op: OP_SILU_MUL8, rows: 1, n: 8, c1: 48, ..VecArgs::default() },
-        VecArgs { op: OP_COMBINE, rows: 1, n: 8, c0: 0, ..VecArgs::default() },
-        VecArgs { op: OP_COMBINE, rows: N_MAX as usize / 4 + 1, n: 8, c0: 1, ..VecArgs::default() },
+        VecArgs {
+            op: OP_SILU_MUL8,
+            rows: 1,
+            n: 8,
+            shift: 48,
+            ..VecArgs::default()
+        },
+        VecArgs {
+            op: OP_SILU_MUL8,
+            rows: 1,
+            n: 8,
+            c1: 48,
+            ..VecArgs::default()
+        },
+        VecArgs {
+            op: OP_COMBINE,
+            rows: 1,
+            n: 8,
+            c0: 0,
+            ..VecArgs::default()
+        },
+        VecArgs {
+            op: OP_COMBINE,
+            rows: N_MAX as usize / 4 + 1,
+            n: 8,
+            c0: 1,
+            ..VecArgs::default()
+        },
     ];
     for args in bad {
         assert!(!args.valid(N_MAX as usize), "{args:?}");

@@ -19,7 +19,9 @@ use crate::device::{DeviceBuffer, FpgaDevice, FpgaError, RunStats};
 use crate::golden::experts::{Expert8, Experts8};
 use crate::golden::gemm::k_slice;
 use crate::golden::vecops::{LANES, VecArgs, words as words16};
-use crate::kernels::gemm::{GemmCore, MODE_ACC_IN, MODE_PART_OUT, pack_params, pack_w, pad_x, pad8};
+use crate::kernels::gemm::{
+    GemmCore, MODE_ACC_IN, MODE_PART_OUT, pack_params, pack_w, pad_x, pad8,
+};
 use crate::kernels::vecops::VecopsCore;
 use crate::shell::ShellConfig;
 use crate::timing::{self, MemTiming};
@@ -178,6 +180,7 @@ impl Card<'_> {
     }
 
     /// The down GEMM of one expert: a K pass per chunk over the act chunks, into `y`.
+    #[allow(clippy::too_many_arguments)]
     fn down(
         &mut self,
         dev: &mut dyn FpgaDevice,

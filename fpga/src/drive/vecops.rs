@@ -37,7 +37,10 @@ pub fn run_vecops(
     if matches!(args.op, OP_SILU_MUL8 | OP_COMBINE) {
         return Err(bad(
             KERNEL,
-            format!("op {} takes int8 rows: run_silu_mul8 / run_combine", args.op),
+            format!(
+                "op {} takes int8 rows: run_silu_mul8 / run_combine",
+                args.op
+            ),
         ));
     }
     let np = LANES * words(args.n);
@@ -115,7 +118,10 @@ pub fn launch_silu_mul8(
     if a.len < bytes || b.len < bytes || y.len < bytes {
         return Err(bad(
             KERNEL,
-            format!("silu_mul8 buffers of {}, {}, {} bytes for {bytes}", a.len, b.len, y.len),
+            format!(
+                "silu_mul8 buffers of {}, {}, {} bytes for {bytes}",
+                a.len, b.len, y.len
+            ),
         ));
     }
     let pointers = [("a", a), ("b", b), ("p", y), ("y", y), ("s", y)];
@@ -165,7 +171,12 @@ pub fn run_silu_mul8(
     if a.len() != len || b.len() != len {
         return Err(bad(
             KERNEL,
-            format!("a {}, b {} elements for {args:?} (rows of {})", a.len(), b.len(), len),
+            format!(
+                "a {}, b {} elements for {args:?} (rows of {})",
+                a.len(),
+                b.len(),
+                len
+            ),
         ));
     }
     with_scratch(dev, |dev, s: &mut Scratch| {
@@ -190,7 +201,7 @@ pub fn run_combine(
     let np8 = LANES8 * words8(args.n);
     let rows_b = b.len() / np8.max(1);
     if table.len() != args.table_len()
-        || b.len() % np8.max(1) != 0
+        || !b.len().is_multiple_of(np8.max(1))
         || table.iter().any(|&e| (e & 0xffff_ffff) as usize >= rows_b)
     {
         return Err(bad(

@@ -116,7 +116,10 @@ impl Experts8 {
                 || !lin(&e.up, f, h)
                 || !lin(&e.down, h, f)
             {
-                return bad(format!("expert {i}: buffers do not match M {} H {h} F {f}", e.rows));
+                return bad(format!(
+                    "expert {i}: buffers do not match M {} H {h} F {f}",
+                    e.rows
+                ));
             }
         }
         Ok(())

@@ -180,7 +180,10 @@ impl VecArgs {
 
     /// Whether the op reads `b` (one row per row of `a`).
     pub fn reads_b(&self) -> bool {
-        matches!(self.op, OP_ADD | OP_RMSNORM_RES | OP_SILU_MUL | OP_SILU_MUL8)
+        matches!(
+            self.op,
+            OP_ADD | OP_RMSNORM_RES | OP_SILU_MUL | OP_SILU_MUL8
+        )
     }
 
     /// Entries of the combine table (op 6), else 0.
@@ -382,7 +385,12 @@ pub fn silu_mul8(args: &VecArgs, n_max: usize, a: &[i8], b: &[i8]) -> Result<Vec
 /// Op 6 (`combine`): the table `p` (`rows * c0` entries) over the padded int8 rows `b`
 /// (`8 words8(n)` elements each, any number of rows); `y`, padded int16 rows
 /// (`rows * 4 words(n)`).
-pub fn combine(args: &VecArgs, n_max: usize, b: &[i8], table: &[u64]) -> Result<Vec<i16>, VecError> {
+pub fn combine(
+    args: &VecArgs,
+    n_max: usize,
+    b: &[i8],
+    table: &[u64],
+) -> Result<Vec<i16>, VecError> {
     if args.op != OP_COMBINE || !args.valid(n_max) {
         return Err(VecError::Refused(*args, n_max));
     }

@@ -115,7 +115,8 @@ fn combine(
         rows.extend(bytes.into_iter().map(|v| v as i8));
         compact.push((e & !0xffff_ffff) | i as u64);
     }
-    let y = vecops::combine(args, c.n_max as usize, &rows, &compact).map_err(|e| dev_err(card, e))?;
+    let y =
+        vecops::combine(args, c.n_max as usize, &rows, &compact).map_err(|e| dev_err(card, e))?;
     card.store(card.pointer(desc, "y")?, &bytes(&y))?;
     Ok(timing::vecops_cycles(c, args, t))
 }

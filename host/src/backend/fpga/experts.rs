@@ -111,7 +111,11 @@ fn matmul(x: &[f64], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f64> {
 /// The int8 scale of values whose largest magnitude is `m` (25% margin; 1 for none).
 fn y_scale(v: &[f64]) -> f32 {
     let m = v.iter().fold(0f64, |a, &b| a.max(b.abs()));
-    if m > 0.0 { (1.25 * m / 127.0) as f32 } else { 1.0 }
+    if m > 0.0 {
+        (1.25 * m / 127.0) as f32
+    } else {
+        1.0
+    }
 }
 
 fn linear8(q: gq::QuantLinear) -> Linear8 {
@@ -177,7 +181,11 @@ impl ExpertsJob {
             let sample: Vec<f64> = slots
                 .iter()
                 .step_by(step)
-                .flat_map(|&s| x[(s / k) * h..(s / k + 1) * h].iter().map(|&v| f64::from(v)))
+                .flat_map(|&s| {
+                    x[(s / k) * h..(s / k + 1) * h]
+                        .iter()
+                        .map(|&v| f64::from(v))
+                })
                 .collect();
             let ms = sample.len() / h;
             let g = matmul(&sample, wg, ms, f, h);
@@ -212,7 +220,9 @@ impl ExpertsJob {
         let bound = (0..sh.t)
             .map(|t| {
                 (0..k)
-                    .filter_map(|j| loc[t * k + j].map(|(_, sd)| f64::from(w[t * k + j]).abs() * 128.0 * sd))
+                    .filter_map(|j| {
+                        loc[t * k + j].map(|(_, sd)| f64::from(w[t * k + j]).abs() * 128.0 * sd)
+                    })
                     .sum::<f64>()
             })
             .fold(0f64, f64::max);
@@ -232,7 +242,9 @@ impl ExpertsJob {
                 let row = loc[s].map_or(0, |(r, _)| r);
                 u32::try_from(row)
                     .map(|row| table_entry(row, wq))
-                    .map_err(|_| Error::invalid("moe_experts", format!("{row} slots exceed 32 bits")))
+                    .map_err(|_| {
+                        Error::invalid("moe_experts", format!("{row} slots exceed 32 bits"))
+                    })
             })
             .collect::<Result<Vec<u64>>>()?;
         Ok(Self {
