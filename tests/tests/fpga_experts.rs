@@ -439,6 +439,19 @@ fn estimates_come_from_the_cycle_models() -> TestResult {
             100.0 * macs / peak / cycles as f64,
             macs / 1e9
         );
+        // the same launch sequence with the U55C-sized GEMM build (rows 64 = 512 MACs)
+        let big = GemmCore::u55c();
+        let c = experts_cycles(&big, &vecops, &rows, h, f, t, k, &MemTiming::default());
+        let peak = f64::from(big.rows) * 8.0;
+        assert!(
+            c as f64 >= macs / peak && c < cycles,
+            "{c} cycles on the rows-64 build"
+        );
+        println!(
+            "  with GemmCore::u55c(): {c} cycles, {:.3} ms, {:.1}% of its peak",
+            1e3 * c as f64 / clock,
+            100.0 * macs / peak / c as f64
+        );
     }
     Ok(())
 }

@@ -566,6 +566,60 @@ mod tests {
     }
 
     #[test]
+    fn int8_ops_match_float() {
+        // silu_mul8: gate and up at 1/16, output at 1/32 -> mult/2^shift = 1/(256 32768) * 32
+        let args = VecArgs {
+            op: OP_SILU_MUL8,
+            rows: 1,
+            n: 9,
+            shift: 33,
+            c0: 1 << 15,
+            c1: (1 << 31) | 17, // z = g * 2^15 >> 17 = g / 4: units of 1/64 for a 1/16 gate
+        };
+        let g: Vec<i8> = vec![-128, -40, -5, 0, 3, 17, 64, 127, 1];
+        let u: Vec<i8> = vec![100, -100, 7, 50, -128, 127, 1, 90, -3];
+        let y = silu_mul8(&args, 64, &pad_rows8(&g, 1, 9), &pad_rows8(&u, 1, 9)).expect("run");
+        for i in 0..9 {
+            let (gf, uf) = (f64::from(g[i]) / 16.0, f64::from(u[i]) / 16.0);
+            let want = (gf / (1.0 + (-gf).exp()) * uf * 32.0).clamp(-128.0, 127.0);
+            assert!(
+                (f64::from(y[i]) - want).abs() <= 1.0 + want.abs() * 0.02,
+                "{i}: {} vs {want}",
+                y[i]
+            );
+        }
+        // combine: two rows gathered with weights 1.0 and -0.5 (Q14), a zero weight, a repeat
+        let b: Vec<i8> = pad_rows8(&[10, -20, 30, 127, -128, 1, 2, 3, 4, 5], 2, 5);
+        let t = vec![
+            table_entry(1, 16384),
+            table_entry(0, -8192),
+            table_entry(0, 0),
+            table_entry(0, 16384),
+        ];
+        let args = VecArgs {
+            op: OP_COMBINE,
+            rows: 2,
+            n: 5,
+            shift: 14,
+            c0: 2,
+            c1: 0,
+        };
+        let y = unpad_rows(&combine(&args, 64, &b, &t).expect("run"), 5);
+        assert_eq!(y, vec![-4, 12, -12, -59, 69, 10, -20, 30, 127, -128]);
+        let bad = [table_entry(2, 1), 0, 0, 0];
+        assert!(combine(&args, 64, &b, &bad).is_err(), "a row past b");
+        assert!(
+            !VecArgs {
+                rows: 17,
+                c0: 1,
+                ..args
+            }
+            .valid(64),
+            "table past the bank"
+        );
+    }
+
+    #[test]
     fn silu_mul_matches_float() {
         let sig = sigmoid_lut();
         for g in [-30000i16, -4000, -100, 0, 100, 4000, 30000] {
