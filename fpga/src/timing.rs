@@ -276,12 +276,22 @@ pub fn vecops_cycles(
     args: &crate::golden::vecops::VecArgs,
     m: &MemTiming,
 ) -> u64 {
-    use crate::golden::vecops::{OP_RMSNORM, OP_RMSNORM_RES, OP_ROPE, words};
+    use crate::golden::vecops::{
+        OP_COMBINE, OP_RMSNORM, OP_RMSNORM_RES, OP_ROPE, OP_SILU_MUL8, words, words8,
+    };
     const BURST_BYTES: u64 = 64 * 8;
-    let nw = words(args.n) as u64;
+    let n8 = words8(args.n) as u64;
+    // words written per row; int8 rows (silu_mul8) are half as many words
+    let nw = if args.op == OP_SILU_MUL8 {
+        n8
+    } else {
+        words(args.n) as u64
+    };
     let rows = args.rows as u64;
     let norm = matches!(args.op, OP_RMSNORM | OP_RMSNORM_RES);
-    let reads = if args.reads_b() || args.op == OP_ROPE {
+    let reads = if args.op == OP_COMBINE {
+        u64::from(args.c0) * n8
+    } else if args.reads_b() || args.op == OP_ROPE {
         2 * nw
     } else {
         nw
@@ -300,6 +310,13 @@ pub fn vecops_cycles(
     };
     let bursts = (rows / 64) * blocks(0, 64) + blocks(0, rows % 64);
     let per_row = m.stream(reads) + requests * (nw + 1) + if norm { 2 } else { 0 };
-    let w = if norm { m.stream(nw) } else { 0 };
+    let w = if norm {
+        m.stream(nw)
+    } else if args.op == OP_COMBINE {
+        // the table, then the first gather's request waits for it: a second read latency
+        m.stream(args.table_len() as u64) + m.read_latency + 1
+    } else {
+        0
+    };
     w + rows * per_row + requests * bursts + 4 + overhead(m)
 }

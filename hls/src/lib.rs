@@ -486,3 +486,105 @@ pub fn vecops(
     }
     Ok(VecOut { y, s })
 }
+
+/// Runs the HLS `silu_mul8` (op 5 of `vecops_kernel`) on the host: same arguments as
+/// [`tandem_fpga::golden::vecops::silu_mul8`] (padded int8 rows).
+pub fn silu_mul8(
+    args: &tandem_fpga::golden::vecops::VecArgs,
+    n_max: usize,
+    a: &[i8],
+    b: &[i8],
+) -> Result<Vec<i8>, HlsError> {
+    use tandem_fpga::golden::vecops::{LANES8, words8};
+    let k = "vecops";
+    let len = args.rows * LANES8 * words8(args.n);
+    check(k, "a", a.len(), len)?;
+    check(k, "b", b.len(), len)?;
+    let dims = format!("{args:?}");
+    let (rows, n, nm) = (
+        dim(k, args.rows, &dims)?,
+        dim(k, args.n, &dims)?,
+        dim(k, n_max, &dims)?,
+    );
+    let shift = i32::try_from(args.shift).map_err(|_| HlsError::Range {
+        kernel: k,
+        dims: dims.clone(),
+    })?;
+    // (at least 2 bytes: the port is int16_t*)
+    let mut y = vec![0i8; len.max(2)];
+    // SAFETY: a, b and y hold `len` bytes, what op 5 reads and writes; p and s are unused.
+    let rc = unsafe {
+        ffi::vecops_kernel(
+            a.as_ptr().cast(),
+            b.as_ptr().cast(),
+            std::ptr::null(),
+            y.as_mut_ptr().cast(),
+            std::ptr::null_mut(),
+            args.op as i32,
+            rows,
+            n,
+            shift,
+            args.c0,
+            args.c1,
+            nm,
+        )
+    };
+    if rc != 0 {
+        return Err(HlsError::Range { kernel: k, dims });
+    }
+    y.truncate(len);
+    Ok(y)
+}
+
+/// Runs the HLS `combine` (op 6 of `vecops_kernel`) on the host: same arguments as
+/// [`tandem_fpga::golden::vecops::combine`] (padded int8 rows `b`, the table).
+pub fn combine(
+    args: &tandem_fpga::golden::vecops::VecArgs,
+    n_max: usize,
+    b: &[i8],
+    table: &[u64],
+) -> Result<Vec<i16>, HlsError> {
+    use tandem_fpga::golden::vecops::{LANES, LANES8, words, words8};
+    let k = "vecops";
+    check(k, "p", table.len(), args.table_len())?;
+    let np8 = LANES8 * words8(args.n);
+    let dims = format!("{args:?}");
+    if table
+        .iter()
+        .any(|&e| ((e & 0xffff_ffff) as usize + 1) * np8 > b.len())
+    {
+        return Err(HlsError::Range { kernel: k, dims });
+    }
+    let (rows, n, nm) = (
+        dim(k, args.rows, &dims)?,
+        dim(k, args.n, &dims)?,
+        dim(k, n_max, &dims)?,
+    );
+    let shift = i32::try_from(args.shift).map_err(|_| HlsError::Range {
+        kernel: k,
+        dims: dims.clone(),
+    })?;
+    let mut y = vec![0i16; args.rows * LANES * words(args.n)];
+    // SAFETY: every table row lies inside b (checked above), the table has rows * c0 entries,
+    // y holds the rows op 6 writes; a and s are unused.
+    let rc = unsafe {
+        ffi::vecops_kernel(
+            std::ptr::null(),
+            b.as_ptr().cast(),
+            table.as_ptr().cast(),
+            y.as_mut_ptr(),
+            std::ptr::null_mut(),
+            args.op as i32,
+            rows,
+            n,
+            shift,
+            args.c0,
+            args.c1,
+            nm,
+        )
+    };
+    if rc != 0 {
+        return Err(HlsError::Range { kernel: k, dims });
+    }
+    Ok(y)
+}

@@ -75,6 +75,74 @@ fn hls_vecops_matches_golden() {
     assert!(tandem_hls::vecops(&refused, N_MAX, &vec![0; np], &[], &vec![0; np]).is_err());
 }
 
+/// The int8 ops (silu_mul8, combine) of the HLS C++ against the golden model, bit for bit.
+#[test]
+fn hls_int8_ops_match_golden() {
+    let mut rng = ChaCha8Rng::seed_from_u64(0x418);
+    let r8 = |rng: &mut ChaCha8Rng, len: usize| -> Vec<i8> {
+        (0..len)
+            .map(|_| rng.gen_range(-128i16..=127) as i8)
+            .collect()
+    };
+    for i in 0..40 {
+        let rows = rng.gen_range(1..=5usize);
+        let n = rng.gen_range(1..=N_MAX);
+        let np8 = gv::LANES8 * gv::words8(n);
+        if i % 2 == 0 {
+            let args = VecArgs {
+                op: gv::OP_SILU_MUL8,
+                rows,
+                n,
+                shift: rng.gen_range(10..=34),
+                c0: rng.gen_range(1..=65535),
+                c1: (rng.gen_range(1u32..=65535) << 16) | rng.gen_range(6..=20),
+            };
+            let a = gv::pad_rows8(&r8(&mut rng, rows * n), rows, n);
+            let b = gv::pad_rows8(&r8(&mut rng, rows * n), rows, n);
+            let want = gv::silu_mul8(&args, N_MAX, &a, &b).expect("golden");
+            assert_eq!(
+                tandem_hls::silu_mul8(&args, N_MAX, &a, &b).expect("hls"),
+                want,
+                "{args:?}"
+            );
+        } else {
+            let k = rng.gen_range(1..=4usize);
+            let yrows = rng.gen_range(1..=6usize);
+            let args = VecArgs {
+                op: gv::OP_COMBINE,
+                rows,
+                n,
+                shift: rng.gen_range(0..=16),
+                c0: k as u32,
+                c1: 0,
+            };
+            let y8 = r8(&mut rng, yrows * np8);
+            let table: Vec<u64> = (0..rows * k)
+                .map(|_| {
+                    gv::table_entry(
+                        rng.gen_range(0..yrows as u32),
+                        rng.gen_range(-32768i32..=32767) as i16,
+                    )
+                })
+                .collect();
+            let want = gv::combine(&args, N_MAX, &y8, &table).expect("golden");
+            assert_eq!(
+                tandem_hls::combine(&args, N_MAX, &y8, &table).expect("hls"),
+                want,
+                "{args:?}"
+            );
+        }
+    }
+    let refused = VecArgs {
+        op: gv::OP_COMBINE,
+        rows: N_MAX / 4 + 1,
+        n: 8,
+        c0: 1,
+        ..VecArgs::default()
+    };
+    assert!(tandem_hls::combine(&refused, N_MAX, &[0; 8], &vec![0; N_MAX / 4 + 1]).is_err());
+}
+
 fn table(path: &str) -> Vec<u16> {
     std::fs::read_to_string(path)
         .expect("LUT include")

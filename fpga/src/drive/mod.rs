@@ -16,6 +16,7 @@
 //! frees them whatever happened, so a failed run leaves the card's memory as it found it.
 
 pub mod attention;
+pub mod experts;
 pub mod gemm;
 pub mod router;
 pub mod vecops;
@@ -25,9 +26,10 @@ use std::time::Duration;
 pub use attention::{
     AttentionDims, KvHead, QueryHead, run_attention, run_attention_head, run_attention_split,
 };
+pub use experts::{ExpertsStats, experts_cycles, run_experts};
 pub use gemm::{run_gemm, run_gemm_split};
 pub use router::run_router;
-pub use vecops::run_vecops;
+pub use vecops::{launch_combine, launch_silu_mul8, run_combine, run_silu_mul8, run_vecops};
 
 use crate::device::{DeviceBuffer, FpgaDevice, FpgaError, RunStats, SyncDir};
 

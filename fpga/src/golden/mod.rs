@@ -2,6 +2,7 @@
 //! (Verilator), the HLS C++ (csim) and these models agree bit for bit.
 
 pub mod attention;
+pub mod experts;
 pub mod gemm;
 pub mod router;
 pub mod vecops;

@@ -18,6 +18,8 @@
 //! | 2 | rmsnorm + residual | a, b, p = w | `s = t = sat16(a + b)`, `y` |
 //! | 3 | rope | a, p = cos/sin rows | `y` (below) |
 //! | 4 | silu_mul | a (gate), b (up) | `y` (below) |
+//! | 5 | silu_mul8 | a (gate), b (up), int8 rows | `y` int8 rows (below) |
+//! | 6 | combine | p = (row, weight) table, b = int8 rows | `y` (below) |
 //!
 //! **RMSNorm**: `ss = sum t^2` (u64) over the padded row; `m = (ss * inv_n) >> 32` (`inv_n` =
 //! `c1`, the host's `round(2^32 / n)`); `v = max(1, min(m + eps_q, 2^32 - 1))` (`eps_q` = `c0`,
@@ -35,6 +37,20 @@
 //! **SiLU(a) x b**: `z = rs(a * c0, c1)` (the gate in units of 1/64), `sig = 32768` for
 //! `z >= 512`, `0` for `z < -512`, else `SIG[z + 512]` with
 //! `SIG[i] = round(32768 sigmoid((i - 512) / 64))`; `y = sat16(rs(a * sig * b, shift))`.
+//!
+//! **int8 rows** (ops 5 and 6): a row of `n` int8 elements is `words8(n) = ceil(n / 8)` words
+//! (8 elements each; padded to `8 words8(n)`), the layout the GEMM kernel reads `x` and writes
+//! `y` in, so these ops work on the GEMM's buffers in card memory.
+//!
+//! **SiLU(a) x b on int8** (op 5): as op 4 with `sig` from `z = rs(a * c0, c1 & 63)`, then
+//! `y = sat8(rs(a * sig * b * m, shift))` with `m = c1 >> 16` (the output multiplier;
+//! `c1 & 0xffff` at most 47).
+//!
+//! **Weighted gather-combine** (op 6): `p` is a table of `rows * c0` 64-bit entries, entry
+//! `r c0 + j` = `row | weight << 32` (`row`: bits 0..32, an int8 row of `b`; `weight`: bits
+//! 32..48, signed). Output row `r` (int16, `4 words(n)` elements as every int16 op):
+//! `acc[i] = sum over j of weight_j * b[row_j][i]` (exact; at most 2^37), `y[i] =
+//! sat16(rs(acc[i], shift))`. `rows * c0` is at most the table bank (`n_max / 4` entries).
 
 use thiserror::Error;
 
@@ -50,8 +66,14 @@ pub const OP_RMSNORM_RES: u32 = 2;
 pub const OP_ROPE: u32 = 3;
 /// Op code: `silu(a) * b`.
 pub const OP_SILU_MUL: u32 = 4;
+/// Op code: `silu(a) * b` on int8 rows, int8 out.
+pub const OP_SILU_MUL8: u32 = 5;
+/// Op code: weighted gather of int8 rows of `b` by the table `p`, int16 out.
+pub const OP_COMBINE: u32 = 6;
 /// Largest valid op code.
-pub const OP_MAX: u32 = 4;
+pub const OP_MAX: u32 = 6;
+/// int8 elements per 64-bit word.
+pub const LANES8: usize = 8;
 /// Entries of the rsqrt table (9-bit index; entries below 128 are never used).
 pub const RSQ_SIZE: usize = 512;
 /// Fractional bits of the sigmoid's input.
@@ -85,6 +107,21 @@ pub fn sigmoid_lut() -> Vec<u16> {
 /// Words of a row of `n` elements.
 pub fn words(n: usize) -> usize {
     n.div_ceil(LANES)
+}
+
+/// Words of a row of `n` int8 elements.
+pub fn words8(n: usize) -> usize {
+    n.div_ceil(LANES8)
+}
+
+/// `clamp(v, -128, 127)`.
+pub fn sat8(v: i64) -> i8 {
+    v.clamp(i64::from(i8::MIN), i64::from(i8::MAX)) as i8
+}
+
+/// A combine table entry: int8 row `row` of `b`, times `weight`.
+pub fn table_entry(row: u32, weight: i16) -> u64 {
+    u64::from(row) | (u64::from(weight as u16) << 32)
 }
 
 /// `clamp(v, -32768, 32767)`.
@@ -130,13 +167,32 @@ impl VecArgs {
             OP_RMSNORM | OP_RMSNORM_RES => (1..=MAX_SHIFT).contains(&self.shift),
             OP_ROPE => self.n.is_multiple_of(2 * LANES) && self.c0 != 0,
             OP_SILU_MUL => self.shift <= MAX_SHIFT && self.c1 <= MAX_SHIFT,
+            OP_SILU_MUL8 => self.shift <= MAX_SHIFT && (self.c1 & 0xffff) <= MAX_SHIFT,
+            OP_COMBINE => {
+                self.shift <= MAX_SHIFT
+                    && self.c0 != 0
+                    && (self.rows as u64).saturating_mul(u64::from(self.c0))
+                        <= (n_max / LANES) as u64
+            }
             _ => true,
         }
     }
 
     /// Whether the op reads `b` (one row per row of `a`).
     pub fn reads_b(&self) -> bool {
-        matches!(self.op, OP_ADD | OP_RMSNORM_RES | OP_SILU_MUL)
+        matches!(
+            self.op,
+            OP_ADD | OP_RMSNORM_RES | OP_SILU_MUL | OP_SILU_MUL8
+        )
+    }
+
+    /// Entries of the combine table (op 6), else 0.
+    pub fn table_len(&self) -> usize {
+        if self.op == OP_COMBINE {
+            self.rows * self.c0 as usize
+        } else {
+            0
+        }
     }
 
     /// Rows of `p` the op reads: the weight row, the period's cos/sin rows, or none.
@@ -211,7 +267,7 @@ pub fn run(
     b: &[i16],
     p: &[i16],
 ) -> Result<VecOut, VecError> {
-    if !args.valid(n_max) {
+    if !args.valid(n_max) || args.op >= OP_SILU_MUL8 {
         return Err(VecError::Refused(*args, n_max));
     }
     let np = LANES * words(args.n);
@@ -291,6 +347,90 @@ pub fn run(
         }
     }
     Ok(VecOut { y, s })
+}
+
+fn check_len(what: &'static str, got: usize, expected: usize) -> Result<(), VecError> {
+    if got == expected {
+        Ok(())
+    } else {
+        Err(VecError::Length {
+            what,
+            got,
+            expected,
+        })
+    }
+}
+
+/// Op 5 (`silu_mul8`) on padded int8 rows (`rows * 8 words8(n)` elements each): `y`, padded
+/// int8 rows.
+pub fn silu_mul8(args: &VecArgs, n_max: usize, a: &[i8], b: &[i8]) -> Result<Vec<i8>, VecError> {
+    if args.op != OP_SILU_MUL8 || !args.valid(n_max) {
+        return Err(VecError::Refused(*args, n_max));
+    }
+    let np = LANES8 * words8(args.n);
+    check_len("a", a.len(), args.rows * np)?;
+    check_len("b", b.len(), args.rows * np)?;
+    let sig = sigmoid_lut();
+    let m = i64::from(args.c1 >> 16);
+    Ok(a.iter()
+        .zip(b)
+        .map(|(&g, &u)| {
+            let sg = sigmoid_q(i16::from(g), args.c0, args.c1 & 0xffff, &sig);
+            let prod = i64::from(g) * i64::from(sg) * i64::from(u) * m;
+            sat8(rs(prod, args.shift))
+        })
+        .collect())
+}
+
+/// Op 6 (`combine`): the table `p` (`rows * c0` entries) over the padded int8 rows `b`
+/// (`8 words8(n)` elements each, any number of rows); `y`, padded int16 rows
+/// (`rows * 4 words(n)`).
+pub fn combine(
+    args: &VecArgs,
+    n_max: usize,
+    b: &[i8],
+    table: &[u64],
+) -> Result<Vec<i16>, VecError> {
+    if args.op != OP_COMBINE || !args.valid(n_max) {
+        return Err(VecError::Refused(*args, n_max));
+    }
+    check_len("p", table.len(), args.table_len())?;
+    let (np8, np) = (LANES8 * words8(args.n), LANES * words(args.n));
+    let b_rows = b.len() / np8;
+    let mut y = vec![0i16; args.rows * np];
+    let k = args.c0 as usize;
+    for (r, yr) in y.chunks_exact_mut(np).enumerate() {
+        let mut acc = vec![0i64; np];
+        for &e in &table[r * k..(r + 1) * k] {
+            let row = (e & 0xffff_ffff) as usize;
+            let w = i64::from((e >> 32) as u16 as i16);
+            if row >= b_rows {
+                return Err(VecError::Length {
+                    what: "b (a table row past its end)",
+                    got: b.len(),
+                    expected: (row + 1) * np8,
+                });
+            }
+            let src = &b[row * np8..row * np8 + np];
+            for (a, &v) in acc.iter_mut().zip(src) {
+                *a += w * i64::from(v);
+            }
+        }
+        for (o, &a) in yr.iter_mut().zip(&acc) {
+            *o = sat16(rs(a, args.shift));
+        }
+    }
+    Ok(y)
+}
+
+/// Pads `rows` rows of `n` int8 elements to rows of `8 words8(n)` (zeros).
+pub fn pad_rows8(x: &[i8], rows: usize, n: usize) -> Vec<i8> {
+    let np = LANES8 * words8(n);
+    let mut out = vec![0i8; rows * np];
+    for (o, i) in out.chunks_exact_mut(np).zip(x.chunks_exact(n.max(1))) {
+        o[..n].copy_from_slice(i);
+    }
+    out
 }
 
 /// Pads `rows` rows of `n` elements to rows of `4 words(n)` (zeros).
@@ -423,6 +563,60 @@ mod tests {
         };
         assert!(!rope.valid(64));
         assert!(VecArgs { n: 16, ..rope }.valid(64));
+    }
+
+    #[test]
+    fn int8_ops_match_float() {
+        // silu_mul8: gate and up at 1/16, output at 1/32 -> mult/2^shift = 1/(256 32768) * 32
+        let args = VecArgs {
+            op: OP_SILU_MUL8,
+            rows: 1,
+            n: 9,
+            shift: 33,
+            c0: 1 << 15,
+            c1: (1 << 31) | 13, // z = g * 2^15 >> 13 = 4 g: units of 1/64 for a 1/16 gate
+        };
+        let g: Vec<i8> = vec![-128, -40, -5, 0, 3, 17, 64, 127, 1];
+        let u: Vec<i8> = vec![100, -100, 7, 50, -128, 127, 1, 90, -3];
+        let y = silu_mul8(&args, 64, &pad_rows8(&g, 1, 9), &pad_rows8(&u, 1, 9)).expect("run");
+        for i in 0..9 {
+            let (gf, uf) = (f64::from(g[i]) / 16.0, f64::from(u[i]) / 16.0);
+            let want = (gf / (1.0 + (-gf).exp()) * uf * 32.0).clamp(-128.0, 127.0);
+            assert!(
+                (f64::from(y[i]) - want).abs() <= 1.0 + want.abs() * 0.02,
+                "{i}: {} vs {want}",
+                y[i]
+            );
+        }
+        // combine: two rows gathered with weights 1.0 and -0.5 (Q14), a zero weight, a repeat
+        let b: Vec<i8> = pad_rows8(&[10, -20, 30, 127, -128, 1, 2, 3, 4, 5], 2, 5);
+        let t = vec![
+            table_entry(1, 16384),
+            table_entry(0, -8192),
+            table_entry(0, 0),
+            table_entry(0, 16384),
+        ];
+        let args = VecArgs {
+            op: OP_COMBINE,
+            rows: 2,
+            n: 5,
+            shift: 14,
+            c0: 2,
+            c1: 0,
+        };
+        let y = unpad_rows(&combine(&args, 64, &b, &t).expect("run"), 5);
+        assert_eq!(y, vec![-4, 12, -12, -59, 69, 10, -20, 30, 127, -128]);
+        let bad = [table_entry(2, 1), 0, 0, 0];
+        assert!(combine(&args, 64, &b, &bad).is_err(), "a row past b");
+        assert!(
+            !VecArgs {
+                rows: 17,
+                c0: 1,
+                ..args
+            }
+            .valid(64),
+            "table past the bank"
+        );
     }
 
     #[test]

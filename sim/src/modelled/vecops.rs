@@ -36,6 +36,11 @@ pub(super) fn run(
     if !args.valid(c.n_max as usize) {
         return Ok(timing::REFUSED_RUN_CYCLES);
     }
+    match args.op {
+        vecops::OP_SILU_MUL8 => return silu_mul8(card, c, desc, t, &args),
+        vecops::OP_COMBINE => return combine(card, c, desc, t, &args),
+        _ => {}
+    }
     let row = LANES * words(args.n) * 2;
     let a = elems(&card.fetch(card.pointer(desc, "a")?, args.rows * row)?);
     let b = if args.reads_b() {
@@ -53,4 +58,65 @@ pub(super) fn run(
         card.store(card.pointer(desc, "s")?, &bytes(&out.s))?;
     }
     Ok(timing::vecops_cycles(c, &args, t))
+}
+
+fn dev_err(card: &ModelCard, e: vecops::VecError) -> FpgaError {
+    FpgaError::Device {
+        device: card.name_of(),
+        msg: e.to_string(),
+    }
+}
+
+/// Op 5: int8 rows `a`, `b` in, int8 rows `y` out.
+fn silu_mul8(
+    card: &mut ModelCard,
+    c: &VecopsCore,
+    desc: &KernelDesc,
+    t: &MemTiming,
+    args: &VecArgs,
+) -> Result<u64, FpgaError> {
+    let len = args.rows * vecops::LANES8 * vecops::words8(args.n);
+    let i8s = |b: Vec<u8>| -> Vec<i8> { b.into_iter().map(|v| v as i8).collect() };
+    let a = i8s(card.fetch(card.pointer(desc, "a")?, len)?);
+    let b = i8s(card.fetch(card.pointer(desc, "b")?, len)?);
+    let y = vecops::silu_mul8(args, c.n_max as usize, &a, &b).map_err(|e| dev_err(card, e))?;
+    let out: Vec<u8> = y.iter().map(|&v| v as u8).collect();
+    card.store(card.pointer(desc, "y")?, &out)?;
+    Ok(timing::vecops_cycles(c, args, t))
+}
+
+/// Op 6: the table in `p`, the int8 rows it names gathered from `b`, int16 rows `y` out.
+fn combine(
+    card: &mut ModelCard,
+    c: &VecopsCore,
+    desc: &KernelDesc,
+    t: &MemTiming,
+    args: &VecArgs,
+) -> Result<u64, FpgaError> {
+    let tb = card.fetch(card.pointer(desc, "p")?, args.table_len() * 8)?;
+    let table: Vec<u64> = tb
+        .chunks_exact(8)
+        .map(|w| u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]))
+        .collect();
+    let np8 = vecops::LANES8 * vecops::words8(args.n);
+    // only the rows the table names are read; gather them into a compact matrix
+    let base = card.pointer(desc, "b")?;
+    let mut rows = Vec::with_capacity(table.len() * np8);
+    let mut compact = Vec::with_capacity(table.len());
+    for (i, &e) in table.iter().enumerate() {
+        let row = e & 0xffff_ffff;
+        let addr = base
+            .checked_add(row * np8 as u64)
+            .ok_or_else(|| FpgaError::Device {
+                device: card.name_of(),
+                msg: format!("combine: table row {row} lies past the address space"),
+            })?;
+        let bytes = card.fetch(addr, np8)?;
+        rows.extend(bytes.into_iter().map(|v| v as i8));
+        compact.push((e & !0xffff_ffff) | i as u64);
+    }
+    let y =
+        vecops::combine(args, c.n_max as usize, &rows, &compact).map_err(|e| dev_err(card, e))?;
+    card.store(card.pointer(desc, "y")?, &bytes(&y))?;
+    Ok(timing::vecops_cycles(c, args, t))
 }

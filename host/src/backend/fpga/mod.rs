@@ -19,13 +19,19 @@
 //!   elements, on the streaming vector kernel (`vecops_int16_stream`); `split_heads` /
 //!   `merge_heads` are the host's layout of the card buffers (`host_layout`, zero cycles).
 //!
-//! Everything else (`moe_experts`) answers [`Support::No`] so the planner keeps it on the CPU. Each kernel has
+//! - `moe_experts` ([`experts`]): hidden size <= 4096, any F, T and E, as GEMM and vecops
+//!   launches over card memory on one card that loads the two kernels in turn
+//!   (`moe_experts_int8_gemm+vecops`); on the simulated cards only (a board would need one
+//!   xclbin holding both kernels).
+//!
+//! Everything else answers [`Support::No`] so the planner keeps it on the CPU. Each kernel has
 //! its own card, opened and loaded at first use. `LaunchInfo::cycles` is the kernel cycles
 //! (ap_start to ap_done) and `device_time` = cycles / the card's clock
 //! (`FpgaDevice::clock_hz`: the build's target clock, `tandem_fpga::DEFAULT_CLOCK_MHZ`, unless
 //! `FpgaOptions::clock_mhz` says otherwise).
 
 pub mod attention;
+pub mod experts;
 pub mod linear;
 pub mod route;
 pub mod vecops;
@@ -45,6 +51,7 @@ use tandem_fpga::timing::{self, MemTiming};
 use tandem_fpga::{DEFAULT_CLOCK_MHZ, FpgaDevice, FpgaError};
 
 pub use attention::ATTENTION_KERNEL;
+pub use experts::EXPERTS_KERNEL;
 pub use linear::GEMM_KERNEL;
 pub use route::ROUTER_KERNEL;
 pub use vecops::{LAYOUT_KERNEL, VECOPS_KERNEL};
@@ -317,6 +324,7 @@ impl FpgaBackend {
             Op::RmsNorm(_) | Op::Rope(_) | Op::Add | Op::SplitHeads(_) | Op::MergeHeads => {
                 vecops::cycles(&self.vecops, op, inputs)
             }
+            Op::MoeExperts(p) => experts::estimate_cycles(&self.gemm, &self.vecops, p, inputs),
             _ => None,
         }
     }
@@ -436,14 +444,28 @@ impl Backend for FpgaBackend {
                 let max = (!self.model_sized()).then_some(vecops::MAX_SIM_CYCLES);
                 vecops::support(&self.vecops, op, inputs, max)
             }
+            Op::MoeExperts(_) if self.info.id.kind != DeviceKind::FpgaSim => Support::No(
+                "moe_experts runs GEMM and vecops launches over one card's memory: a board needs \
+                 one xclbin holding both kernels, which the board flow does not build yet"
+                    .into(),
+            ),
+            Op::MoeExperts(p) => {
+                let max = if self.model_sized() {
+                    experts::MAX_MODEL_MACS
+                } else {
+                    experts::MAX_SIM_MACS
+                };
+                experts::support(&self.gemm, &self.vecops, p, inputs, max)
+            }
             Op::AttentionDecode(_) => Support::No(
                 "no FPGA kernel for attention_decode: the streaming attention kernel takes dense \
                  K/V [B, H, N, D], not a KV cache with per-sequence lengths or a block table"
                     .into(),
             ),
             other => Support::No(format!(
-                "no FPGA kernel for {} in this build (router, GEMM, attention and vecops \
-                 (rmsnorm, rope, add; split/merge_heads as host layout) are plugged in)",
+                "no FPGA kernel for {} in this build (router, GEMM, attention, vecops \
+                 (rmsnorm, rope, add; split/merge_heads as host layout) and moe_experts \
+                 (GEMM + vecops) are plugged in)",
                 other.name()
             )),
         }
@@ -517,6 +539,29 @@ impl Backend for FpgaBackend {
                     (heads, st.cycles, clock)
                 };
                 (job.outputs(&heads)?, cycles, clock, ATTENTION_KERNEL)
+            }
+            Op::MoeExperts(p) => {
+                let job = experts::ExpertsJob::new(p, &tensors)?;
+                if job.is_empty() {
+                    (
+                        vec![job.output(&[])?],
+                        0,
+                        self.nominal_clock_hz(),
+                        EXPERTS_KERNEL,
+                    )
+                } else {
+                    let ((y, st), clock) =
+                        self.with_card("experts", &self.gemm, modelled, |dev| {
+                            job.run(dev, &self.gemm, &self.vecops, deadline.remaining())
+                        })?;
+                    tracing::debug!(
+                        gemm = st.gemm_launches,
+                        vecops = st.vecops_launches,
+                        loads = st.loads,
+                        "moe_experts on the card"
+                    );
+                    (vec![job.output(&y)?], st.cycles, clock, EXPERTS_KERNEL)
+                }
             }
             Op::SplitHeads(_) | Op::MergeHeads => (
                 vecops::layout(op, &tensors)?,

@@ -166,6 +166,18 @@ impl MoeExpertsParams {
         Ok(vec![Tensor::from_vec_f32(&[sh.t, sh.h], y)?])
     }
 
+    /// The slots (t*k + j) each expert runs, in segment order, after the checks of the CPU
+    /// path (the same errors); slots in no segment contribute nothing. For backends that run
+    /// the op their own way (the FPGA's launch sequence).
+    pub(crate) fn slots(&self, inputs: &[&Tensor]) -> Result<(ExpertsShape, Vec<Vec<usize>>)> {
+        let sh = self.shape(&metas(inputs))?;
+        let ints = |i: usize| -> Result<Vec<i64>> {
+            Ok(inputs[i].as_i32()?.iter().map(|&v| i64::from(v)).collect())
+        };
+        let plan = slot_plan(&sh, &ints(1)?, &ints(3)?, &ints(4)?)?;
+        Ok((sh, plan))
+    }
+
     /// f64 reference: plain loops over the definition ([`super::super::textbook::moe_experts`]);
     /// `slot_plan` only validates.
     pub fn reference(&self, inputs: &[ArrayD<f64>]) -> Result<Vec<ArrayD<f64>>> {
