@@ -26,7 +26,7 @@ pub use attention::{
     AttentionDims, KvHead, QueryHead, run_attention, run_attention_head, run_attention_split,
 };
 pub use gemm::{run_gemm, run_gemm_split};
-pub use router::run_router;
+pub use router::{run_router, run_router_with};
 pub use vecops::run_vecops;
 
 use crate::device::{DeviceBuffer, FpgaDevice, FpgaError, RunStats, SyncDir};
