@@ -180,10 +180,11 @@ fn router_verilog(p: &RouterCore) -> String {
         let _ = writeln!(v, "        default: v_in_{l} = 16'sd0;\n    endcase\nend");
         let _ = writeln!(
             v,
-            "wire [15:0] ix_{l} = eidx + 16'd{l};\nwire ok_{l} = ({{1'b0, ix_{l}}} < {{1'b0, e_q}});\n\
+            "wire [15:0] ix_{l} = eidx + 16'd{l};\nwire ok_{l} = (left > 16'd{l});\n\
              wire [IW-1:0] i_in_{l} = ix_{l}[IW-1:0];\n\
              wire signed [15:0] vv_{l} = ok_{l} ? v_in_{l} : v_in_0;"
         );
+        unused.push(format!("ix_{l}[15:IW]"));
         for j in 0..km {
             let _ = writeln!(
                 v,
@@ -272,11 +273,12 @@ fn router_verilog(p: &RouterCore) -> String {
                 "wire hk_{l} = mk_{l}_0; wire signed [15:0] hv_{l} = mv_{l}_0; wire [IW-1:0] hi_{l} = mi_{l}_0; wire [1:0] hl_{l} = 2'd{l};"
             );
         }
-        // tournament: a beats b when a is valid and (b is not, or larger, or equal and lower id)
+        // tournament: a beats b when a is valid and (b is not, or larger, or equal and lower
+        // id): one unsigned compare of the keys {valid, value with its sign flipped, ~id}
         let pick = |v: &mut String, o: &str, a: &str, b: &str| {
             let _ = writeln!(
                 v,
-                "wire ab_{o} = hk_{a} && (!hk_{b} || (hv_{a} > hv_{b}) || ((hv_{a} == hv_{b}) && (hi_{a} < hi_{b})));\n\
+                "wire ab_{o} = {{hk_{a}, ~hv_{a}[15], hv_{a}[14:0], ~hi_{a}}} > {{hk_{b}, ~hv_{b}[15], hv_{b}[14:0], ~hi_{b}}};\n\
                  wire hk_{o} = ab_{o} ? hk_{a} : hk_{b}; wire signed [15:0] hv_{o} = ab_{o} ? hv_{a} : hv_{b};\n\
                  wire [IW-1:0] hi_{o} = ab_{o} ? hi_{a} : hi_{b}; wire [1:0] hl_{o} = ab_{o} ? hl_{a} : hl_{b};"
             );
@@ -332,10 +334,11 @@ fn router_verilog(p: &RouterCore) -> String {
             "reg signed [15:0] p1v_{j}; reg [IW-1:0] p1i_{j};\n\
              reg [16:0] p2d_{j}; reg [IW-1:0] p2i_{j};\n\
              reg [16:0] p3u_{j}; reg [IW-1:0] p3i_{j};\n\
-             reg [15:0] p4e_{j}; reg [IW-1:0] p4i_{j};\n\
+             reg [15:0] p4l_{j}; reg [8:0] p4h_{j}; reg [IW-1:0] p4i_{j};\n\
              reg [15:0] p5e_{j}; reg [IW-1:0] p5i_{j};\n\
+             reg [15:0] p6e_{j}; reg [IW-1:0] p6i_{j};\n\
              wire [32:0] p3m_{j} = {{16'd0, p2d_{j}}} * 33'd{log2e};\n\
-             wire [15:0] p4k_{j} = (6'd{j} < k_q) ? p4e_{j} : 16'd0;",
+             wire [15:0] p5k_{j} = (6'd{j} < k_q) ? p5e_{j} : 16'd0;",
             log2e = LOG2E_Q14
         );
         unused.push(format!("p3m_{j}[32:31]"));
@@ -345,25 +348,27 @@ fn router_verilog(p: &RouterCore) -> String {
                 "                p1v_{j} <= xv_{j}; p1i_{j} <= xi_{j};\n\
                  p2d_{j} <= {{p1v_0[15], p1v_0}} - {{p1v_{j}[15], p1v_{j}}}; p2i_{j} <= p1i_{j};\n\
                  p3u_{j} <= p3m_{j}[30:14]; p3i_{j} <= p2i_{j};\n\
-                 p4e_{j} <= expu(p3u_{j}); p4i_{j} <= p3i_{j};\n\
-                 p5e_{j} <= p4e_{j}; p5i_{j} <= p4i_{j};"
+                 p4l_{j} <= lut(p3u_{j}[7:0]); p4h_{j} <= p3u_{j}[16:8]; p4i_{j} <= p3i_{j};\n\
+                 p5e_{j} <= expsh(p4l_{j}, p4h_{j}); p5i_{j} <= p4i_{j};\n\
+                 p6e_{j} <= p5e_{j}; p6i_{j} <= p5i_{j};"
         );
         let _ = writeln!(
             pst,
             "        p1v_{j} <= 16'sd0; p1i_{j} <= {{IW{{1'b0}}}}; p2d_{j} <= 17'd0; p2i_{j} <= {{IW{{1'b0}}}};\n\
-             p3u_{j} <= 17'd0; p3i_{j} <= {{IW{{1'b0}}}}; p4e_{j} <= 16'd0; p4i_{j} <= {{IW{{1'b0}}}}; p5e_{j} <= 16'd0; p5i_{j} <= {{IW{{1'b0}}}};"
+             p3u_{j} <= 17'd0; p3i_{j} <= {{IW{{1'b0}}}}; p4l_{j} <= 16'd0; p4h_{j} <= 9'd0; p4i_{j} <= {{IW{{1'b0}}}};\n\
+             p5e_{j} <= 16'd0; p5i_{j} <= {{IW{{1'b0}}}}; p6e_{j} <= 16'd0; p6i_{j} <= {{IW{{1'b0}}}};"
         );
     }
     // the k-slot sum (the exps are at most 2^15 each, 32 of them fit SW >= 17 bits)
-    let terms: Vec<String> = (0..km).map(|j| format!("{{{{(SW-16){{1'b0}}}}, p4k_{j}}}")).collect();
-    let _ = writeln!(v, "wire [SW-1:0] p4sum = {};", terms.join(" + "));
+    let terms: Vec<String> = (0..km).map(|j| format!("{{{{(SW-16){{1'b0}}}}, p5k_{j}}}")).collect();
+    let _ = writeln!(v, "wire [SW-1:0] p5sum = {};", terms.join(" + "));
     // divider
     let mut dstg = String::new();
     for s in 1..=DIV_STAGES {
         let b1 = 17 - 2 * s;
         let b0 = 16 - 2 * s;
         let prev_r = if s == 1 { "31'd1073741824".to_string() } else { format!("d{}r", s - 1) };
-        let prev_s = if s == 1 { "p5s".to_string() } else { format!("d{}s", s - 1) };
+        let prev_s = if s == 1 { "p6s".to_string() } else { format!("d{}s", s - 1) };
         let prev_q = if s == 1 { "16'd0".to_string() } else { format!("d{}q", s - 1) };
         let (h1, s1) = shifted_sum(&prev_s, sw, b1);
         let (h0, s0) = shifted_sum(&prev_s, sw, b0);
@@ -371,11 +376,13 @@ fn router_verilog(p: &RouterCore) -> String {
             v,
             "reg [30:0] d{s}r; reg [SW-1:0] d{s}s; reg [15:0] d{s}q; reg d{s}v;\n\
              wire [30:0] d{s}a1 = {s1};\n\
-             wire d{s}g1 = {h1} && ({prev_r} >= d{s}a1);\n\
-             wire [30:0] d{s}r1 = d{s}g1 ? {prev_r} - d{s}a1 : {prev_r};\n\
+             wire [31:0] d{s}t1 = {{1'b0, {prev_r}}} - {{1'b0, d{s}a1}};\n\
+             wire d{s}g1 = {h1} && !d{s}t1[31];\n\
+             wire [30:0] d{s}r1 = d{s}g1 ? d{s}t1[30:0] : {prev_r};\n\
              wire [30:0] d{s}a0 = {s0};\n\
-             wire d{s}g0 = {h0} && (d{s}r1 >= d{s}a0);\n\
-             wire [30:0] d{s}r0 = d{s}g0 ? d{s}r1 - d{s}a0 : d{s}r1;"
+             wire [31:0] d{s}t0 = {{1'b0, d{s}r1}} - {{1'b0, d{s}a0}};\n\
+             wire d{s}g0 = {h0} && !d{s}t0[31];\n\
+             wire [30:0] d{s}r0 = d{s}g0 ? d{s}t0[30:0] : d{s}r1;"
         );
         let _ = writeln!(
             dstg,
@@ -385,11 +392,11 @@ fn router_verilog(p: &RouterCore) -> String {
             pst,
             "        d{s}r <= 31'd0; d{s}s <= {{SW{{1'b0}}}}; d{s}q <= 16'd0; d{s}v <= 1'b0;"
         );
-        let prev_v = if s == 1 { "p5v".to_string() } else { format!("d{}v", s - 1) };
+        let prev_v = if s == 1 { "p6v".to_string() } else { format!("d{}v", s - 1) };
         let _ = writeln!(dstg, "                d{s}v <= {prev_v};");
         for j in 0..km {
             let (pe, pi) = if s == 1 {
-                (format!("p5e_{j}"), format!("p5i_{j}"))
+                (format!("p6e_{j}"), format!("p6i_{j}"))
             } else {
                 (format!("d{}e_{j}", s - 1), format!("d{}i_{j}", s - 1))
             };
@@ -436,8 +443,9 @@ fn router_verilog(p: &RouterCore) -> String {
         let _ = writeln!(ssel, "        default: sx_{l} = 16'sd0;\n    endcase\nend");
         let _ = writeln!(
             ssel,
-            "wire [15:0] sj_{l} = s_idx + 16'd{l};\nwire sok_{l} = ({{1'b0, sj_{l}}} < {{1'b0, e_q}});\n\
-             reg [16:0] sd_{l}; reg sdk_{l}; reg [16:0] su_{l}; reg suk_{l}; reg [15:0] se_{l};\n\
+            "wire sok_{l} = (s_left > 16'd{l});\n\
+             reg signed [15:0] sx0_{l}; reg sk0_{l}; reg [16:0] sd_{l}; reg sdk_{l}; reg [16:0] su_{l}; reg suk_{l};\n\
+             reg [15:0] sl_{l}; reg [8:0] sh_{l}; reg slk_{l}; reg [15:0] se_{l};\n\
              wire [32:0] sm_{l} = {{16'd0, sd_{l}}} * 33'd{log2e};",
             log2e = LOG2E_Q14
         );
@@ -445,27 +453,29 @@ fn router_verilog(p: &RouterCore) -> String {
         unused.push(format!("sm_{l}[13:0]"));
         let _ = writeln!(
             sstg,
-            "            sd_{l} <= {{s_m[15], s_m}} - {{sx_{l}[15], sx_{l}}}; sdk_{l} <= s_busy && sok_{l};\n\
+            "            sx0_{l} <= sx_{l}; sk0_{l} <= s_busy && sok_{l};\n\
+             sd_{l} <= {{s_m[15], s_m}} - {{sx0_{l}[15], sx0_{l}}}; sdk_{l} <= sk0_{l};\n\
              su_{l} <= sm_{l}[30:14]; suk_{l} <= sdk_{l};\n\
-             se_{l} <= suk_{l} ? expu(su_{l}) : 16'd0;"
+             sl_{l} <= lut(su_{l}[7:0]); sh_{l} <= su_{l}[16:8]; slk_{l} <= suk_{l};\n\
+             se_{l} <= slk_{l} ? expsh(sl_{l}, sh_{l}) : 16'd0;"
         );
         let _ = writeln!(
             pst,
-            "        sd_{l} <= 17'd0; sdk_{l} <= 1'b0; su_{l} <= 17'd0; suk_{l} <= 1'b0; se_{l} <= 16'd0;"
+            "        sx0_{l} <= 16'sd0; sk0_{l} <= 1'b0; sd_{l} <= 17'd0; sdk_{l} <= 1'b0; su_{l} <= 17'd0; suk_{l} <= 1'b0;\n\
+             sl_{l} <= 16'd0; sh_{l} <= 9'd0; slk_{l} <= 1'b0; se_{l} <= 16'd0;"
         );
     }
     let se_terms: Vec<String> = (0..nl).map(|l| format!("{{{{(SW-16){{1'b0}}}}, se_{l}}}")).collect();
     let _ = writeln!(ssel, "wire [SW-1:0] se_sum = {};", se_terms.join(" + "));
-    ssel.push_str("wire [SW-1:0] p5s_nx = rn_q ? p4sum : sfifo[s_rp[2:0]];\n");
+    ssel.push_str("wire [SW-1:0] p6s_nx = rn_q ? p5sum : sfifo[s_rp[2:0]];\n");
 
     let lut = exp2_lut();
-    let mut lut_cases = String::new();
-    for (f, val) in lut.iter().enumerate() {
-        let _ = writeln!(lut_cases, "        8'd{f}: lut = 16'd{val};");
-    }
+    let lut_bits: Vec<String> = lut.iter().rev().map(|v| format!("16'd{v}")).collect();
+    let lut_bits = lut_bits.join(", ");
+    unused.push("s_idx".into());
     let unused_list = unused.join(", ");
-    let group_last = format!("({{1'b0, eidx}} + 17'd{nl} >= {{1'b0, e_q}})");
-    let s_group_last = format!("({{1'b0, s_idx}} + 17'd{nl} >= {{1'b0, e_q}})");
+    let group_last = format!("(left <= 16'd{nl})");
+    let s_group_last = format!("(s_left <= 16'd{nl})");
     let word_end = 4 - nl;
     format!(
         r#"
@@ -489,16 +499,19 @@ localparam [31:0] E_MAX = 32'd{e_max};
 localparam [31:0] K_MAX = 32'd{km};
 localparam [1:0] W_ROUTES = 2'd0, W_HREQ = 2'd1, W_HDATA = 2'd2, W_END = 2'd3;
 
+// LUT[f] = round(2^15 2^(-f/256)), entry f at bits 16 f + 15 .. 16 f (a constant
+// part-select: logic, not a ROM a synthesis tool may move registers across)
+localparam [4095:0] LUT_BITS = {{{lut_bits}}};
 function [15:0] lut;
     input [7:0] f;
-    case (f)
-{lut_cases}        default: lut = 16'd0;
-    endcase
+    lut = LUT_BITS[{{f, 4'd0}} +: 16];
 endfunction
-// exp(-d / 256) in Q0.15 from u = d log2(e) in units of 2^-8: 0 once u >> 8 >= 16
-function [15:0] expu;
-    input [16:0] u;
-    expu = (u[16:12] != 5'd0) ? 16'd0 : (lut(u[7:0]) >> u[11:8]);
+// exp(-d / 256) in Q0.15 from u = d log2(e) in units of 2^-8 (l = LUT[u & 255], h = u >> 8):
+// 0 once h >= 16
+function [15:0] expsh;
+    input [15:0] l;
+    input [8:0] h;
+    expsh = (h[8:4] != 5'd0) ? 16'd0 : (l >> h[3:0]);
 endfunction
 
 // ---- run control ----
@@ -526,15 +539,19 @@ reg [1:0] pos;
 reg [15:0] eidx;
 reg wbank;
 reg signed [15:0] rmax;
+reg [15:0] left;
 reg mfull;
 reg [5:0] mcnt;
-reg p1v, p2v, p3v, p4v, p5v;
-reg [SW-1:0] p5s;
+reg p1v, p2v, p3v, p4v, p5v, p6v;
+reg [SW-1:0] p6s;
 reg nfull;
 {v}
 wire last_in_row = {group_last};
 wire last_in_word = (pos == 2'd{word_end}) || last_in_row;
-wire signed [15:0] rmax_nx = (eidx == 16'd0) ? gmax : ((gmax > rmax) ? gmax : rmax);
+// the row maximum, one cycle behind the stream: the group maximum registered, then merged
+reg signed [15:0] gq;
+reg gq_v, gq_first, gq_last;
+wire signed [15:0] rmax_nx = gq_first ? gq : ((gq > rmax) ? gq : rmax);
 // ---- all-expert sum: row buffer (two banks), L exps per cycle ----
 reg [63:0] rowbuf [0:{rb_last}];
 reg s_busy;
@@ -542,18 +559,19 @@ reg s_bank;
 reg signed [15:0] s_m;
 reg [15:0] s_idx;
 reg [1:0] s_pos;
-reg sdv, sd_last, suv, su_last, sev, se_last;
+reg s0v, s0_last, sdv, sd_last, suv, su_last, slv, sl_last, sev, se_last;
 reg [SW-1:0] s_acc;
 reg [SW-1:0] sfifo [0:7];
 reg [3:0] s_wp, s_rp;
 wire [3:0] s_cnt = s_wp - s_rp;
 wire s_empty = (s_cnt == 4'd0);
 wire [63:0] s_word = rowbuf[{{s_bank, s_idx[RWB+1:2]}}];
+reg [15:0] s_left;
 wire s_last_group = s_busy && {s_group_last};
 wire s_free = !s_busy || s_last_group;
 {ssel}
-// ---- softmax pipeline: p1 copy, p2 d, p3 d log2 e, p4 exp, p5 sum; d1..d{dl} divider ----
-wire join_ok = !(p4v && !rn_q && s_empty);
+// ---- softmax pipeline: p1 copy, p2 d, p3 d log2 e, p4 LUT, p5 shift, p6 sum; d1..d{dl} divider ----
+wire join_ok = !(p5v && !rn_q && s_empty);
 wire adv = !(d{dl}v && nfull) && join_ok;
 wire m_leave = m_ready && adv;
 wire m_free = !mfull || m_leave;
@@ -633,12 +651,14 @@ end
 
 always @(posedge clock) begin
     if (reset || (start && !running && args_ok)) begin
-        w_valid <= 1'b0; pos <= 2'd0; eidx <= 16'd0; wbank <= 1'b0; rmax <= 16'sd0;
+        w_valid <= 1'b0; pos <= 2'd0; eidx <= 16'd0; wbank <= 1'b0; rmax <= 16'sd0; left <= arg1[15:0];
+        gq <= 16'sd0; gq_v <= 1'b0; gq_first <= 1'b0; gq_last <= 1'b0; s_left <= 16'd0;
         mfull <= 1'b0; mcnt <= 6'd0;
         s_busy <= 1'b0; s_bank <= 1'b0; s_m <= 16'sd0; s_idx <= 16'd0; s_pos <= 2'd0;
-        sdv <= 1'b0; sd_last <= 1'b0; suv <= 1'b0; su_last <= 1'b0; sev <= 1'b0; se_last <= 1'b0;
+        s0v <= 1'b0; s0_last <= 1'b0; sdv <= 1'b0; sd_last <= 1'b0; suv <= 1'b0; su_last <= 1'b0;
+        slv <= 1'b0; sl_last <= 1'b0; sev <= 1'b0; se_last <= 1'b0;
         s_acc <= {{SW{{1'b0}}}}; s_wp <= 4'd0; s_rp <= 4'd0;
-        p1v <= 1'b0; p2v <= 1'b0; p3v <= 1'b0; p4v <= 1'b0; p5v <= 1'b0; p5s <= {{SW{{1'b0}}}};
+        p1v <= 1'b0; p2v <= 1'b0; p3v <= 1'b0; p4v <= 1'b0; p5v <= 1'b0; p6v <= 1'b0; p6s <= {{SW{{1'b0}}}};
         nfull <= 1'b0; nr <= 16'd0; nsj <= 6'd0;
         ow <= 64'd0; ow_valid <= 1'b0; hidx <= 17'd0; hsel <= 1'b0; h_lo_q <= 32'd0;
         q_wp <= {{(QW+1){{1'b0}}}}; q_rp <= {{(QW+1){{1'b0}}}};
@@ -675,26 +695,33 @@ always @(posedge clock) begin
             if (m_leave) mfull <= 1'b0;
             // ---- all-expert sum ----
             if (s_busy) begin
-                s_idx <= s_idx + 16'd{nl}; s_pos <= s_pos + 2'd{nl_mod};
+                s_idx <= s_idx + 16'd{nl}; s_pos <= s_pos + 2'd{nl_mod}; s_left <= s_left - 16'd{nl};
                 if ({s_group_last}) s_busy <= 1'b0;
             end
-            sdv <= s_busy; sd_last <= s_last_group;
+            s0v <= s_busy; s0_last <= s_last_group;
+            sdv <= s0v; sd_last <= s0_last;
             suv <= sdv; su_last <= sd_last;
-            sev <= suv; se_last <= su_last;
+            slv <= suv; sl_last <= su_last;
+            sev <= slv; se_last <= sl_last;
 {sstg}            if (sev) begin
                 if (se_last) begin
                     sfifo[s_wp[2:0]] <= s_acc + se_sum; s_wp <= s_wp + 4'd1; s_acc <= {{SW{{1'b0}}}};
                 end else s_acc <= s_acc + se_sum;
             end
             // ---- stream: unpack, insert, hand a finished row over ----
+            gq_v <= elem_fire; gq <= gmax; gq_first <= (eidx == 16'd0); gq_last <= last_in_row;
+            if (gq_v) begin
+                rmax <= rmax_nx;
+                if (gq_last) s_m <= rmax_nx;
+            end
             if (elem_fire) begin
                 pos <= pos + 2'd{nl_mod};
                 eidx <= last_in_row ? 16'd0 : eidx + 16'd{nl};
-                rmax <= rmax_nx;
+                left <= last_in_row ? e_q : left - 16'd{nl};
                 if (last_in_row) begin
                     mfull <= 1'b1; mcnt <= 6'd0; wbank <= !wbank;
                     if (!rn_q) begin
-                        s_busy <= 1'b1; s_bank <= wbank; s_m <= rmax_nx; s_idx <= 16'd0; s_pos <= 2'd0;
+                        s_busy <= 1'b1; s_bank <= wbank; s_idx <= 16'd0; s_pos <= 2'd0; s_left <= e_q;
                     end
 {hand}{clear_net}                end else begin
 {ins}                end
@@ -706,9 +733,9 @@ always @(posedge clock) begin
             end
             // ---- softmax pipeline ----
             if (adv) begin
-                p1v <= m_leave; p2v <= p1v; p3v <= p2v; p4v <= p3v; p5v <= p4v;
-                p5s <= p5s_nx;
-                if (p4v && !rn_q) s_rp <= s_rp + 4'd1;
+                p1v <= m_leave; p2v <= p1v; p3v <= p2v; p4v <= p3v; p5v <= p4v; p6v <= p5v;
+                p6s <= p6s_nx;
+                if (p5v && !rn_q) s_rp <= s_rp + 4'd1;
 {pipe}{dstg}            end
             // ---- normalise ----
             if (wr_fire) ow_valid <= 1'b0;
