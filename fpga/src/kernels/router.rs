@@ -326,7 +326,7 @@ fn router_verilog(p: &RouterCore) -> String {
     }
 
     // ---------------- softmax pipeline ----------------
-    let mut pipe = String::new();
+    let mut pipe: [String; 6] = Default::default();
     let mut pst = String::new();
     for j in 0..km {
         let _ = writeln!(
@@ -343,15 +343,21 @@ fn router_verilog(p: &RouterCore) -> String {
         );
         unused.push(format!("p3m_{j}[32:31]"));
         unused.push(format!("p3m_{j}[13:0]"));
-        let _ = writeln!(
-            pipe,
-                "                p1v_{j} <= xv_{j}; p1i_{j} <= xi_{j};\n\
-                 p2d_{j} <= {{p1v_0[15], p1v_0}} - {{p1v_{j}[15], p1v_{j}}}; p2i_{j} <= p1i_{j};\n\
-                 p3u_{j} <= p3m_{j}[30:14]; p3i_{j} <= p2i_{j};\n\
-                 p4l_{j} <= lut(p3u_{j}[7:0]); p4h_{j} <= p3u_{j}[16:8]; p4i_{j} <= p3i_{j};\n\
-                 p5e_{j} <= expsh(p4l_{j}, p4h_{j}); p5i_{j} <= p4i_{j};\n\
-                 p6e_{j} <= p5e_{j}; p6i_{j} <= p5i_{j};"
-        );
+        let stage_loads = [
+            format!("p1v_{j} <= xv_{j}; p1i_{j} <= xi_{j};"),
+            format!(
+                "p2d_{j} <= {{p1v_0[15], p1v_0}} - {{p1v_{j}[15], p1v_{j}}}; p2i_{j} <= p1i_{j};"
+            ),
+            format!("p3u_{j} <= p3m_{j}[30:14]; p3i_{j} <= p2i_{j};"),
+            format!(
+                "p4l_{j} <= lut(p3u_{j}[7:0]); p4h_{j} <= p3u_{j}[16:8]; p4i_{j} <= p3i_{j};"
+            ),
+            format!("p5e_{j} <= expsh(p4l_{j}, p4h_{j}); p5i_{j} <= p4i_{j};"),
+            format!("p6e_{j} <= p5e_{j}; p6i_{j} <= p5i_{j};"),
+        ];
+        for (st, load) in stage_loads.iter().enumerate() {
+            let _ = writeln!(pipe[st], "                {load}");
+        }
         let _ = writeln!(
             pst,
             "        p1v_{j} <= 16'sd0; p1i_{j} <= {{IW{{1'b0}}}}; p2d_{j} <= 17'd0; p2i_{j} <= {{IW{{1'b0}}}};\n\
@@ -571,14 +577,22 @@ wire s_last_group = s_busy && {s_group_last};
 wire s_free = !s_busy || s_last_group;
 {ssel}
 // ---- softmax pipeline: p1 copy, p2 d, p3 d log2 e, p4 LUT, p5 shift, p6 sum; d1..d{dl} divider ----
-wire join_ok = !(p5v && !rn_q && s_empty);
-wire adv = !(d{dl}v && nfull) && join_ok;
-wire m_leave = m_ready && adv;
+wire join_ok = rn_q || !s_empty;
+// p6 and the divider move together (unless the normalise stage is full); p1..p5 close up
+// behind a token that waits at p5 for its all-expert sum
+wire a_back = !(d{dl}v && nfull);
+wire j5 = p5v && a_back && join_ok;
+wire a5 = !p5v || j5;
+wire a4 = !p4v || a5;
+wire a3 = !p3v || a4;
+wire a2 = !p2v || a3;
+wire a1 = !p1v || a2;
+wire m_leave = m_ready && a1;
 wire m_free = !mfull || m_leave;
 wire hand_ok = m_free && (rn_q || s_free);
 wire elem_fire = w_valid && (!last_in_row || hand_ok);
 wire rd_fire = rd_data_valid && rd_data_ready;
-wire n_take = d{dl}v && !nfull && adv;
+wire n_take = d{dl}v && !nfull;
 
 // ---- normalise: two slots per cycle ----
 reg [15:0] nr;
@@ -732,11 +746,25 @@ always @(posedge clock) begin
                 w_valid <= 1'b0;
             end
             // ---- softmax pipeline ----
-            if (adv) begin
-                p1v <= m_leave; p2v <= p1v; p3v <= p2v; p4v <= p3v; p5v <= p4v; p6v <= p5v;
-                p6s <= p6s_nx;
-                if (p5v && !rn_q) s_rp <= s_rp + 4'd1;
-{pipe}{dstg}            end
+            if (a1) begin
+                p1v <= m_leave;
+{pipe1}            end
+            if (a2) begin
+                p2v <= p1v;
+{pipe2}            end
+            if (a3) begin
+                p3v <= p2v;
+{pipe3}            end
+            if (a4) begin
+                p4v <= p3v;
+{pipe4}            end
+            if (a5) begin
+                p5v <= p4v;
+{pipe5}            end
+            if (a_back) begin
+                p6v <= j5; p6s <= p6s_nx;
+                if (j5 && !rn_q) s_rp <= s_rp + 4'd1;
+{pipe6}{dstg}            end
             // ---- normalise ----
             if (wr_fire) ow_valid <= 1'b0;
             if (n_take) begin
@@ -784,6 +812,12 @@ endmodule // router_core
         rb_last = (2usize << rwb) - 1,
         q_last = (1usize << qw) - 1,
         nl_mod = nl % 4,
+        pipe1 = pipe[0],
+        pipe2 = pipe[1],
+        pipe3 = pipe[2],
+        pipe4 = pipe[3],
+        pipe5 = pipe[4],
+        pipe6 = pipe[5],
         pop_open = if nl > 1 { "if (pop) begin\n                mcnt <= mcnt + 6'd1;" } else { "" },
         pop_close = if nl > 1 { "end" } else { "" },
     )
