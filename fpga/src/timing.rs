@@ -89,7 +89,7 @@ pub fn router_cycles_with(
         let wait = if renormalize {
             0
         } else {
-            (groups + 5).saturating_sub(merge + 6)
+            (groups + 8).saturating_sub(merge + 6)
         };
         merge + 14 + k.div_ceil(2) + wait
     };
@@ -100,7 +100,7 @@ pub fn router_cycles_with(
 
 /// Cycles of a router run beyond its tokens, histogram and latencies (start, clear, the
 /// write-out's hand-shakes), fitted.
-const ROUTER_FIXED: u64 = 10;
+const ROUTER_FIXED: u64 = 12;
 
 /// The GEMM (output-stationary, `rows x 8` PEs, one k per cycle): the parameters (`Np` words)
 /// once; per M tile of `r` rows, its x rows (`r Kp / 8` words), then each of the `Np / 8`
