@@ -133,6 +133,19 @@ pub const DIV_STAGES: usize = 8;
 /// Softmax stages before the divider (copy, subtract, multiply, LUT, sum).
 pub const SOFTMAX_STAGES: usize = 5;
 
+/// `t_0 + t_1 + ...` as a balanced tree of additions.
+fn balanced_sum(terms: &[String]) -> String {
+    match terms.len() {
+        0 => "0".into(),
+        1 => terms[0].clone(),
+        n => format!(
+            "({} + {})",
+            balanced_sum(&terms[..n / 2]),
+            balanced_sum(&terms[n / 2..])
+        ),
+    }
+}
+
 /// `S << b <= rem` and `S << b` (31 bits) for a sum `s` of `sw` bits and a 31-bit remainder.
 fn shifted_sum(s: &str, sw: usize, b: usize) -> (String, String) {
     let hi = 31 - b; // bits of S at or above `hi` shift past bit 30
@@ -338,7 +351,8 @@ fn router_verilog(p: &RouterCore) -> String {
              reg [15:0] p5e_{j}; reg [IW-1:0] p5i_{j};\n\
              reg [15:0] p6e_{j}; reg [IW-1:0] p6i_{j};\n\
              wire [32:0] p3m_{j} = {{16'd0, p2d_{j}}} * 33'd{log2e};\n\
-             wire [15:0] p5k_{j} = (6'd{j} < k_q) ? p5e_{j} : 16'd0;",
+             reg km_{j};\n\
+             wire [15:0] p5k_{j} = km_{j} ? p5e_{j} : 16'd0;",
             log2e = LOG2E_Q14
         );
         unused.push(format!("p3m_{j}[32:31]"));
@@ -367,7 +381,12 @@ fn router_verilog(p: &RouterCore) -> String {
     }
     // the k-slot sum (the exps are at most 2^15 each, 32 of them fit SW >= 17 bits)
     let terms: Vec<String> = (0..km).map(|j| format!("{{{{(SW-16){{1'b0}}}}, p5k_{j}}}")).collect();
-    let _ = writeln!(v, "wire [SW-1:0] p5sum = {};", terms.join(" + "));
+    let _ = writeln!(v, "wire [SW-1:0] p5sum = {};", balanced_sum(&terms));
+    let mut kmask = String::new();
+    for j in 0..km {
+        let _ = writeln!(kmask, "                km_{j} <= (32'd{j} < arg2);");
+        let _ = writeln!(rst, "        km_{j} <= 1'b0;");
+    }
     // divider
     let mut dstg = String::new();
     for s in 1..=DIV_STAGES {
@@ -472,12 +491,25 @@ fn router_verilog(p: &RouterCore) -> String {
         );
     }
     let se_terms: Vec<String> = (0..nl).map(|l| format!("{{{{(SW-16){{1'b0}}}}, se_{l}}}")).collect();
-    let _ = writeln!(ssel, "wire [SW-1:0] se_sum = {};", se_terms.join(" + "));
+    let _ = writeln!(ssel, "wire [SW-1:0] se_sum = {};", balanced_sum(&se_terms));
     ssel.push_str("wire [SW-1:0] p6s_nx = rn_q ? p5sum : sfifo[s_rp[2:0]];\n");
 
     let lut = exp2_lut();
-    let lut_bits: Vec<String> = lut.iter().rev().map(|v| format!("16'd{v}")).collect();
-    let lut_bits = lut_bits.join(", ");
+    // one 256-entry constant per output bit, indexed by f
+    let mut lut_bits = String::new();
+    for b in 0..16 {
+        let mut hex = String::new();
+        for nib in (0..64).rev() {
+            let mut n = 0u32;
+            for i in 0..4 {
+                n |= ((lut[nib * 4 + i] >> b) & 1) << i;
+            }
+            let _ = write!(hex, "{n:x}");
+        }
+        let _ = writeln!(lut_bits, "localparam [255:0] LUTB{b} = 256'h{hex};");
+    }
+    let lut_cat: Vec<String> = (0..16).rev().map(|b| format!("LUTB{b}[f]")).collect();
+    let lut_cat = lut_cat.join(", ");
     unused.push("s_idx".into());
     let unused_list = unused.join(", ");
     let group_last = format!("(left <= 16'd{nl})");
@@ -505,12 +537,11 @@ localparam [31:0] E_MAX = 32'd{e_max};
 localparam [31:0] K_MAX = 32'd{km};
 localparam [1:0] W_ROUTES = 2'd0, W_HREQ = 2'd1, W_HDATA = 2'd2, W_END = 2'd3;
 
-// LUT[f] = round(2^15 2^(-f/256)), entry f at bits 16 f + 15 .. 16 f (a constant
-// part-select: logic, not a ROM a synthesis tool may move registers across)
-localparam [4095:0] LUT_BITS = {{{lut_bits}}};
-function [15:0] lut;
+// LUT[f] = round(2^15 2^(-f/256)), bit b of entry f at bit f of LUTB<b> (logic, not a ROM
+// a synthesis tool may move registers across)
+{lut_bits}function [15:0] lut;
     input [7:0] f;
-    lut = LUT_BITS[{{f, 4'd0}} +: 16];
+    lut = {{{lut_cat}}};
 endfunction
 // exp(-d / 256) in Q0.15 from u = d log2(e) in units of 2^-8 (l = LUT[u & 255], h = u >> 8):
 // 0 once h >= 16
@@ -587,7 +618,9 @@ wire a4 = !p4v || a5;
 wire a3 = !p3v || a4;
 wire a2 = !p2v || a3;
 wire a1 = !p1v || a2;
-wire m_leave = m_ready && a1;
+// the merged list moves on only into an empty p1 (a token takes >= 2 cycles in the
+// normalise stage anyway), so the stream's hand-off depends on registers alone
+wire m_leave = m_ready && !p1v;
 wire m_free = !mfull || m_leave;
 wire hand_ok = m_free && (rn_q || s_free);
 wire elem_fire = w_valid && (!last_in_row || hand_ok);
@@ -689,6 +722,7 @@ always @(posedge clock) begin
             if (args_ok) begin
                 running <= 1'b1;
                 t_q <= arg0; e_q <= arg1[15:0]; k_q <= arg2[5:0]; rn_q <= arg3[0];
+{kmask}
                 rd_len_q <= rd_len_w[31:0]; rt_len_q <= rt_len_w[31:0]; h_len_q <= (arg1 + 32'd1) >> 1;
                 rd_pend <= (arg0 != 32'd0); wr_pend <= (arg0 != 32'd0);
                 wph <= W_ROUTES; tout <= 32'd0; clr_idx <= 16'd0; clr_done <= 1'b0;
@@ -818,6 +852,7 @@ endmodule // router_core
         pipe4 = pipe[3],
         pipe5 = pipe[4],
         pipe6 = pipe[5],
+        kmask = kmask,
         pop_open = if nl > 1 { "if (pop) begin\n                mcnt <= mcnt + 6'd1;" } else { "" },
         pop_close = if nl > 1 { "end" } else { "" },
     )
