@@ -87,7 +87,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map_or(&text[..], |i| &text[i..]);
     let r = tandem_fpga::synth::parse_stat(stat);
     println!("router {:?}: {r:?} ({secs:.0} s of yosys)", core.params());
-    for l in text.lines().filter(|l| l.contains("Longest topological path")) {
+    for l in text
+        .lines()
+        .filter(|l| l.contains("Longest topological path"))
+    {
         println!("yosys ltp -noff: {}", l.trim());
     }
 
@@ -202,7 +205,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let mut rows: Vec<_> = stages.into_iter().collect();
     rows.sort_by(|a, b| b.1.0.cells.cmp(&a.1.0.cells).then(a.0.cmp(&b.0)));
-    println!("| registers (stage) | flip-flops | cells on the deepest path into them | LUT levels |");
+    println!(
+        "| registers (stage) | flip-flops | cells on the deepest path into them | LUT levels |"
+    );
     println!("| --- | --- | --- | --- |");
     for (s, (d, n)) in rows {
         println!("| `{s}` | {n} | {} | {} |", d.cells, d.luts);

@@ -219,7 +219,11 @@ fn router_lanes_and_renormalize_match_golden() {
     for i in 0..40 {
         let e = rng.gen_range(1..=300);
         let k = rng.gen_range(1..=e.min(8));
-        let t = if i % 5 == 0 { 1 } else { 2 * rng.gen_range(0..6) + 1 };
+        let t = if i % 5 == 0 {
+            1
+        } else {
+            2 * rng.gen_range(0..6) + 1
+        };
         let x: Vec<i16> = match i % 3 {
             0 => (0..t * e).map(|_| rng.r#gen()).collect(),
             1 => (0..t * e).map(|_| rng.gen_range(-1..=1) * 512).collect(),

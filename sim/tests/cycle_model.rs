@@ -79,7 +79,13 @@ fn router_model_matches_the_rtl() {
         let mut rng = ChaCha8Rng::seed_from_u64(0x70c + u64::from(lanes));
         let mut diffs = Vec::new();
         // Mixtral's and DeepSeek's shapes, rows shorter than the merge, T = 1; then random
-        let fixed = [(512, 8, 2), (64, 256, 8), (300, 3, 3), (200, 5, 1), (1, 64, 8)];
+        let fixed = [
+            (512, 8, 2),
+            (64, 256, 8),
+            (300, 3, 3),
+            (200, 5, 1),
+            (1, 64, 8),
+        ];
         for i in 0..SHAPES {
             let (t, e, k) = match fixed.get(i) {
                 Some(&s) => s,
@@ -109,7 +115,12 @@ fn router_model_matches_the_rtl() {
             for (n, b) in [("logits", &lb), ("routes", &rb), ("hist", &hb)] {
                 dev.set_pointer(n, b).expect("pointer");
             }
-            for (n, v) in [("tokens", 2), ("experts", 8), ("top_k", 2), ("renormalize", 2)] {
+            for (n, v) in [
+                ("tokens", 2),
+                ("experts", 8),
+                ("top_k", 2),
+                ("renormalize", 2),
+            ] {
                 dev.set_scalar(n, v).expect("scalar");
             }
             dev.start().expect("start");

@@ -63,7 +63,14 @@ fn router_4state_matches_golden_under_stalls() {
             return;
         };
         let mut rng = ChaCha8Rng::seed_from_u64(0x4e0 + u64::from(lanes));
-        let mut shapes = vec![(7, 10, 3), (3, 64, 8), (4, 6, 6), (9, 8, 1), (5, 5, 2), (1, 3, 2)];
+        let mut shapes = vec![
+            (7, 10, 3),
+            (3, 64, 8),
+            (4, 6, 6),
+            (9, 8, 1),
+            (5, 5, 2),
+            (1, 3, 2),
+        ];
         for _ in 0..6 {
             let e = rng.gen_range(2..=64);
             shapes.push((rng.gen_range(1..=8), e, rng.gen_range(1..=e.min(8))));

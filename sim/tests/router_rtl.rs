@@ -61,7 +61,14 @@ fn lanes_and_renormalize_match_golden() {
         let core = RouterCore { lanes, ..CORE };
         let Some(mut c) = card_of(&core) else { return };
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0x1a4e + u64::from(lanes));
-        let mut shapes = vec![(1, 64, 8), (7, 5, 5), (3, 1, 1), (9, 2, 2), (1, 3, 2), (33, 8, 2)];
+        let mut shapes = vec![
+            (1, 64, 8),
+            (7, 5, 5),
+            (3, 1, 1),
+            (9, 2, 2),
+            (1, 3, 2),
+            (33, 8, 2),
+        ];
         for _ in 0..10 {
             let e = rng.gen_range(1..=64);
             shapes.push((2 * rng.gen_range(0..12) + 1, e, rng.gen_range(1..=e.min(8))));
@@ -80,7 +87,10 @@ fn lanes_and_renormalize_match_golden() {
                 check_with(&mut c, &x, t, e, k, rn);
             }
         }
-        println!("lanes {lanes}: {} shapes bit-exact, both modes", shapes.len());
+        println!(
+            "lanes {lanes}: {} shapes bit-exact, both modes",
+            shapes.len()
+        );
     }
 }
 

@@ -32,7 +32,11 @@ fn separated_logits(t: usize, e: usize, seed: u64) -> Vec<f32> {
 #[test]
 fn moe_route_on_the_simulated_card_matches_the_reference() {
     let Some(b) = fpga_sim() else { return };
-    for (renormalize, (t, e, k)) in [(true, (24, 40, 4)), (false, (24, 40, 4)), (false, (9, 8, 2))] {
+    for (renormalize, (t, e, k)) in [
+        (true, (24, 40, 4)),
+        (false, (24, 40, 4)),
+        (false, (9, 8, 2)),
+    ] {
         route_case(&*b, renormalize, t, e, k);
     }
 }

@@ -284,7 +284,10 @@ mod tests {
             assert_eq!(a.hist, b.hist);
             let mut worst = 0.0f64;
             for tok in 0..t {
-                let row: Vec<f64> = x[tok * e..(tok + 1) * e].iter().map(|&v| f64::from(v)).collect();
+                let row: Vec<f64> = x[tok * e..(tok + 1) * e]
+                    .iter()
+                    .map(|&v| f64::from(v))
+                    .collect();
                 let m = row.iter().copied().fold(f64::MIN, f64::max);
                 let s: f64 = row.iter().map(|&v| (v - m).exp()).sum();
                 for j in 0..k {
@@ -294,7 +297,10 @@ mod tests {
                     worst = worst.max((got - w).abs());
                 }
             }
-            assert!(worst < 4e-3, "T {t} E {e} k {k}: worst weight error {worst}");
+            assert!(
+                worst < 4e-3,
+                "T {t} E {e} k {k}: worst weight error {worst}"
+            );
         }
         // k = E: both modes are the same softmax
         let q: Vec<i16> = (0..24).map(|_| rng.gen_range(-900..900)).collect();

@@ -173,7 +173,10 @@ fn router_verilog(p: &RouterCore) -> String {
     let iw = p.e_max.trailing_zeros() as usize;
     let sw = iw + 16;
     // row buffer: words per row (at least 2 addresses), two banks
-    let rwb = ((p.e_max as usize).div_ceil(4)).next_power_of_two().trailing_zeros().max(1) as usize;
+    let rwb = ((p.e_max as usize).div_ceil(4))
+        .next_power_of_two()
+        .trailing_zeros()
+        .max(1) as usize;
     // Increment queue: 2*k_max entries (at least 4), a power of two.
     let qw = (2 * km).max(4).next_power_of_two().trailing_zeros() as usize;
     let q_depth = format!("{}'d{}", qw + 1, 1usize << qw);
@@ -183,11 +186,19 @@ fn router_verilog(p: &RouterCore) -> String {
 
     // ---------------- stream: lanes, insertion networks, row max, row buffer ----------------
     for l in 0..nl {
-        let _ = writeln!(v, "reg signed [15:0] v_in_{l};\nalways @(*) begin\n    case (pos)");
+        let _ = writeln!(
+            v,
+            "reg signed [15:0] v_in_{l};\nalways @(*) begin\n    case (pos)"
+        );
         let mut pp = 0;
         while pp < 4 {
             let s = pp + l;
-            let _ = writeln!(v, "        2'd{pp}: v_in_{l} = w_q[{}:{}];", 16 * s + 15, 16 * s);
+            let _ = writeln!(
+                v,
+                "        2'd{pp}: v_in_{l} = w_q[{}:{}];",
+                16 * s + 15,
+                16 * s
+            );
             pp += nl;
         }
         let _ = writeln!(v, "        default: v_in_{l} = 16'sd0;\n    endcase\nend");
@@ -270,12 +281,18 @@ fn router_verilog(p: &RouterCore) -> String {
         v.push_str("wire m_ready = mfull;\n");
         unused.push("mcnt".into());
         for j in 0..km {
-            let _ = writeln!(v, "wire signed [15:0] xv_{j} = sv_{j}; wire [IW-1:0] xi_{j} = si_{j};");
+            let _ = writeln!(
+                v,
+                "wire signed [15:0] xv_{j} = sv_{j}; wire [IW-1:0] xi_{j} = si_{j};"
+            );
         }
     } else {
         for l in 0..nl {
             for j in 0..km {
-                let _ = writeln!(v, "reg signed [15:0] mv_{l}_{j}; reg [IW-1:0] mi_{l}_{j}; reg mk_{l}_{j};");
+                let _ = writeln!(
+                    v,
+                    "reg signed [15:0] mv_{l}_{j}; reg [IW-1:0] mi_{l}_{j}; reg mk_{l}_{j};"
+                );
                 let _ = writeln!(
                     rst,
                     "        mv_{l}_{j} <= 16'sd0; mi_{l}_{j} <= {{IW{{1'b0}}}}; mk_{l}_{j} <= 1'b0;"
@@ -363,9 +380,7 @@ fn router_verilog(p: &RouterCore) -> String {
                 "p2d_{j} <= {{p1v_0[15], p1v_0}} - {{p1v_{j}[15], p1v_{j}}}; p2i_{j} <= p1i_{j};"
             ),
             format!("p3u_{j} <= p3m_{j}[30:14]; p3i_{j} <= p2i_{j};"),
-            format!(
-                "p4l_{j} <= lut(p3u_{j}[7:0]); p4h_{j} <= p3u_{j}[16:8]; p4i_{j} <= p3i_{j};"
-            ),
+            format!("p4l_{j} <= lut(p3u_{j}[7:0]); p4h_{j} <= p3u_{j}[16:8]; p4i_{j} <= p3i_{j};"),
             format!("p5e_{j} <= expsh(p4l_{j}, p4h_{j}); p5i_{j} <= p4i_{j};"),
             format!("p6e_{j} <= p5e_{j}; p6i_{j} <= p5i_{j};"),
         ];
@@ -380,7 +395,9 @@ fn router_verilog(p: &RouterCore) -> String {
         );
     }
     // the k-slot sum (the exps are at most 2^15 each, 32 of them fit SW >= 17 bits)
-    let terms: Vec<String> = (0..km).map(|j| format!("{{{{(SW-16){{1'b0}}}}, p5k_{j}}}")).collect();
+    let terms: Vec<String> = (0..km)
+        .map(|j| format!("{{{{(SW-16){{1'b0}}}}, p5k_{j}}}"))
+        .collect();
     let _ = writeln!(v, "wire [SW-1:0] p5sum = {};", balanced_sum(&terms));
     let mut kmask = String::new();
     for j in 0..km {
@@ -392,9 +409,21 @@ fn router_verilog(p: &RouterCore) -> String {
     for s in 1..=DIV_STAGES {
         let b1 = 17 - 2 * s;
         let b0 = 16 - 2 * s;
-        let prev_r = if s == 1 { "31'd1073741824".to_string() } else { format!("d{}r", s - 1) };
-        let prev_s = if s == 1 { "p6s".to_string() } else { format!("d{}s", s - 1) };
-        let prev_q = if s == 1 { "16'd0".to_string() } else { format!("d{}q", s - 1) };
+        let prev_r = if s == 1 {
+            "31'd1073741824".to_string()
+        } else {
+            format!("d{}r", s - 1)
+        };
+        let prev_s = if s == 1 {
+            "p6s".to_string()
+        } else {
+            format!("d{}s", s - 1)
+        };
+        let prev_q = if s == 1 {
+            "16'd0".to_string()
+        } else {
+            format!("d{}q", s - 1)
+        };
         let (h1, s1) = shifted_sum(&prev_s, sw, b1);
         let (h0, s0) = shifted_sum(&prev_s, sw, b0);
         let _ = writeln!(
@@ -417,7 +446,11 @@ fn router_verilog(p: &RouterCore) -> String {
             pst,
             "        d{s}r <= 31'd0; d{s}s <= {{SW{{1'b0}}}}; d{s}q <= 16'd0; d{s}v <= 1'b0;"
         );
-        let prev_v = if s == 1 { "p6v".to_string() } else { format!("d{}v", s - 1) };
+        let prev_v = if s == 1 {
+            "p6v".to_string()
+        } else {
+            format!("d{}v", s - 1)
+        };
         let _ = writeln!(dstg, "                d{s}v <= {prev_v};");
         for j in 0..km {
             let (pe, pi) = if s == 1 {
@@ -426,8 +459,14 @@ fn router_verilog(p: &RouterCore) -> String {
                 (format!("d{}e_{j}", s - 1), format!("d{}i_{j}", s - 1))
             };
             let _ = writeln!(v, "reg [15:0] d{s}e_{j}; reg [IW-1:0] d{s}i_{j};");
-            let _ = writeln!(dstg, "                d{s}e_{j} <= {pe}; d{s}i_{j} <= {pi};");
-            let _ = writeln!(pst, "        d{s}e_{j} <= 16'd0; d{s}i_{j} <= {{IW{{1'b0}}}};");
+            let _ = writeln!(
+                dstg,
+                "                d{s}e_{j} <= {pe}; d{s}i_{j} <= {pi};"
+            );
+            let _ = writeln!(
+                pst,
+                "        d{s}e_{j} <= 16'd0; d{s}i_{j} <= {{IW{{1'b0}}}};"
+            );
         }
     }
     let dl = DIV_STAGES;
@@ -440,7 +479,10 @@ fn router_verilog(p: &RouterCore) -> String {
     for j in 0..km {
         let _ = writeln!(v, "reg [15:0] ne_{j}; reg [IW-1:0] ni_{j};");
         let _ = writeln!(rst, "        ne_{j} <= 16'd0; ni_{j} <= {{IW{{1'b0}}}};");
-        let _ = writeln!(nload, "                ne_{j} <= d{dl}e_{j}; ni_{j} <= d{dl}i_{j};");
+        let _ = writeln!(
+            nload,
+            "                ne_{j} <= d{dl}e_{j}; ni_{j} <= d{dl}i_{j};"
+        );
         if j % 2 == 0 {
             let (be, bi) = if j + 1 < km {
                 (format!("ne_{}", j + 1), format!("ni_{}", j + 1))
@@ -458,11 +500,19 @@ fn router_verilog(p: &RouterCore) -> String {
     let mut ssel = String::new();
     let mut sstg = String::new();
     for l in 0..nl {
-        let _ = writeln!(ssel, "reg signed [15:0] sx_{l};\nalways @(*) begin\n    case (s_pos)");
+        let _ = writeln!(
+            ssel,
+            "reg signed [15:0] sx_{l};\nalways @(*) begin\n    case (s_pos)"
+        );
         let mut pp = 0;
         while pp < 4 {
             let s = pp + l;
-            let _ = writeln!(ssel, "        2'd{pp}: sx_{l} = s_word[{}:{}];", 16 * s + 15, 16 * s);
+            let _ = writeln!(
+                ssel,
+                "        2'd{pp}: sx_{l} = s_word[{}:{}];",
+                16 * s + 15,
+                16 * s
+            );
             pp += nl;
         }
         let _ = writeln!(ssel, "        default: sx_{l} = 16'sd0;\n    endcase\nend");
@@ -490,7 +540,9 @@ fn router_verilog(p: &RouterCore) -> String {
              sl_{l} <= 16'd0; sh_{l} <= 9'd0; slk_{l} <= 1'b0; se_{l} <= 16'd0;"
         );
     }
-    let se_terms: Vec<String> = (0..nl).map(|l| format!("{{{{(SW-16){{1'b0}}}}, se_{l}}}")).collect();
+    let se_terms: Vec<String> = (0..nl)
+        .map(|l| format!("{{{{(SW-16){{1'b0}}}}, se_{l}}}"))
+        .collect();
     let _ = writeln!(ssel, "wire [SW-1:0] se_sum = {};", balanced_sum(&se_terms));
     ssel.push_str("wire [SW-1:0] p6s_nx = rn_q ? p5sum : sfifo[s_rp[2:0]];\n");
 
@@ -853,7 +905,11 @@ endmodule // router_core
         pipe5 = pipe[4],
         pipe6 = pipe[5],
         kmask = kmask,
-        pop_open = if nl > 1 { "if (pop) begin\n                mcnt <= mcnt + 6'd1;" } else { "" },
+        pop_open = if nl > 1 {
+            "if (pop) begin\n                mcnt <= mcnt + 6'd1;"
+        } else {
+            ""
+        },
         pop_close = if nl > 1 { "end" } else { "" },
     )
 }

@@ -19,12 +19,7 @@ pub(super) fn run(
     let k = card.scalar(desc, "top_k")?;
     let renormalize = card.scalar(desc, "renormalize")?;
     // The RTL's args_ok: anything else finishes at once without touching memory.
-    if experts == 0
-        || experts > c.e_max
-        || k == 0
-        || k > c.k_max
-        || k > experts
-        || renormalize > 1
+    if experts == 0 || experts > c.e_max || k == 0 || k > c.k_max || k > experts || renormalize > 1
     {
         return Ok(timing::REFUSED_RUN_CYCLES);
     }
@@ -39,10 +34,11 @@ pub(super) fn run(
                 .map(|b| i16::from_le_bytes([b[0], b[1]]))
         })
         .collect();
-    let out = route_with(&logits, tokens, e, k, renormalize == 1).map_err(|err| FpgaError::Device {
-        device: card.name_of(),
-        msg: err.to_string(),
-    })?;
+    let out =
+        route_with(&logits, tokens, e, k, renormalize == 1).map_err(|err| FpgaError::Device {
+            device: card.name_of(),
+            msg: err.to_string(),
+        })?;
     let rrow = route_row_words(k) * 8;
     let mut routes = vec![0u8; tokens * rrow];
     for (tk, (ids, ws)) in out.ids.chunks(k).zip(out.weights.chunks(k)).enumerate() {
