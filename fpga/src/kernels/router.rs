@@ -615,7 +615,12 @@ reg [1:0] wph;
 reg [31:0] tout;
 reg [15:0] clr_idx;
 reg clr_done;
-wire args_ok = (arg1 != 32'd0) && (arg1 <= E_MAX) && (arg2 != 32'd0) && (arg2 <= K_MAX) && (arg2 <= arg1) && (arg3 <= 32'd1);
+wire args_ok_w = (arg1 != 32'd0) && (arg1 <= E_MAX) && (arg2 != 32'd0) && (arg2 <= K_MAX) && (arg2 <= arg1) && (arg3 <= 32'd1);
+// registered: the arguments are written over s_axi_control transactions before the one that
+// sets ap_start, so they are stable for cycles before `start`; the range checks then stay
+// out of the run-start clear of every pipeline register
+reg args_ok;
+always @(posedge clock) args_ok <= !reset && args_ok_w;
 wire [31:0] wpr = (arg1 + 32'd3) >> 2;
 wire [31:0] opt = (arg2 + 32'd1) >> 1;
 wire [63:0] rd_len_w = arg0 * wpr;
