@@ -52,24 +52,55 @@ fn overhead(m: &MemTiming) -> u64 {
     m.read_latency + m.write_latency
 }
 
-/// The router: one logit per cycle (padding slots of a row's last word are skipped), at least
-/// `2 ceil(k/2) + 6` cycles per token (the softmax of the previous token: two slots per cycle
-/// of exp, the divider, two slots per cycle of normalise), then the histogram write-out (`E`
-/// cycles) and the last token's softmax.
-/// Fitted to the simulated router (e_max 256, k_max 8) within 2 cycles + 1%.
-pub fn router_cycles(_c: &RouterCore, tokens: u64, experts: u64, k: u64, m: &MemTiming) -> u64 {
-    let softmax = 2 * k.div_ceil(2) + 6;
-    let per_token = experts.max(softmax);
-    let stream = m.bound(tokens * per_token, tokens * experts.div_ceil(4));
-    // Small rows end before the pipeline has filled; a wide top-k adds its softmax drain.
-    let short = 8u64.saturating_sub(experts);
-    let drain = if experts >= softmax {
-        k.saturating_sub(2) * 5 / 3
-    } else {
-        k.saturating_sub(2) * 2 / 3
-    };
-    (stream + experts + 18 + drain + overhead(m)).saturating_sub(short)
+/// The router with `L = c.lanes` lanes, renormalising over the k chosen: see
+/// [`router_cycles_with`].
+pub fn router_cycles(c: &RouterCore, tokens: u64, experts: u64, k: u64, m: &MemTiming) -> u64 {
+    router_cycles_with(c, tokens, experts, k, true, m)
 }
+
+/// The router with `L = c.lanes` lanes: one token per `max(ceil(E/L), merge, ceil(k/2) + 1)`
+/// cycles (the row streamed `L` logits per cycle; the lanes' lists merged one entry per cycle,
+/// `k` cycles with more than one lane; the normalise stage's two slots per cycle and its
+/// hand-off), the words of the logits no faster than the memory delivers them, then the fill
+/// and drain of the pipeline (merge, 5 softmax stages, 8 divider stages, normalise) but no
+/// sooner than the histogram's clear (`E` cycles), the histogram write-out (`E` cycles) and
+/// the memory latencies. With `renormalize = false` the
+/// last row's all-expert sum (`ceil(E/L)` + 4 stages after its hand-off) may hold the last
+/// token back. Fitted to the simulated builds (e_max 256, k_max 8, lanes 1 / 2 / 4).
+pub fn router_cycles_with(
+    c: &RouterCore,
+    tokens: u64,
+    experts: u64,
+    k: u64,
+    renormalize: bool,
+    m: &MemTiming,
+) -> u64 {
+    let lanes = u64::from(c.lanes).max(1);
+    let groups = experts.div_ceil(lanes);
+    let merge = if lanes > 1 { k } else { 1 };
+    let norm = k.div_ceil(2) + 1;
+    let per_token = groups.max(merge).max(norm);
+    let words = tokens * experts.div_ceil(4);
+    let stream = m.bound(tokens * per_token, words);
+    // the last token: its merge, the softmax pipeline and the divider, its words out
+    let fill = if tokens == 0 {
+        0
+    } else {
+        let wait = if renormalize {
+            0
+        } else {
+            (groups + 8).saturating_sub(merge + 6)
+        };
+        merge + 14 + k.div_ceil(2) + wait
+    };
+    // the histogram is cleared (E cycles) before the first increment lands
+    let body = (m.read_latency + stream + fill).max(experts);
+    body + experts + ROUTER_FIXED + m.write_latency
+}
+
+/// Cycles of a router run beyond its tokens, histogram and latencies (start, clear, the
+/// write-out's hand-shakes), fitted.
+const ROUTER_FIXED: u64 = 12;
 
 /// The GEMM (output-stationary, `rows x 8` PEs, one k per cycle): the parameters (`Np` words)
 /// once; per M tile of `r` rows, its x rows (`r Kp / 8` words), then each of the `Np / 8`

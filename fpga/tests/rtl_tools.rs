@@ -12,9 +12,14 @@ fn have(tool: &str) -> bool {
 }
 
 fn emit_router(dir: &std::path::Path) -> tandem_fpga::emit::Emitted {
+    emit_router_lanes(dir, 4)
+}
+
+fn emit_router_lanes(dir: &std::path::Path, lanes: u32) -> tandem_fpga::emit::Emitted {
     let core = RouterCore {
         e_max: 16,
         k_max: 4,
+        lanes,
     };
     tandem_fpga::emit::emit(&core, ShellConfig { max_burst: 16 }, dir).expect("emit")
 }
@@ -55,17 +60,22 @@ fn verilator_lint_is_clean() {
         println!("skipped: verilator not found (apt-get install verilator)");
         return;
     }
-    let d = tempfile::tempdir().expect("tempdir");
-    let e = emit_router(d.path());
-    let out = Command::new("verilator")
-        .args(["--lint-only", "-Wall"])
-        .args(LINT_WAIVERS)
-        .args(["--top-module", "router"])
-        .arg(&e.verilog)
-        .output()
-        .expect("run verilator");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && !err.contains("%Warning"), "{err}");
+    for lanes in tandem_fpga::kernels::router::ROUTER_LANES {
+        let d = tempfile::tempdir().expect("tempdir");
+        let e = emit_router_lanes(d.path(), lanes);
+        let out = Command::new("verilator")
+            .args(["--lint-only", "-Wall"])
+            .args(LINT_WAIVERS)
+            .args(["--top-module", "router"])
+            .arg(&e.verilog)
+            .output()
+            .expect("run verilator");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && !err.contains("%Warning"),
+            "lanes {lanes}: {err}"
+        );
+    }
 }
 
 #[test]

@@ -69,13 +69,15 @@ mod ffi {
             heads: i32,
             kv_skip: i32,
         ) -> i32;
-        pub fn router_kernel(
+        pub fn router_kernel_lanes(
             logits: *const i16,
             routes: *mut u32,
             hist: *mut u32,
             tokens: i32,
             experts: i32,
             top_k: i32,
+            renormalize: i32,
+            lanes: i32,
         ) -> i32;
         pub fn vecops_kernel(
             a: *const i16,
@@ -366,21 +368,37 @@ pub fn attention(
     Ok(out)
 }
 
-/// Runs the HLS router (`router_kernel`) on the host: `logits` int16 `[tokens, experts]`
-/// row-major and unpadded, as [`tandem_fpga::golden::router::route`] takes them.
+/// Runs the HLS router on the host (4 lanes, renormalised over the k chosen): `logits` int16
+/// `[tokens, experts]` row-major and unpadded, as [`tandem_fpga::golden::router::route`]
+/// takes them.
 pub fn router(
     logits: &[i16],
     tokens: usize,
     experts: usize,
     k: usize,
 ) -> Result<RouterOut, HlsError> {
+    router_with(logits, tokens, experts, k, true, 4)
+}
+
+/// Runs the HLS router (`router_kernel_lanes`) with `lanes` (1, 2, 4 or 8) logits per cycle;
+/// with `renormalize = false` the weights are the softmax over all experts
+/// ([`tandem_fpga::golden::router::route_with`]).
+pub fn router_with(
+    logits: &[i16],
+    tokens: usize,
+    experts: usize,
+    k: usize,
+    renormalize: bool,
+    lanes: usize,
+) -> Result<RouterOut, HlsError> {
     let kn = "router";
     check(kn, "logits", logits.len(), tokens * experts)?;
-    let dims = format!("tokens {tokens}, experts {experts}, k {k}");
-    let (t, e, kk) = (
+    let dims = format!("tokens {tokens}, experts {experts}, k {k}, lanes {lanes}");
+    let (t, e, kk, nl) = (
         dim(kn, tokens, &dims)?,
         dim(kn, experts, &dims)?,
         dim(kn, k, &dims)?,
+        dim(kn, lanes, &dims)?,
     );
     let epad = grouter::logit_row_words(experts) * 4;
     let kpad = grouter::route_row_words(k) * 2;
@@ -397,13 +415,15 @@ pub fn router(
     // SAFETY: `padded`, `routes` and `hist` have the padded sizes the C kernel indexes (rows of
     // ceil(E/4)*4, ceil(k/2)*2 and ceil(E/2)*2 entries); it writes nothing else.
     let rc = unsafe {
-        ffi::router_kernel(
+        ffi::router_kernel_lanes(
             padded.as_ptr(),
             routes.as_mut_ptr(),
             hist.as_mut_ptr(),
             t,
             e,
             kk,
+            i32::from(renormalize),
+            nl,
         )
     };
     if rc != 0 {

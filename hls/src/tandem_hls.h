@@ -37,6 +37,10 @@
 // Largest number of experts and of selected experts.
 #define ROUTER_MAX_E 4096
 #define ROUTER_MAX_K 32
+// Logits per cycle of the top function (the RTL's default build: one 64-bit word of 4).
+#ifndef ROUTER_LANES
+#define ROUTER_LANES 4
+#endif
 
 // ---- vecops ------------------------------------------------------------------------------
 // Longest row held on chip (elements), the sigmoid table's half range, RoPE's Q1.14.
@@ -74,10 +78,15 @@ int attention_kernel_group(const int8_t *q, const int8_t *k, const int8_t *v, in
                            int score_mult, int score_shift, int heads, int kv_skip);
 
 // MoE router over `tokens` rows of `experts` int16 logits (rows padded to 4); writes routes
-// (rows of ceil(k/2)*2 u32 slots, weight << 16 | id) and hist (ceil(E/2)*2 u32). Returns 0,
-// or -1 when out of range (E > ROUTER_MAX_E, k > ROUTER_MAX_K, k > E).
+// (rows of ceil(k/2)*2 u32 slots, weight << 16 | id) and hist (ceil(E/2)*2 u32); renormalize
+// 1: the weights are the softmax over the k chosen, 0: over all experts. Returns 0, or -1 when
+// out of range (E > ROUTER_MAX_E, k > ROUTER_MAX_K, k > E, renormalize not 0 or 1).
 int router_kernel(const int16_t *logits, uint32_t *routes, uint32_t *hist, int tokens,
-                  int experts, int top_k);
+                  int experts, int top_k, int renormalize);
+
+// router_kernel with `lanes` (1, 2, 4 or 8) logits per cycle; -1 for another lane count.
+int router_kernel_lanes(const int16_t *logits, uint32_t *routes, uint32_t *hist, int tokens,
+                        int experts, int top_k, int renormalize, int lanes);
 
 // Vector ops on padded int16 rows, see fpga::golden::vecops (op 0 add, 1 rmsnorm, 2 rmsnorm +
 // residual, 3 rope, 4 silu_mul). Returns 0, or -1 for arguments the kernel refuses.

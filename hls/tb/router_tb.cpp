@@ -8,7 +8,7 @@
 int main() {
     static uint32_t routes[TB_ROUTE_WORDS];
     static uint32_t hist[TB_HIST_WORDS];
-    if (router_kernel(tb_logits, routes, hist, TB_T, TB_E, TB_K) != 0) {
+    if (router_kernel(tb_logits, routes, hist, TB_T, TB_E, TB_K, 1) != 0) {
         printf("router_tb: kernel refused the dimensions\n");
         return 1;
     }

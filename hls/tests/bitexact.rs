@@ -194,10 +194,49 @@ fn attention_rows_without_keys_and_growing_max() {
     assert_eq!(tandem_hls::attention(&q, &k, &v, &cfg).expect("hls"), want);
 }
 
+/// Every lane count (1, 2, 4, 8) and both renormalize modes against the golden model.
 fn router_case(logits: &[i16], tokens: usize, experts: usize, k: usize, what: &str) {
     let want = grouter::route(logits, tokens, experts, k).expect("golden");
     let got = tandem_hls::router(logits, tokens, experts, k).expect("hls");
     assert_eq!(got, want, "{what}: T={tokens} E={experts} k={k}");
+    for rn in [true, false] {
+        let want = grouter::route_with(logits, tokens, experts, k, rn).expect("golden");
+        for lanes in [1, 2, 4, 8] {
+            let got = tandem_hls::router_with(logits, tokens, experts, k, rn, lanes).expect("hls");
+            assert_eq!(
+                got, want,
+                "{what}: T={tokens} E={experts} k={k} renormalize={rn} lanes={lanes}"
+            );
+        }
+    }
+}
+
+/// Random shapes (E off a multiple of every lane count, k 1..=8, odd T, T = 1), ties and
+/// saturation, each through every lane count and both renormalize modes.
+#[test]
+fn router_lanes_and_renormalize_match_golden() {
+    let mut rng = ChaCha8Rng::seed_from_u64(0x1a4e);
+    for i in 0..40 {
+        let e = rng.gen_range(1..=300);
+        let k = rng.gen_range(1..=e.min(8));
+        let t = if i % 5 == 0 {
+            1
+        } else {
+            2 * rng.gen_range(0..6) + 1
+        };
+        let x: Vec<i16> = match i % 3 {
+            0 => (0..t * e).map(|_| rng.r#gen()).collect(),
+            1 => (0..t * e).map(|_| rng.gen_range(-1..=1) * 512).collect(),
+            _ => (0..t * e)
+                .map(|_| [i16::MIN, i16::MAX, 0, i16::MIN + 1][rng.gen_range(0..4)])
+                .collect(),
+        };
+        router_case(&x, t, e, k, "random");
+    }
+    assert!(
+        tandem_hls::router_with(&[0; 4], 1, 4, 2, true, 3).is_err(),
+        "3 lanes must be refused"
+    );
 }
 
 #[test]

@@ -7,17 +7,23 @@ use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use tandem_fpga::FpgaDevice;
-use tandem_fpga::drive::run_router;
-use tandem_fpga::golden::router::route;
+use tandem_fpga::drive::run_router_with;
+use tandem_fpga::golden::router::route_with;
 use tandem_fpga::kernels::router::RouterCore;
 use tandem_fpga::shell::ShellConfig;
 use tandem_sim::{SimCard, SimConfig};
 
+/// Arguments: lanes (default 4) and renormalize (1 or 0, default 1).
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let lanes: u32 = args.get(1).map_or(Ok(4), |a| a.parse())?;
+    let rn = args.get(2).is_none_or(|a| a != "0");
     let core = RouterCore {
         e_max: 256,
         k_max: 8,
+        lanes,
     };
+    println!("router e_max 256, k_max 8, lanes {lanes}, renormalize {rn}");
     let mut card = SimCard::open(SimConfig::default())?;
     card.load_core(&core, ShellConfig::default())?;
     let clock = card.clock_hz();
@@ -32,12 +38,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (2048, 64, 8),
         (1024, 128, 8),
         (1024, 256, 8),
+        (4096, 256, 8),
     ] {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
         let x: Vec<i16> = (0..t * e).map(|_| rng.gen_range(-2048..2048)).collect();
-        let want = route(&x, t, e, k)?;
+        let want = route_with(&x, t, e, k, rn)?;
         let (c0, w0) = (card.stats().total_cycles, card.sim_wall());
-        let (got, st) = run_router(&mut card, &x, t, e, k, Duration::from_secs(600))?;
+        let (got, st) = run_router_with(&mut card, &x, t, e, k, rn, Duration::from_secs(600))?;
         assert_eq!(got, want, "bit-exact");
         let sim_c = card.stats().total_cycles - c0;
         let sim_s = (card.sim_wall() - w0).as_secs_f64();

@@ -11,7 +11,7 @@ use rand_chacha::ChaCha8Rng;
 use tandem_fpga::core::KernelCore;
 use tandem_fpga::drive::{
     AttentionDims, KvHead, QueryHead, run_attention, run_attention_split, run_gemm, run_gemm_split,
-    run_router,
+    run_router_with,
 };
 use tandem_fpga::golden::gemm::{GemmDims, GemmProblem};
 use tandem_fpga::kernels::attention::AttentionCore;
@@ -65,25 +65,72 @@ fn verdict(kernel: &str, mut diffs: Vec<(f64, String)>) {
     assert!(bad.is_empty(), "{kernel}: beyond 5%: {bad:?}");
 }
 
+/// Every lane count of the router (1, 2, 4), 32 shapes each, renormalize on and off.
 #[test]
 fn router_model_matches_the_rtl() {
-    let core = RouterCore::default();
-    let Some((mut rtl, mut model)) = cards(&core) else {
-        return;
-    };
-    let mut rng = ChaCha8Rng::seed_from_u64(0x70c);
-    let mut diffs = Vec::new();
-    for _ in 0..SHAPES {
-        let e = rng.gen_range(1..=core.e_max as usize);
-        let k = rng.gen_range(1..=e.min(core.k_max as usize));
-        let t = rng.gen_range(1..=4096 / e.max(8));
-        let logits: Vec<i16> = (0..t * e).map(|_| rng.gen_range(-3000..3000)).collect();
-        let (a, sa) = run_router(&mut rtl, &logits, t, e, k, T).expect("RTL run");
-        let (b, sb) = run_router(&mut model, &logits, t, e, k, T).expect("model run");
-        assert_eq!(a, b, "router T={t} E={e} k={k}: outputs differ");
-        compare(&format!("router T={t} E={e} k={k}"), &sa, &sb, &mut diffs);
+    for lanes in tandem_fpga::kernels::router::ROUTER_LANES {
+        let core = RouterCore {
+            lanes,
+            ..RouterCore::default()
+        };
+        let Some((mut rtl, mut model)) = cards(&core) else {
+            return;
+        };
+        let mut rng = ChaCha8Rng::seed_from_u64(0x70c + u64::from(lanes));
+        let mut diffs = Vec::new();
+        // Mixtral's and DeepSeek's shapes, rows shorter than the merge, T = 1; then random
+        let fixed = [
+            (512, 8, 2),
+            (64, 256, 8),
+            (300, 3, 3),
+            (200, 5, 1),
+            (1, 64, 8),
+        ];
+        for i in 0..SHAPES {
+            let (t, e, k) = match fixed.get(i) {
+                Some(&s) => s,
+                None => {
+                    let e = rng.gen_range(1..=core.e_max as usize);
+                    let k = rng.gen_range(1..=e.min(core.k_max as usize));
+                    (rng.gen_range(1..=4096 / e.max(8)), e, k)
+                }
+            };
+            let rn = i % 2 == 0;
+            let logits: Vec<i16> = (0..t * e).map(|_| rng.gen_range(-3000..3000)).collect();
+            let (a, sa) = run_router_with(&mut rtl, &logits, t, e, k, rn, T).expect("RTL run");
+            let (b, sb) = run_router_with(&mut model, &logits, t, e, k, rn, T).expect("model run");
+            let what = format!("router lanes {lanes} T={t} E={e} k={k} renormalize={rn}");
+            assert_eq!(a, b, "{what}: outputs differ");
+            compare(&what, &sa, &sb, &mut diffs);
+        }
+        verdict(&format!("router lanes {lanes}"), diffs);
+        // renormalize = 2 is refused by both cards alike: done at once, nothing written
+        for dev in [&mut rtl as &mut dyn FpgaDevice, &mut model] {
+            let (lb, rb, hb) = (
+                dev.alloc(0, 64).expect("alloc"),
+                dev.alloc(0, 64).expect("alloc"),
+                dev.alloc(0, 64).expect("alloc"),
+            );
+            dev.write(&rb, 0, &[0xa5; 64]).expect("write");
+            for (n, b) in [("logits", &lb), ("routes", &rb), ("hist", &hb)] {
+                dev.set_pointer(n, b).expect("pointer");
+            }
+            for (n, v) in [
+                ("tokens", 2),
+                ("experts", 8),
+                ("top_k", 2),
+                ("renormalize", 2),
+            ] {
+                dev.set_scalar(n, v).expect("scalar");
+            }
+            dev.start().expect("start");
+            let st = dev.wait(T).expect("refused runs finish");
+            assert!(st.cycles < 20, "lanes {lanes}: {} cycles", st.cycles);
+            let mut back = [0u8; 64];
+            dev.read(&rb, 0, &mut back).expect("read");
+            assert_eq!(back, [0xa5; 64], "lanes {lanes}: routes untouched");
+        }
     }
-    verdict("router", diffs);
 }
 
 #[test]

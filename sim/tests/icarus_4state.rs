@@ -50,32 +50,45 @@ fn rand_i8(rng: &mut ChaCha8Rng, n: usize) -> Vec<i8> {
     (0..n).map(|_| rng.r#gen()).collect()
 }
 
+/// Every lane count (1, 2, 4), renormalize on and off.
 #[test]
 fn router_4state_matches_golden_under_stalls() {
-    let core = RouterCore {
-        e_max: 64,
-        k_max: 8,
-    };
-    let Some(mut c) = card(&core, 11) else {
-        return;
-    };
-    let mut rng = ChaCha8Rng::seed_from_u64(0x4e0);
-    let mut shapes = vec![(7, 10, 3), (3, 64, 8), (4, 6, 6), (9, 8, 1), (5, 5, 2)];
-    for _ in 0..8 {
-        let e = rng.gen_range(2..=64);
-        shapes.push((rng.gen_range(1..=8), e, rng.gen_range(1..=e.min(8))));
+    for lanes in tandem_fpga::kernels::router::ROUTER_LANES {
+        let core = RouterCore {
+            e_max: 64,
+            k_max: 8,
+            lanes,
+        };
+        let Some(mut c) = card(&core, 11 + lanes) else {
+            return;
+        };
+        let mut rng = ChaCha8Rng::seed_from_u64(0x4e0 + u64::from(lanes));
+        let mut shapes = vec![
+            (7, 10, 3),
+            (3, 64, 8),
+            (4, 6, 6),
+            (9, 8, 1),
+            (5, 5, 2),
+            (1, 3, 2),
+        ];
+        for _ in 0..6 {
+            let e = rng.gen_range(2..=64);
+            shapes.push((rng.gen_range(1..=8), e, rng.gen_range(1..=e.min(8))));
+        }
+        for (i, &(t, e, k)) in shapes.iter().enumerate() {
+            // every other shape with a narrow range of logits: many ties
+            let span = if i % 2 == 0 { 32767 } else { 4 };
+            let x: Vec<i16> = (0..t * e).map(|_| rng.gen_range(-span..=span)).collect();
+            let rn = i % 3 != 1;
+            let want = grouter::route_with(&x, t, e, k, rn).expect("golden");
+            let what = format!("router lanes {lanes} T {t} E {e} k {k} renormalize {rn}");
+            let (got, st) = drive::run_router_with(&mut c, &x, t, e, k, rn, T)
+                .unwrap_or_else(|err| panic!("{what}: {err}"));
+            assert_eq!(got, want, "{what}");
+            println!("{what}: bit-exact, {} cycles", st.cycles);
+        }
+        assert!(c.violations().is_empty(), "{:?}", c.violations());
     }
-    for (i, &(t, e, k)) in shapes.iter().enumerate() {
-        // every other shape with a narrow range of logits: many ties
-        let span = if i % 2 == 0 { 32767 } else { 4 };
-        let x: Vec<i16> = (0..t * e).map(|_| rng.gen_range(-span..=span)).collect();
-        let want = grouter::route(&x, t, e, k).expect("golden");
-        let (got, st) = drive::run_router(&mut c, &x, t, e, k, T)
-            .unwrap_or_else(|err| panic!("router T {t} E {e} k {k}: {err}"));
-        assert_eq!(got, want, "router T {t} E {e} k {k}");
-        println!("router T {t} E {e} k {k}: bit-exact, {} cycles", st.cycles);
-    }
-    assert!(c.violations().is_empty(), "{:?}", c.violations());
 }
 
 #[test]
@@ -244,6 +257,7 @@ fn unwritten_memory_reads_back_as_x() {
     let core = RouterCore {
         e_max: 16,
         k_max: 4,
+        lanes: 4,
     };
     let Some(mut c) = card(&core, 44) else {
         return;

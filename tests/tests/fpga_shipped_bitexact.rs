@@ -149,12 +149,18 @@ fn shipped_router_build_rtl_golden_hls_agree() {
     for (t, e, k) in [(33, 64, 4), (7, 8, 8), (12, 200, 2)] {
         // Small integers: many ties, which must break to the lower index everywhere.
         let x: Vec<i16> = (0..t * e).map(|_| rng.gen_range(-8..8) * 64).collect();
-        let want = grouter::route(&x, t, e, k).expect("golden");
-        let hls = tandem_hls::router(&x, t, e, k).expect("hls");
-        assert_eq!(hls, want, "T {t} E {e} k {k}: HLS vs golden");
-        let (rtl, st) = drive::run_router(&mut c, &x, t, e, k, T).expect("rtl");
-        assert_eq!(rtl, want, "T {t} E {e} k {k}: RTL vs golden");
-        println!("router T {t} E {e} k {k}: bit-exact, {} cycles", st.cycles);
+        for rn in [true, false] {
+            let want = grouter::route_with(&x, t, e, k, rn).expect("golden");
+            let lanes = core.lanes as usize;
+            let hls = tandem_hls::router_with(&x, t, e, k, rn, lanes).expect("hls");
+            assert_eq!(hls, want, "T {t} E {e} k {k} rn {rn}: HLS vs golden");
+            let (rtl, st) = drive::run_router_with(&mut c, &x, t, e, k, rn, T).expect("rtl");
+            assert_eq!(rtl, want, "T {t} E {e} k {k} rn {rn}: RTL vs golden");
+            println!(
+                "router T {t} E {e} k {k} renormalize {rn}: bit-exact, {} cycles",
+                st.cycles
+            );
+        }
     }
     assert!(c.stats().total_cycles > 0);
 }

@@ -28,7 +28,7 @@ pub use attention::{
 };
 pub use experts::{ExpertsStats, experts_cycles, run_experts};
 pub use gemm::{run_gemm, run_gemm_split};
-pub use router::run_router;
+pub use router::{run_router, run_router_with};
 pub use vecops::{launch_combine, launch_silu_mul8, run_combine, run_silu_mul8, run_vecops};
 
 use crate::device::{DeviceBuffer, FpgaDevice, FpgaError, RunStats, SyncDir};

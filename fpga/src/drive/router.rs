@@ -13,13 +13,28 @@ use crate::golden::router::{
 const KERNEL: &str = "router";
 
 /// Runs the router kernel on `dev` (which must have it loaded): int16 logits `[T, E]`
-/// (unpadded, row-major) to top-`k` ids, Q0.15 weights and the histogram.
+/// (unpadded, row-major) to top-`k` ids, Q0.15 weights (renormalised over the k chosen) and
+/// the histogram.
 pub fn run_router(
     dev: &mut dyn FpgaDevice,
     logits: &[i16],
     tokens: usize,
     experts: usize,
     k: usize,
+    timeout: Duration,
+) -> Result<(RouterOut, RunStats), FpgaError> {
+    run_router_with(dev, logits, tokens, experts, k, true, timeout)
+}
+
+/// Runs the router as [`run_router`]; with `renormalize = false` the weights are the softmax
+/// over all experts of the k chosen ([`crate::golden::router::route_with`]).
+pub fn run_router_with(
+    dev: &mut dyn FpgaDevice,
+    logits: &[i16],
+    tokens: usize,
+    experts: usize,
+    k: usize,
+    renormalize: bool,
     timeout: Duration,
 ) -> Result<(RouterOut, RunStats), FpgaError> {
     if logits.len() != tokens * experts {
@@ -32,6 +47,7 @@ pub fn run_router(
         ("tokens", u32_of(KERNEL, "tokens", tokens)?),
         ("experts", u32_of(KERNEL, "experts", experts)?),
         ("top_k", u32_of(KERNEL, "top_k", k)?),
+        ("renormalize", u32::from(renormalize)),
     ];
     u32_of(KERNEL, "logit words", tokens * logit_row_words(experts))?;
     let rbytes = (tokens * route_row_words(k) * 8).max(8);

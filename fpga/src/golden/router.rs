@@ -11,7 +11,10 @@
 //!    23637 / 2^14 = 1.442688), `e_j = LUT[u & 255] >> (u >> 8)` (0 when `u >> 8 >= 16`)
 //!    with `LUT[f] = round(2^15 * 2^(-f/256))` (so `e_0 = 32768` = 1.0 in Q0.15);
 //!    `S = sum e_j` (>= 32768); `r = floor(2^30 / S)`; `w_j = (e_j * r + 2^14) >> 15`
-//!    (Q0.15 weight, 32768 = 1.0).
+//!    (Q0.15 weight, 32768 = 1.0). With `renormalize = false` (the softmax over all experts,
+//!    of which the k chosen are reported) `S` sums `e_i` over *every* expert of the row,
+//!    each computed as above from `d = m - q_i` (`S` <= E * 32768); the rest is the same.
+//!    The result does not depend on the kernel's lane count.
 //! 4. Histogram: `hist[id] += 1` for every selected id of every token (u32).
 //!
 //! Memory layout the kernel reads and writes (little endian):
@@ -77,12 +80,25 @@ pub struct RouterOut {
     pub hist: Vec<u32>,
 }
 
-/// Routes `tokens` rows of `experts` int16 logits (row-major, unpadded) to `k` experts each.
+/// Routes `tokens` rows of `experts` int16 logits (row-major, unpadded) to `k` experts each,
+/// the weights renormalised over the k chosen (`route_with(.., true)`).
 pub fn route(
     logits: &[i16],
     tokens: usize,
     experts: usize,
     k: usize,
+) -> Result<RouterOut, RouterError> {
+    route_with(logits, tokens, experts, k, true)
+}
+
+/// Routes as [`route`]; with `renormalize = false` the weights are the softmax over all
+/// `experts` of the k chosen (they sum to at most 1).
+pub fn route_with(
+    logits: &[i16],
+    tokens: usize,
+    experts: usize,
+    k: usize,
+    renormalize: bool,
 ) -> Result<RouterOut, RouterError> {
     if experts == 0 || k == 0 || k > experts || experts > 65536 {
         return Err(RouterError::Shape(format!(
@@ -113,7 +129,13 @@ pub fn route(
             .iter()
             .map(|&i| exp_neg((m - i32::from(row[i])) as u32, &lut))
             .collect();
-        let s: u64 = e.iter().map(|&v| u64::from(v)).sum();
+        let s: u64 = if renormalize {
+            e.iter().map(|&v| u64::from(v)).sum()
+        } else {
+            row.iter()
+                .map(|&q| u64::from(exp_neg((m - i32::from(q)) as u32, &lut)))
+                .sum()
+        };
         let r = (1u64 << 30) / s;
         for (&i, &ej) in top.iter().zip(&e) {
             let w = (u64::from(ej) * r + (1 << 14)) >> 15;
@@ -245,6 +267,44 @@ mod tests {
         }
         assert!(checked > 150);
         assert!(worst < 4e-3, "worst weight error {worst}");
+    }
+
+    /// renormalize = false: the weights are the softmax over every expert (f64 reference:
+    /// exp(x_i - m) / sum over all experts), within 4e-3; the ids equal the renormalised
+    /// routing's.
+    #[test]
+    fn without_renormalising_matches_the_full_softmax() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(8);
+        for &(t, e, k) in &[(100, 8, 2), (40, 64, 8), (10, 256, 8), (5, 3, 3)] {
+            let x: Vec<f32> = (0..t * e).map(|_| rng.gen_range(-6.0f32..6.0)).collect();
+            let q: Vec<i16> = x.iter().map(|&v| quantize_logit(v)).collect();
+            let a = route_with(&q, t, e, k, false).expect("route");
+            let b = route(&q, t, e, k).expect("route");
+            assert_eq!(a.ids, b.ids);
+            assert_eq!(a.hist, b.hist);
+            let mut worst = 0.0f64;
+            for tok in 0..t {
+                let row: Vec<f64> = x[tok * e..(tok + 1) * e]
+                    .iter()
+                    .map(|&v| f64::from(v))
+                    .collect();
+                let m = row.iter().copied().fold(f64::MIN, f64::max);
+                let s: f64 = row.iter().map(|&v| (v - m).exp()).sum();
+                for j in 0..k {
+                    let i = usize::from(a.ids[tok * k + j]);
+                    let w = (row[i] - m).exp() / s;
+                    let got = f64::from(a.weights[tok * k + j]) / 32768.0;
+                    worst = worst.max((got - w).abs());
+                }
+            }
+            assert!(
+                worst < 4e-3,
+                "T {t} E {e} k {k}: worst weight error {worst}"
+            );
+        }
+        // k = E: both modes are the same softmax
+        let q: Vec<i16> = (0..24).map(|_| rng.gen_range(-900..900)).collect();
+        assert_eq!(route_with(&q, 4, 6, 6, false), route(&q, 4, 6, 6));
     }
 
     #[test]

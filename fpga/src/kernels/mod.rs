@@ -83,11 +83,12 @@ impl Build {
     pub fn parse(name: &str, params: &[(String, i64)]) -> Result<Self, CoreError> {
         let b = match name {
             "router" => {
-                let m = take(name, params, &["e_max", "k_max"])?;
+                let m = take(name, params, &["e_max", "k_max", "lanes"])?;
                 let d = router::RouterCore::default();
                 Build::Router(router::RouterCore {
                     e_max: get_u32(name, &m, "e_max", d.e_max)?,
                     k_max: get_u32(name, &m, "k_max", d.k_max)?,
+                    lanes: get_u32(name, &m, "lanes", d.lanes)?,
                 })
             }
             "gemm" => {
@@ -166,7 +167,9 @@ mod tests {
         let p = parse_params("e_max=64, k_max=4").expect("parse");
         assert_eq!(p, vec![("e_max".into(), 64), ("k_max".into(), 4)]);
         assert!(core_for("router", &p).is_ok());
-        assert!(core_for("router", &parse_params("lanes=2").expect("parse")).is_err());
+        assert!(core_for("router", &parse_params("lanes=2").expect("parse")).is_ok());
+        assert!(core_for("router", &parse_params("lanes=3").expect("parse")).is_err());
+        assert!(core_for("router", &parse_params("width=2").expect("parse")).is_err());
         assert!(parse_params("e_max").is_err());
         assert!(core_for("nope", &[]).is_err());
     }

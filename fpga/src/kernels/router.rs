@@ -1,23 +1,34 @@
-//! The MoE router core: streams int16 logits, keeps the top-k of each token in a register
-//! insertion network, computes a fixed-point softmax over the k selected logits, and writes
-//! (id, weight) routes and the per-expert histogram. Semantics: [`crate::golden::router`].
+//! The MoE router core: streams int16 logits `lanes` per cycle, keeps the top-k of each token
+//! in one register insertion network per lane, merges the lanes' lists, computes a
+//! fixed-point softmax (over the k selected, or over every expert with `renormalize = 0`)
+//! in a fully pipelined datapath, and writes (id, weight) routes and the per-expert
+//! histogram. Semantics: [`crate::golden::router`] (they do not depend on the lane count).
 //!
-//! Pipeline (one logit per cycle in steady state):
-//! 1. *unpack*: one 64-bit word holds 4 logits; the word is consumed one logit per cycle and
-//!    the next word is accepted in the cycle the last logit of the current one is used;
-//! 2. *insert*: `k_max` (value, index) registers kept sorted; a newcomer goes after every
-//!    entry `>=` itself (ties: lower index first), shifting the rest down, in one cycle;
-//!    the last logit of a row hands the finished list to the softmax stage and empties the
-//!    network in the same cycle;
-//! 3. *softmax* (while the next row streams), two slots per cycle: ceil(k/2) cycles of exp
-//!    (shift + LUT), 4 cycles of a restoring divider for `2^30 / S` (4 quotient bits per
-//!    cycle), ceil(k/2) cycles of normalise, pack (one output word) and histogram update.
-//!    The stream stalls only if a row is shorter than this (E < k + 6 or so).
-//! 4. *write-out*: routes (2 slots per word) as they are produced, then the histogram.
+//! Pipeline (`L = lanes` logits per cycle in steady state; one token per
+//! `max(ceil(E/L), k, ceil(k/2) + 1)` cycles):
+//! 1. *stream*: one 64-bit word holds 4 logits; `L` (1, 2 or 4) of them per cycle, the next
+//!    word accepted in the cycle the current one is used up; lane `l` takes the logits
+//!    `l, l + L, ...` of a row into its own `k_max`-entry insertion network (a newcomer goes
+//!    after every entry `>=` itself, so equal values keep the lower index first); a running
+//!    row maximum; the words of a row also go to a two-bank row buffer (for the sum over all
+//!    experts);
+//! 2. *merge* (L > 1): the lanes' lists handed over at the row's end and merged, one entry
+//!    per cycle (the best lane head: larger value, then lower index), k cycles; with one lane
+//!    the list is already merged;
+//! 3. *all-expert sum* (`renormalize = 0` only), beside the merge: the row read back from the
+//!    row buffer `L` logits per cycle, `exp(-(m - q))` of each (subtract, multiply, LUT and
+//!    shift, accumulate: 4 pipeline stages), the row's sum queued for the softmax;
+//! 4. *softmax*, one token per cycle: copy, `d = m - q_j`, `d * log2 e`, LUT + shift (all k
+//!    slots in parallel), the sum (or the queued all-expert sum), then a restoring divider
+//!    `2^30 / S` of 8 stages, 2 quotient bits each (no variable shifts);
+//! 5. *normalise*, two slots per cycle: `(e_j r + 2^14) >> 15`, one output word, two histogram
+//!    increments into a queue that a one-port LUTRAM histogram drains;
+//! 6. *write-out*: routes as they are produced, then the histogram.
 //!
 //! Arguments: `logits` (ptr0), `routes` (ptr1), `hist` (ptr2), `tokens` (arg0),
-//! `experts` (arg1), `top_k` (arg2). Invalid sizes (E = 0 or > e_max, k = 0 or > k_max or
-//! > E) finish at once without touching memory; the host validates first.
+//! `experts` (arg1), `top_k` (arg2), `renormalize` (arg3: 1 over the k chosen, 0 over all
+//! experts). Invalid values (E = 0 or > e_max, k = 0 or > k_max or > E, renormalize > 1)
+//! finish at once without touching memory; the host validates first.
 
 use std::fmt::Write as _;
 
@@ -25,20 +36,29 @@ use crate::core::{CoreError, KernelCore};
 use crate::golden::router::{LOG2E_Q14, exp2_lut};
 use crate::regmap::{ArgDesc, KernelDesc};
 
+/// Lane counts a router build may have: the logits of one 64-bit word (4) split evenly.
+/// More lanes need a wider read port than the shell's 64 bits.
+pub const ROUTER_LANES: [u32; 3] = [1, 2, 4];
+
 /// Build parameters of the router.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RouterCore {
     /// Most experts per token (power of two, 2..=4096): histogram size.
     pub e_max: u32,
-    /// Most experts selected per token (1..=32): size of the insertion network.
+    /// Most experts selected per token (1..=32): size of each lane's insertion network.
     pub k_max: u32,
+    /// Logits taken per cycle (one of [`ROUTER_LANES`]).
+    pub lanes: u32,
 }
 
 impl Default for RouterCore {
+    /// The card-sized build: DeepSeek-V3's 256 experts, top-8, and 4 lanes, which take a
+    /// whole 64-bit word of logits per cycle (all the shell's read port delivers).
     fn default() -> Self {
         Self {
             e_max: 256,
             k_max: 8,
+            lanes: 4,
         }
     }
 }
@@ -64,6 +84,12 @@ impl RouterCore {
                 self.k_max
             ));
         }
+        if !ROUTER_LANES.contains(&self.lanes) {
+            return bad(format!(
+                "lanes = {} must be one of {ROUTER_LANES:?} (a 64-bit word holds 4 logits)",
+                self.lanes
+            ));
+        }
         Ok(())
     }
 }
@@ -83,6 +109,7 @@ impl KernelCore for RouterCore {
                 ArgDesc::scalar("tokens"),
                 ArgDesc::scalar("experts"),
                 ArgDesc::scalar("top_k"),
+                ArgDesc::scalar("renormalize"),
             ],
         }
     }
@@ -91,6 +118,7 @@ impl KernelCore for RouterCore {
         vec![
             ("e_max".into(), i64::from(self.e_max)),
             ("k_max".into(), i64::from(self.k_max)),
+            ("lanes".into(), i64::from(self.lanes)),
         ]
     }
 
@@ -100,87 +128,448 @@ impl KernelCore for RouterCore {
     }
 }
 
+/// Divider stages: 2 quotient bits each, 16 bits in all.
+pub const DIV_STAGES: usize = 8;
+/// Softmax stages before the divider (copy, subtract, multiply, LUT, sum).
+pub const SOFTMAX_STAGES: usize = 5;
+
+/// `t_0 + t_1 + ...` as a balanced tree of additions.
+fn balanced_sum(terms: &[String]) -> String {
+    match terms.len() {
+        0 => "0".into(),
+        1 => terms[0].clone(),
+        n => format!(
+            "({} + {})",
+            balanced_sum(&terms[..n / 2]),
+            balanced_sum(&terms[n / 2..])
+        ),
+    }
+}
+
+/// `S << b <= rem` and `S << b` (31 bits) for a sum `s` of `sw` bits and a 31-bit remainder.
+fn shifted_sum(s: &str, sw: usize, b: usize) -> (String, String) {
+    let hi = 31 - b; // bits of S at or above `hi` shift past bit 30
+    let fits_hi = if hi < sw {
+        format!("(~|{s}[{}:{hi}])", sw - 1)
+    } else {
+        "1'b1".to_string()
+    };
+    let lw = sw.min(hi);
+    let mut parts = Vec::new();
+    let pad = 31 - lw - b;
+    if pad > 0 {
+        parts.push(format!("{pad}'d0"));
+    }
+    parts.push(format!("{s}[{}:0]", lw - 1));
+    if b > 0 {
+        parts.push(format!("{b}'d0"));
+    }
+    (fits_hi, format!("{{{}}}", parts.join(", ")))
+}
+
 fn router_verilog(p: &RouterCore) -> String {
     let km = p.k_max as usize;
+    let nl = p.lanes as usize;
     let iw = p.e_max.trailing_zeros() as usize;
+    let sw = iw + 16;
+    // row buffer: words per row (at least 2 addresses), two banks
+    let rwb = ((p.e_max as usize).div_ceil(4))
+        .next_power_of_two()
+        .trailing_zeros()
+        .max(1) as usize;
     // Increment queue: 2*k_max entries (at least 4), a power of two.
     let qw = (2 * km).max(4).next_power_of_two().trailing_zeros() as usize;
     let q_depth = format!("{}'d{}", qw + 1, 1usize << qw);
-    let mut decl = String::new();
-    let mut net = String::new();
-    let mut rst = String::new();
+    let mut v = String::new(); // declarations + combinational logic
+    let mut rst = String::new(); // reset and run start
+    let mut unused: Vec<String> = Vec::new();
+
+    // ---------------- stream: lanes, insertion networks, row max, row buffer ----------------
+    for l in 0..nl {
+        let _ = writeln!(
+            v,
+            "reg signed [15:0] v_in_{l};\nalways @(*) begin\n    case (pos)"
+        );
+        let mut pp = 0;
+        while pp < 4 {
+            let s = pp + l;
+            let _ = writeln!(
+                v,
+                "        2'd{pp}: v_in_{l} = w_q[{}:{}];",
+                16 * s + 15,
+                16 * s
+            );
+            pp += nl;
+        }
+        let _ = writeln!(v, "        default: v_in_{l} = 16'sd0;\n    endcase\nend");
+        let _ = writeln!(
+            v,
+            "wire [15:0] ix_{l} = eidx + 16'd{l};\nwire ok_{l} = (left > 16'd{l});\n\
+             wire [IW-1:0] i_in_{l} = ix_{l}[IW-1:0];\n\
+             wire signed [15:0] vv_{l} = ok_{l} ? v_in_{l} : v_in_0;"
+        );
+        unused.push(format!("ix_{l}[15:IW]"));
+        for j in 0..km {
+            let _ = writeln!(
+                v,
+                "reg signed [15:0] tv_{l}_{j}; reg [IW-1:0] ti_{l}_{j}; reg tk_{l}_{j};\n\
+                 wire signed [15:0] nv_{l}_{j}; wire [IW-1:0] ni_{l}_{j}; wire nk_{l}_{j};\n\
+                 wire ge_{l}_{j} = tk_{l}_{j} && (tv_{l}_{j} >= v_in_{l});"
+            );
+            if j == 0 {
+                let _ = writeln!(
+                    v,
+                    "assign nv_{l}_0 = ge_{l}_0 ? tv_{l}_0 : v_in_{l};\nassign ni_{l}_0 = ge_{l}_0 ? ti_{l}_0 : i_in_{l};\nassign nk_{l}_0 = ge_{l}_0 ? tk_{l}_0 : 1'b1;"
+                );
+            } else {
+                let q = j - 1;
+                let _ = writeln!(
+                    v,
+                    "assign nv_{l}_{j} = ge_{l}_{j} ? tv_{l}_{j} : (ge_{l}_{q} ? v_in_{l} : tv_{l}_{q});\n\
+                     assign ni_{l}_{j} = ge_{l}_{j} ? ti_{l}_{j} : (ge_{l}_{q} ? i_in_{l} : ti_{l}_{q});\n\
+                     assign nk_{l}_{j} = ge_{l}_{j} ? tk_{l}_{j} : (ge_{l}_{q} ? 1'b1 : tk_{l}_{q});"
+                );
+            }
+            let _ = writeln!(
+                rst,
+                "        tk_{l}_{j} <= 1'b0; tv_{l}_{j} <= 16'sd0; ti_{l}_{j} <= {{IW{{1'b0}}}};"
+            );
+        }
+    }
+    // group maximum (invalid lanes stand in as lane 0)
+    match nl {
+        1 => v.push_str("wire signed [15:0] gmax = vv_0;\n"),
+        2 => v.push_str("wire signed [15:0] gmax = (vv_1 > vv_0) ? vv_1 : vv_0;\n"),
+        _ => v.push_str(
+            "wire signed [15:0] gm_a = (vv_1 > vv_0) ? vv_1 : vv_0;\n\
+             wire signed [15:0] gm_b = (vv_3 > vv_2) ? vv_3 : vv_2;\n\
+             wire signed [15:0] gmax = (gm_b > gm_a) ? gm_b : gm_a;\n",
+        ),
+    }
+    // insertion (every lane of a group that is not the row's last is valid) and hand-off
     let mut ins = String::new();
     let mut hand = String::new();
     let mut clear_net = String::new();
-    let mut sel = String::new();
-    let mut ewr = String::new();
-    for j in 0..km {
-        let _ = writeln!(
-            decl,
-            "reg signed [15:0] tv_{j}; reg [IW-1:0] ti_{j}; reg tk_{j};\n\
-             reg signed [15:0] hv_{j}; reg [IW-1:0] hi_{j}; reg [15:0] ex_{j};\n\
-             wire signed [15:0] nv_{j}; wire [IW-1:0] ni_{j}; wire nk_{j}; wire ge_{j};"
-        );
-        let _ = writeln!(net, "assign ge_{j} = tk_{j} && (tv_{j} >= v_in);");
-        if j == 0 {
+    for l in 0..nl {
+        for j in 0..km {
             let _ = writeln!(
-                net,
-                "assign nv_0 = ge_0 ? tv_0 : v_in;\nassign ni_0 = ge_0 ? ti_0 : i_in;\nassign nk_0 = ge_0 ? tk_0 : 1'b1;"
+                ins,
+                "                    tv_{l}_{j} <= nv_{l}_{j}; ti_{l}_{j} <= ni_{l}_{j}; tk_{l}_{j} <= nk_{l}_{j};"
             );
-        } else {
-            let p = j - 1;
+            let _ = writeln!(clear_net, "                tk_{l}_{j} <= 1'b0;");
+            if nl == 1 {
+                let _ = writeln!(
+                    hand,
+                    "                    sv_{j} <= nv_0_{j}; si_{j} <= ni_0_{j};"
+                );
+            } else {
+                let _ = writeln!(
+                    hand,
+                    "                    mv_{l}_{j} <= ok_{l} ? nv_{l}_{j} : tv_{l}_{j}; mi_{l}_{j} <= ok_{l} ? ni_{l}_{j} : ti_{l}_{j}; mk_{l}_{j} <= ok_{l} ? nk_{l}_{j} : tk_{l}_{j};"
+                );
+            }
+        }
+    }
+
+    // ---------------- merge ----------------
+    let mut mrg = String::new();
+    for j in 0..km {
+        let _ = writeln!(v, "reg signed [15:0] sv_{j}; reg [IW-1:0] si_{j};");
+        let _ = writeln!(rst, "        sv_{j} <= 16'sd0; si_{j} <= {{IW{{1'b0}}}};");
+    }
+    if nl == 1 {
+        v.push_str("wire m_ready = mfull;\n");
+        unused.push("mcnt".into());
+        for j in 0..km {
             let _ = writeln!(
-                net,
-                "assign nv_{j} = ge_{j} ? tv_{j} : (ge_{p} ? v_in : tv_{p});\n\
-                 assign ni_{j} = ge_{j} ? ti_{j} : (ge_{p} ? i_in : ti_{p});\n\
-                 assign nk_{j} = ge_{j} ? tk_{j} : (ge_{p} ? 1'b1 : tk_{p});"
+                v,
+                "wire signed [15:0] xv_{j} = sv_{j}; wire [IW-1:0] xi_{j} = si_{j};"
             );
         }
+    } else {
+        for l in 0..nl {
+            for j in 0..km {
+                let _ = writeln!(
+                    v,
+                    "reg signed [15:0] mv_{l}_{j}; reg [IW-1:0] mi_{l}_{j}; reg mk_{l}_{j};"
+                );
+                let _ = writeln!(
+                    rst,
+                    "        mv_{l}_{j} <= 16'sd0; mi_{l}_{j} <= {{IW{{1'b0}}}}; mk_{l}_{j} <= 1'b0;"
+                );
+            }
+            let _ = writeln!(
+                v,
+                "wire hk_{l} = mk_{l}_0; wire signed [15:0] hv_{l} = mv_{l}_0; wire [IW-1:0] hi_{l} = mi_{l}_0; wire [1:0] hl_{l} = 2'd{l};"
+            );
+        }
+        // tournament: a beats b when a is valid and (b is not, or larger, or equal and lower
+        // id): one unsigned compare of the keys {valid, value with its sign flipped, ~id}
+        let pick = |v: &mut String, o: &str, a: &str, b: &str| {
+            let _ = writeln!(
+                v,
+                "wire ab_{o} = {{hk_{a}, ~hv_{a}[15], hv_{a}[14:0], ~hi_{a}}} > {{hk_{b}, ~hv_{b}[15], hv_{b}[14:0], ~hi_{b}}};\n\
+                 wire hk_{o} = ab_{o} ? hk_{a} : hk_{b}; wire signed [15:0] hv_{o} = ab_{o} ? hv_{a} : hv_{b};\n\
+                 wire [IW-1:0] hi_{o} = ab_{o} ? hi_{a} : hi_{b}; wire [1:0] hl_{o} = ab_{o} ? hl_{a} : hl_{b};"
+            );
+        };
+        if nl == 2 {
+            pick(&mut v, "w", "0", "1");
+        } else {
+            pick(&mut v, "x", "0", "1");
+            pick(&mut v, "y", "2", "3");
+            pick(&mut v, "w", "x", "y");
+        }
+        unused.push("hk_w".into());
+        v.push_str(
+            "wire pop = mfull && (mcnt < k_q);\n\
+             wire m_ready = mfull && ((mcnt + 6'd1 == k_q) || (mcnt == k_q));\n",
+        );
+        for j in 0..km {
+            let _ = writeln!(
+                v,
+                "wire xsel_{j} = pop && (mcnt == 6'd{j});\n\
+                 wire signed [15:0] xv_{j} = xsel_{j} ? hv_w : sv_{j}; wire [IW-1:0] xi_{j} = xsel_{j} ? hi_w : si_{j};"
+            );
+            let _ = writeln!(
+                mrg,
+                "                if (xsel_{j}) begin sv_{j} <= hv_w; si_{j} <= hi_w; end"
+            );
+        }
+        for l in 0..nl {
+            let _ = writeln!(mrg, "                if (hl_w == 2'd{l}) begin");
+            for j in 0..km {
+                if j + 1 < km {
+                    let _ = writeln!(
+                        mrg,
+                        "                    mv_{l}_{j} <= mv_{l}_{}; mi_{l}_{j} <= mi_{l}_{}; mk_{l}_{j} <= mk_{l}_{};",
+                        j + 1,
+                        j + 1,
+                        j + 1
+                    );
+                } else {
+                    let _ = writeln!(mrg, "                    mk_{l}_{j} <= 1'b0;");
+                }
+            }
+            let _ = writeln!(mrg, "                end");
+        }
+    }
+
+    // ---------------- softmax pipeline ----------------
+    let mut pipe: [String; 6] = Default::default();
+    let mut pst = String::new();
+    for j in 0..km {
         let _ = writeln!(
-            rst,
-            "        tk_{j} <= 1'b0; tv_{j} <= 16'sd0; ti_{j} <= {{IW{{1'b0}}}}; hv_{j} <= 16'sd0; hi_{j} <= {{IW{{1'b0}}}}; ex_{j} <= 16'd0;"
+            v,
+            "reg signed [15:0] p1v_{j}; reg [IW-1:0] p1i_{j};\n\
+             reg [16:0] p2d_{j}; reg [IW-1:0] p2i_{j};\n\
+             reg [16:0] p3u_{j}; reg [IW-1:0] p3i_{j};\n\
+             reg [15:0] p4l_{j}; reg [8:0] p4h_{j}; reg [IW-1:0] p4i_{j};\n\
+             reg [15:0] p5e_{j}; reg [IW-1:0] p5i_{j};\n\
+             reg [15:0] p6e_{j}; reg [IW-1:0] p6i_{j};\n\
+             wire [32:0] p3m_{j} = {{16'd0, p2d_{j}}} * 33'd{log2e};\n\
+             reg km_{j};\n\
+             wire [15:0] p5k_{j} = km_{j} ? p5e_{j} : 16'd0;",
+            log2e = LOG2E_Q14
+        );
+        unused.push(format!("p3m_{j}[32:31]"));
+        unused.push(format!("p3m_{j}[13:0]"));
+        let stage_loads = [
+            format!("p1v_{j} <= xv_{j}; p1i_{j} <= xi_{j};"),
+            format!(
+                "p2d_{j} <= {{p1v_0[15], p1v_0}} - {{p1v_{j}[15], p1v_{j}}}; p2i_{j} <= p1i_{j};"
+            ),
+            format!("p3u_{j} <= p3m_{j}[30:14]; p3i_{j} <= p2i_{j};"),
+            format!("p4l_{j} <= lut(p3u_{j}[7:0]); p4h_{j} <= p3u_{j}[16:8]; p4i_{j} <= p3i_{j};"),
+            format!("p5e_{j} <= expsh(p4l_{j}, p4h_{j}); p5i_{j} <= p4i_{j};"),
+            format!("p6e_{j} <= p5e_{j}; p6i_{j} <= p5i_{j};"),
+        ];
+        for (st, load) in stage_loads.iter().enumerate() {
+            let _ = writeln!(pipe[st], "                {load}");
+        }
+        let _ = writeln!(
+            pst,
+            "        p1v_{j} <= 16'sd0; p1i_{j} <= {{IW{{1'b0}}}}; p2d_{j} <= 17'd0; p2i_{j} <= {{IW{{1'b0}}}};\n\
+             p3u_{j} <= 17'd0; p3i_{j} <= {{IW{{1'b0}}}}; p4l_{j} <= 16'd0; p4h_{j} <= 9'd0; p4i_{j} <= {{IW{{1'b0}}}};\n\
+             p5e_{j} <= 16'd0; p5i_{j} <= {{IW{{1'b0}}}}; p6e_{j} <= 16'd0; p6i_{j} <= {{IW{{1'b0}}}};"
+        );
+    }
+    // the k-slot sum (the exps are at most 2^15 each, 32 of them fit SW >= 17 bits)
+    let terms: Vec<String> = (0..km)
+        .map(|j| format!("{{{{(SW-16){{1'b0}}}}, p5k_{j}}}"))
+        .collect();
+    let _ = writeln!(v, "wire [SW-1:0] p5sum = {};", balanced_sum(&terms));
+    let mut kmask = String::new();
+    for j in 0..km {
+        let _ = writeln!(kmask, "                km_{j} <= (32'd{j} < arg2);");
+        let _ = writeln!(rst, "        km_{j} <= 1'b0;");
+    }
+    // divider
+    let mut dstg = String::new();
+    for s in 1..=DIV_STAGES {
+        let b1 = 17 - 2 * s;
+        let b0 = 16 - 2 * s;
+        let prev_r = if s == 1 {
+            "31'd1073741824".to_string()
+        } else {
+            format!("d{}r", s - 1)
+        };
+        let prev_s = if s == 1 {
+            "p6s".to_string()
+        } else {
+            format!("d{}s", s - 1)
+        };
+        let prev_q = if s == 1 {
+            "16'd0".to_string()
+        } else {
+            format!("d{}q", s - 1)
+        };
+        let (h1, s1) = shifted_sum(&prev_s, sw, b1);
+        let (h0, s0) = shifted_sum(&prev_s, sw, b0);
+        let _ = writeln!(
+            v,
+            "reg [30:0] d{s}r; reg [SW-1:0] d{s}s; reg [15:0] d{s}q; reg d{s}v;\n\
+             wire [30:0] d{s}a1 = {s1};\n\
+             wire [31:0] d{s}t1 = {{1'b0, {prev_r}}} - {{1'b0, d{s}a1}};\n\
+             wire d{s}g1 = {h1} && !d{s}t1[31];\n\
+             wire [30:0] d{s}r1 = d{s}g1 ? d{s}t1[30:0] : {prev_r};\n\
+             wire [30:0] d{s}a0 = {s0};\n\
+             wire [31:0] d{s}t0 = {{1'b0, d{s}r1}} - {{1'b0, d{s}a0}};\n\
+             wire d{s}g0 = {h0} && !d{s}t0[31];\n\
+             wire [30:0] d{s}r0 = d{s}g0 ? d{s}t0[30:0] : d{s}r1;"
         );
         let _ = writeln!(
-            ins,
-            "                tv_{j} <= nv_{j}; ti_{j} <= ni_{j}; tk_{j} <= nk_{j};"
+            dstg,
+            "                d{s}r <= d{s}r0; d{s}s <= {prev_s}; d{s}q <= {prev_q} | ({{14'd0, d{s}g1, d{s}g0}} << {b0});"
         );
-        let _ = writeln!(hand, "                hv_{j} <= nv_{j}; hi_{j} <= ni_{j};");
-        let _ = writeln!(clear_net, "                tk_{j} <= 1'b0;");
-        if j % 2 == 0 {
-            // Slots j and j+1 are handled together (the second may not exist).
-            let (bv, bi, be, bw) = if j + 1 < km {
-                (
-                    format!("hv_{}", j + 1),
-                    format!("hi_{}", j + 1),
-                    format!("ex_{}", j + 1),
-                    format!(" ex_{} <= eb_new;", j + 1),
-                )
+        let _ = writeln!(
+            pst,
+            "        d{s}r <= 31'd0; d{s}s <= {{SW{{1'b0}}}}; d{s}q <= 16'd0; d{s}v <= 1'b0;"
+        );
+        let prev_v = if s == 1 {
+            "p6v".to_string()
+        } else {
+            format!("d{}v", s - 1)
+        };
+        let _ = writeln!(dstg, "                d{s}v <= {prev_v};");
+        for j in 0..km {
+            let (pe, pi) = if s == 1 {
+                (format!("p6e_{j}"), format!("p6i_{j}"))
             } else {
-                (
-                    "16'sd0".into(),
-                    "{IW{1'b0}}".into(),
-                    "16'd0".into(),
-                    String::new(),
-                )
+                (format!("d{}e_{j}", s - 1), format!("d{}i_{j}", s - 1))
+            };
+            let _ = writeln!(v, "reg [15:0] d{s}e_{j}; reg [IW-1:0] d{s}i_{j};");
+            let _ = writeln!(
+                dstg,
+                "                d{s}e_{j} <= {pe}; d{s}i_{j} <= {pi};"
+            );
+            let _ = writeln!(
+                pst,
+                "        d{s}e_{j} <= 16'd0; d{s}i_{j} <= {{IW{{1'b0}}}};"
+            );
+        }
+    }
+    let dl = DIV_STAGES;
+    unused.push(format!("d{dl}r"));
+    unused.push(format!("d{dl}s"));
+
+    // ---------------- normalise ----------------
+    let mut sel = String::new();
+    let mut nload = String::new();
+    for j in 0..km {
+        let _ = writeln!(v, "reg [15:0] ne_{j}; reg [IW-1:0] ni_{j};");
+        let _ = writeln!(rst, "        ne_{j} <= 16'd0; ni_{j} <= {{IW{{1'b0}}}};");
+        let _ = writeln!(
+            nload,
+            "                ne_{j} <= d{dl}e_{j}; ni_{j} <= d{dl}i_{j};"
+        );
+        if j % 2 == 0 {
+            let (be, bi) = if j + 1 < km {
+                (format!("ne_{}", j + 1), format!("ni_{}", j + 1))
+            } else {
+                ("16'd0".into(), "{IW{1'b0}}".into())
             };
             let _ = writeln!(
                 sel,
-                "        6'd{j}: begin sa_v = hv_{j}; sa_i = hi_{j}; sa_e = ex_{j}; sb_v = {bv}; sb_i = {bi}; sb_e = {be}; end"
-            );
-            let _ = writeln!(
-                ewr,
-                "                    6'd{j}: begin ex_{j} <= ea_new;{bw} end"
+                "        6'd{j}: begin sa_e = ne_{j}; sa_i = ni_{j}; sb_e = {be}; sb_i = {bi}; end"
             );
         }
     }
-    let lut = exp2_lut();
-    let mut lut_cases = String::new();
-    for (f, v) in lut.iter().enumerate() {
-        let _ = writeln!(lut_cases, "        8'd{f}: lut = 16'd{v};");
+
+    // ---------------- all-expert sum (renormalize = 0) ----------------
+    let mut ssel = String::new();
+    let mut sstg = String::new();
+    for l in 0..nl {
+        let _ = writeln!(
+            ssel,
+            "reg signed [15:0] sx_{l};\nalways @(*) begin\n    case (s_pos)"
+        );
+        let mut pp = 0;
+        while pp < 4 {
+            let s = pp + l;
+            let _ = writeln!(
+                ssel,
+                "        2'd{pp}: sx_{l} = s_word[{}:{}];",
+                16 * s + 15,
+                16 * s
+            );
+            pp += nl;
+        }
+        let _ = writeln!(ssel, "        default: sx_{l} = 16'sd0;\n    endcase\nend");
+        let _ = writeln!(
+            ssel,
+            "wire sok_{l} = (s_left > 16'd{l});\n\
+             reg signed [15:0] sx0_{l}; reg sk0_{l}; reg [16:0] sd_{l}; reg sdk_{l}; reg [16:0] su_{l}; reg suk_{l};\n\
+             reg [15:0] sl_{l}; reg [8:0] sh_{l}; reg slk_{l}; reg [15:0] se_{l};\n\
+             wire [32:0] sm_{l} = {{16'd0, sd_{l}}} * 33'd{log2e};",
+            log2e = LOG2E_Q14
+        );
+        unused.push(format!("sm_{l}[32:31]"));
+        unused.push(format!("sm_{l}[13:0]"));
+        let _ = writeln!(
+            sstg,
+            "            sx0_{l} <= sx_{l}; sk0_{l} <= s_busy && sok_{l};\n\
+             sd_{l} <= {{s_m[15], s_m}} - {{sx0_{l}[15], sx0_{l}}}; sdk_{l} <= sk0_{l};\n\
+             su_{l} <= sm_{l}[30:14]; suk_{l} <= sdk_{l};\n\
+             sl_{l} <= lut(su_{l}[7:0]); sh_{l} <= su_{l}[16:8]; slk_{l} <= suk_{l};\n\
+             se_{l} <= slk_{l} ? expsh(sl_{l}, sh_{l}) : 16'd0;"
+        );
+        let _ = writeln!(
+            pst,
+            "        sx0_{l} <= 16'sd0; sk0_{l} <= 1'b0; sd_{l} <= 17'd0; sdk_{l} <= 1'b0; su_{l} <= 17'd0; suk_{l} <= 1'b0;\n\
+             sl_{l} <= 16'd0; sh_{l} <= 9'd0; slk_{l} <= 1'b0; se_{l} <= 16'd0;"
+        );
     }
+    let se_terms: Vec<String> = (0..nl)
+        .map(|l| format!("{{{{(SW-16){{1'b0}}}}, se_{l}}}"))
+        .collect();
+    let _ = writeln!(ssel, "wire [SW-1:0] se_sum = {};", balanced_sum(&se_terms));
+    ssel.push_str("wire [SW-1:0] p6s_nx = rn_q ? p5sum : sfifo[s_rp[2:0]];\n");
+
+    let lut = exp2_lut();
+    // one 256-entry constant per output bit, indexed by f
+    let mut lut_bits = String::new();
+    for b in 0..16 {
+        let mut hex = String::new();
+        for nib in (0..64).rev() {
+            let mut n = 0u32;
+            for i in 0..4 {
+                n |= ((lut[nib * 4 + i] >> b) & 1) << i;
+            }
+            let _ = write!(hex, "{n:x}");
+        }
+        let _ = writeln!(lut_bits, "localparam [255:0] LUTB{b} = 256'h{hex};");
+    }
+    let lut_cat: Vec<String> = (0..16).rev().map(|b| format!("LUTB{b}[f]")).collect();
+    let lut_cat = lut_cat.join(", ");
+    unused.push("s_idx".into());
+    let unused_list = unused.join(", ");
+    let group_last = format!("(left <= 16'd{nl})");
+    let s_group_last = format!("(s_left <= 16'd{nl})");
+    let word_end = 4 - nl;
     format!(
         r#"
-// MoE router core (tandem-fpga): e_max = {e_max}, k_max = {km}. Semantics: fpga::golden::router.
+// MoE router core (tandem-fpga): e_max = {e_max}, k_max = {km}, lanes = {nl}. Semantics: fpga::golden::router.
 module router_core(
     input wire clock, input wire reset, input wire start,
     output reg done, output reg busy,
@@ -194,16 +583,24 @@ module router_core(
     output reg wr_data_valid, input wire wr_data_ready, output reg [63:0] wr_data, output reg [7:0] wr_strb
 );
 localparam integer IW = {iw};
+localparam integer SW = {sw};
+localparam integer RWB = {rwb};
 localparam [31:0] E_MAX = 32'd{e_max};
 localparam [31:0] K_MAX = 32'd{km};
-localparam [1:0] P_IDLE = 2'd0, P_EXP = 2'd1, P_DIV = 2'd2, P_NORM = 2'd3;
 localparam [1:0] W_ROUTES = 2'd0, W_HREQ = 2'd1, W_HDATA = 2'd2, W_END = 2'd3;
 
-function [15:0] lut;
+// LUT[f] = round(2^15 2^(-f/256)), bit b of entry f at bit f of LUTB<b> (logic, not a ROM
+// a synthesis tool may move registers across)
+{lut_bits}function [15:0] lut;
     input [7:0] f;
-    case (f)
-{lut_cases}        default: lut = 16'd0;
-    endcase
+    lut = {{{lut_cat}}};
+endfunction
+// exp(-d / 256) in Q0.15 from u = d log2(e) in units of 2^-8 (l = LUT[u & 255], h = u >> 8):
+// 0 once h >= 16
+function [15:0] expsh;
+    input [15:0] l;
+    input [8:0] h;
+    expsh = (h[8:4] != 5'd0) ? 16'd0 : (l >> h[3:0]);
 endfunction
 
 // ---- run control ----
@@ -211,85 +608,97 @@ reg running;
 reg [31:0] t_q;
 reg [15:0] e_q;
 reg [5:0] k_q;
+reg rn_q;
 reg [31:0] rd_len_q, rt_len_q, h_len_q;
 reg rd_pend, wr_pend;
 reg [1:0] wph;
 reg [31:0] tout;
 reg [15:0] clr_idx;
 reg clr_done;
-wire args_ok = (arg1 != 32'd0) && (arg1 <= E_MAX) && (arg2 != 32'd0) && (arg2 <= K_MAX) && (arg2 <= arg1);
+wire args_ok_w = (arg1 != 32'd0) && (arg1 <= E_MAX) && (arg2 != 32'd0) && (arg2 <= K_MAX) && (arg2 <= arg1) && (arg3 <= 32'd1);
+// registered: the arguments are written over s_axi_control transactions before the one that
+// sets ap_start, so they are stable for cycles before `start`; the range checks then stay
+// out of the run-start clear of every pipeline register
+reg args_ok;
+always @(posedge clock) args_ok <= !reset && args_ok_w;
 wire [31:0] wpr = (arg1 + 32'd3) >> 2;
 wire [31:0] opt = (arg2 + 32'd1) >> 1;
 wire [63:0] rd_len_w = arg0 * wpr;
 wire [63:0] rt_len_w = arg0 * opt;
 
-// ---- unpack ----
+// ---- stream ----
 reg w_valid;
 reg [63:0] w_q;
 reg [1:0] pos;
 reg [15:0] eidx;
-reg hand_full;
-reg signed [15:0] v_in;
-always @(*) begin
-    case (pos)
-        2'd0: v_in = w_q[15:0];
-        2'd1: v_in = w_q[31:16];
-        2'd2: v_in = w_q[47:32];
-        default: v_in = w_q[63:48];
-    endcase
-end
-wire [IW-1:0] i_in = eidx[IW-1:0];
-wire last_in_row = (eidx == e_q - 16'd1);
-wire last_in_word = (pos == 2'd3) || last_in_row;
-wire elem_fire = w_valid && !(last_in_row && hand_full);
+reg wbank;
+reg signed [15:0] rmax;
+reg [15:0] left;
+reg mfull;
+reg [5:0] mcnt;
+reg p1v, p2v, p3v, p4v, p5v, p6v;
+reg [SW-1:0] p6s;
+reg nfull;
+{v}
+wire last_in_row = {group_last};
+wire last_in_word = (pos == 2'd{word_end}) || last_in_row;
+// the row maximum, one cycle behind the stream: the group maximum registered, then merged
+reg signed [15:0] gq;
+reg gq_v, gq_first, gq_last;
+wire signed [15:0] rmax_nx = gq_first ? gq : ((gq > rmax) ? gq : rmax);
+// ---- all-expert sum: row buffer (two banks), L exps per cycle ----
+reg [63:0] rowbuf [0:{rb_last}];
+reg s_busy;
+reg s_bank;
+reg signed [15:0] s_m;
+reg [15:0] s_idx;
+reg [1:0] s_pos;
+reg s0v, s0_last, sdv, sd_last, suv, su_last, slv, sl_last, sev, se_last;
+reg [SW-1:0] s_acc;
+reg [SW-1:0] sfifo [0:7];
+reg [3:0] s_wp, s_rp;
+wire [3:0] s_cnt = s_wp - s_rp;
+wire s_empty = (s_cnt == 4'd0);
+wire [63:0] s_word = rowbuf[{{s_bank, s_idx[RWB+1:2]}}];
+reg [15:0] s_left;
+wire s_last_group = s_busy && {s_group_last};
+wire s_free = !s_busy || s_last_group;
+{ssel}
+// ---- softmax pipeline: p1 copy, p2 d, p3 d log2 e, p4 LUT, p5 shift, p6 sum; d1..d{dl} divider ----
+wire join_ok = rn_q || !s_empty;
+// p6 and the divider move together (unless the normalise stage is full); p1..p5 close up
+// behind a token that waits at p5 for its all-expert sum
+wire a_back = !(d{dl}v && nfull);
+wire j5 = p5v && a_back && join_ok;
+wire a5 = !p5v || j5;
+wire a4 = !p4v || a5;
+wire a3 = !p3v || a4;
+wire a2 = !p2v || a3;
+wire a1 = !p1v || a2;
+// the merged list moves on only into an empty p1 (a token takes >= 2 cycles in the
+// normalise stage anyway), so the stream's hand-off depends on registers alone
+wire m_leave = m_ready && !p1v;
+wire m_free = !mfull || m_leave;
+wire hand_ok = m_free && (rn_q || s_free);
+wire elem_fire = w_valid && (!last_in_row || hand_ok);
 wire rd_fire = rd_data_valid && rd_data_ready;
+wire n_take = d{dl}v && !nfull;
 
-// ---- insertion network ----
-{decl}
-{net}
-// ---- softmax ----
-reg [1:0] ph;
-reg [5:0] sj;
-reg [20:0] sum;
-reg [35:0] rem;
-reg [3:0] bitn;
-reg [15:0] q_r;
-reg signed [15:0] sa_v, sb_v;
-reg [IW-1:0] sa_i, sb_i;
+// ---- normalise: two slots per cycle ----
+reg [15:0] nr;
+reg [5:0] nsj;
 reg [15:0] sa_e, sb_e;
+reg [IW-1:0] sa_i, sb_i;
 always @(*) begin
-    sa_v = hv_0; sa_i = hi_0; sa_e = ex_0; sb_v = 16'sd0; sb_i = {{IW{{1'b0}}}}; sb_e = 16'd0;
-    case (sj)
+    sa_e = ne_0; sa_i = ni_0; sb_e = 16'd0; sb_i = {{IW{{1'b0}}}};
+    case (nsj)
 {sel}        default: ;
     endcase
 end
-// two slots per cycle: a = sj, b = sj + 1 (b exists when sj + 1 < k)
-wire b_ok = (sj + 6'd1 < k_q);
-wire last_pair = (sj + 6'd2 >= k_q);
-wire [16:0] da = {{hv_0[15], hv_0}} - {{sa_v[15], sa_v}};
-wire [16:0] db = {{hv_0[15], hv_0}} - {{sb_v[15], sb_v}};
-wire [32:0] dla = {{16'd0, da}} * 33'd{log2e};
-wire [32:0] dlb = {{16'd0, db}} * 33'd{log2e};
-wire [16:0] ua = dla[30:14];
-wire [16:0] ub = dlb[30:14];
-wire [15:0] ea_new = (ua[16:8] >= 9'd16) ? 16'd0 : (lut(ua[7:0]) >> ua[11:8]);
-wire [15:0] eb_new = (!b_ok || ub[16:8] >= 9'd16) ? 16'd0 : (lut(ub[7:0]) >> ub[11:8]);
-// restoring division 2^30 / sum, four quotient bits per cycle (bits bitn .. bitn-3)
-wire [35:0] sum36 = {{15'd0, sum}};
-wire [35:0] s3 = sum36 << bitn;
-wire [35:0] s2 = sum36 << (bitn - 4'd1);
-wire [35:0] s1 = sum36 << (bitn - 4'd2);
-wire [35:0] s0 = sum36 << (bitn - 4'd3);
-wire g3 = rem >= s3;
-wire [35:0] r3 = g3 ? rem - s3 : rem;
-wire g2 = r3 >= s2;
-wire [35:0] r2 = g2 ? r3 - s2 : r3;
-wire g1 = r2 >= s1;
-wire [35:0] r1 = g1 ? r2 - s1 : r2;
-wire g0 = r1 >= s0;
-wire [35:0] r0 = g0 ? r1 - s0 : r1;
-wire [31:0] wpa = {{16'd0, sa_e}} * {{16'd0, q_r}} + 32'd16384;
-wire [31:0] wpb = {{16'd0, sb_e}} * {{16'd0, q_r}} + 32'd16384;
+wire b_ok = (nsj + 6'd1 < k_q);
+wire last_pair = (nsj + 6'd2 >= k_q);
+wire [31:0] wpa = {{16'd0, sa_e}} * {{16'd0, nr}} + 32'd16384;
+wire [31:0] wpb = {{16'd0, sb_e}} * {{16'd0, nr}} + 32'd16384;
 wire [31:0] rec_a = {{wpa[30:15], {{(16-IW){{1'b0}}}}, sa_i}};
 wire [31:0] rec_b = b_ok ? {{wpb[30:15], {{(16-IW){{1'b0}}}}, sb_i}} : 32'd0;
 reg [63:0] ow;
@@ -310,6 +719,7 @@ wire [QW:0] q_cnt = q_wp - q_rp;
 // the addition wrapping at the index's width, which Icarus Verilog 11 does not do (its #515)
 wire [QW-1:0] q_wp1 = q_wp[QW-1:0] + {{{{(QW-1){{1'b0}}}}, 1'b1}};
 wire q_room = ({{1'b0, q_cnt}} + {{{{QW{{1'b0}}}}, 2'd2}} <= {{1'b0, {q_depth}}});
+wire n_fire = nfull && ow_free && q_room;
 wire reading = (wph == W_HDATA);
 wire incr = clr_done && !reading && (q_cnt != {{(QW+1){{1'b0}}}});
 reg [IW-1:0] h_addr;
@@ -325,6 +735,9 @@ always @(posedge clock) begin
     if (h_we) hist[h_addr] <= h_wd;
 end
 wire [31:0] h_val = ({{15'd0, hidx}} < {{16'd0, e_q}}) ? h_rd : 32'd0;
+always @(posedge clock) begin
+    if (running && !rn_q && elem_fire && last_in_word) rowbuf[{{wbank, eidx[RWB+1:2]}}] <= w_q;
+end
 
 always @(*) begin
     rd_req_valid = rd_pend;
@@ -341,47 +754,80 @@ always @(*) begin
 end
 
 always @(posedge clock) begin
+    if (reset || (start && !running && args_ok)) begin
+        w_valid <= 1'b0; pos <= 2'd0; eidx <= 16'd0; wbank <= 1'b0; rmax <= 16'sd0; left <= arg1[15:0];
+        gq <= 16'sd0; gq_v <= 1'b0; gq_first <= 1'b0; gq_last <= 1'b0; s_left <= 16'd0;
+        mfull <= 1'b0; mcnt <= 6'd0;
+        s_busy <= 1'b0; s_bank <= 1'b0; s_m <= 16'sd0; s_idx <= 16'd0; s_pos <= 2'd0;
+        s0v <= 1'b0; s0_last <= 1'b0; sdv <= 1'b0; sd_last <= 1'b0; suv <= 1'b0; su_last <= 1'b0;
+        slv <= 1'b0; sl_last <= 1'b0; sev <= 1'b0; se_last <= 1'b0;
+        s_acc <= {{SW{{1'b0}}}}; s_wp <= 4'd0; s_rp <= 4'd0;
+        p1v <= 1'b0; p2v <= 1'b0; p3v <= 1'b0; p4v <= 1'b0; p5v <= 1'b0; p6v <= 1'b0; p6s <= {{SW{{1'b0}}}};
+        nfull <= 1'b0; nr <= 16'd0; nsj <= 6'd0;
+        ow <= 64'd0; ow_valid <= 1'b0; hidx <= 17'd0; hsel <= 1'b0; h_lo_q <= 32'd0;
+        q_wp <= {{(QW+1){{1'b0}}}}; q_rp <= {{(QW+1){{1'b0}}}};
+{rst}{pst}    end
     if (reset) begin
         running <= 1'b0; done <= 1'b0;
-        t_q <= 32'd0; e_q <= 16'd0; k_q <= 6'd0;
+        t_q <= 32'd0; e_q <= 16'd0; k_q <= 6'd0; rn_q <= 1'b0; w_q <= 64'd0;
         rd_len_q <= 32'd0; rt_len_q <= 32'd0; h_len_q <= 32'd0;
         rd_pend <= 1'b0; wr_pend <= 1'b0; wph <= W_ROUTES; tout <= 32'd0;
         clr_idx <= 16'd0; clr_done <= 1'b0;
-        w_valid <= 1'b0; w_q <= 64'd0; pos <= 2'd0; eidx <= 16'd0; hand_full <= 1'b0;
-        ph <= P_IDLE; sj <= 6'd0; sum <= 21'd0; rem <= 36'd0; bitn <= 4'd0; q_r <= 16'd0;
-        ow <= 64'd0; ow_valid <= 1'b0; hidx <= 17'd0; hsel <= 1'b0; h_lo_q <= 32'd0;
-        q_wp <= {{(QW+1){{1'b0}}}}; q_rp <= {{(QW+1){{1'b0}}}};
-{rst}    end else begin
+    end else begin
         done <= 1'b0;
         if (start && !running) begin
             if (args_ok) begin
                 running <= 1'b1;
-                t_q <= arg0; e_q <= arg1[15:0]; k_q <= arg2[5:0];
+                t_q <= arg0; e_q <= arg1[15:0]; k_q <= arg2[5:0]; rn_q <= arg3[0];
+{kmask}
                 rd_len_q <= rd_len_w[31:0]; rt_len_q <= rt_len_w[31:0]; h_len_q <= (arg1 + 32'd1) >> 1;
                 rd_pend <= (arg0 != 32'd0); wr_pend <= (arg0 != 32'd0);
                 wph <= W_ROUTES; tout <= 32'd0; clr_idx <= 16'd0; clr_done <= 1'b0;
-                w_valid <= 1'b0; pos <= 2'd0; eidx <= 16'd0; hand_full <= 1'b0;
-                ph <= P_IDLE; ow_valid <= 1'b0; hidx <= 17'd0; hsel <= 1'b0;
-                q_wp <= {{(QW+1){{1'b0}}}}; q_rp <= {{(QW+1){{1'b0}}}};
-{clear_net}            end else begin
+            end else begin
                 done <= 1'b1;
             end
         end
         if (running) begin
-            // requests
             if (rd_pend && rd_req_ready) rd_pend <= 1'b0;
-            // clear the histogram
             if (incr) q_rp <= q_rp + {{{{QW{{1'b0}}}}, 1'b1}};
             if (!clr_done) begin
                 clr_idx <= clr_idx + 16'd1;
                 if (clr_idx == e_q - 16'd1) clr_done <= 1'b1;
             end
-            // unpack + insert
+            // ---- merge: one entry per cycle ----
+            {pop_open}
+{mrg}            {pop_close}
+            if (m_leave) mfull <= 1'b0;
+            // ---- all-expert sum ----
+            if (s_busy) begin
+                s_idx <= s_idx + 16'd{nl}; s_pos <= s_pos + 2'd{nl_mod}; s_left <= s_left - 16'd{nl};
+                if ({s_group_last}) s_busy <= 1'b0;
+            end
+            s0v <= s_busy; s0_last <= s_last_group;
+            sdv <= s0v; sd_last <= s0_last;
+            suv <= sdv; su_last <= sd_last;
+            slv <= suv; sl_last <= su_last;
+            sev <= slv; se_last <= sl_last;
+{sstg}            if (sev) begin
+                if (se_last) begin
+                    sfifo[s_wp[2:0]] <= s_acc + se_sum; s_wp <= s_wp + 4'd1; s_acc <= {{SW{{1'b0}}}};
+                end else s_acc <= s_acc + se_sum;
+            end
+            // ---- stream: unpack, insert, hand a finished row over ----
+            gq_v <= elem_fire; gq <= gmax; gq_first <= (eidx == 16'd0); gq_last <= last_in_row;
+            if (gq_v) begin
+                rmax <= rmax_nx;
+                if (gq_last) s_m <= rmax_nx;
+            end
             if (elem_fire) begin
-                pos <= pos + 2'd1;
-                eidx <= last_in_row ? 16'd0 : eidx + 16'd1;
+                pos <= pos + 2'd{nl_mod};
+                eidx <= last_in_row ? 16'd0 : eidx + 16'd{nl};
+                left <= last_in_row ? e_q : left - 16'd{nl};
                 if (last_in_row) begin
-                    hand_full <= 1'b1;
+                    mfull <= 1'b1; mcnt <= 6'd0; wbank <= !wbank;
+                    if (!rn_q) begin
+                        s_busy <= 1'b1; s_bank <= wbank; s_idx <= 16'd0; s_pos <= 2'd0; s_left <= e_q;
+                    end
 {hand}{clear_net}                end else begin
 {ins}                end
             end
@@ -390,40 +836,43 @@ always @(posedge clock) begin
             end else if (elem_fire && last_in_word) begin
                 w_valid <= 1'b0;
             end
-            // output word
+            // ---- softmax pipeline ----
+            if (a1) begin
+                p1v <= m_leave;
+{pipe1}            end
+            if (a2) begin
+                p2v <= p1v;
+{pipe2}            end
+            if (a3) begin
+                p3v <= p2v;
+{pipe3}            end
+            if (a4) begin
+                p4v <= p3v;
+{pipe4}            end
+            if (a5) begin
+                p5v <= p4v;
+{pipe5}            end
+            if (a_back) begin
+                p6v <= j5; p6s <= p6s_nx;
+                if (j5 && !rn_q) s_rp <= s_rp + 4'd1;
+{pipe6}{dstg}            end
+            // ---- normalise ----
             if (wr_fire) ow_valid <= 1'b0;
-            // softmax
-            case (ph)
-                P_IDLE: if (hand_full && clr_done) begin ph <= P_EXP; sj <= 6'd0; sum <= 21'd0; end
-                P_EXP: begin
-                    case (sj)
-{ewr}                        default: ;
-                    endcase
-                    sum <= sum + {{5'd0, ea_new}} + {{5'd0, eb_new}};
-                    if (last_pair) begin
-                        ph <= P_DIV; bitn <= 4'd15; rem <= 36'd1 << 30; q_r <= 16'd0;
-                    end else sj <= sj + 6'd2;
-                end
-                P_DIV: begin
-                    rem <= r0;
-                    q_r[bitn] <= g3; q_r[bitn - 4'd1] <= g2; q_r[bitn - 4'd2] <= g1; q_r[bitn - 4'd3] <= g0;
-                    if (bitn == 4'd3) begin ph <= P_NORM; sj <= 6'd0; end
-                    else bitn <= bitn - 4'd4;
-                end
-                default: if (ow_free && q_room) begin
-                    ow <= {{rec_b, rec_a}};
-                    ow_valid <= 1'b1;
-                    pq[q_wp[QW-1:0]] <= sa_i;
-                    if (b_ok) pq[q_wp1] <= sb_i;
-                    q_wp <= q_wp + (b_ok ? {{{{(QW-1){{1'b0}}}}, 2'd2}} : {{{{QW{{1'b0}}}}, 1'b1}});
-                    if (last_pair) begin
-                        ph <= P_IDLE; hand_full <= 1'b0; tout <= tout + 32'd1;
-                    end else sj <= sj + 6'd2;
-                end
-            endcase
-            // write-out sequencing
+            if (n_take) begin
+                nfull <= 1'b1; nsj <= 6'd0; nr <= d{dl}q;
+{nload}            end else if (n_fire) begin
+                ow <= {{rec_b, rec_a}};
+                ow_valid <= 1'b1;
+                pq[q_wp[QW-1:0]] <= sa_i;
+                if (b_ok) pq[q_wp1] <= sb_i;
+                q_wp <= q_wp + (b_ok ? {{{{(QW-1){{1'b0}}}}, 2'd2}} : {{{{QW{{1'b0}}}}, 1'b1}});
+                if (last_pair) begin
+                    nfull <= 1'b0; tout <= tout + 32'd1;
+                end else nsj <= nsj + 6'd2;
+            end
+            // ---- write-out sequencing ----
             case (wph)
-                W_ROUTES: if (tout == t_q && !ow_valid && ph == P_IDLE && clr_done && q_cnt == {{(QW+1){{1'b0}}}}) begin
+                W_ROUTES: if (tout == t_q && !ow_valid && !nfull && clr_done && q_cnt == {{(QW+1){{1'b0}}}}) begin
                     wph <= W_HREQ; wr_pend <= 1'b1;
                 end else if (wr_pend && wr_req_ready) wr_pend <= 1'b0;
                 W_HREQ: if (wr_req_ready) begin
@@ -444,17 +893,29 @@ always @(posedge clock) begin
         end
     end
 end
-wire _unused_ok = &{{1'b0, arg3, arg4, arg5, arg6, arg7, ptr3, ptr4, ptr5, ptr6, ptr7,
-                    rd_len_w[63:32], rt_len_w[63:32], dla[32:31], dla[13:0], dlb[32:31], dlb[13:0],
-                    wpa[31], wpa[14:0], wpb[31], wpb[14:0], 1'b0}};
+wire _unused_ok = &{{1'b0, arg4, arg5, arg6, arg7, ptr3, ptr4, ptr5, ptr6, ptr7, arg3[31:1],
+                    rd_len_w[63:32], rt_len_w[63:32], wpa[31], wpa[14:0], wpb[31], wpb[14:0],
+                    {unused_list}, 1'b0}};
 endmodule // router_core
 "#,
         e_max = p.e_max,
         e_last = p.e_max - 1,
-        qw = qw,
+        rb_last = (2usize << rwb) - 1,
         q_last = (1usize << qw) - 1,
-        q_depth = q_depth,
-        log2e = LOG2E_Q14,
+        nl_mod = nl % 4,
+        pipe1 = pipe[0],
+        pipe2 = pipe[1],
+        pipe3 = pipe[2],
+        pipe4 = pipe[3],
+        pipe5 = pipe[4],
+        pipe6 = pipe[5],
+        kmask = kmask,
+        pop_open = if nl > 1 {
+            "if (pop) begin\n                mcnt <= mcnt + 6'd1;"
+        } else {
+            ""
+        },
+        pop_close = if nl > 1 { "end" } else { "" },
     )
 }
 
@@ -467,11 +928,12 @@ mod tests {
         let v = RouterCore {
             e_max: 16,
             k_max: 4,
+            lanes: 2,
         }
         .core_verilog()
         .expect("verilog");
         crate::core::check_core_ports(&v, "router_core").expect("ports");
-        assert!(v.contains("assign nv_3"));
+        assert!(v.contains("assign nv_1_3"));
         let narrow = v.replace("output reg [7:0] wr_strb", "output reg [3:0] wr_strb");
         assert!(crate::core::check_core_ports(&narrow, "router_core").is_err());
     }
@@ -481,7 +943,8 @@ mod tests {
         assert!(
             RouterCore {
                 e_max: 12,
-                k_max: 4
+                k_max: 4,
+                lanes: 1
             }
             .validate()
             .is_err()
@@ -489,11 +952,27 @@ mod tests {
         assert!(
             RouterCore {
                 e_max: 16,
-                k_max: 0
+                k_max: 0,
+                lanes: 1
             }
             .validate()
             .is_err()
         );
-        assert!(RouterCore { e_max: 4, k_max: 8 }.validate().is_err());
+        assert!(
+            RouterCore {
+                e_max: 4,
+                k_max: 8,
+                lanes: 1
+            }
+            .validate()
+            .is_err()
+        );
+        for lanes in [0, 3, 8] {
+            let c = RouterCore {
+                lanes,
+                ..RouterCore::default()
+            };
+            assert!(c.validate().is_err(), "lanes = {lanes}");
+        }
     }
 }

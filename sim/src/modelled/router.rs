@@ -1,7 +1,7 @@
 //! The router on the modelled card: int16 logit rows in, routes and histogram out.
 
 use tandem_fpga::FpgaError;
-use tandem_fpga::golden::router::{hist_words, logit_row_words, route, route_row_words};
+use tandem_fpga::golden::router::{hist_words, logit_row_words, route_row_words, route_with};
 use tandem_fpga::kernels::router::RouterCore;
 use tandem_fpga::regmap::KernelDesc;
 use tandem_fpga::timing::{self, MemTiming};
@@ -17,8 +17,10 @@ pub(super) fn run(
     let tokens = card.scalar(desc, "tokens")? as usize;
     let experts = card.scalar(desc, "experts")?;
     let k = card.scalar(desc, "top_k")?;
+    let renormalize = card.scalar(desc, "renormalize")?;
     // The RTL's args_ok: anything else finishes at once without touching memory.
-    if experts == 0 || experts > c.e_max || k == 0 || k > c.k_max || k > experts {
+    if experts == 0 || experts > c.e_max || k == 0 || k > c.k_max || k > experts || renormalize > 1
+    {
         return Ok(timing::REFUSED_RUN_CYCLES);
     }
     let (e, k) = (experts as usize, k as usize);
@@ -32,10 +34,11 @@ pub(super) fn run(
                 .map(|b| i16::from_le_bytes([b[0], b[1]]))
         })
         .collect();
-    let out = route(&logits, tokens, e, k).map_err(|err| FpgaError::Device {
-        device: card.name_of(),
-        msg: err.to_string(),
-    })?;
+    let out =
+        route_with(&logits, tokens, e, k, renormalize == 1).map_err(|err| FpgaError::Device {
+            device: card.name_of(),
+            msg: err.to_string(),
+        })?;
     let rrow = route_row_words(k) * 8;
     let mut routes = vec![0u8; tokens * rrow];
     for (tk, (ids, ws)) in out.ids.chunks(k).zip(out.weights.chunks(k)).enumerate() {
@@ -51,11 +54,12 @@ pub(super) fn run(
         hist[4 * i..4 * i + 4].copy_from_slice(&h.to_le_bytes());
     }
     card.store(card.pointer(desc, "hist")?, &hist)?;
-    Ok(timing::router_cycles(
+    Ok(timing::router_cycles_with(
         c,
         tokens as u64,
         e as u64,
         k as u64,
+        renormalize == 1,
         t,
     ))
 }

@@ -228,11 +228,12 @@ impl FpgaBackend {
             (
                 "kernels".into(),
                 format!(
-                    "router (e_max={}, k_max={}), gemm (rows={}, k_max={}, n_max={}), \
+                    "router (e_max={}, k_max={}, lanes={}), gemm (rows={}, k_max={}, n_max={}), \
                      attention (d_max={}, {} and {}, nkv_max={} per launch, kv_tile={}), \
                      vecops (n_max={})",
                     router.e_max,
                     router.k_max,
+                    router.lanes,
                     gemm.rows,
                     gemm.k_max,
                     gemm.n_max,
@@ -302,11 +303,12 @@ impl FpgaBackend {
             Op::MoeRoute(p) => {
                 let l = inputs.first()?;
                 let (t, e) = (*l.shape.first()? as u64, *l.shape.get(1)? as u64);
-                Some(timing::router_cycles(
+                Some(timing::router_cycles_with(
                     &self.router,
                     t,
                     e,
                     p.top_k as u64,
+                    p.renormalize,
                     &mem,
                 ))
             }

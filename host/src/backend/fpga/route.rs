@@ -1,7 +1,8 @@
 //! `moe_route` on the router kernel (`tandem_fpga::kernels::router`).
 //!
 //! At the boundary the f32 logits are quantised to Q7.8 int16 and the kernel's Q0.15 weights
-//! dequantised back; the outputs the kernel does not make (the block-aligned permutation, the
+//! dequantised back (renormalised over the k chosen, or with `renormalize = false` the softmax
+//! over all experts, as the op defines them); the outputs the kernel does not make (the block-aligned permutation, the
 //! expert offsets and both losses) are computed on the host by `ops::moe` from the kernel's
 //! ids and histogram and the logits, which the reported kernel name says
 //! ([`ROUTER_KERNEL`]).
@@ -27,11 +28,6 @@ pub(super) fn support(core: &RouterCore, p: &MoeRouteParams, inputs: &[TensorMet
         return Support::No("moe_route takes logits".into());
     };
     let e = l.shape.get(1).copied().unwrap_or(0);
-    if !p.renormalize {
-        return Support::No(
-            "the router kernel renormalises over the k selected experts only".into(),
-        );
-    }
     if e > core.e_max as usize || p.top_k > core.k_max as usize {
         return Support::No(format!(
             "E = {e}, k = {} exceed the router build (e_max = {}, k_max = {})",
@@ -81,7 +77,15 @@ impl RouteJob {
         dev: &mut dyn FpgaDevice,
         timeout: Duration,
     ) -> std::result::Result<(RouterOut, RunStats), FpgaError> {
-        drive::run_router(dev, &self.q, self.t, self.e, self.p.top_k, timeout)
+        drive::run_router_with(
+            dev,
+            &self.q,
+            self.t,
+            self.e,
+            self.p.top_k,
+            self.p.renormalize,
+            timeout,
+        )
     }
 
     /// The op's seven outputs from the kernel's: ids, dequantised weights and counts, then
