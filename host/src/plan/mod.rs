@@ -310,7 +310,8 @@ pub fn plan_indexed(
         // The best device had memory not counted, when it is not `best`: a spill.
         let mut best_any: Option<(u8, Duration, DeviceId)> = None;
         let mut full: Vec<String> = Vec::new();
-        for (pos, &(dev, ref b)) in backends.iter().enumerate() {
+        for (pos, (dev, b)) in backends.iter().enumerate() {
+            let dev = *dev;
             if let Support::No(why) = b.supports(&node.op, ins) {
                 if preferred == Some(dev.kind) && lacks.is_none() {
                     lacks = Some(why.clone());

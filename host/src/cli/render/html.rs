@@ -231,7 +231,7 @@ pub fn compare_page(label: &str, runs: &[RunReport], not_compared: &[String]) ->
             .and_then(|r| r.nodes.get(i))
             .map(|n| n.run.op)
             .unwrap_or_default();
-        let _ = write!(s, "<tr><td>{}</td><td>{}</td>", esc(node), esc(&op));
+        let _ = write!(s, "<tr><td>{}</td><td>{}</td>", esc(node), esc(op));
         for (r, run) in runs.iter().enumerate() {
             let here = run
                 .nodes

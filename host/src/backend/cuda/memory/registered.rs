@@ -109,7 +109,7 @@ impl Registered {
         if let Some(e) = s
             .entries
             .iter_mut()
-            .find(|e| e.holder.same_data(host) && e.ptr as *const u8 == bytes.as_ptr())
+            .find(|e| e.holder.same_data(host) && std::ptr::eq(e.ptr, bytes.as_ptr()))
         {
             e.used = now;
             return Ok(Some(Range {
@@ -173,7 +173,7 @@ impl Registered {
         let Some(e) = s
             .entries
             .iter_mut()
-            .find(|e| e.ptr as *const u8 == range.ptr)
+            .find(|e| std::ptr::eq(e.ptr, range.ptr))
         else {
             return Ok(());
         };
