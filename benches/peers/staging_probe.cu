@@ -8,6 +8,8 @@
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -281,6 +283,39 @@ int main(int argc, char** argv) {
         std::snprintf(w, sizeof w, "download bf16 -> f32, %2d thr x %zu MiB", T, C >> 20);
         line(w, t, bytes / 2);
       }
+    }
+  }
+  // Downloads into a FRESH destination (as a new host tensor is): the pages are faulted in by
+  // the writes. Plain malloc, malloc + MADV_HUGEPAGE, and registering the fresh allocation
+  // then DMA of f32 converted on the GPU straight into it.
+  for (int mode = 0; mode < 3; mode++) {
+    for (int T : {8, 16}) {
+      if (T > hw) continue;
+      double tt = 1e9;
+      for (int r = 0; r < 3; r++) {
+        double t0 = now();
+        float* dst = (float*)std::malloc(bytes + (2 << 20));
+        if (mode == 1) {
+          uintptr_t a = ((uintptr_t)dst + (2 << 20) - 1) & ~(uintptr_t)((2 << 20) - 1);
+          madvise((void*)a, bytes - (2 << 20), MADV_HUGEPAGE);
+        }
+        if (mode == 2) {
+          CK(cudaHostRegister(dst, bytes, cudaHostRegisterDefault));
+          f32_to_bf16<<<1, 1>>>((const float*)dev32, (__nv_bfloat16*)dev, 0);
+          CK(cudaMemcpy(dst, dev32, bytes, cudaMemcpyDeviceToHost));
+          CK(cudaHostUnregister(dst));
+        } else {
+          design_down(a, dst, T, 1 << 20);
+        }
+        tt = std::min(tt, now() - t0);
+        std::free(dst);
+        if (mode == 2) break;
+      }
+      char w[96];
+      const char* m[] = {"malloc", "malloc+THP", "register+DMA f32"};
+      std::snprintf(w, sizeof w, "download into fresh %s, %2d thr", m[mode], T);
+      line(w, tt, mode == 2 ? bytes : bytes / 2);
+      if (mode == 2) break;
     }
   }
   CK(cudaFree(dev));
