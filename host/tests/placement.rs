@@ -168,25 +168,35 @@ fn strict_refuses_the_ops_a_present_backend_lacks() {
         println!("SKIP: Verilator not found: no simulated card to be strict about");
         return;
     }
-    // Without --strict the ops fpga-sim has no kernel for go to the CPU, with a warning.
-    let o = tandem(&with(&["plan", "--backend", "fpga-sim"], &SMALL));
+    // The default layer runs whole on the card now; a model folder's embedding lookup has no
+    // FPGA kernel. Without --strict it goes to the CPU, with a warning.
+    const MODEL: [&str; 2] = ["--weights", "../tests/data/models/mixtral-tiny"];
+    let o = tandem(&with(&["plan", "--backend", "fpga-sim"], &MODEL));
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     assert!(
-        out.contains("no kernel for moe_experts") && out.contains("--strict makes this an error"),
+        out.contains("no kernel for embedding") && out.contains("--strict makes this an error"),
         "{out}"
     );
     // With it, planning fails before anything runs, naming the ops.
     for cmd in ["plan", "run"] {
-        let o = tandem(&with(&[cmd, "--backend", "fpga-sim", "--strict"], &SMALL));
+        let o = tandem(&with(&[cmd, "--backend", "fpga-sim", "--strict"], &MODEL));
         let (_, err) = text(&o);
         assert_eq!(o.status.code(), Some(1), "{cmd}: {err}");
         assert!(
-            err.contains("moe_experts") && err.contains("is not supported on fpga-sim"),
+            err.contains("embedding") && err.contains("is not supported on fpga-sim"),
             "{cmd}: {err}"
         );
         assert!(err.contains("--strict"), "{cmd}: {err}");
     }
+    // The default layer has a kernel for every op: --strict plans it whole on the card.
+    let o = tandem(&with(
+        &["plan", "--backend", "fpga-sim", "--strict"],
+        &SMALL,
+    ));
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(!out.contains("-> cpu"), "{out}");
 }
 
 /// The metas of a node's inputs.
