@@ -401,16 +401,14 @@ pub fn plan_indexed(
                 Some((bf, _, _, bp, _, _)) => (rank(dev), finish) < (rank(backends[bp].0), bf),
             };
             if better {
-                let samples = match source {
-                    EstimateSource::Measured(n) => Some(n),
-                    _ => None,
-                };
-                let calibrated = match source {
-                    EstimateSource::CalibratedShape => Some("calibrated shape"),
-                    EstimateSource::CalibratedFit => Some("calibrated fit"),
-                    _ => None,
-                };
-                best = Some((finish, est, samples, pos, numerics, calibrated));
+                best = Some((
+                    finish,
+                    est,
+                    source.samples(),
+                    pos,
+                    numerics,
+                    source.calibrated(),
+                ));
             }
         }
         // A requested device that can never hold the node, or no device that can: an error

@@ -22,12 +22,32 @@ pub enum EstimateSource {
     Model,
 }
 
+impl EstimateSource {
+    /// The history's sample count, where the estimate came from it.
+    pub fn samples(self) -> Option<u64> {
+        match self {
+            EstimateSource::Measured(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// How calibration gave the estimate, where it did (`Placement::calibrated`).
+    pub fn calibrated(self) -> Option<&'static str> {
+        match self {
+            EstimateSource::CalibratedShape => Some("calibrated shape"),
+            EstimateSource::CalibratedFit => Some("calibrated fit"),
+            _ => None,
+        }
+    }
+}
+
 impl fmt::Display for EstimateSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             EstimateSource::Measured(n) => write!(f, "measured, n={n}"),
-            EstimateSource::CalibratedShape => f.write_str("calibrated shape"),
-            EstimateSource::CalibratedFit => f.write_str("calibrated fit"),
+            EstimateSource::CalibratedShape | EstimateSource::CalibratedFit => {
+                f.write_str(self.calibrated().unwrap_or_default())
+            }
             EstimateSource::Model => f.write_str("model"),
         }
     }
