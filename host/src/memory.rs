@@ -268,12 +268,19 @@ impl Buffer {
         gone.is_some()
     }
 
-    /// The current data as a host tensor (downloading if no host replica is valid).
+    /// The current data as a host tensor (downloading if no host replica is valid), copied
+    /// out of the host replica; [`Buffer::to_host_shared`] shares it instead.
     pub fn to_host(&self, reg: &DeviceRegistry) -> Result<Tensor> {
+        Ok(self.to_host_shared(reg)?.as_ref().clone())
+    }
+
+    /// The current data as the host replica itself (downloading if no host replica is
+    /// valid): no copy, and a download may land in reused registered memory.
+    pub fn to_host_shared(&self, reg: &DeviceRegistry) -> Result<Arc<Tensor>> {
         let st = self
             .acquire(reg, DeviceId::CPU, Access::Read)?
             .ok_or_else(|| Error::Internal(format!("buffer {} has no host replica", self.name)))?;
-        Ok(st.host_tensor("CPU")?.clone())
+        st.host_shared("CPU")
     }
 
     /// Makes a replica on `to` from a valid one; `moved` counts each copy once it completed.
@@ -309,7 +316,7 @@ impl Buffer {
             .by_device
             .get(&DeviceId::CPU)
             .filter(|_| s.valid.contains(&DeviceId::CPU));
-        let downloaded: Tensor;
+        let downloaded: DeviceStorage;
         let host: &Tensor = match host_replica {
             Some(h) => h.storage.host_tensor("CPU")?,
             None => {
@@ -318,18 +325,14 @@ impl Buffer {
                     .by_device
                     .get(&from)
                     .ok_or_else(|| Error::Internal(format!("no replica on {from}")))?;
-                downloaded = backend(from)?.download(&src.storage)?;
+                downloaded = backend(from)?.download_storage(&src.storage)?;
                 moved.downloaded += bytes;
                 mem.count_transfer(from, Direction::Download, bytes);
                 if to == DeviceId::CPU {
                     // The downloaded tensor is the host replica.
-                    return Ok(DeviceStorage::new(
-                        DeviceId::CPU,
-                        self.meta.clone(),
-                        downloaded,
-                    ));
+                    return Ok(downloaded);
                 }
-                &downloaded
+                downloaded.host_tensor("CPU")?
             }
         };
         if to == DeviceId::CPU {

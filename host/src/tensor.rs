@@ -7,20 +7,24 @@ use serde::{Deserialize, Serialize};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
+/// Extents of a tensor's dimensions, outermost first: up to four held inline (no allocation),
+/// so that the metas the planner and executor copy per op cost no heap traffic.
+pub type Shape = smallvec::SmallVec<[usize; 4]>;
+
 /// Shape and dtype of a tensor, without its data.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TensorMeta {
     /// Extent of each dimension, outermost first.
-    pub shape: Vec<usize>,
+    pub shape: Shape,
     /// Element type.
     pub dtype: DType,
 }
 
 impl TensorMeta {
     /// A meta from a shape and dtype.
-    pub fn new(shape: impl Into<Vec<usize>>, dtype: DType) -> Self {
+    pub fn new(shape: impl AsRef<[usize]>, dtype: DType) -> Self {
         Self {
-            shape: shape.into(),
+            shape: Shape::from_slice(shape.as_ref()),
             dtype,
         }
     }
@@ -136,6 +140,11 @@ impl Tensor {
     /// The data.
     pub fn data(&self) -> &HostData {
         &self.data
+    }
+
+    /// The data, mutable (its shape and dtype stay as they are).
+    pub fn data_mut(&mut self) -> &mut HostData {
+        &mut self.data
     }
 
     /// Consumes the tensor, returning its data.

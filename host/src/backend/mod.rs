@@ -216,6 +216,12 @@ impl DeviceStorage {
         Arc::strong_count(&self.inner)
     }
 
+    /// The host tensor, shared rather than borrowed (no copy), for host replicas.
+    pub fn host_shared(&self, who: &str) -> Result<Arc<Tensor>> {
+        Arc::downcast::<Tensor>(self.inner.clone())
+            .map_err(|_| crate::error::Error::Internal(format!("{self:?} is not {who} storage")))
+    }
+
     /// The host tensor of a backend that keeps its storage in host memory (the CPU, and the
     /// simulated card until a launch writes its banks); `who` names the backend in the error.
     pub fn host_tensor(&self, who: &str) -> Result<&Tensor> {
@@ -316,6 +322,18 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     /// Copies device data back to a host tensor of the logical dtype.
     fn download(&self, storage: &DeviceStorage) -> Result<Tensor>;
+
+    /// Copies device data back as a host replica (storage of [`DeviceId::CPU`] holding a
+    /// [`Tensor`]). Backends may land it in reused host memory that the link writes at its
+    /// full rate (the CUDA backend's registered landings), so a result fetched run after run
+    /// costs no page faults; the default wraps [`Backend::download`].
+    fn download_storage(&self, storage: &DeviceStorage) -> Result<DeviceStorage> {
+        Ok(DeviceStorage::new(
+            DeviceId::CPU,
+            storage.meta.clone(),
+            self.download(storage)?,
+        ))
+    }
 
     /// Copies device data of another device of the same kind directly, if the link allows.
     /// Returns `Ok(None)` when no direct path exists (the caller then stages through host).

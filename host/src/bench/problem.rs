@@ -326,8 +326,8 @@ mod tests {
         };
         let p = s.problem(OpKind::Attention)?;
         assert_eq!(p.op.name(), "attention");
-        assert_eq!(p.inputs[0].shape, vec![2, 8, 100, 64]);
-        assert_eq!(p.inputs[1].shape, vec![2, 2, 300, 64]);
+        assert_eq!(p.inputs[0].shape.to_vec(), vec![2, 8, 100, 64]);
+        assert_eq!(p.inputs[1].shape.to_vec(), vec![2, 2, 300, 64]);
         assert_eq!(p.label, "B2 Hq8 Hkv2 Nq100 Nkv300 D64 causal");
         let s = BenchShape {
             m: 3,
@@ -350,11 +350,11 @@ mod tests {
             ..BenchShape::DEFAULT
         };
         let p = s.problem(OpKind::AttentionDecode)?;
-        assert_eq!(p.inputs[1].shape, vec![21, 2, 16, 64]);
-        assert_eq!(p.inputs[4].shape, vec![3, 7]);
+        assert_eq!(p.inputs[1].shape.to_vec(), vec![21, 2, 16, 64]);
+        assert_eq!(p.inputs[4].shape.to_vec(), vec![3, 7]);
         assert_eq!(p.label, "B3 Hq8 Hkv2 ctx100 Nq4 D64 paged bs16");
         let p = BenchShape::DEFAULT.problem(OpKind::MoeRoute)?;
-        assert_eq!(p.inputs[0].shape, vec![16384, 64]);
+        assert_eq!(p.inputs[0].shape.to_vec(), vec![16384, 64]);
         let s = BenchShape {
             tokens: Some(5),
             hidden: 16,
@@ -366,8 +366,8 @@ mod tests {
         let p = s.problem(OpKind::MoeExperts)?;
         assert_eq!(p.op.name(), "moe_experts");
         p.op.validate(&p.inputs)?;
-        assert_eq!(p.inputs[5].shape, vec![4, 48, 16]);
-        assert_eq!(p.inputs[6].shape, vec![4, 16, 24]);
+        assert_eq!(p.inputs[5].shape.to_vec(), vec![4, 48, 16]);
+        assert_eq!(p.inputs[6].shape.to_vec(), vec![4, 16, 24]);
         assert_eq!(p.label, "T5 H16 F24 E4 k2");
         Ok(())
     }

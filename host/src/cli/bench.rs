@@ -316,8 +316,8 @@ mod tests {
         ])?;
         let p = t.b.problem()?;
         assert_eq!(p.op.name(), "attention");
-        assert_eq!(p.inputs[0].shape, vec![2, 8, 100, 64]);
-        assert_eq!(p.inputs[1].shape, vec![2, 2, 300, 64]);
+        assert_eq!(p.inputs[0].shape.to_vec(), vec![2, 8, 100, 64]);
+        assert_eq!(p.inputs[1].shape.to_vec(), vec![2, 2, 300, 64]);
         let t = T::try_parse_from([
             "x", "linear", "--m", "3", "--n", "5", "--k", "7", "--act", "silu",
         ])?;
@@ -336,7 +336,7 @@ mod tests {
             "--top-k",
             "2",
         ])?;
-        assert_eq!(t.b.problem()?.inputs[0].shape, vec![9, 4]);
+        assert_eq!(t.b.problem()?.inputs[0].shape.to_vec(), vec![9, 4]);
         let t = T::try_parse_from(["x", "moe_experts", "--tokens", "5", "--hidden", "16"])?;
         let p = t.b.problem()?;
         assert_eq!(p.op.name(), "moe_experts");
@@ -355,8 +355,8 @@ mod tests {
         ])?;
         let p = t.b.problem()?;
         assert_eq!(p.op.name(), "attention_decode");
-        assert_eq!(p.inputs[0].shape, vec![64, 32, 1, 128]);
-        assert_eq!(p.inputs[1].shape, vec![64 * 512, 8, 16, 128]);
+        assert_eq!(p.inputs[0].shape.to_vec(), vec![64, 32, 1, 128]);
+        assert_eq!(p.inputs[1].shape.to_vec(), vec![64 * 512, 8, 16, 128]);
         assert_eq!(p.label, "B64 Hq32 Hkv8 ctx8192 Nq1 D128 paged bs16");
         let t = T::try_parse_from(["x", "moe-route"])?;
         assert_eq!(t.b.shape(), BenchShape::DEFAULT);

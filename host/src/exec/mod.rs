@@ -188,13 +188,26 @@ pub fn execute(
 
 /// Host copies of the named tensors of an execution.
 pub fn fetch(exec: &Execution, reg: &DeviceRegistry, names: &[String]) -> Result<Vec<Tensor>> {
+    Ok(fetch_shared(exec, reg, names)?
+        .into_iter()
+        .map(|t| Arc::unwrap_or_clone(t))
+        .collect())
+}
+
+/// The named tensors of an execution as shared host replicas (no copy of the data; a result
+/// downloaded run after run lands in reused registered memory on CUDA devices).
+pub fn fetch_shared(
+    exec: &Execution,
+    reg: &DeviceRegistry,
+    names: &[String],
+) -> Result<Vec<Arc<Tensor>>> {
     names
         .iter()
         .map(|n| {
             exec.buffers
                 .get(n)
                 .ok_or_else(|| Error::invalid("run", format!("no tensor named '{n}'")))?
-                .to_host(reg)
+                .to_host_shared(reg)
         })
         .collect()
 }

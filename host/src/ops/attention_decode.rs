@@ -178,7 +178,7 @@ impl AttentionDecodeParams {
                 format!("query heads {hq} must be a multiple of kv heads {hkv}"),
             ));
         }
-        if lens.shape != [b] {
+        if lens.shape[..] != [b] {
             return Err(Error::invalid(
                 OP,
                 format!(

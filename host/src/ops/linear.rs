@@ -109,7 +109,7 @@ impl LinearParams {
         }
         if self.bias {
             let b = &inputs[2];
-            if b.shape != [n] {
+            if b.shape[..] != [n] {
                 return Err(Error::invalid(
                     op,
                     format!("bias has shape {:?}, expected [{n}]", b.shape),

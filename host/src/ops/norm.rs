@@ -57,7 +57,7 @@ impl RmsNormParams {
                 format!("x {:?} has an empty last dimension", x.shape),
             ));
         }
-        if inputs[1].shape != [h] {
+        if inputs[1].shape[..] != [h] {
             return Err(Error::invalid(
                 op,
                 format!("w has shape {:?}, expected [{h}]", inputs[1].shape),

@@ -235,7 +235,7 @@ mod tests {
             assert!(lens.windows(2).any(|w| w[0] != w[1]), "{lens:?}");
             let g = decode_layer(&small(), &step, &Limits::host())?;
             let metas = g.validate()?;
-            assert_eq!(metas[DECODE_OUTPUT].shape, vec![6, 128]);
+            assert_eq!(metas[DECODE_OUTPUT].shape.to_vec(), vec![6, 128]);
             let node = g
                 .nodes
                 .iter()

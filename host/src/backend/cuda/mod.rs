@@ -31,7 +31,9 @@ use cudarc::driver::result as drv;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use super::{Backend, DeviceInfo, DeviceKind, DeviceStorage, Launch, LaunchInfo, Missing, Support};
+use super::{
+    Backend, DeviceId, DeviceInfo, DeviceKind, DeviceStorage, Launch, LaunchInfo, Missing, Support,
+};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::Op;
@@ -92,6 +94,8 @@ pub struct CudaBackend {
     info: DeviceInfo,
     /// Host tensors pinned in place; released before the device (declared first: dropped first).
     registered: memory::Registered,
+    /// Reused, registered host tensors that downloads land in; released before the device.
+    landings: memory::Landings,
     dev: Arc<device::Device>,
     pool: Arc<memory::Pool>,
     up: memory::Staging,
@@ -132,6 +136,7 @@ impl CudaBackend {
         Ok(Self {
             info,
             registered: memory::Registered::new(&dev.label, memory::registered::MAX_BYTES),
+            landings: memory::Landings::new(&dev.label, memory::landing::MAX_BYTES),
             up: memory::Staging::new(&dev.label),
             down: memory::Staging::new(&dev.label),
             kernels: kernels::Kernels::new(&dev.label, dev.arch, compiler),
@@ -301,6 +306,78 @@ impl CudaBackend {
     /// Registered host memory now: (bytes, tensors).
     pub fn registered_host(&self) -> (usize, usize) {
         self.registered.usage()
+    }
+
+    /// Registered download landings now: (bytes, tensors).
+    pub fn landing_host(&self) -> (usize, usize) {
+        self.landings.usage()
+    }
+
+    /// Downloads `storage` by DMA into a reused registered host tensor ([`memory::Landings`]:
+    /// a result of the same shape and dtype seen before); 16-bit storage read back as f32 is
+    /// widened on the device first, on the copy stream. `None`: the caller downloads into a
+    /// fresh tensor.
+    fn download_landed(&self, storage: &DeviceStorage) -> Result<Option<DeviceStorage>> {
+        let st = self.storage(storage)?;
+        let meta = &storage.meta;
+        // The device words and, where they differ, the kernel that widens them.
+        let widen = match (st.phys, meta.dtype) {
+            (DType::BF16, DType::BF16) | (DType::F16, DType::F16) | (DType::F32, DType::F32) => {
+                None
+            }
+            (DType::I32, DType::I32) => None,
+            (DType::BF16, DType::F32) => Some("cast_bf16_f32"),
+            (DType::F16, DType::F32) => Some("cast_f16_f32"),
+            _ => return Ok(None),
+        };
+        self.dev.bind()?;
+        let Some(taken) = self.landings.take(meta)? else {
+            return Ok(None);
+        };
+        let copied = (|| -> Result<()> {
+            let n = meta.numel();
+            let l = &self.dev.label;
+            let copy = self.dev.copy_stream;
+            self.order(self.dev.stream, copy)?;
+            let wide = match widen {
+                Some(kernel) => {
+                    let wide = self.pool.alloc(n * 4)?;
+                    self.kernels.launch(
+                        kernel,
+                        kernels::Dims::stride(n as u64, 256, self.dev.sms),
+                        copy,
+                        &[
+                            kernels::Arg::Ptr(st.ptr()),
+                            kernels::Arg::Ptr(wide.ptr()),
+                            kernels::Arg::U64(n as u64),
+                        ],
+                    )?;
+                    Some(wide)
+                }
+                None => None,
+            };
+            let src = wide.as_ref().map_or(st.ptr(), |w| w.ptr());
+            // SAFETY: the landing is registered, `taken.len()` bytes long, held by this call
+            // alone (taken out of the pool) and read by nobody until the copy completed.
+            let dst = unsafe { std::slice::from_raw_parts_mut(taken.ptr(), taken.len()) };
+            // SAFETY: `src` holds `taken.len()` bytes on this device (the storage, or the
+            // widened copy of it).
+            unsafe { drv::memcpy_dtoh_async(dst, src, copy) }.ctx(l, "cuMemcpyDtoHAsync")?;
+            // SAFETY: the copy stream is alive; waiting makes the landing safe to read.
+            unsafe { drv::stream::synchronize(copy) }.ctx(l, "cuStreamSynchronize")?;
+            drop(wide);
+            Ok(())
+        })();
+        match copied {
+            Ok(()) => {
+                let t = self.landings.give_back(taken);
+                Ok(Some(DeviceStorage::shared(DeviceId::CPU, meta.clone(), t)))
+            }
+            Err(e) => {
+                self.landings.discard(taken);
+                Err(e)
+            }
+        }
     }
 
     /// Makes the compute stream wait (on the device, not the host) for everything queued on
@@ -542,6 +619,17 @@ impl Backend for CudaBackend {
             self.upload_f32(host)
         } else {
             self.upload(host)
+        }
+    }
+
+    fn download_storage(&self, storage: &DeviceStorage) -> Result<DeviceStorage> {
+        match self.download_landed(storage)? {
+            Some(d) => Ok(d),
+            None => Ok(DeviceStorage::new(
+                DeviceId::CPU,
+                storage.meta.clone(),
+                self.download(storage)?,
+            )),
         }
     }
 

@@ -87,10 +87,10 @@ impl MoeExpertsParams {
             ));
         }
         let f = f2 / 2;
-        if down.shape != [e, h, f] {
+        if down.shape[..] != [e, h, f] {
             return bad(format!("down {:?} must be [{e}, {h}, {f}]", down.shape));
         }
-        if offsets.shape != [e + 1] || sorted.shape.len() != 1 {
+        if offsets.shape[..] != [e + 1] || sorted.shape.len() != 1 {
             return bad(format!(
                 "expert_offsets {:?} must be [{}] and sorted_token_ids {:?} 1-D",
                 offsets.shape,

@@ -208,6 +208,28 @@ impl CudaBackend {
             ));
             drop(host);
         }
+        // The same results downloaded again and again (a workload's output fetched after each
+        // run): from the second time, into a reused registered landing at the link's rate.
+        for (t, what) in [(&f, "f32"), (&ints, "i32")] {
+            let st = self.upload(t)?;
+            drop(self.download_storage(&st)?);
+            drop(self.download_storage(&st)?);
+            let down = time(&mut || self.download_storage(&st).map(drop))?;
+            let (landed, _) = self.landing_host();
+            let how = if landed >= bytes {
+                "into a registered landing"
+            } else {
+                "landing refused: fresh tensor"
+            };
+            let link = if what == "f32" { n * 2 } else { n * 4 };
+            out.push(figure(
+                format!("tandem {what} again ({how}) download"),
+                "d2h",
+                bytes,
+                link,
+                down,
+            ));
+        }
         Ok(out)
     }
 }

@@ -146,6 +146,11 @@ impl Registered {
         let r = unsafe {
             sys::cuMemHostRegister_v2(ptr.cast(), bytes.len(), sys::CU_MEMHOSTREGISTER_READ_ONLY)
         };
+        if r == sys::CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED {
+            // A download landing ([`super::Landings`]) uploaded again: staged, and nothing
+            // is refused for the tensors after it.
+            return Ok(None);
+        }
         if r != sys::CUresult::CUDA_SUCCESS {
             tracing::debug!(device = %self.label, result = ?r, bytes = bytes.len(),
                 "registering host memory failed; staging uploads from now on");
