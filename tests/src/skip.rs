@@ -19,6 +19,9 @@ use tandem::options::{Env, ProcessEnv};
 pub enum Need {
     /// A CUDA GPU with its driver and libraries.
     Gpu,
+    /// A second CUDA GPU (peer copies, multi-GPU splits): skipped, not failed, on a one-GPU
+    /// machine even with `TANDEM_REQUIRE_GPU=1`.
+    SecondGpu,
     /// Verilator, yosys or another tool of the FPGA flow.
     FpgaTool,
 }

@@ -315,3 +315,53 @@ fn repeated_downloads_land_in_reused_registered_memory_with_the_staged_bits() {
         }
     }
 }
+
+/// A tensor on one GPU copied straight to another (`cuMemcpyPeerAsync` over NVLink or PCIe
+/// peer-to-peer): the same bits arrive, in each precision the backend stores, with an odd
+/// length; a copy from the device itself is declined (the caller has nothing to copy).
+/// Needs two GPUs that can access each other.
+#[test]
+fn peer_copies_between_two_gpus_keep_the_bits() {
+    use tandem::backend::Backend;
+    use tandem::backend::cuda::{CudaBackend, unavailable_reason};
+    if let Some(r) = unavailable_reason(&tandem_tests::cuda::options(CudaDType::default())) {
+        tandem_tests::skip(tandem_tests::Need::Gpu, &r);
+        return;
+    }
+    let opts = tandem_tests::cuda::options(CudaDType::Bf16);
+    let b0 = CudaBackend::open(0, opts.clone()).expect("device 0 opens");
+    let b1 = match CudaBackend::open(1, opts) {
+        Ok(b) => b,
+        Err(e) => {
+            tandem_tests::skip(
+                tandem_tests::Need::SecondGpu,
+                &format!("peer copies need a second GPU: cuda:1 does not open ({e})"),
+            );
+            return;
+        }
+    };
+    let n = (3 << 20) + 5;
+    let v: Vec<f32> = (0..n).map(|i| ((i * 7919) % 10007) as f32 - 5000.5).collect();
+    let ints: Vec<i32> = (0..n as i32).map(|i| i.wrapping_mul(-31)).collect();
+    for t in [
+        Tensor::from_vec_f32(&[n], v).expect("tensor"),
+        Tensor::from_i32(ArrayD::from_shape_vec(IxDyn(&[n]), ints).expect("shape")),
+    ] {
+        let s0 = b0.upload(&t).expect("upload to cuda:0");
+        let want = b0.download(&s0).expect("download from cuda:0");
+        assert!(
+            b0.copy_peer(&s0).expect("copy_peer").is_none(),
+            "a copy from the device itself is declined"
+        );
+        let Some(s1) = b1.copy_peer(&s0).expect("copy_peer") else {
+            tandem_tests::skip(
+                tandem_tests::Need::SecondGpu,
+                "cuda:0 and cuda:1 cannot access each other (no peer-to-peer path)",
+            );
+            return;
+        };
+        drop(s0);
+        let got = b1.download(&s1).expect("download from cuda:1");
+        assert_eq!(got, want, "{:?}: the peer copy changed the data", t.dtype());
+    }
+}

@@ -132,6 +132,11 @@ impl Device {
         ))
     }
 
+    /// The device's (primary) context.
+    pub fn context(&self) -> sys::CUcontext {
+        self.ctx
+    }
+
     /// Makes this device's context current on the calling thread.
     pub fn bind(&self) -> Result<()> {
         // SAFETY: the context was retained in `open` and is never released.

@@ -308,6 +308,96 @@ impl CudaBackend {
         self.registered.usage()
     }
 
+    /// Copies `src` (storage of another CUDA device, `st` its CUDA storage) straight over the
+    /// GPUs' link (NVLink or PCIe peer-to-peer) with `cuMemcpyPeerAsync`, after everything
+    /// queued on the source device; `None` when the two GPUs cannot access each other (the
+    /// caller then stages through the host). Returns once the copy completed, so the source
+    /// may be freed at once.
+    fn peer_copy(&self, src: &DeviceStorage, st: &CudaStorage) -> Result<Option<DeviceStorage>> {
+        use cudarc::driver::sys;
+        let l = &self.dev.label;
+        let call = |r: sys::CUresult, what: &str| -> Result<()> {
+            if r == sys::CUresult::CUDA_SUCCESS {
+                Ok(())
+            } else {
+                Err(Error::Device {
+                    device: l.clone(),
+                    msg: format!("{what} failed: {r:?}"),
+                    source: None,
+                })
+            }
+        };
+        let src_ord = src.device.index;
+        let mut src_dev: sys::CUdevice = 0;
+        let mut can: std::os::raw::c_int = 0;
+        // SAFETY: plain queries; cuInit ran when this device opened.
+        unsafe {
+            call(sys::cuDeviceGet(&mut src_dev, src_ord as std::os::raw::c_int), "cuDeviceGet")?;
+            let mut own: sys::CUdevice = 0;
+            call(sys::cuDeviceGet(&mut own, self.dev.ordinal as std::os::raw::c_int), "cuDeviceGet")?;
+            call(sys::cuDeviceCanAccessPeer(&mut can, own, src_dev), "cuDeviceCanAccessPeer")?;
+        }
+        if can == 0 {
+            return Ok(None);
+        }
+        let mut src_ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: the source's primary context is retained by its backend (for the process's
+        // life); retaining again only counts up, released below.
+        unsafe {
+            call(sys::cuDevicePrimaryCtxRetain(&mut src_ctx, src_dev), "cuDevicePrimaryCtxRetain")?;
+        }
+        let copied = (|| -> Result<DeviceStorage> {
+            // The source's queued kernels (the one that wrote `src` among them) finish first.
+            // SAFETY: the source context is alive (retained); set current on this thread only
+            // for the wait.
+            unsafe {
+                call(sys::cuCtxSetCurrent(src_ctx), "cuCtxSetCurrent")?;
+                call(sys::cuCtxSynchronize(), "cuCtxSynchronize (source device)")?;
+            }
+            self.dev.bind()?;
+            // SAFETY: this device's context is current; enabling twice is reported and fine.
+            let r = unsafe { sys::cuCtxEnablePeerAccess(src_ctx, 0) };
+            if r != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+                call(r, "cuCtxEnablePeerAccess")?;
+            }
+            let bytes = src.meta.numel() * st.phys.size();
+            let buf = self.pool.alloc(bytes)?;
+            if bytes > 0 {
+                let copy = self.dev.copy_stream;
+                // SAFETY: both allocations hold `bytes`; the source completed its writes
+                // (synchronized above) and is held by the caller until this returns.
+                unsafe {
+                    call(
+                        sys::cuMemcpyPeerAsync(
+                            buf.ptr(),
+                            self.dev.context(),
+                            st.ptr(),
+                            src_ctx,
+                            bytes,
+                            copy,
+                        ),
+                        "cuMemcpyPeerAsync",
+                    )?;
+                }
+                // SAFETY: the copy stream is alive.
+                unsafe { drv::stream::synchronize(copy) }.ctx(l, "cuStreamSynchronize")?;
+            }
+            Ok(self.wrap(
+                src.meta.clone(),
+                CudaStorage {
+                    buf,
+                    phys: st.phys,
+                },
+            ))
+        })();
+        // SAFETY: balances the retain above.
+        unsafe {
+            let _ = sys::cuDevicePrimaryCtxRelease_v2(src_dev);
+        }
+        self.dev.bind()?;
+        copied.map(Some)
+    }
+
     /// Registered download landings now: (bytes, tensors).
     pub fn landing_host(&self) -> (usize, usize) {
         self.landings.usage()
@@ -620,6 +710,16 @@ impl Backend for CudaBackend {
         } else {
             self.upload(host)
         }
+    }
+
+    fn copy_peer(&self, src: &DeviceStorage) -> Result<Option<DeviceStorage>> {
+        if src.device.kind != DeviceKind::Cuda || src.device == self.info.id {
+            return Ok(None);
+        }
+        let Some(st) = src.downcast::<CudaStorage>() else {
+            return Ok(None);
+        };
+        self.peer_copy(src, st)
     }
 
     fn download_storage(&self, storage: &DeviceStorage) -> Result<DeviceStorage> {
