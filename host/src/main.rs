@@ -12,12 +12,6 @@ use tandem::backend::{CudaDType, Probe};
 use tandem::options::{Layered, Options, ProcessEnv};
 use tracing_subscriber::EnvFilter;
 
-/// The binary's allocator: the planner and executor make several small allocations per op,
-/// and glibc's malloc spent about a quarter of `tandem bench overhead`'s time in them
-/// (consolidation and unlinking of freed chunks; perf on the 2-core VM).
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// `--version`: the version, the commit it was built from and the device kinds it drives.
 #[cfg(feature = "cuda")]
 const LONG_VERSION: &str = concat!(

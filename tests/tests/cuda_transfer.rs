@@ -341,7 +341,9 @@ fn peer_copies_between_two_gpus_keep_the_bits() {
         }
     };
     let n = (3 << 20) + 5;
-    let v: Vec<f32> = (0..n).map(|i| ((i * 7919) % 10007) as f32 - 5000.5).collect();
+    let v: Vec<f32> = (0..n)
+        .map(|i| ((i * 7919) % 10007) as f32 - 5000.5)
+        .collect();
     let ints: Vec<i32> = (0..n as i32).map(|i| i.wrapping_mul(-31)).collect();
     for t in [
         Tensor::from_vec_f32(&[n], v).expect("tensor"),

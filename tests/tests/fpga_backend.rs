@@ -185,3 +185,43 @@ fn linear_on_the_simulated_card_is_within_int8_error() {
         Support::No(_)
     ));
 }
+
+/// Host replicas move to and from the simulated card without copying the tensor: the card's
+/// storage shares the host tensor (the drivers write the banks from it at launch), a result
+/// comes back as the very tensor the banks were read into, and a routing run from shared
+/// storage gives the same outputs as one from a private copy.
+#[test]
+fn host_replicas_reach_the_card_and_come_back_without_copies() {
+    use std::sync::Arc;
+    use tandem::backend::{DeviceId, DeviceStorage};
+    let Some(b) = fpga_sim() else { return };
+    let logits =
+        Arc::new(Tensor::from_vec_f32(&[9, 8], separated_logits(9, 8, 5)).expect("tensor"));
+    let host = DeviceStorage::shared(DeviceId::CPU, logits.meta(), logits.clone());
+    let on_card = b.upload_storage(&host).expect("upload_storage");
+    assert_eq!(on_card.device, b.id());
+    assert!(
+        on_card.same_data(&host),
+        "the upload copied the host tensor"
+    );
+    let back = b.download_storage(&on_card).expect("download_storage");
+    assert_eq!(back.device, DeviceId::CPU);
+    assert!(back.same_data(&on_card), "the download copied the tensor");
+    let op = Op::MoeRoute(MoeRouteParams {
+        top_k: 2,
+        renormalize: true,
+        block_size: 8,
+    });
+    let run = |s: &tandem::backend::DeviceStorage| -> Vec<Tensor> {
+        let l = b.launch(&op, &[s]).expect("launch");
+        l.done
+            .wait(Duration::from_secs(300), "moe_route")
+            .expect("done");
+        l.outputs
+            .iter()
+            .map(|o| b.download(o).expect("download"))
+            .collect()
+    };
+    let private = b.upload(&logits).expect("upload");
+    assert_eq!(run(&on_card), run(&private));
+}

@@ -332,10 +332,19 @@ impl CudaBackend {
         let mut can: std::os::raw::c_int = 0;
         // SAFETY: plain queries; cuInit ran when this device opened.
         unsafe {
-            call(sys::cuDeviceGet(&mut src_dev, src_ord as std::os::raw::c_int), "cuDeviceGet")?;
+            call(
+                sys::cuDeviceGet(&mut src_dev, src_ord as std::os::raw::c_int),
+                "cuDeviceGet",
+            )?;
             let mut own: sys::CUdevice = 0;
-            call(sys::cuDeviceGet(&mut own, self.dev.ordinal as std::os::raw::c_int), "cuDeviceGet")?;
-            call(sys::cuDeviceCanAccessPeer(&mut can, own, src_dev), "cuDeviceCanAccessPeer")?;
+            call(
+                sys::cuDeviceGet(&mut own, self.dev.ordinal as std::os::raw::c_int),
+                "cuDeviceGet",
+            )?;
+            call(
+                sys::cuDeviceCanAccessPeer(&mut can, own, src_dev),
+                "cuDeviceCanAccessPeer",
+            )?;
         }
         if can == 0 {
             return Ok(None);
@@ -344,7 +353,10 @@ impl CudaBackend {
         // SAFETY: the source's primary context is retained by its backend (for the process's
         // life); retaining again only counts up, released below.
         unsafe {
-            call(sys::cuDevicePrimaryCtxRetain(&mut src_ctx, src_dev), "cuDevicePrimaryCtxRetain")?;
+            call(
+                sys::cuDevicePrimaryCtxRetain(&mut src_ctx, src_dev),
+                "cuDevicePrimaryCtxRetain",
+            )?;
         }
         let copied = (|| -> Result<DeviceStorage> {
             // The source's queued kernels (the one that wrote `src` among them) finish first.
@@ -382,13 +394,7 @@ impl CudaBackend {
                 // SAFETY: the copy stream is alive.
                 unsafe { drv::stream::synchronize(copy) }.ctx(l, "cuStreamSynchronize")?;
             }
-            Ok(self.wrap(
-                src.meta.clone(),
-                CudaStorage {
-                    buf,
-                    phys: st.phys,
-                },
-            ))
+            Ok(self.wrap(src.meta.clone(), CudaStorage { buf, phys: st.phys }))
         })();
         // SAFETY: balances the retain above.
         unsafe {

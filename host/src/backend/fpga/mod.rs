@@ -483,6 +483,26 @@ impl Backend for FpgaBackend {
         storage.host_tensor("FPGA").cloned()
     }
 
+    /// A host replica's tensor becomes this card's storage without a copy (shared): the
+    /// drivers write the card's banks from it at launch.
+    fn upload_storage(&self, host: &DeviceStorage) -> Result<DeviceStorage> {
+        Ok(DeviceStorage::shared(
+            self.id(),
+            host.meta.clone(),
+            host.host_shared("CPU")?,
+        ))
+    }
+
+    /// The card's storage (the host tensor its banks were read back into) becomes the host
+    /// replica without a copy (shared).
+    fn download_storage(&self, storage: &DeviceStorage) -> Result<DeviceStorage> {
+        Ok(DeviceStorage::shared(
+            DeviceId::CPU,
+            storage.meta.clone(),
+            storage.host_shared("FPGA")?,
+        ))
+    }
+
     fn launch(&self, op: &Op, inputs: &[&DeviceStorage]) -> Result<Launch> {
         self.launch_within(op, inputs, &Deadline::after(DEFAULT_RUN_TIMEOUT))
     }
