@@ -140,10 +140,27 @@ fn sharded_and_single_file_checkpoints_round_trip() -> TestResult {
     for dtype in [DType::BF16, DType::F16, DType::F32] {
         let one = dir.path().join(format!("one-{dtype}"));
         let three = dir.path().join(format!("three-{dtype}"));
-        let files = workload::save_checkpoint(&one, &sizes, &w, SaveOptions { shards: 1, dtype })?;
+        let files = workload::save_checkpoint(
+            &one,
+            &sizes,
+            &w,
+            SaveOptions {
+                shards: 1,
+                dtype,
+                tie_word_embeddings: false,
+            },
+        )?;
         assert_eq!(files.len(), 2, "model.safetensors + config.json");
-        let files =
-            workload::save_checkpoint(&three, &sizes, &w, SaveOptions { shards: 3, dtype })?;
+        let files = workload::save_checkpoint(
+            &three,
+            &sizes,
+            &w,
+            SaveOptions {
+                shards: 3,
+                dtype,
+                tie_word_embeddings: false,
+            },
+        )?;
         assert_eq!(files.len(), 5, "3 shards + index + config.json");
         let (a, b) = (Checkpoint::open(&one)?, Checkpoint::open(&three)?);
         assert_eq!(a.sizes, sizes);
@@ -179,6 +196,47 @@ fn sharded_and_single_file_checkpoints_round_trip() -> TestResult {
             "{dtype}: node {worst:.3e}, output {e:.3e}"
         );
     }
+    Ok(())
+}
+
+/// A checkpoint with `tie_word_embeddings: true` stores no `lm_head.weight`; loading it gives
+/// the embedding matrix as the head, and the model runs to logits with it. Tying a head that
+/// differs from the embedding, or with no embedding, is refused by name.
+#[test]
+fn tied_word_embeddings_load_the_embedding_as_the_head() -> TestResult {
+    let sizes = ModelSizes {
+        layers: 2,
+        ..workload::test_model_sizes()
+    };
+    let dir = tempfile::tempdir()?;
+    let tied = dir.path().join("tied");
+    let opts = SaveOptions {
+        shards: 2,
+        dtype: DType::F32,
+        tie_word_embeddings: true,
+    };
+    workload::make_test_model(&tied, &sizes, 5, opts)?;
+    let ck = Checkpoint::open(&tied)?;
+    assert!(ck.tied, "config.json says tie_word_embeddings");
+    assert!(!ck.has("lm_head.weight"), "a tied head is not stored");
+    let w = ck.load(2)?;
+    assert!(w.embed.is_some());
+    assert_eq!(w.lm_head, w.embed, "the head is the embedding matrix");
+    let c = sizes.layer_config(&MixtralConfig {
+        seq_len: 5,
+        ..MixtralConfig::default()
+    });
+    let g = model_graph(&c, 2, Some(w), None, &tandem::limits::Limits::host())?;
+    assert_eq!(g.outputs[0], "lm_head.y");
+    let (y, worst, e) = run_cpu(&g)?;
+    assert_eq!(y.shape(), [5, sizes.vocab]);
+    assert!(worst < 1e-5 && e < 1e-5, "node {worst:.3e}, output {e:.3e}");
+    // A head that is not the embedding cannot be tied.
+    let w = workload::random_model(&sizes, 6)?;
+    let err = workload::save_checkpoint(dir.path().join("bad"), &sizes, &w, opts)
+        .expect_err("a different head is refused")
+        .to_string();
+    assert!(err.contains("tie_word_embeddings"), "{err}");
     Ok(())
 }
 

@@ -37,6 +37,10 @@ pub struct MakeTestArgs {
     /// and model.safetensors.index.json (at most the layer count).
     #[arg(long, default_value_t = 2)]
     pub shards: usize,
+    /// Tie the LM head to the embedding matrix (config.json `tie_word_embeddings: true`, no
+    /// `lm_head.weight` written).
+    #[arg(long)]
+    pub tie_word_embeddings: bool,
     /// hidden_size.
     #[arg(long, default_value_t = 32)]
     pub hidden: usize,
@@ -130,6 +134,7 @@ fn make_test(a: &MakeTestArgs) -> anyhow::Result<()> {
         SaveOptions {
             shards: a.shards,
             dtype: a.dtype,
+            tie_word_embeddings: a.tie_word_embeddings,
         },
     )?;
     for f in files {

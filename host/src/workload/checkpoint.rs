@@ -31,6 +31,9 @@ pub struct Checkpoint {
     pub config_path: PathBuf,
     /// The sizes config.json gives.
     pub sizes: ModelSizes,
+    /// config.json's `tie_word_embeddings`: the LM head is the embedding matrix when the files
+    /// hold no `lm_head.weight`.
+    pub tied: bool,
     /// The file that lists the tensors: the index, or `model.safetensors` itself.
     pub listing: PathBuf,
     /// Tensor name -> the file (in `dir`) that holds it.
@@ -67,7 +70,10 @@ impl Checkpoint {
                  weights (it gives every size)",
             ));
         }
-        let sizes = HfConfig::read(&config_path)?.model_sizes(&config_path)?;
+        let config = HfConfig::read(&config_path)?;
+        let sizes = config.model_sizes(&config_path)?;
+        // Mixtral's default (transformers' MixtralConfig) is untied.
+        let tied = config.tie_word_embeddings.unwrap_or(false);
         let index = dir.join(INDEX_FILE);
         let single = dir.join(SINGLE_FILE);
         let (listing, map) = if index.is_file() {
@@ -89,6 +95,7 @@ impl Checkpoint {
             dir: dir.to_path_buf(),
             config_path,
             sizes,
+            tied,
             listing,
             map,
         })
@@ -238,11 +245,19 @@ impl Checkpoint {
                 Ok(None)
             }
         };
+        let embed = opt(EMBED)?;
+        let final_norm = opt(FINAL_NORM)?;
+        let lm_head = match opt(LM_HEAD)? {
+            Some(h) => Some(h),
+            // Tied: the head is the embedding matrix ([vocab, hidden] both).
+            None if self.tied => embed.clone(),
+            None => None,
+        };
         Ok(ModelWeights {
             layers: out,
-            embed: opt(EMBED)?,
-            final_norm: opt(FINAL_NORM)?,
-            lm_head: opt(LM_HEAD)?,
+            embed,
+            final_norm,
+            lm_head,
         })
     }
 

@@ -28,6 +28,9 @@ pub struct SaveOptions {
     pub shards: usize,
     /// The dtype the tensors are stored in (bf16, f16 or f32).
     pub dtype: DType,
+    /// Write `tie_word_embeddings: true` and no `lm_head.weight`: the head is the embedding
+    /// matrix (the weights' head must be absent or equal to it).
+    pub tie_word_embeddings: bool,
 }
 
 impl Default for SaveOptions {
@@ -35,6 +38,7 @@ impl Default for SaveOptions {
         Self {
             shards: 1,
             dtype: DType::BF16,
+            tie_word_embeddings: false,
         }
     }
 }
@@ -144,7 +148,24 @@ pub fn save_checkpoint(
     if let Some(t) = &weights.final_norm {
         files[last].insert(FINAL_NORM.into(), t.clone());
     }
-    if let Some(t) = &weights.lm_head {
+    if opts.tie_word_embeddings {
+        match (&weights.embed, &weights.lm_head) {
+            (Some(e), Some(h)) if e != h => {
+                return Err(Error::invalid(
+                    "checkpoint",
+                    "tie_word_embeddings: the LM head differs from the embedding matrix (tied \
+                     heads are the embedding itself)",
+                ));
+            }
+            (None, _) => {
+                return Err(Error::invalid(
+                    "checkpoint",
+                    "tie_word_embeddings needs an embedding matrix (the head is the embedding)",
+                ));
+            }
+            _ => {}
+        }
+    } else if let Some(t) = &weights.lm_head {
         files[last].insert(LM_HEAD.into(), t.clone());
     }
     let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
@@ -174,7 +195,7 @@ pub fn save_checkpoint(
         write_json(&path, &index)?;
         written.push(path);
     }
-    let config = config_json(sizes, opts.dtype, false);
+    let config = config_json(sizes, opts.dtype, opts.tie_word_embeddings);
     let path = dir.join(HfConfig::FILE_NAME);
     write_json(&path, &config)?;
     written.push(path);
@@ -227,5 +248,9 @@ pub fn make_test_model(
     seed: u64,
     opts: SaveOptions,
 ) -> Result<Vec<PathBuf>> {
-    save_checkpoint(dir, sizes, &random_model(sizes, seed)?, opts)
+    let mut w = random_model(sizes, seed)?;
+    if opts.tie_word_embeddings {
+        w.lm_head = w.embed.clone();
+    }
+    save_checkpoint(dir, sizes, &w, opts)
 }

@@ -36,6 +36,8 @@ pub struct HfConfig {
     pub vocab: Option<usize>,
     /// `head_dim` (where given; tandem needs it to be hidden_size / num_attention_heads).
     pub head_dim: Option<usize>,
+    /// `tie_word_embeddings`: the LM head is the embedding matrix (no `lm_head.weight` stored).
+    pub tie_word_embeddings: Option<bool>,
 }
 
 impl HfConfig {
@@ -115,7 +117,15 @@ impl HfConfig {
                     .ok_or_else(|| bad("rms_norm_eps", x, "must be a number >= 0"))?,
             ),
         };
+        let tie_word_embeddings = match get("tie_word_embeddings") {
+            None => None,
+            Some(x) => Some(
+                x.as_bool()
+                    .ok_or_else(|| bad("tie_word_embeddings", x, "must be true or false"))?,
+            ),
+        };
         Ok(Self {
+            tie_word_embeddings,
             heads: count("num_attention_heads")?,
             top_k: count("num_experts_per_tok")?,
             rope_theta,
