@@ -15,8 +15,36 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::{HostData, Tensor};
 
-fn read_file(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| Error::file(path, format!("cannot read: {e}")))
+/// A weight file's bytes: mapped (the pages are read as tensors are converted, and a shard of
+/// many GB never sits in memory twice), or read whole where mapping is refused (an empty file,
+/// a file system without mmap).
+enum FileBytes {
+    Mapped(memmap2::Mmap),
+    Read(Vec<u8>),
+}
+
+impl std::ops::Deref for FileBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            FileBytes::Mapped(m) => m,
+            FileBytes::Read(v) => v,
+        }
+    }
+}
+
+fn read_file(path: &Path) -> Result<FileBytes> {
+    let f =
+        std::fs::File::open(path).map_err(|e| Error::file(path, format!("cannot read: {e}")))?;
+    // SAFETY: the map is read while the tensors are converted, then dropped; a weight file
+    // changed by another process meanwhile would give wrong values, as a concurrent write
+    // would to a plain read (the usual contract of safetensors' own loaders).
+    match unsafe { memmap2::Mmap::map(&f) } {
+        Ok(m) => Ok(FileBytes::Mapped(m)),
+        Err(_) => std::fs::read(path)
+            .map(FileBytes::Read)
+            .map_err(|e| Error::file(path, format!("cannot read: {e}"))),
+    }
 }
 
 fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>> {
