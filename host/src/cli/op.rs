@@ -122,7 +122,7 @@ pub fn run(args: &OpArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     };
     let mut g = Graph::default();
     let mut input_names = Vec::new();
-    for name in op.input_names() {
+    for &name in op.input_names() {
         let t = tensors.remove(name).with_context(|| {
             format!(
                 "{}: no tensor named '{name}' ({} takes {}; the file has {})",

@@ -86,11 +86,11 @@ impl AttentionDecodeParams {
     }
 
     /// Names of the inputs, in order.
-    pub fn input_names(&self) -> Vec<&'static str> {
+    pub fn input_names(&self) -> &'static [&'static str] {
         if self.block_size.is_some() {
-            vec!["q", "k_cache", "v_cache", "seq_lens", "block_table"]
+            &["q", "k_cache", "v_cache", "seq_lens", "block_table"]
         } else {
-            vec!["q", "k_cache", "v_cache", "seq_lens"]
+            &["q", "k_cache", "v_cache", "seq_lens"]
         }
     }
 
@@ -106,8 +106,8 @@ impl AttentionDecodeParams {
     /// Reads the problem shape from input metas (validating shapes, dtypes and parameters).
     pub fn shape(&self, inputs: &[TensorMeta]) -> Result<DecodeShape> {
         let names = self.input_names();
-        expect_inputs(OP, inputs.len(), &names)?;
-        for ((m, n), want) in inputs.iter().zip(&names).zip(self.input_dtypes()) {
+        expect_inputs(OP, inputs.len(), names)?;
+        for ((m, n), want) in inputs.iter().zip(names).zip(self.input_dtypes()) {
             if m.dtype != want {
                 return Err(Error::invalid(
                     OP,

@@ -233,32 +233,32 @@ impl Op {
         self.kind().name()
     }
 
-    /// Names of the inputs this op takes, in order.
-    pub fn input_names(&self) -> Vec<&'static str> {
+    /// Names of the inputs this op takes, in order (static: asking costs no allocation).
+    pub fn input_names(&self) -> &'static [&'static str] {
         match self {
-            Op::Attention(_) => vec!["q", "k", "v"],
+            Op::Attention(_) => &["q", "k", "v"],
             Op::AttentionDecode(p) => p.input_names(),
-            Op::MoeRoute(_) => vec!["logits"],
-            Op::MoeExperts(_) => moe::EXPERT_INPUTS.to_vec(),
+            Op::MoeRoute(_) => &["logits"],
+            Op::MoeExperts(_) => &moe::EXPERT_INPUTS,
             Op::Linear(p) => {
                 if p.bias {
-                    vec!["x", "w", "b"]
+                    &["x", "w", "b"]
                 } else {
-                    vec!["x", "w"]
+                    &["x", "w"]
                 }
             }
             Op::RmsNorm(p) => {
                 if p.residual {
-                    vec!["x", "w", "residual"]
+                    &["x", "w", "residual"]
                 } else {
-                    vec!["x", "w"]
+                    &["x", "w"]
                 }
             }
-            Op::Rope(_) => vec!["x"],
-            Op::Add => vec!["a", "b"],
-            Op::SplitHeads(_) | Op::MergeHeads => vec!["x"],
-            Op::Nop => vec!["after"],
-            Op::Embedding(_) => embedding::INPUTS.to_vec(),
+            Op::Rope(_) => &["x"],
+            Op::Add => &["a", "b"],
+            Op::SplitHeads(_) | Op::MergeHeads => &["x"],
+            Op::Nop => &["after"],
+            Op::Embedding(_) => &embedding::INPUTS,
         }
     }
 
