@@ -17,7 +17,7 @@ use tandem::{DType, Op, Tensor, TensorMeta};
 fn f32s(shapes: &[&[usize]]) -> Vec<TensorMeta> {
     shapes
         .iter()
-        .map(|s| TensorMeta::new(s.to_vec(), DType::F32))
+        .map(|s| TensorMeta::new(s, DType::F32))
         .collect()
 }
 

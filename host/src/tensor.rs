@@ -170,7 +170,7 @@ impl Tensor {
 
     /// Shape and dtype.
     pub fn meta(&self) -> TensorMeta {
-        TensorMeta::new(self.shape().to_vec(), self.dtype())
+        TensorMeta::new(self.shape(), self.dtype())
     }
 
     /// Number of elements.

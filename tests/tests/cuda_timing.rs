@@ -78,7 +78,7 @@ fn cuda_timing() {
         return;
     }
     let be = CudaBackend::open(0, opts.clone()).expect("open");
-    let f = |s: &[usize]| TensorMeta::new(s.to_vec(), tandem::DType::F32);
+    let f = |s: &[usize]| TensorMeta::new(s, tandem::DType::F32);
     // One backend per attention build timed, each with its build forced.
     let builds = [AttentionVariant::M2, AttentionVariant::Ws].map(|w| {
         let forced = CudaOptions {

@@ -151,8 +151,8 @@ fn bad_lengths_and_block_ids_are_refused() -> TestResult {
     bad[4] = Tensor::from_i32(t);
     expect_err(&c.paged_op(16), &bad, "block_table[0, 1] = -1");
     // shapes: Nq 17, an unsupported head dim
-    let f = |s: &[usize]| tandem::TensorMeta::new(s.to_vec(), tandem::DType::F32);
-    let i = |s: &[usize]| tandem::TensorMeta::new(s.to_vec(), tandem::DType::I32);
+    let f = |s: &[usize]| tandem::TensorMeta::new(s, tandem::DType::F32);
+    let i = |s: &[usize]| tandem::TensorMeta::new(s, tandem::DType::I32);
     let op = Op::AttentionDecode(AttentionDecodeParams::default());
     let e = op
         .validate(&[

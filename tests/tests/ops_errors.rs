@@ -10,11 +10,11 @@ use tandem::{DType, Op, Tensor, TensorMeta};
 use tandem_tests::{TestResult, assert_invalid, rng, uniform};
 
 fn f32s(shape: &[usize]) -> Tensor {
-    Tensor::zeros(&TensorMeta::new(shape.to_vec(), DType::F32))
+    Tensor::zeros(&TensorMeta::new(shape, DType::F32))
 }
 
 fn i32s(shape: &[usize]) -> Tensor {
-    Tensor::zeros(&TensorMeta::new(shape.to_vec(), DType::I32))
+    Tensor::zeros(&TensorMeta::new(shape, DType::I32))
 }
 
 fn att() -> Op {

@@ -190,7 +190,7 @@ pub fn execute(
 pub fn fetch(exec: &Execution, reg: &DeviceRegistry, names: &[String]) -> Result<Vec<Tensor>> {
     Ok(fetch_shared(exec, reg, names)?
         .into_iter()
-        .map(|t| Arc::unwrap_or_clone(t))
+        .map(Arc::unwrap_or_clone)
         .collect())
 }
 

@@ -560,7 +560,7 @@ mod tests {
     use super::*;
 
     fn meta(shape: &[usize], dtype: DType) -> TensorMeta {
-        TensorMeta::new(shape.to_vec(), dtype)
+        TensorMeta::new(shape, dtype)
     }
 
     #[test]

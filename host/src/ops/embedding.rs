@@ -202,7 +202,7 @@ mod tests {
     #[test]
     fn wrong_dtypes_and_shapes_are_refused() -> Result<()> {
         let p = EmbeddingParams {};
-        let f = |s: &[usize], d| TensorMeta::new(s.to_vec(), d);
+        let f = |s: &[usize], d| TensorMeta::new(s, d);
         for (ins, want) in [
             (
                 vec![f(&[3], DType::F32), f(&[5, 2], DType::F32)],

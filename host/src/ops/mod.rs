@@ -456,7 +456,7 @@ pub(crate) fn reference_metas(
         .enumerate()
         .map(|(i, a)| {
             let dtype = dtypes.get(i).copied().unwrap_or(crate::dtype::DType::F32);
-            TensorMeta::new(a.shape().to_vec(), dtype)
+            TensorMeta::new(a.shape(), dtype)
         })
         .collect()
 }

@@ -598,7 +598,7 @@ mod tests {
     /// x [256, 1024] -> linear (1024 -> 1024) -> rmsnorm.
     fn graph() -> Graph {
         let mut g = Graph::default();
-        let t = |s: &[usize]| Tensor::zeros(&TensorMeta::new(s.to_vec(), DType::F32));
+        let t = |s: &[usize]| Tensor::zeros(&TensorMeta::new(s, DType::F32));
         g.constant("x", t(&[256, 1024]));
         g.param("w", t(&[1024, 1024]));
         g.param("g", t(&[1024]));
