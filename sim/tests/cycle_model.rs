@@ -139,6 +139,7 @@ fn gemm_model_matches_the_rtl() {
         rows: 8,
         k_max: 4096,
         n_max: 4096,
+        lanes: 8,
     };
     let Some((mut rtl, mut model)) = cards(&core) else {
         return;
@@ -214,6 +215,7 @@ fn gemm_split_model_matches_the_rtl() {
         rows: 8,
         k_max: 64,
         n_max: 64,
+        lanes: 8,
     };
     let Some((mut rtl, mut model)) = cards(&core) else {
         return;
@@ -330,6 +332,7 @@ fn both_cards_refuse_the_same_arguments_alike() {
         rows: 8,
         k_max: 4096,
         n_max: 4096,
+        lanes: 8,
     };
     let Some((mut rtl, mut model)) = cards(&core) else {
         return;

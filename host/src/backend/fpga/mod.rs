@@ -209,6 +209,7 @@ pub fn gemm_build() -> GemmCore {
         rows: 8,
         k_max: 4096,
         n_max: 4096,
+        lanes: 8,
     }
 }
 
