@@ -69,7 +69,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (kernel, arg) = match args.first() {
         Some(a) if !a.contains('=') => (a.clone(), args.get(1).cloned().unwrap_or_default()),
         Some(a) => ("router".to_string(), a.clone()),
-        None => ("router".to_string(), "e_max=256,k_max=8,lanes=4".to_string()),
+        None => (
+            "router".to_string(),
+            "e_max=256,k_max=8,lanes=4".to_string(),
+        ),
     };
     let core = core_for(&kernel, &parse_params(&arg)?)?;
     let dir = std::env::temp_dir().join(format!("tandem-{kernel}-depth-{}", std::process::id()));

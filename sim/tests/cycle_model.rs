@@ -205,7 +205,12 @@ fn wide_gemm_model_matches_the_rtl() {
         let (b, sb) = run(&mut model).expect("model");
         assert_eq!(a, b, "wide gemm {d:?}: outputs differ");
         assert_eq!(a, p.golden(relu).expect("golden"), "wide gemm {d:?}");
-        compare(&format!("wide gemm M={m} N={n} K={k}"), &sa, &sb, &mut diffs);
+        compare(
+            &format!("wide gemm M={m} N={n} K={k}"),
+            &sa,
+            &sb,
+            &mut diffs,
+        );
     }
     verdict("wide gemm", diffs);
 }

@@ -322,7 +322,17 @@ impl FpgaBackend {
     /// Estimated kernel cycles of an op this backend supports (the analytic models of
     /// `tandem_fpga::timing`).
     fn estimate_cycles(&self, op: &Op, inputs: &[TensorMeta]) -> Option<u64> {
-        let mem = MemTiming::default();
+        // the simulated card's memory (the u55c profile's 64-byte beats); a board: the default
+        let mem = if self.info.id.kind == DeviceKind::FpgaSim {
+            let m = sim_mem(&self.opts);
+            MemTiming {
+                read_latency: m.read_latency,
+                write_latency: m.write_latency,
+                bytes_per_cycle: m.bytes_per_cycle,
+            }
+        } else {
+            MemTiming::default()
+        };
         match op {
             Op::MoeRoute(p) => {
                 let l = inputs.first()?;
