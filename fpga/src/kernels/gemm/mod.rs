@@ -1,30 +1,34 @@
 //! The fused GEMM + bias + activation core: an int8 output-stationary systolic array of
-//! `rows x 8` MACs with per-column bias, ReLU and requantisation. Semantics:
+//! `rows x L` MACs (`L` = [`GemmCore::lanes`], the int8 of one read beat: 8 on a 64-bit port,
+//! 64 on a 512-bit one) with per-column bias, ReLU and requantisation. Semantics:
 //! [`crate::golden::gemm`].
 //!
-//! Dataflow (C = 8 columns, one 64-bit word of W per cycle):
-//! - *params*: one 64-bit word per output column (bias, mult, shift; [`pack_params`]) is read
-//!   once into 8 column banks.
+//! Dataflow (L columns, one beat of W per cycle):
+//! - *params*: one 64-bit word per output column (bias, mult, shift; [`pack_params_lanes`]),
+//!   `L / 8` per beat, is read once into `L` column banks.
 //! - per M tile of `rows` rows: the x rows are read into `rows` on-chip banks (K bytes each);
-//!   then, for each N tile of 8 columns, the packed W stream ([`pack_w`]: for every k one word
-//!   holding `w[n0..n0+8][k]`) flows through the array at one k per cycle. x enters from the
-//!   left (row r delayed r cycles), w from the top (column c delayed c cycles); PE (r, c)
-//!   accumulates `x[m0+r][k] * w[n0+c][k]` in int32. A *first* flag travelling with x makes
-//!   each PE move its finished sum into a shadow register and restart, so tiles follow each
-//!   other without a bubble.
-//! - *read-out*, while the next tile streams: row by row, the 8 shadows get bias, ReLU and
-//!   requantisation (a 3-stage pipeline, one row per stage) and are written as one 64-bit word
-//!   of y (a request and a data handshake per row).
+//!   then, for each N tile of `L` columns, the packed W stream ([`pack_w_lanes`]: for every k
+//!   one beat holding `w[n0..n0+L][k]`) flows through the array at one k per cycle. A PE holds
+//!   two lanes of one row on one multiplier (`x * (w_hi * 2^18 + w_lo)`, the shared-operand
+//!   packing of [`crate::golden::gemm::mul2_packed`]). x enters from the left (row r delayed
+//!   r cycles) and moves one PE a cycle, the packed w from the top (PE column q delayed q
+//!   cycles); lane c of row r accumulates `x[m0+r][k] * w[n0+c][k]` in int32. A *first* flag
+//!   travelling with x makes each PE move its finished sums into shadow registers and
+//!   restart, so tiles follow each other without a bubble.
+//! - *read-out*, while the next tile streams: row by row, the `L` shadows get bias, ReLU and
+//!   requantisation (a 3-stage pipeline, one row per stage) and are written as one beat of y
+//!   (a request and a data handshake per row).
 //!
 //! Arguments: `x` (ptr0, int8 `[M][K]`), `w` (ptr1, packed), `params` (ptr2, packed), `y`
-//! (ptr3, int8 `[M][N]`), `m` (arg0), `n` (arg1, a multiple of 8), `k` (arg2, a multiple of
-//! 8), `relu` (arg3). The host pads N and K with zeros ([`pack_w`], [`pad_x`]). Out-of-range
-//! sizes (m = 0, n or k not a positive multiple of 8 or beyond `n_max` / `k_max`) finish at
-//! once without touching memory.
+//! (ptr3, int8 `[M][N]`), `m` (arg0), `n` (arg1, a multiple of L), `k` (arg2, a multiple of
+//! L), `relu` (arg3), `part` (ptr4), `mode` (arg4). The host pads N and K with zeros
+//! ([`pack_w_lanes`], [`pad_x_lanes`]). Out-of-range sizes (m = 0, n or k not a positive
+//! multiple of L or beyond `n_max` / `k_max`) finish at once without touching memory.
 //!
-//! Cycle count: `N/8 * K` array cycles per M tile plus `rows * K / 8` cycles to read its x
-//! rows, `N` cycles of params, and a drain of about `rows + 8 + 2 rows` cycles. The read-out
-//! (about 2 cycles per row) hides behind the next tile when `K >= ~2 rows + 8`.
+//! Cycle count ([`crate::timing::gemm_cycles`]): `N/L * K` array cycles per M tile plus
+//! `rows * K / L` cycles to read its x rows, `8 N / L` cycles of params, and a drain of about
+//! `rows + L/2 + 2 rows` cycles. The read-out (about 3 cycles per row) hides behind the next
+//! tile when `K >= ~3 rows + L/2 + 14`.
 
 use std::fmt::Write as _;
 
