@@ -397,7 +397,7 @@ fn gemm_verilog(p: &GemmCore) -> String {
     for c in 0..cols {
         let _ = writeln!(
             decl,
-            "reg signed [31:0] v_{c}, vm_{c}, vr_{c}, vw_{c}; reg signed [48:0] pm_{c}; reg [7:0] y_{c};\n\
+            "reg signed [31:0] v_{c}, vm_{c}, vs_{c}, vr_{c}, vw_{c}; reg signed [48:0] pm_{c}, rr_{c}; reg [7:0] y_{c};\n\
              wire signed [31:0] vb_{c} = shr_{c} + (part_out_q ? 32'd0 : prm_{c}[31:0]) + pin_{c};\n\
              wire [5:0] sf_{c} = prm_{c}[53:48];\n\
              wire signed [48:0] rd_{c} = (sf_{c} == 6'd0) ? pm_{c} : ((pm_{c} + (49'sd1 <<< (sf_{c} - 6'd1))) >>> sf_{c});"
@@ -405,10 +405,11 @@ fn gemm_verilog(p: &GemmCore) -> String {
         let _ = writeln!(
             lanes,
             "            if (ro_issue) v_{c} <= (relu_q && !part_out_q && vb_{c}[31]) ? 32'sd0 : vb_{c};\n\
-             \x20           if (pipe_adv) begin vm_{c} <= v_{c}; vr_{c} <= vm_{c}; end\n\
+             \x20           if (pipe_adv) begin vm_{c} <= v_{c}; vs_{c} <= vm_{c}; vr_{c} <= vs_{c}; end\n\
              \x20           if (wb_take) vw_{c} <= vr_{c};\n\
              \x20           if (pipe_adv) pm_{c} <= v_{c} * $signed({{1'b0, prm_{c}[47:32]}});\n\
-             \x20           if (pipe_adv) y_{c} <= (rd_{c} > 49'sd127) ? 8'd127 : ((rd_{c} < -49'sd128) ? 8'h80 : rd_{c}[7:0]);"
+             \x20           if (pipe_adv) rr_{c} <= rd_{c};\n\
+             \x20           if (pipe_adv) y_{c} <= (rr_{c} > 49'sd127) ? 8'd127 : ((rr_{c} < -49'sd128) ? 8'h80 : rr_{c}[7:0]);"
         );
         ywords.push(format!("y_{c}"));
     }
@@ -493,12 +494,12 @@ reg [31:0] prev_m0, prev_nt, cap_m0, cap_nt;
 reg [63:0] prev_ybase, cap_ybase, prev_pbase, cap_pbase;
 
 // ---- read-out ----
-// rows flow through add -> multiply -> round (one row per stage), then a one-word writer
+// rows flow through add -> multiply -> round/shift -> saturate (one row per stage), then a one-word writer
 reg ro_prm, ro_iss, ro_par;
 reg [{arh}:0] ro_r;
 reg [31:0] ro_m0, ro_nt;
-reg [63:0] ro_addr, ro_paddr, a_addr, m_addr, r_addr, w_addr;
-reg a_v, m_v, r_v;
+reg [63:0] ro_addr, ro_paddr, a_addr, m_addr, s_addr, r_addr, w_addr;
+reg a_v, m_v, s_v, r_v;
 reg [1:0] w_st, w_b;
 reg [{dh}:0] w_word;
 wire w_lastb = !part_out_q || w_b == 2'd3;
@@ -525,7 +526,7 @@ always @(posedge clock) begin
         running <= 1'b0;
         g_ph <= P_IDLE; c_ph <= P_IDLE; ro_prm <= 1'b0; ro_iss <= 1'b0;
         cap_pending <= 1'b0; ro_busy <= 1'b0; has_prev <= 1'b0; cap_has <= 1'b0;
-        a_v <= 1'b0; m_v <= 1'b0; r_v <= 1'b0; w_st <= W_IDLE;
+        a_v <= 1'b0; m_v <= 1'b0; s_v <= 1'b0; r_v <= 1'b0; w_st <= W_IDLE;
     end else begin
         if (start && !running) begin
             if (args_ok) begin
@@ -540,7 +541,7 @@ always @(posedge clock) begin
                 c_m0 <= 32'd0; c_nt <= 32'd0; c_r <= 0; c_widx <= 32'd0; c_yrow <= ptr3;
                 cap_pending <= 1'b0; ro_busy <= 1'b0; has_prev <= 1'b0; cap_has <= 1'b0;
                 fl_sent <= 1'b0; fl_cnt <= 8'd0; ro_prm <= 1'b0; ro_iss <= 1'b0;
-                a_v <= 1'b0; m_v <= 1'b0; r_v <= 1'b0; w_st <= W_IDLE;
+                a_v <= 1'b0; m_v <= 1'b0; s_v <= 1'b0; r_v <= 1'b0; w_st <= W_IDLE;
             end else begin
                 done <= 1'b1;
             end
@@ -655,7 +656,8 @@ always @(posedge clock) begin
         if (pipe_adv) begin
             a_v <= ro_issue; a_addr <= part_out_q ? ro_paddr : ro_addr;
             m_v <= a_v; m_addr <= a_addr;
-            r_v <= m_v; r_addr <= m_addr;
+            s_v <= m_v; s_addr <= m_addr;
+            r_v <= s_v; r_addr <= s_addr;
         end
         if (wb_take) begin
             w_st <= W_REQ; w_addr <= r_addr; w_word <= {{{yword}}}; w_b <= 2'd0;
@@ -663,7 +665,7 @@ always @(posedge clock) begin
         else if (w_st == W_DAT && wr_data_ready) begin
             if (w_lastb) w_st <= W_IDLE; else w_b <= w_b + 2'd1;
         end
-        if (ro_busy && !ro_prm && !ro_iss && !a_v && !m_v && !r_v && w_st == W_IDLE) ro_busy <= 1'b0;
+        if (ro_busy && !ro_prm && !ro_iss && !a_v && !m_v && !s_v && !r_v && w_st == W_IDLE) ro_busy <= 1'b0;
     end
     if (!reset) begin
 {lanes}    end
