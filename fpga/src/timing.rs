@@ -113,7 +113,8 @@ const ROUTER_FIXED: u64 = 12;
 /// of `r` rows, its x rows (`r Kp / L` beats), then each of the `Np / L` column tiles streams
 /// `Kp` beats, but no faster than the read-out of the previous tile (`14 + L/2 + 3 r`
 /// cycles: the flag's walk to the last PE past `L/2` PEs of lane pairs, then add, multiply,
-/// round, one beat per row); the last read-out drains at the end (`19 + L/2 + 3 r`).
+/// round/shift, saturate, one beat per row); the last read-out drains at the end
+/// (`19 + L/2 + 3 r`).
 /// Fitted to the simulated rows-8 builds (8 and 64 lanes).
 pub fn gemm_cycles(c: &GemmCore, m: u64, np: u64, kp: u64, mem: &MemTiming) -> u64 {
     let rows = u64::from(c.rows).max(1);

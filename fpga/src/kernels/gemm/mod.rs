@@ -16,8 +16,8 @@
 //!   travelling with x makes each PE move its finished sums into shadow registers and
 //!   restart, so tiles follow each other without a bubble.
 //! - *read-out*, while the next tile streams: row by row, the `L` shadows get bias, ReLU and
-//!   requantisation (a 3-stage pipeline, one row per stage) and are written as one beat of y
-//!   (a request and a data handshake per row).
+//!   requantisation (a 4-stage pipeline: add, multiply, round/shift, saturate; one row per
+//!   stage) and are written as one beat of y (a request and a data handshake per row).
 //!
 //! Arguments: `x` (ptr0, int8 `[M][K]`), `w` (ptr1, packed), `params` (ptr2, packed), `y`
 //! (ptr3, int8 `[M][N]`), `m` (arg0), `n` (arg1, a multiple of L), `k` (arg2, a multiple of
