@@ -1,6 +1,7 @@
 //! Projected cycles, time and throughput at the target clock from the analytic cycle models
 //! (`tandem_fpga::timing`, within 5% of the RTL on the shapes `sim/tests/cycle_model.rs`
-//! checks) for the U55C-sized builds: GEMM T4096 x 4096 x 4096 and attention N 4096, d 128,
+//! checks) for the U55C-sized builds: GEMM T4096 x 4096 x 4096 (the 64-bit build and the
+//! card-sized 512-bit one) and attention N 4096, d 128,
 //! causal and not, one head, and a GQA group of 4 heads. `cargo run -p tandem-fpga --example
 //! project_cycles`.
 
@@ -34,6 +35,28 @@ fn main() {
         c,
         2.0 * (m * n * 14336) as f64,
     );
+    // the card-sized GEMM: 64 x 64 lanes on a 512-bit port, memory serving a beat a cycle
+    let wide = GemmCore::u55c_wide();
+    let wmem = MemTiming {
+        bytes_per_cycle: 64.0,
+        ..MemTiming::default()
+    };
+    for kk in [4096u64, 14336] {
+        let c = timing::gemm_split_cycles(&wide, m, n, kk, &wmem);
+        let ideal = m.div_ceil(u64::from(wide.rows)) * n.div_ceil(u64::from(wide.lanes)) * kk;
+        line(
+            &format!(
+                "GEMM {m}x{n}x{kk} on the card build rows {} x lanes {} ({} MACs, 512-bit port; \
+                 array busy {:.1}%)",
+                wide.rows,
+                wide.lanes,
+                wide.macs(),
+                100.0 * ideal as f64 / c as f64
+            ),
+            c,
+            2.0 * (m * n * kk) as f64,
+        );
+    }
     let a = AttentionCore::u55c();
     let (nq, d) = (4096u64, 128u64);
     for causal in [false, true] {

@@ -1,4 +1,5 @@
-//! Resources and logic depth per pipeline stage of a router build, from yosys: the whole kernel
+//! Resources and logic depth per pipeline stage of a kernel build (the router unless a kernel
+//! is named first), from yosys: the whole kernel
 //! (shell + core) through `synth_xilinx -family xcup -flatten`, its cell counts (`stat`), the
 //! longest path (`ltp -noff`), and for every group of registers (a pipeline stage: `p2d_*`,
 //! `d3*`, `tv_*`, ...) the deepest combinational cone that feeds it, counted in cells on the
@@ -7,6 +8,7 @@
 //! -2 part). Registers and block RAM end a path; a LUTRAM's read is combinational from its
 //! address, its write ends a path.
 //! `cargo run --release -p tandem-fpga --example router_depth -- e_max=256,k_max=8,lanes=4`
+//! `cargo run -p tandem-fpga --example router_depth -- gemm rows=1,lanes=64,k_max=4096,n_max=4096`
 
 use std::collections::HashMap;
 use std::process::Command;
@@ -63,15 +65,21 @@ fn stage_of(name: &str) -> String {
 
 #[allow(clippy::disallowed_methods)] // KEEP is this example's own switch, not a run option
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let arg = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| "e_max=256,k_max=8,lanes=4".into());
-    let core = core_for("router", &parse_params(&arg)?)?;
-    let dir = std::env::temp_dir().join(format!("tandem-router-depth-{}", std::process::id()));
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (kernel, arg) = match args.first() {
+        Some(a) if !a.contains('=') => (a.clone(), args.get(1).cloned().unwrap_or_default()),
+        Some(a) => ("router".to_string(), a.clone()),
+        None => (
+            "router".to_string(),
+            "e_max=256,k_max=8,lanes=4".to_string(),
+        ),
+    };
+    let core = core_for(&kernel, &parse_params(&arg)?)?;
+    let dir = std::env::temp_dir().join(format!("tandem-{kernel}-depth-{}", std::process::id()));
     let e = tandem_fpga::emit::emit(core.as_ref(), ShellConfig::default(), &dir)?;
-    let json = dir.join("router.json");
+    let json = dir.join(format!("{kernel}.json"));
     let script = format!(
-        "read_verilog -sv {}; synth_xilinx -family xcup -flatten -top router; stat; ltp -noff; write_json {}",
+        "read_verilog -sv {}; synth_xilinx -family xcup -flatten -top {kernel}; stat; ltp -noff; write_json {}",
         e.verilog.display(),
         json.display()
     );
@@ -86,7 +94,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .rfind("Number of cells")
         .map_or(&text[..], |i| &text[i..]);
     let r = tandem_fpga::synth::parse_stat(stat);
-    println!("router {:?}: {r:?} ({secs:.0} s of yosys)", core.params());
+    println!("{kernel} {:?}: {r:?} ({secs:.0} s of yosys)", core.params());
     for l in text
         .lines()
         .filter(|l| l.contains("Longest topological path"))
@@ -95,7 +103,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let netlist: Value = serde_json::from_str(&std::fs::read_to_string(&json)?)?;
-    let m = &netlist["modules"]["router"];
+    let m = &netlist["modules"][kernel.as_str()];
     // names of nets, preferring the ones the designer wrote
     let mut name_of: HashMap<u64, (bool, String)> = HashMap::new();
     if let Some(nets) = m["netnames"].as_object() {

@@ -80,8 +80,19 @@ pub struct CorePort {
     pub width: usize,
 }
 
-/// Every port a core has, in a fixed order.
+/// Data widths of the core's read/write ports (and the shell's `m_axi_gmem`) a kernel may
+/// build with: 64 (every kernel's default) and the wider AXI widths Vitis uses (512 is its
+/// default for `m_axi` on the card).
+pub const DATA_BITS: &[u32] = &[64, 128, 256, 512];
+
+/// Every port a core has, in a fixed order, with 64-bit data ports (see [`core_ports_w`]).
 pub fn core_ports() -> Vec<CorePort> {
+    core_ports_w(64)
+}
+
+/// Every port a core with `data_bits`-bit `rd_data` / `wr_data` (and `data_bits / 8` bits of
+/// `wr_strb`) has, in a fixed order.
+pub fn core_ports_w(data_bits: usize) -> Vec<CorePort> {
     use PortDir::{In, Out};
     let mut v = Vec::new();
     let mut p = |name: &str, dir, width| {
@@ -108,15 +119,15 @@ pub fn core_ports() -> Vec<CorePort> {
     p("rd_req_len", Out, 32);
     p("rd_data_valid", In, 1);
     p("rd_data_ready", Out, 1);
-    p("rd_data", In, 64);
+    p("rd_data", In, data_bits);
     p("wr_req_valid", Out, 1);
     p("wr_req_ready", In, 1);
     p("wr_req_addr", Out, 64);
     p("wr_req_len", Out, 32);
     p("wr_data_valid", Out, 1);
     p("wr_data_ready", In, 1);
-    p("wr_data", Out, 64);
-    p("wr_strb", Out, 8);
+    p("wr_data", Out, data_bits);
+    p("wr_strb", Out, data_bits / 8);
     v
 }
 
@@ -194,6 +205,14 @@ pub trait KernelCore: fmt::Debug + Send + Sync {
     /// Verilog of the module `<name>_core` (and any modules it instantiates, whose names
     /// must start with `<name>_core`).
     fn core_verilog(&self) -> Result<String, CoreError>;
+
+    /// Width in bits of the core's `rd_data` / `wr_data` ports, which the shell's
+    /// `m_axi_gmem` data bus follows: one of [`DATA_BITS`]; 64 unless the kernel says
+    /// otherwise. Requests then count beats of `data_bits / 8` bytes, at addresses aligned
+    /// to that many bytes.
+    fn data_bits(&self) -> u32 {
+        64
+    }
 }
 
 /// Generates the Verilog of a rust-hdl block that follows the core contract, as the module
@@ -224,8 +243,13 @@ pub fn rename_top(verilog: &str, name: &str) -> String {
 }
 
 /// Checks that `module` in `verilog` declares exactly the contract's ports with the right
-/// directions and widths.
+/// directions and widths (64-bit data ports).
 pub fn check_core_ports(verilog: &str, module: &str) -> Result<(), CoreError> {
+    check_core_ports_w(verilog, module, 64)
+}
+
+/// [`check_core_ports`] for a core with `data_bits`-bit data ports.
+pub fn check_core_ports_w(verilog: &str, module: &str, data_bits: usize) -> Result<(), CoreError> {
     let err = |msg: String| CoreError::Ports {
         module: module.to_string(),
         msg,
@@ -255,7 +279,7 @@ pub fn check_core_ports(verilog: &str, module: &str) -> Result<(), CoreError> {
             Some((dir.to_string(), name, width))
         })
         .collect();
-    for p in core_ports() {
+    for p in core_ports_w(data_bits) {
         let dir = match p.dir {
             PortDir::In => "input",
             PortDir::Out => "output",
@@ -278,7 +302,12 @@ pub fn check_core_ports(verilog: &str, module: &str) -> Result<(), CoreError> {
 /// order and widths the shell expects, one declaration per line; outputs are `reg` except
 /// those named in `wire_outputs`.
 pub(crate) fn core_header(module: &str, wire_outputs: &[&str]) -> String {
-    let ports = core_ports();
+    core_header_w(module, wire_outputs, 64)
+}
+
+/// [`core_header`] with `data_bits`-bit data ports.
+pub(crate) fn core_header_w(module: &str, wire_outputs: &[&str], data_bits: usize) -> String {
+    let ports = core_ports_w(data_bits);
     let names: Vec<&str> = ports.iter().map(|p| p.name.as_str()).collect();
     let mut s = format!("module {module}({});\n", names.join(", "));
     for p in &ports {

@@ -56,12 +56,20 @@ pub struct Manifest {
     /// before the field existed reads as [`crate::DEFAULT_CLOCK_MHZ`]).
     #[serde(default = "default_clock_mhz")]
     pub clock_mhz: f64,
+    /// Width of the `m_axi_gmem` data bus in bits ([`KernelCore::data_bits`]; a manifest
+    /// written before the field existed reads as 64).
+    #[serde(default = "default_data_bits")]
+    pub data_bits: u32,
     /// Register map of the arguments.
     pub args: Vec<ArgSlot>,
     /// SHA-256 of the Verilog, hex.
     pub verilog_sha256: String,
     /// The Verilog file name.
     pub verilog: String,
+}
+
+fn default_data_bits() -> u32 {
+    64
 }
 
 fn default_clock_mhz() -> f64 {
@@ -113,6 +121,7 @@ pub fn generate(core: &dyn KernelCore, cfg: ShellConfig) -> Result<(String, Mani
         params: core.params(),
         shell: cfg,
         clock_mhz: crate::DEFAULT_CLOCK_MHZ,
+        data_bits: core.data_bits(),
         args: desc.slots()?,
         verilog_sha256: hash,
         verilog: format!("{}.v", core.name()),

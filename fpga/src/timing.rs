@@ -32,8 +32,14 @@ impl Default for MemTiming {
 impl MemTiming {
     /// Cycles to stream `words` 64-bit words through the port (one per cycle at most).
     fn stream(&self, words: u64) -> u64 {
-        let per_word = (8.0 / self.bytes_per_cycle.max(1e-3)).max(1.0);
-        (words as f64 * per_word).ceil() as u64
+        self.stream_beats(words, 8)
+    }
+
+    /// Cycles to stream `beats` beats of `beat_bytes` bytes through the port (one per cycle
+    /// at most).
+    fn stream_beats(&self, beats: u64, beat_bytes: u64) -> u64 {
+        let per_beat = (beat_bytes as f64 / self.bytes_per_cycle.max(1e-3)).max(1.0);
+        (beats as f64 * per_beat).ceil() as u64
     }
 
     /// Cycles a compute loop of `cycles` takes when it reads `words` along the way: the
@@ -102,25 +108,29 @@ pub fn router_cycles_with(
 /// write-out's hand-shakes), fitted.
 const ROUTER_FIXED: u64 = 12;
 
-/// The GEMM (output-stationary, `rows x 8` PEs, one k per cycle): the parameters (`Np` words)
-/// once; per M tile of `r` rows, its x rows (`r Kp / 8` words), then each of the `Np / 8`
-/// column tiles streams `Kp` words, but no faster than the read-out of the previous tile
-/// (`22 + 3 r` cycles: add, multiply, round, one word per row); the last read-out drains at
-/// the end. Fitted to the simulated rows-8 build.
+/// The GEMM (output-stationary, `rows x L` lanes, `L = c.lanes` int8 per beat of `L` bytes,
+/// one k per cycle): the parameters (`Np` 8-byte words, `Np 8 / L` beats) once; per M tile
+/// of `r` rows, its x rows (`r Kp / L` beats), then each of the `Np / L` column tiles streams
+/// `Kp` beats, but no faster than the read-out of the previous tile (`14 + L/2 + 3 r`
+/// cycles: the flag's walk to the last PE past `L/2` PEs of lane pairs, then add, multiply,
+/// round/shift, saturate, one beat per row); the last read-out drains at the end
+/// (`19 + L/2 + 3 r`).
+/// Fitted to the simulated rows-8 builds (8 and 64 lanes).
 pub fn gemm_cycles(c: &GemmCore, m: u64, np: u64, kp: u64, mem: &MemTiming) -> u64 {
     let rows = u64::from(c.rows).max(1);
-    let nt = np / 8;
-    let mut total = mem.stream(np);
+    let l = u64::from(c.lanes).max(8);
+    let nt = np / l;
+    let mut total = mem.stream_beats(np * 8 / l, l);
     let mut left = m;
     let mut last = 0;
     while left > 0 {
         let r = left.min(rows);
-        let readout = 22 + 3 * r;
-        total += mem.stream(r * kp / 8) + nt * mem.stream(kp).max(readout);
+        let readout = 14 + l / 2 + 3 * r;
+        total += mem.stream_beats(r * kp / l, l) + nt * mem.stream_beats(kp, l).max(readout);
         last = r;
         left -= r;
     }
-    total + 27 + 3 * last + overhead(mem)
+    total + 19 + l / 2 + 3 * last + overhead(mem)
 }
 
 /// [`gemm_cycles`] for a pass of a K split (`mode`: [`crate::kernels::gemm::MODE_ACC_IN`],
@@ -134,27 +144,28 @@ pub fn gemm_cycles_mode(c: &GemmCore, m: u64, np: u64, kp: u64, mode: u32, mem: 
         return gemm_cycles(c, m, np, kp, mem);
     }
     let rows = u64::from(c.rows).max(1);
-    let nt = np / 8;
+    let l = u64::from(c.lanes).max(8);
+    let nt = np / l;
     let per_row = if part_out { GEMM_PART_ROW } else { 3 };
-    let mut total = mem.stream(np);
+    let mut total = mem.stream_beats(np * 8 / l, l);
     let mut left = m;
     let mut last = 0;
     while left > 0 {
         let r = left.min(rows);
-        let readout = 22 + per_row * r;
+        let readout = 14 + l / 2 + per_row * r;
         // ACC_IN: a tile's partials are read before its W stream, and only once the
         // read-out of the tile two back (same buffer half) is over, so the partial read
         // does not overlap the read-out: per tile `pin + max(Kp, read-out)`.
         let per_tile = if acc_in {
-            mem.stream(4 * r) + GEMM_PART_IN_FIXED + mem.stream(kp).max(readout)
+            mem.stream_beats(4 * r, l) + GEMM_PART_IN_FIXED + mem.stream_beats(kp, l).max(readout)
         } else {
-            mem.stream(kp).max(readout)
+            mem.stream_beats(kp, l).max(readout)
         };
-        total += mem.stream(r * kp / 8) + nt * per_tile;
+        total += mem.stream_beats(r * kp / l, l) + nt * per_tile;
         last = r;
         left -= r;
     }
-    total + 27 + per_row * last + overhead(mem)
+    total + 19 + l / 2 + per_row * last + overhead(mem)
 }
 
 /// Cycles per row of a PART_OUT read-out (request + 4 data beats + the handshakes).
@@ -165,16 +176,17 @@ const GEMM_PART_IN_FIXED: u64 = 2;
 /// A K-split GEMM as [`crate::drive::run_gemm_split`] runs it: one launch per (N chunk of at
 /// most `n_max`, K pass of at most `k_max`); the sum of their cycles.
 pub fn gemm_split_cycles(c: &GemmCore, m: u64, n: u64, k: u64, mem: &MemTiming) -> u64 {
-    use crate::kernels::gemm::{MODE_ACC_IN, MODE_PART_OUT, pad8};
+    use crate::kernels::gemm::{MODE_ACC_IN, MODE_PART_OUT};
+    let pad = |v: usize| c.pad(v);
     let (n_max, k_max) = (u64::from(c.n_max).max(8), u64::from(c.k_max).max(8));
     if n <= n_max && k <= k_max {
-        return gemm_cycles(c, m, pad8(n as usize) as u64, pad8(k as usize) as u64, mem);
+        return gemm_cycles(c, m, pad(n as usize) as u64, pad(k as usize) as u64, mem);
     }
     let passes = crate::golden::gemm::k_passes(k as usize, k_max as usize);
     let mut total = 0;
     let mut n0 = 0;
     while n0 < n {
-        let nc = pad8((n - n0).min(n_max) as usize) as u64;
+        let nc = pad((n - n0).min(n_max) as usize) as u64;
         for (i, r) in passes.iter().enumerate() {
             let mode = if i == 0 { 0 } else { MODE_ACC_IN }
                 | if i + 1 == passes.len() {
@@ -182,7 +194,7 @@ pub fn gemm_split_cycles(c: &GemmCore, m: u64, n: u64, k: u64, mem: &MemTiming) 
                 } else {
                     MODE_PART_OUT
                 };
-            total += gemm_cycles_mode(c, m, nc, pad8(r.len()) as u64, mode, mem);
+            total += gemm_cycles_mode(c, m, nc, pad(r.len()) as u64, mode, mem);
         }
         n0 += n_max;
     }

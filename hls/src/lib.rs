@@ -39,6 +39,20 @@ mod ffi {
             relu: i32,
             mode: i32,
         ) -> i32;
+        pub fn gemm_kernel_pass_wide(
+            x: *const i8,
+            w: *const i8,
+            bias: *const i32,
+            mult: *const u16,
+            shift: *const u8,
+            y: *mut i8,
+            part: *mut i32,
+            m: i32,
+            n: i32,
+            k: i32,
+            relu: i32,
+            mode: i32,
+        ) -> i32;
         pub fn attention_kernel(
             q: *const i8,
             k: *const i8,
@@ -218,7 +232,38 @@ pub fn gemm_split(
     d: GemmDims,
     k_max: usize,
 ) -> Result<Vec<i8>, HlsError> {
+    gemm_split_lanes(8, x, w, bias, rq, relu, d, k_max)
+}
+
+/// Lanes (output columns per tile) of the HLS GEMM's wide build, `gemm_kernel_pass_wide`:
+/// the int8 of one 512-bit beat (`GEMM_TN_WIDE`).
+pub const GEMM_LANES_WIDE: usize = 64;
+
+/// [`gemm_split`] on the HLS GEMM with `lanes` output columns per tile: 8
+/// (`gemm_kernel_pass`, the 64-bit build) or [`GEMM_LANES_WIDE`] (`gemm_kernel_pass_wide`,
+/// the 512-bit build); other counts are refused.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_split_lanes(
+    lanes: usize,
+    x: &[i8],
+    w: &[i8],
+    bias: &[i32],
+    rq: &[Requant],
+    relu: bool,
+    d: GemmDims,
+    k_max: usize,
+) -> Result<Vec<i8>, HlsError> {
     let kn = "gemm";
+    let pass = match lanes {
+        8 => ffi::gemm_kernel_pass,
+        GEMM_LANES_WIDE => ffi::gemm_kernel_pass_wide,
+        _ => {
+            return Err(HlsError::Range {
+                kernel: kn,
+                dims: format!("lanes {lanes} (built: 8 and {GEMM_LANES_WIDE})"),
+            });
+        }
+    };
     check(kn, "x", x.len(), d.m * d.k)?;
     check(kn, "w", w.len(), d.n * d.k)?;
     check(kn, "bias", bias.len(), d.n)?;
@@ -238,7 +283,7 @@ pub fn gemm_split(
         // SAFETY: x, w are [m][kk] and [n][kk], bias/mult/shift [n], y and part [m][n]; the C
         // function reads and writes only within those bounds.
         let rc = unsafe {
-            ffi::gemm_kernel_pass(
+            pass(
                 xs.as_ptr(),
                 ws.as_ptr(),
                 bias.as_ptr(),

@@ -15,6 +15,10 @@
 // Output tile (rows of x by rows of w) computed by the MAC array at once.
 #define GEMM_TM 8
 #define GEMM_TN 8
+// Lanes of the wide build (gemm_kernel_pass_wide): the int8 of one 512-bit beat.
+#ifndef GEMM_TN_WIDE
+#define GEMM_TN_WIDE 64
+#endif
 // Largest inner dimension held on chip.
 #define GEMM_MAX_K 4096
 // `mode` bits of a K-split pass: add the int32 partials in `part` (ACC_IN); write the sums to
@@ -63,6 +67,11 @@ int gemm_kernel(const int8_t *x, const int8_t *w, const int32_t *bias, const uin
 int gemm_kernel_pass(const int8_t *x, const int8_t *w, const int32_t *bias,
                      const uint16_t *mult, const uint8_t *shift, int8_t *y, int32_t *part,
                      int m, int n, int k, int relu, int mode);
+
+// gemm_kernel_pass with GEMM_TN_WIDE output columns per tile (the 512-bit build's lanes).
+int gemm_kernel_pass_wide(const int8_t *x, const int8_t *w, const int32_t *bias,
+                          const uint16_t *mult, const uint8_t *shift, int8_t *y,
+                          int32_t *part, int m, int n, int k, int relu, int mode);
 
 // One attention head, see fpga::golden::attention. e_out and l_out get the final exponent and
 // running sum of each row. Returns 0, or -1 when out of range.

@@ -373,3 +373,64 @@ fn attention_gqa_groups_and_kv_ranges_match_golden() {
         }
     }
 }
+
+#[test]
+fn wide_gemm_matches_golden() {
+    // The 512-bit build's 64 lanes (gemm_kernel_pass_wide): N over several 64-column tiles
+    // and odd, K split over passes, extreme operands (-128 x -128 on both products of a
+    // multiplier) and wrapping biases.
+    let mut rng = ChaCha8Rng::seed_from_u64(64);
+    let lanes = tandem_hls::GEMM_LANES_WIDE;
+    for &(m, n, k, pass) in &[
+        (1, 1, 1, 4096),
+        (9, 67, 131, 4096),
+        (10, 130, 300, 64),
+        (3, 64, 64, 16),
+        (17, 200, 77, 40),
+    ] {
+        let d = GemmDims { m, n, k };
+        for (relu, extreme) in [(false, false), (true, true)] {
+            let x = rand_i8(&mut rng, m * k, true);
+            let w = rand_i8(&mut rng, n * k, true);
+            let bias: Vec<i32> = (0..n)
+                .map(|_| {
+                    if extreme {
+                        rng.r#gen()
+                    } else {
+                        rng.gen_range(-5_000..5_000)
+                    }
+                })
+                .collect();
+            let rq: Vec<Requant> = (0..n)
+                .map(|_| Requant {
+                    mult: rng.r#gen(),
+                    shift: if extreme {
+                        rng.gen_range(0..=47)
+                    } else {
+                        rng.gen_range(22..=28)
+                    },
+                })
+                .collect();
+            let want = ggemm::gemm(&x, &w, &bias, &rq, relu, d).expect("golden");
+            let got = tandem_hls::gemm_split_lanes(lanes, &x, &w, &bias, &rq, relu, d, pass)
+                .expect("hls wide");
+            assert_eq!(got, want, "{d:?} passes of {pass} relu={relu}");
+        }
+    }
+    // every operand -128: both packed products at their extreme
+    let d = GemmDims { m: 4, n: 70, k: 64 };
+    let (x, w) = (vec![-128i8; d.m * d.k], vec![-128i8; d.n * d.k]);
+    let bias: Vec<i32> = (0..d.n as i32).map(|i| i32::MAX - i * 1000).collect();
+    let rq = vec![
+        Requant {
+            mult: 65535,
+            shift: 20
+        };
+        d.n
+    ];
+    let want = ggemm::gemm(&x, &w, &bias, &rq, false, d).expect("golden");
+    let got =
+        tandem_hls::gemm_split_lanes(lanes, &x, &w, &bias, &rq, false, d, 4096).expect("hls wide");
+    assert_eq!(got, want);
+    assert!(tandem_hls::gemm_split_lanes(12, &x, &w, &bias, &rq, false, d, 4096).is_err());
+}

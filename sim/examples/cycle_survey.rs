@@ -44,6 +44,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             rows: 8,
             k_max: 4096,
             n_max: 4096,
+            lanes: 8,
         };
         c.load_core(&core, ShellConfig::default())?;
         for &m in &[1usize, 8, 13, 40] {

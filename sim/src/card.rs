@@ -242,6 +242,8 @@ impl FpgaDevice for SimCard {
         self.model = Some(Model::load(&lib, self.cfg.vcd.as_deref())?);
         self.desc = Some(desc.clone());
         self.build_clock_mhz = Some(manifest.clock_mhz);
+        // the memory serves beats as wide as the kernel's m_axi_gmem data bus
+        self.mem.beat_bytes = u64::from(manifest.data_bits / 8).clamp(8, 64);
         self.reset()
     }
 

@@ -428,6 +428,15 @@ impl FpgaDevice for IcarusCard {
             ));
         };
         let manifest = Manifest::read(dir).map_err(|e| load_err(&desc.name, e.to_string()))?;
+        if manifest.data_bits != 64 {
+            return Err(load_err(
+                &desc.name,
+                format!(
+                    "the Icarus testbench drives a 64-bit m_axi_gmem; this build's is {} bits",
+                    manifest.data_bits
+                ),
+            ));
+        }
         let vvp_file = self.compile(dir, &manifest)?;
         self.vvp = None;
         self.bufs.clear();

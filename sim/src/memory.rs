@@ -61,6 +61,9 @@ pub struct Memory {
     writes: VecDeque<Burst>,
     bresp: VecDeque<u64>,
     credit: f64,
+    /// Bytes of one beat of the kernel's data bus (8 for a 64-bit `m_axi_gmem`, up to 64 for
+    /// a 512-bit one): set from the loaded kernel's manifest.
+    pub beat_bytes: u64,
     /// Error raised by a bad access from the kernel.
     pub fault: Option<String>,
 }
@@ -76,6 +79,7 @@ impl Memory {
             writes: VecDeque::new(),
             bresp: VecDeque::new(),
             credit: 0.0,
+            beat_bytes: 8,
             fault: None,
         }
     }
@@ -184,6 +188,25 @@ impl Memory {
         }
     }
 
+    /// One beat of `beat_bytes` at `addr`, 64 bits a word.
+    fn read_beat(&mut self, addr: u64) -> [u64; 8] {
+        let mut out = [0u64; 8];
+        for (i, w) in out
+            .iter_mut()
+            .enumerate()
+            .take((self.beat_bytes / 8) as usize)
+        {
+            *w = self.read_word(addr + 8 * i as u64);
+        }
+        out
+    }
+
+    fn write_beat(&mut self, addr: u64, data: &[u64; 8], strb: u64) {
+        for (i, w) in data.iter().enumerate().take((self.beat_bytes / 8) as usize) {
+            self.write_word(addr + 8 * i as u64, *w, strb >> (8 * i) & 0xFF);
+        }
+    }
+
     fn write_word(&mut self, addr: u64, data: u64, strb: u64) {
         match self.bytes_mut(addr, 8) {
             Some(s) => {
@@ -203,7 +226,8 @@ impl Memory {
 
     /// Sets the slave's outputs for cycle `now`.
     pub fn drive(&mut self, now: u64, i: &mut PinsIn) {
-        self.credit = (self.credit + self.cfg.bytes_per_cycle).min(64.0);
+        let beat = self.beat_bytes as f64;
+        self.credit = (self.credit + self.cfg.bytes_per_cycle).min(64.0f64.max(beat));
         i.m_arready = u64::from(self.reads.len() < self.cfg.max_outstanding);
         i.m_awready = u64::from(self.writes.len() < self.cfg.max_outstanding);
         i.m_wready = u64::from(!self.writes.is_empty());
@@ -212,11 +236,12 @@ impl Memory {
         i.m_rresp = 0;
         if let Some(r) = self.reads.front()
             && r.ready_at <= now
-            && self.credit >= 8.0
+            && self.credit >= beat
         {
-            let (addr, last) = (r.addr + 8 * r.done, r.done + 1 == r.beats);
+            let (addr, last) = (r.addr + self.beat_bytes * r.done, r.done + 1 == r.beats);
             i.m_rvalid = 1;
-            i.m_rdata = self.read_word(addr);
+            i.m_rdata_w = self.read_beat(addr);
+            i.m_rdata = i.m_rdata_w[0];
             i.m_rlast = u64::from(last);
         }
         i.m_bvalid = u64::from(self.bresp.front().is_some_and(|&t| t <= now));
@@ -239,7 +264,7 @@ impl Memory {
             });
         }
         if i.m_rvalid == 1 && o.m_rready == 1 {
-            self.credit -= 8.0;
+            self.credit -= self.beat_bytes as f64;
             if let Some(r) = self.reads.front_mut() {
                 r.done += 1;
                 if r.done == r.beats {
@@ -249,10 +274,14 @@ impl Memory {
         }
         if o.m_wvalid == 1 && i.m_wready == 1 {
             let (addr, done, beats) = match self.writes.front() {
-                Some(w) => (w.addr + 8 * w.done, w.done + 1, w.beats),
+                Some(w) => (w.addr + self.beat_bytes * w.done, w.done + 1, w.beats),
                 None => return,
             };
-            self.write_word(addr, o.m_wdata, o.m_wstrb);
+            if self.beat_bytes == 8 {
+                self.write_word(addr, o.m_wdata, o.m_wstrb);
+            } else {
+                self.write_beat(addr, &o.m_wdata_w, o.m_wstrb);
+            }
             if (done == beats) != (o.m_wlast == 1) {
                 self.fault.get_or_insert_with(|| {
                     format!("wlast on beat {done} of a {beats}-beat burst at {addr:#x}")

@@ -55,6 +55,9 @@ pub struct PinsIn {
     pub m_rlast: u64,
     /// m_axi_gmem rresp.
     pub m_rresp: u64,
+    /// m_axi_gmem rdata, the whole beat: 64 bits a word, word 0 first (a 64-bit bus reads
+    /// word 0 only; up to 512 bits).
+    pub m_rdata_w: [u64; 8],
 }
 
 /// Outputs of the model.
@@ -103,6 +106,9 @@ pub struct PinsOut {
     pub m_rready: u64,
     /// interrupt.
     pub interrupt: u64,
+    /// m_axi_gmem wdata, the whole beat: 64 bits a word, word 0 first (`m_wdata` is word 0;
+    /// up to 512 bits).
+    pub m_wdata_w: [u64; 8],
 }
 
 type NewFn = unsafe extern "C" fn(*const c_char) -> *mut c_void;

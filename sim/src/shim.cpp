@@ -6,12 +6,29 @@
 #include "verilated.h"
 #include "verilated_vcd_c.h"
 
+// The m_axi_gmem data bus is 64 bits (Verilator: QData) or wider (VlWide<N>, 32-bit words).
+static void set_bus(QData& d, const uint64_t* w) { d = w[0]; }
+template <std::size_t N>
+static void set_bus(VlWide<N>& d, const uint64_t* w) {
+    for (std::size_t i = 0; i < N; i++) d[i] = static_cast<EData>(w[i / 2] >> (32 * (i % 2)));
+}
+static void get_bus(const QData& d, uint64_t* w) {
+    w[0] = d;
+    for (int i = 1; i < 8; i++) w[i] = 0;
+}
+template <std::size_t N>
+static void get_bus(const VlWide<N>& d, uint64_t* w) {
+    for (int i = 0; i < 8; i++) w[i] = 0;
+    for (std::size_t i = 0; i < N; i++) w[i / 2] |= static_cast<uint64_t>(d[i]) << (32 * (i % 2));
+}
+
 extern "C" {
 
 struct TsimIn {
     uint64_t ap_rst_n;
     uint64_t s_awvalid, s_awaddr, s_wvalid, s_wdata, s_wstrb, s_bready, s_arvalid, s_araddr, s_rready;
     uint64_t m_awready, m_wready, m_bvalid, m_bresp, m_arready, m_rvalid, m_rdata, m_rlast, m_rresp;
+    uint64_t m_rdata_w[8];  // the whole R beat, 64 bits a word (up to 512 bits)
 };
 
 struct TsimOut {
@@ -19,6 +36,7 @@ struct TsimOut {
     uint64_t m_awvalid, m_awaddr, m_awlen, m_wvalid, m_wdata, m_wstrb, m_wlast, m_bready;
     uint64_t m_arvalid, m_araddr, m_arlen, m_rready;
     uint64_t interrupt;
+    uint64_t m_wdata_w[8];  // the whole W beat, 64 bits a word (up to 512 bits)
 };
 
 struct Tsim {
@@ -28,7 +46,7 @@ struct Tsim {
     uint64_t time = 0;
 };
 
-uint32_t tsim_abi_version() { return 1; }
+uint32_t tsim_abi_version() { return 2; }
 
 void* tsim_new(const char* vcd_path) {
     Tsim* s = new Tsim();
@@ -72,7 +90,7 @@ void tsim_eval(void* h, const TsimIn* i, TsimOut* o) {
     t->m_axi_gmem_bresp = i->m_bresp;
     t->m_axi_gmem_arready = i->m_arready;
     t->m_axi_gmem_rvalid = i->m_rvalid;
-    t->m_axi_gmem_rdata = i->m_rdata;
+    set_bus(t->m_axi_gmem_rdata, i->m_rdata_w);
     t->m_axi_gmem_rlast = i->m_rlast;
     t->m_axi_gmem_rresp = i->m_rresp;
     t->eval();
@@ -89,7 +107,8 @@ void tsim_eval(void* h, const TsimIn* i, TsimOut* o) {
     o->m_awaddr = t->m_axi_gmem_awaddr;
     o->m_awlen = t->m_axi_gmem_awlen;
     o->m_wvalid = t->m_axi_gmem_wvalid;
-    o->m_wdata = t->m_axi_gmem_wdata;
+    get_bus(t->m_axi_gmem_wdata, o->m_wdata_w);
+    o->m_wdata = o->m_wdata_w[0];
     o->m_wstrb = t->m_axi_gmem_wstrb;
     o->m_wlast = t->m_axi_gmem_wlast;
     o->m_bready = t->m_axi_gmem_bready;

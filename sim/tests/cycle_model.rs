@@ -28,7 +28,15 @@ const SHAPES: usize = 32;
 const TOLERANCE: f64 = 0.05;
 
 fn cards(core: &dyn KernelCore) -> Option<(SimCard, ModelCard)> {
-    let mut rtl = match SimCard::open(SimConfig::default()) {
+    cards_with(core, tandem_sim::MemConfig::default())
+}
+
+/// Both cards with the memory `mem` (latency, bandwidth).
+fn cards_with(core: &dyn KernelCore, mem: tandem_sim::MemConfig) -> Option<(SimCard, ModelCard)> {
+    let mut rtl = match SimCard::open(SimConfig {
+        mem,
+        ..SimConfig::default()
+    }) {
         Ok(c) => c,
         Err(e) => {
             println!("SKIP: {e}");
@@ -37,7 +45,10 @@ fn cards(core: &dyn KernelCore) -> Option<(SimCard, ModelCard)> {
     };
     rtl.load_core(core, ShellConfig::default())
         .expect("RTL build loads");
-    let mut model = ModelCard::open(ModelConfig::default());
+    let mut model = ModelCard::open(ModelConfig {
+        mem,
+        ..ModelConfig::default()
+    });
     model
         .load_core(core, ShellConfig::default())
         .expect("model loads");
@@ -139,6 +150,7 @@ fn gemm_model_matches_the_rtl() {
         rows: 8,
         k_max: 4096,
         n_max: 4096,
+        lanes: 8,
     };
     let Some((mut rtl, mut model)) = cards(&core) else {
         return;
@@ -158,6 +170,49 @@ fn gemm_model_matches_the_rtl() {
         compare(&format!("gemm M={m} N={n} K={k}"), &sa, &sb, &mut diffs);
     }
     verdict("gemm", diffs);
+}
+
+#[test]
+fn wide_gemm_model_matches_the_rtl() {
+    // The 512-bit build (64 lanes, one beat of 64 bytes a cycle from memory): single launches
+    // and, with K past k_max, passes with int32 partials.
+    let core = GemmCore {
+        rows: 8,
+        k_max: 512,
+        n_max: 512,
+        lanes: 64,
+    };
+    let mem = tandem_sim::MemConfig {
+        bytes_per_cycle: 64.0,
+        ..tandem_sim::MemConfig::default()
+    };
+    let Some((mut rtl, mut model)) = cards_with(&core, mem) else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(0x6464);
+    let mut diffs = Vec::new();
+    for _ in 0..SHAPES {
+        let m = rng.gen_range(1..=48);
+        let n = rng.gen_range(1..=300);
+        let k = rng.gen_range(1..=700);
+        let d = GemmDims { m, n, k };
+        let p = GemmProblem::random(&mut rng, d, 20..=25);
+        let relu = rng.gen_bool(0.5);
+        let run = |c: &mut dyn FpgaDevice| {
+            run_gemm_split(c, &core, &p.x, &p.w, &p.bias, &p.rq, relu, d, T)
+        };
+        let (a, sa) = run(&mut rtl).expect("RTL");
+        let (b, sb) = run(&mut model).expect("model");
+        assert_eq!(a, b, "wide gemm {d:?}: outputs differ");
+        assert_eq!(a, p.golden(relu).expect("golden"), "wide gemm {d:?}");
+        compare(
+            &format!("wide gemm M={m} N={n} K={k}"),
+            &sa,
+            &sb,
+            &mut diffs,
+        );
+    }
+    verdict("wide gemm", diffs);
 }
 
 #[test]
@@ -214,6 +269,7 @@ fn gemm_split_model_matches_the_rtl() {
         rows: 8,
         k_max: 64,
         n_max: 64,
+        lanes: 8,
     };
     let Some((mut rtl, mut model)) = cards(&core) else {
         return;
@@ -330,6 +386,7 @@ fn both_cards_refuse_the_same_arguments_alike() {
         rows: 8,
         k_max: 4096,
         n_max: 4096,
+        lanes: 8,
     };
     let Some((mut rtl, mut model)) = cards(&core) else {
         return;

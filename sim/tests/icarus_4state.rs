@@ -97,6 +97,7 @@ fn gemm_4state_matches_golden_under_stalls() {
         rows: 4,
         k_max: 64,
         n_max: 32,
+        lanes: 8,
     };
     let Some(mut c) = card(&core, 22) else {
         return;

@@ -28,6 +28,7 @@ const GEMM: GemmCore = GemmCore {
     rows: 4,
     k_max: 256,
     n_max: 64,
+    lanes: 8,
 };
 const VECOPS: VecopsCore = VecopsCore { n_max: 256 };
 

@@ -17,6 +17,7 @@ const CORE: GemmCore = GemmCore {
     rows: 4,
     k_max: 256,
     n_max: 64,
+    lanes: 8,
 };
 
 fn sim() -> Option<&'static CoreSim> {
@@ -277,6 +278,7 @@ fn gemm_core_lints_and_synthesizes() {
         rows: 2,
         k_max: 64,
         n_max: 16,
+        lanes: 8,
     };
     let verilog = small.core_verilog().expect("verilog");
     if let Some(r) =

@@ -27,6 +27,7 @@ fn gemm_16x8_array_utilisation() {
         rows: 16,
         k_max: 1024,
         n_max: 512,
+        lanes: 8,
     };
     gemm_utilisation(core, &[(64, 512, 512)], 0.90);
 }

@@ -37,6 +37,7 @@ fn gemm_through_the_shell_matches_golden() {
         rows: 4,
         k_max: 256,
         n_max: 64,
+        lanes: 8,
     };
     let Some(mut c) = card(&core) else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(31);
@@ -100,6 +101,7 @@ fn gemm_k_and_n_split_through_the_shell_matches_golden() {
         rows: 4,
         k_max: 32,
         n_max: 16,
+        lanes: 8,
     };
     let Some(mut c) = card(&core) else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(33);

@@ -10,7 +10,7 @@ use rand::{Rng, SeedableRng};
 use tandem::backend::fpga::{CardInfo, FpgaBackend, model_factory, sim_factory};
 use tandem::backend::{Backend, DeviceKind, LaunchInfo, Support};
 use tandem::ops::{Activation, AttentionParams, LinearParams, MoeRouteParams, Op};
-use tandem::options::{FpgaOptions, SimMode};
+use tandem::options::{FpgaOptions, SimMode, SimProfile};
 use tandem::{Tensor, TensorMeta};
 
 fn backend(mode: SimMode) -> FpgaBackend {
@@ -157,6 +157,60 @@ fn the_modelled_card_takes_what_the_rtl_simulation_declines() {
     // The estimate the planner sees is the model's cycles at the clock.
     let est = model.estimate(&op, &metas);
     let device = info.device_time.expect("device time");
+    let rel = (est.as_secs_f64() - device.as_secs_f64()).abs() / device.as_secs_f64();
+    assert!(rel < 0.01, "estimate {est:?} vs modelled {device:?}");
+}
+
+#[test]
+fn the_u55c_profile_runs_the_card_sized_gemm() {
+    // TANDEM_FPGA_SIM_PROFILE=u55c: the backend loads the 64 x 64-lane GEMM on a 512-bit port
+    // (modelled here: the RTL of that size is minutes of Verilator). Same bits as the default
+    // 8-lane build, far fewer cycles, and the planner's estimate is the model's.
+    let make = |profile| {
+        let card = CardInfo {
+            kind: DeviceKind::FpgaSim,
+            index: 0,
+            name: "simulated card (model)".into(),
+            memory_bytes: 4 << 30,
+            details: Vec::new(),
+        };
+        let opts = FpgaOptions {
+            sim_mode: SimMode::Model,
+            sim_profile: profile,
+            ..FpgaOptions::default()
+        };
+        FpgaBackend::new(card, opts, sim_factory()).with_model(model_factory())
+    };
+    let (ci, card) = (make(SimProfile::Ci), make(SimProfile::U55c));
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(4096);
+    let op = Op::Linear(LinearParams {
+        act: Activation::Relu,
+        bias: true,
+    });
+    // N and K off the 64 lanes, K past k_max (two passes)
+    let inputs = vec![
+        random(&mut rng, &[130, 4200]),
+        random(&mut rng, &[333, 4200]),
+        random(&mut rng, &[333]),
+    ];
+    let (a, ia) = run(&ci, &op, &inputs);
+    let (b, ib) = run(&card, &op, &inputs);
+    assert_eq!(a, b, "the card-sized build computes the same bits");
+    let reference = op
+        .reference(&inputs.iter().map(Tensor::to_f64).collect::<Vec<_>>())
+        .expect("reference");
+    let err = tandem::tensor::rel_error(&b[0].to_f64(), &reference[0]);
+    assert!(err < 3e-2, "rel. error {err}");
+    let (ca, cb) = (ia.cycles.expect("cycles"), ib.cycles.expect("cycles"));
+    println!("ci build {ca} cycles, u55c build {cb} cycles");
+    // 64 x the MACs a cycle: at least 16 x fewer cycles on this shape
+    assert!(cb * 16 < ca, "u55c {cb} vs ci {ca} cycles");
+    let metas: Vec<TensorMeta> = inputs.iter().map(Tensor::meta).collect();
+    // the planner's estimate: the model's cycles at the clock plus the launch overhead
+    let est = card
+        .estimate(&op, &metas)
+        .saturating_sub(card.launch_overhead());
+    let device = ib.device_time.expect("device time");
     let rel = (est.as_secs_f64() - device.as_secs_f64()).abs() / device.as_secs_f64();
     assert!(rel < 0.01, "estimate {est:?} vs modelled {device:?}");
 }

@@ -69,6 +69,13 @@ pub fn combine_tokens(vecops: &VecopsCore, k: usize) -> usize {
 
 /// Whether the builds take experts of hidden size `h` and `k` slots per token (F is chunked).
 pub fn fits(gemm: &GemmCore, vecops: &VecopsCore, h: usize, k: usize) -> Result<(), String> {
+    if gemm.lanes != 8 {
+        return Err(format!(
+            "the experts sequence lays out its GEMM buffers for an 8-lane (64-bit) GEMM build; \
+             this one has {} lanes",
+            gemm.lanes
+        ));
+    }
     let lim = gemm.n_max.min(gemm.k_max).min(vecops.n_max) as usize;
     if h > lim {
         return Err(format!(

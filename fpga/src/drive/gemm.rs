@@ -1,6 +1,7 @@
 //! The GEMM kernel's driver: int8 `x [M, K]` times `w [N, K]`, per-column bias and
 //! requantisation, optional ReLU, to int8 `y [M, N]` (semantics:
-//! [`crate::golden::gemm::gemm`]). N and K are zero padded to multiples of 8 here.
+//! [`crate::golden::gemm::gemm`]). N and K are zero padded to multiples of the build's lanes
+//! here (8 on a 64-bit port, 64 on a 512-bit one).
 //!
 //! [`run_gemm`] is one launch (K and N within the build); [`run_gemm_split`] takes any K and N:
 //! N in chunks of at most `n_max` columns, and K in passes of at most `k_max` whose int32
@@ -15,14 +16,15 @@ use crate::device::{FpgaDevice, FpgaError, RunStats};
 use crate::golden::gemm::k_slice;
 use crate::golden::gemm::{GemmDims, MAX_SHIFT, Requant};
 use crate::kernels::gemm::{
-    GemmCore, MODE_ACC_IN, MODE_PART_OUT, pack_params, pack_w, pad_x, pad8,
+    GemmCore, MODE_ACC_IN, MODE_PART_OUT, pack_params_lanes, pack_w_lanes, pad_lanes, pad_x_lanes,
 };
 
 const KERNEL: &str = "gemm";
 
-/// Runs the GEMM kernel on `dev` (which must have it loaded): the arguments of
-/// [`crate::golden::gemm::gemm`], returning y int8 `[M, N]` and the run's counters. M may be
-/// 0 (the kernel finishes at once); N and K may not.
+/// Runs the GEMM kernel on `dev` (which must have an 8-lane build, a 64-bit port, loaded):
+/// the arguments of [`crate::golden::gemm::gemm`], returning y int8 `[M, N]` and the run's
+/// counters. M may be 0 (the kernel finishes at once); N and K may not. Any build:
+/// [`run_gemm_split`].
 #[allow(clippy::too_many_arguments)]
 pub fn run_gemm(
     dev: &mut dyn FpgaDevice,
@@ -34,9 +36,25 @@ pub fn run_gemm(
     d: GemmDims,
     timeout: Duration,
 ) -> Result<(Vec<i8>, RunStats), FpgaError> {
+    run_gemm_lanes(dev, 8, x, w, bias, rq, relu, d, timeout)
+}
+
+/// [`run_gemm`] for a build of `lanes` lanes (its layouts padded to multiples of `lanes`).
+#[allow(clippy::too_many_arguments)]
+fn run_gemm_lanes(
+    dev: &mut dyn FpgaDevice,
+    lanes: usize,
+    x: &[i8],
+    w: &[i8],
+    bias: &[i32],
+    rq: &[Requant],
+    relu: bool,
+    d: GemmDims,
+    timeout: Duration,
+) -> Result<(Vec<i8>, RunStats), FpgaError> {
     check_args(x, w, bias, rq, d)?;
     let GemmDims { m, n, k } = d;
-    let (np, kp) = (pad8(n), pad8(k));
+    let (np, kp) = (pad_lanes(n, lanes), pad_lanes(k, lanes));
     let scalars = [
         ("m", u32_of(KERNEL, "m", m)?),
         ("n", u32_of(KERNEL, "n", np)?),
@@ -46,9 +64,9 @@ pub fn run_gemm(
     ];
     let ybytes = m * np;
     with_scratch(dev, |dev, s: &mut Scratch| {
-        let bx = s.upload(dev, &bytes_of(&pad_x(x, m, k)))?;
-        let bw = s.upload(dev, &words(&pack_w(w, n, k)))?;
-        let bp = s.upload(dev, &words(&pack_params(bias, rq)))?;
+        let bx = s.upload(dev, &bytes_of(&pad_x_lanes(x, m, k, lanes)))?;
+        let bw = s.upload(dev, &pack_w_lanes(w, n, k, lanes))?;
+        let bp = s.upload(dev, &words(&pack_params_lanes(bias, rq, lanes)))?;
         let by = s.alloc(dev, ybytes)?;
         // mode 0 never touches `part`
         let pointers = [
@@ -121,8 +139,9 @@ pub fn run_gemm_split(
     check_args(x, w, bias, rq, d)?;
     let GemmDims { m, n, k } = d;
     let (n_max, k_max) = (core.n_max as usize, core.k_max as usize);
+    let lanes = core.lanes as usize;
     if n <= n_max && k <= k_max {
-        return run_gemm(dev, x, w, bias, rq, relu, d, timeout);
+        return run_gemm_lanes(dev, lanes, x, w, bias, rq, relu, d, timeout);
     }
     let mut y = vec![0i8; m * n];
     let mut total = RunStats::default();
@@ -140,6 +159,7 @@ pub fn run_gemm_split(
                 &rq[n0..n0 + nc],
                 relu,
                 (m, nc, k),
+                lanes,
                 &passes,
                 timeout,
             )
@@ -165,24 +185,25 @@ fn gemm_passes(
     rq: &[Requant],
     relu: bool,
     (m, n, k): (usize, usize, usize),
+    lanes: usize,
     passes: &[std::ops::Range<usize>],
     timeout: Duration,
 ) -> Result<(Vec<i8>, RunStats), FpgaError> {
-    let np = pad8(n);
+    let np = pad_lanes(n, lanes);
     let ybytes = m * np;
-    let bp = s.upload(dev, &words(&pack_params(bias, rq)))?;
+    let bp = s.upload(dev, &words(&pack_params_lanes(bias, rq, lanes)))?;
     let by = s.alloc(dev, ybytes)?;
     let bpart = s.alloc(dev, m * np * 4)?;
     let mut total = RunStats::default();
     for (i, r) in passes.iter().enumerate() {
         let kc = r.len();
-        let kp = pad8(kc);
+        let kp = pad_lanes(kc, lanes);
         let (first, last) = (i == 0, i + 1 == passes.len());
         let mode = if first { 0 } else { MODE_ACC_IN } | if last { 0 } else { MODE_PART_OUT };
         let xs = k_slice(x, k, r.clone());
         let ws = k_slice(w, k, r.clone());
-        let bx = s.upload(dev, &bytes_of(&pad_x(&xs, m, kc)))?;
-        let bw = s.upload(dev, &words(&pack_w(&ws, n, kc)))?;
+        let bx = s.upload(dev, &bytes_of(&pad_x_lanes(&xs, m, kc, lanes)))?;
+        let bw = s.upload(dev, &pack_w_lanes(&ws, n, kc, lanes))?;
         let scalars = [
             ("m", u32_of(KERNEL, "m", m)?),
             ("n", u32_of(KERNEL, "n", np)?),

@@ -197,6 +197,23 @@ pub fn accumulate(x: &[i8], w: &[i8], d: GemmDims) -> Result<Vec<i32>, GemmError
     Ok(out)
 }
 
+/// Two int8 products sharing the operand `a` from one multiplication, as the GEMM core's
+/// PEs compute them on one DSP48E2 (27 x 18): `p = a * (b_hi * 2^18 + b_lo)` (the packed
+/// operand needs 27 bits signed: `-128 * 2^18 - 128` is below the 26-bit range; `p` 35), `lo = p[15:0]` as a signed 16-bit value, `hi = p[33:18] + p[17]`, 16-bit
+/// wrapping: the floor shift `p >> 18` is `a * b_hi - 1` exactly when `a * b_lo` is
+/// negative, which bit 17 of `p` shows (|a * b_lo| <= 2^14 < 2^17). Returns
+/// `(a * b_hi, a * b_lo)` bit for bit; `tests::packed_products_are_exact` checks all
+/// 2^24 operand triples.
+pub fn mul2_packed(a: i8, b_hi: i8, b_lo: i8) -> (i16, i16) {
+    // the packed operand: 27 bits signed (the pre-adder's output)
+    let packed = (i64::from(b_hi) << 18) + i64::from(b_lo);
+    debug_assert!((-(1i64 << 26)..(1i64 << 26)).contains(&packed));
+    let p = i64::from(a) * packed; // 34 bits signed
+    let lo = (p & 0xFFFF) as u16 as i16;
+    let hi = ((p >> 18) as u16).wrapping_add(((p >> 17) & 1) as u16) as i16;
+    (hi, lo)
+}
+
 /// The full kernel: `y[m][n] = sat8(requant_n(act(x[m] . w[n] + bias[n])))`, int8 `[M, N]`.
 pub fn gemm(
     x: &[i8],
@@ -455,6 +472,22 @@ impl QuantLinear {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn packed_products_are_exact() {
+        // every int8 x int8 x int8 triple: 2^24 cases
+        for a in i8::MIN..=i8::MAX {
+            for hi in i8::MIN..=i8::MAX {
+                for lo in i8::MIN..=i8::MAX {
+                    let want = (i16::from(a) * i16::from(hi), i16::from(a) * i16::from(lo));
+                    let got = super::mul2_packed(a, hi, lo);
+                    if got != want {
+                        panic!("a {a} hi {hi} lo {lo}: got {got:?}, want {want:?}");
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn k_split_passes_give_the_same_y() {
         use rand::SeedableRng;

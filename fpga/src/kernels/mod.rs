@@ -92,12 +92,13 @@ impl Build {
                 })
             }
             "gemm" => {
-                let m = take(name, params, &["rows", "k_max", "n_max"])?;
+                let m = take(name, params, &["rows", "k_max", "n_max", "lanes"])?;
                 let d = gemm::GemmCore::default();
                 Build::Gemm(gemm::GemmCore {
                     rows: get_u32(name, &m, "rows", d.rows)?,
                     k_max: get_u32(name, &m, "k_max", d.k_max)?,
                     n_max: get_u32(name, &m, "n_max", d.n_max)?,
+                    lanes: get_u32(name, &m, "lanes", d.lanes)?,
                 })
             }
             "attention" => {

@@ -5,7 +5,7 @@ use rust_hdl::prelude::*;
 
 /// AXI4 read burst engine (Verilog body generated from its parameters).
 #[derive(LogicBlock)]
-pub struct ReadMaster {
+pub struct ReadMaster<const W: usize> {
     /// Clock.
     pub clock: Signal<In, Clock>,
     /// Synchronous active-high reset.
@@ -16,14 +16,14 @@ pub struct ReadMaster {
     pub req_ready: Signal<Out, Bit>,
     /// Byte address.
     pub req_addr: Signal<In, Bits<64>>,
-    /// Words.
+    /// Beats (W-bit words).
     pub req_len: Signal<In, Bits<32>>,
     /// Data to the core: valid.
     pub data_valid: Signal<Out, Bit>,
     /// Data to the core: ready.
     pub data_ready: Signal<In, Bit>,
     /// Data to the core.
-    pub data: Signal<Out, Bits<64>>,
+    pub data: Signal<Out, Bits<W>>,
     /// AR valid.
     pub arvalid: Signal<Out, Bit>,
     /// AR ready.
@@ -32,7 +32,7 @@ pub struct ReadMaster {
     pub araddr: Signal<Out, Bits<64>>,
     /// AR burst length - 1.
     pub arlen: Signal<Out, Bits<8>>,
-    /// AR beat size (3: 8 bytes).
+    /// AR beat size (log2 of the W/8 bytes of a beat).
     pub arsize: Signal<Out, Bits<3>>,
     /// AR burst type (1: INCR).
     pub arburst: Signal<Out, Bits<2>>,
@@ -41,7 +41,7 @@ pub struct ReadMaster {
     /// R ready.
     pub rready: Signal<Out, Bit>,
     /// R data.
-    pub rdata: Signal<In, Bits<64>>,
+    pub rdata: Signal<In, Bits<W>>,
     /// R last.
     pub rlast: Signal<In, Bit>,
     /// R response.
@@ -49,8 +49,9 @@ pub struct ReadMaster {
     _max_burst: u32,
 }
 
-impl ReadMaster {
-    /// A read engine issuing bursts of at most `max_burst` beats (a power of two, 2..=256).
+impl<const W: usize> ReadMaster<W> {
+    /// A read engine of `W`-bit beats issuing bursts of at most `max_burst` beats (a power
+    /// of two, 2..=256, with `max_burst * W / 8 <= 4096`).
     pub fn new(max_burst: u32) -> Self {
         Self {
             clock: Default::default(),
@@ -78,7 +79,7 @@ impl ReadMaster {
     }
 }
 
-impl Logic for ReadMaster {
+impl<const W: usize> Logic for ReadMaster<W> {
     fn update(&mut self) {}
 
     fn connect(&mut self) {
@@ -96,19 +97,19 @@ impl Logic for ReadMaster {
     fn hdl(&self) -> Verilog {
         Verilog::Custom(format!(
             r#"
-// Bursts never cross a MAXB*8-byte boundary (so never 4 KiB).
+// {w}-bit beats; bursts never cross a MAXB*{bytes}-byte boundary (so never 4 KiB).
 localparam [31:0] MAXB = 32'd{maxb};
 reg        busy_q;
 reg [63:0] addr_q;
 reg [31:0] left_q;
-wire [31:0] room = MAXB - ({{3'b0, addr_q[31:3]}} & (MAXB - 32'd1));
+wire [31:0] room = MAXB - ({{{lg}'b0, addr_q[31:{lg}]}} & (MAXB - 32'd1));
 wire [31:0] beats = (left_q < room) ? left_q : room;
 always @(*) begin
     req_ready = !busy_q;
     arvalid = busy_q;
     araddr = addr_q;
     arlen = beats[7:0] - 8'd1;
-    arsize = 3'd3;
+    arsize = 3'd{lg};
     arburst = 2'd1;
     data_valid = rvalid;
     data = rdata;
@@ -126,7 +127,7 @@ always @(posedge clock) begin
             left_q <= req_len;
         end
     end else if (arready) begin
-        addr_q <= addr_q + {{29'd0, beats, 3'd0}};
+        addr_q <= addr_q + {{{hi}'d0, beats, {lg}'d0}};
         left_q <= left_q - beats;
         if (left_q == beats) busy_q <= 1'b0;
     end
@@ -134,7 +135,11 @@ end
 // rlast and rresp are not needed: beats are counted by the core.
 wire _unused_ok = &{{1'b0, rlast, rresp, 1'b0}};
 "#,
-            maxb = self._max_burst
+            maxb = self._max_burst,
+            w = W,
+            bytes = W / 8,
+            lg = (W / 8).trailing_zeros(),
+            hi = 32 - (W / 8).trailing_zeros(),
         ))
     }
 }

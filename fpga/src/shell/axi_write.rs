@@ -6,7 +6,7 @@ use rust_hdl::prelude::*;
 
 /// AXI4 write burst engine (Verilog body generated from its parameters).
 #[derive(LogicBlock)]
-pub struct WriteMaster {
+pub struct WriteMaster<const W: usize, const S: usize> {
     /// Clock.
     pub clock: Signal<In, Clock>,
     /// Synchronous active-high reset.
@@ -17,16 +17,16 @@ pub struct WriteMaster {
     pub req_ready: Signal<Out, Bit>,
     /// Byte address.
     pub req_addr: Signal<In, Bits<64>>,
-    /// Words.
+    /// Beats (W-bit words).
     pub req_len: Signal<In, Bits<32>>,
     /// Data from the core: valid.
     pub data_valid: Signal<In, Bit>,
     /// Data from the core: ready.
     pub data_ready: Signal<Out, Bit>,
     /// Data from the core.
-    pub data: Signal<In, Bits<64>>,
+    pub data: Signal<In, Bits<W>>,
     /// Byte enables from the core.
-    pub strb: Signal<In, Bits<8>>,
+    pub strb: Signal<In, Bits<S>>,
     /// No request in progress and no B response outstanding.
     pub idle: Signal<Out, Bit>,
     /// AW valid.
@@ -37,7 +37,7 @@ pub struct WriteMaster {
     pub awaddr: Signal<Out, Bits<64>>,
     /// AW burst length - 1.
     pub awlen: Signal<Out, Bits<8>>,
-    /// AW beat size (3: 8 bytes).
+    /// AW beat size (log2 of the W/8 bytes of a beat).
     pub awsize: Signal<Out, Bits<3>>,
     /// AW burst type (1: INCR).
     pub awburst: Signal<Out, Bits<2>>,
@@ -46,9 +46,9 @@ pub struct WriteMaster {
     /// W ready.
     pub wready: Signal<In, Bit>,
     /// W data.
-    pub wdata: Signal<Out, Bits<64>>,
+    pub wdata: Signal<Out, Bits<W>>,
     /// W strobes.
-    pub wstrb: Signal<Out, Bits<8>>,
+    pub wstrb: Signal<Out, Bits<S>>,
     /// W last.
     pub wlast: Signal<Out, Bit>,
     /// B valid.
@@ -60,8 +60,9 @@ pub struct WriteMaster {
     _max_burst: u32,
 }
 
-impl WriteMaster {
-    /// A write engine issuing bursts of at most `max_burst` beats (a power of two, 2..=256).
+impl<const W: usize, const S: usize> WriteMaster<W, S> {
+    /// A write engine of `W`-bit beats (`S = W / 8` strobes) issuing bursts of at most
+    /// `max_burst` beats (a power of two, 2..=256, with `max_burst * W / 8 <= 4096`).
     pub fn new(max_burst: u32) -> Self {
         Self {
             clock: Default::default(),
@@ -94,7 +95,7 @@ impl WriteMaster {
     }
 }
 
-impl Logic for WriteMaster {
+impl<const W: usize, const S: usize> Logic for WriteMaster<W, S> {
     fn update(&mut self) {}
 
     fn connect(&mut self) {
@@ -116,6 +117,7 @@ impl Logic for WriteMaster {
     fn hdl(&self) -> Verilog {
         Verilog::Custom(format!(
             r#"
+// {w}-bit beats; bursts never cross a MAXB*{bytes}-byte boundary (so never 4 KiB).
 localparam [31:0] MAXB = 32'd{maxb};
 localparam [1:0] S_IDLE = 2'd0, S_AW = 2'd1, S_DATA = 2'd2;
 reg [1:0]  st;
@@ -124,7 +126,7 @@ reg [31:0] left_q;
 reg [8:0]  beats_q;
 reg [8:0]  beat_cnt;
 reg [15:0] outstanding;
-wire [31:0] room = MAXB - ({{3'b0, addr_q[31:3]}} & (MAXB - 32'd1));
+wire [31:0] room = MAXB - ({{{lg}'b0, addr_q[31:{lg}]}} & (MAXB - 32'd1));
 wire [31:0] beats = (left_q < room) ? left_q : room;
 wire aw_fire = (st == S_AW) && awready;
 wire b_fire = bvalid;
@@ -133,7 +135,7 @@ always @(*) begin
     awvalid = (st == S_AW);
     awaddr = addr_q;
     awlen = beats[7:0] - 8'd1;
-    awsize = 3'd3;
+    awsize = 3'd{lg};
     awburst = 2'd1;
     wvalid = (st == S_DATA) && data_valid;
     wdata = data;
@@ -161,7 +163,7 @@ always @(posedge clock) begin
             S_AW: if (awready) begin
                 beats_q <= beats[8:0];
                 beat_cnt <= 9'd0;
-                addr_q <= addr_q + {{29'd0, beats, 3'd0}};
+                addr_q <= addr_q + {{{hi}'d0, beats, {lg}'d0}};
                 left_q <= left_q - beats;
                 st <= S_DATA;
             end
@@ -176,7 +178,11 @@ always @(posedge clock) begin
 end
 wire _unused_ok = &{{1'b0, bresp, 1'b0}};
 "#,
-            maxb = self._max_burst
+            maxb = self._max_burst,
+            w = W,
+            bytes = W / 8,
+            lg = (W / 8).trailing_zeros(),
+            hi = 32 - (W / 8).trailing_zeros(),
         ))
     }
 }

@@ -3,8 +3,9 @@
 //! - `ap_clk`, `ap_rst_n` (active-low, synchronous);
 //! - AXI4-Lite slave `s_axi_control` (12-bit addresses) with the ap_ctrl_hs map of
 //!   [`crate::regmap`] and the kernel's argument registers ([`ctrl::ControlRegs`]);
-//! - AXI4 master `m_axi_gmem` (64-bit addresses, 64-bit data, INCR bursts of at most
-//!   `max_burst` beats that never cross a `max_burst*8`-byte boundary): a read engine
+//! - AXI4 master `m_axi_gmem` (64-bit addresses, data as wide as the core's data ports:
+//!   [`KernelCore::data_bits`], 64 by default, 128/256/512 accepted; INCR bursts of at most
+//!   `max_burst` beats that never cross a `max_burst * data_bits / 8`-byte boundary): a read engine
 //!   ([`axi_read::ReadMaster`]) and a write engine ([`axi_write::WriteMaster`]) that also
 //!   waits for every B response before the shell raises ap_done;
 //! - `interrupt`, level, = GIE && (ISR & IER) != 0.
@@ -69,12 +70,42 @@ pub fn kernel_verilog(core: &dyn KernelCore, cfg: ShellConfig) -> Result<String,
             cfg.max_burst
         )));
     }
+    let bits = core.data_bits();
+    if !crate::core::DATA_BITS.contains(&bits) {
+        return Err(ShellError::Config(format!(
+            "kernel {}: data width {bits} bits is not one of {:?}",
+            core.name(),
+            crate::core::DATA_BITS
+        )));
+    }
+    if u64::from(cfg.max_burst) * u64::from(bits / 8) > 4096 {
+        return Err(ShellError::Config(format!(
+            "max_burst = {} beats of {} bytes would cross 4 KiB boundaries (at most {} at {bits} bits)",
+            cfg.max_burst,
+            bits / 8,
+            4096 / (bits / 8)
+        )));
+    }
+    match bits {
+        128 => shell_verilog::<128, 16>(core, cfg),
+        256 => shell_verilog::<256, 32>(core, cfg),
+        512 => shell_verilog::<512, 64>(core, cfg),
+        _ => shell_verilog::<64, 8>(core, cfg),
+    }
+}
+
+/// The shell of `W`-bit data (`S = W / 8` strobes) around `core`.
+fn shell_verilog<const W: usize, const S: usize>(
+    core: &dyn KernelCore,
+    cfg: ShellConfig,
+) -> Result<String, ShellError> {
     let name = core.name().to_string();
     let desc = core.desc();
     let ctrl = ctrl::ControlRegs::new(&desc)?;
     let code = core.core_verilog()?;
-    let socket = socket::CoreSocket::new(&format!("{name}_core"), code);
-    let mut shell = top::VitisShell::new(ctrl, socket, cfg.max_burst);
+    crate::core::check_core_ports_w(&code, &format!("{name}_core"), W)?;
+    let socket = socket::CoreSocket::<W, S>::new(&format!("{name}_core"), code);
+    let mut shell = top::VitisShell::<W, S>::new(ctrl, socket, cfg.max_burst);
     shell.connect_all();
     check_all(&shell).map_err(|e| ShellError::Check {
         kernel: name.clone(),

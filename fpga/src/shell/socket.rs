@@ -3,9 +3,9 @@
 
 use rust_hdl::prelude::*;
 
-/// A kernel core seen from the shell.
+/// A kernel core seen from the shell, with `W`-bit data ports (`S = W / 8` strobes).
 #[derive(LogicBlock)]
-pub struct CoreSocket {
+pub struct CoreSocket<const W: usize, const S: usize> {
     /// Core port `clock`.
     pub clock: Signal<In, Clock>,
     /// Core port `reset`.
@@ -61,7 +61,7 @@ pub struct CoreSocket {
     /// Core port `rd_data_ready`.
     pub rd_data_ready: Signal<Out, Bit>,
     /// Core port `rd_data`.
-    pub rd_data: Signal<In, Bits<64>>,
+    pub rd_data: Signal<In, Bits<W>>,
     /// Core port `wr_req_valid`.
     pub wr_req_valid: Signal<Out, Bit>,
     /// Core port `wr_req_ready`.
@@ -75,14 +75,14 @@ pub struct CoreSocket {
     /// Core port `wr_data_ready`.
     pub wr_data_ready: Signal<In, Bit>,
     /// Core port `wr_data`.
-    pub wr_data: Signal<Out, Bits<64>>,
+    pub wr_data: Signal<Out, Bits<W>>,
     /// Core port `wr_strb`.
-    pub wr_strb: Signal<Out, Bits<8>>,
+    pub wr_strb: Signal<Out, Bits<S>>,
     _module: String,
     _code: String,
 }
 
-impl CoreSocket {
+impl<const W: usize, const S: usize> CoreSocket<W, S> {
     /// A socket for the module `module` whose Verilog is `code`.
     pub fn new(module: &str, code: String) -> Self {
         Self {
@@ -128,7 +128,7 @@ impl CoreSocket {
     }
 }
 
-impl Logic for CoreSocket {
+impl<const W: usize, const S: usize> Logic for CoreSocket<W, S> {
     fn update(&mut self) {}
 
     fn connect(&mut self) {

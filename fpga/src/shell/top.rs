@@ -8,9 +8,9 @@ use super::axi_write::WriteMaster;
 use super::ctrl::ControlRegs;
 use super::socket::CoreSocket;
 
-/// The Vitis RTL kernel: `ap_clk`, `ap_rst_n`, `s_axi_control_*`, `m_axi_gmem_*`, `interrupt`.
+/// The Vitis RTL kernel with `W`-bit `m_axi_gmem` data (`S = W / 8` strobes): `ap_clk`, `ap_rst_n`, `s_axi_control_*`, `m_axi_gmem_*`, `interrupt`.
 #[derive(LogicBlock)]
-pub struct VitisShell {
+pub struct VitisShell<const W: usize, const S: usize> {
     /// Kernel clock.
     pub ap_clk: Signal<In, Clock>,
     /// Active-low synchronous reset.
@@ -66,9 +66,9 @@ pub struct VitisShell {
     /// AXI4 master `wready`.
     pub m_axi_gmem_wready: Signal<In, Bit>,
     /// AXI4 master `wdata`.
-    pub m_axi_gmem_wdata: Signal<Out, Bits<64>>,
+    pub m_axi_gmem_wdata: Signal<Out, Bits<W>>,
     /// AXI4 master `wstrb`.
-    pub m_axi_gmem_wstrb: Signal<Out, Bits<8>>,
+    pub m_axi_gmem_wstrb: Signal<Out, Bits<S>>,
     /// AXI4 master `wlast`.
     pub m_axi_gmem_wlast: Signal<Out, Bit>,
     /// AXI4 master `bvalid`.
@@ -94,7 +94,7 @@ pub struct VitisShell {
     /// AXI4 master `rready`.
     pub m_axi_gmem_rready: Signal<Out, Bit>,
     /// AXI4 master `rdata`.
-    pub m_axi_gmem_rdata: Signal<In, Bits<64>>,
+    pub m_axi_gmem_rdata: Signal<In, Bits<W>>,
     /// AXI4 master `rlast`.
     pub m_axi_gmem_rlast: Signal<In, Bit>,
     /// AXI4 master `rresp`.
@@ -102,14 +102,15 @@ pub struct VitisShell {
     /// Interrupt (level, active high).
     pub interrupt: Signal<Out, Bit>,
     ctrl: ControlRegs,
-    rd: ReadMaster,
-    wr: WriteMaster,
-    core: CoreSocket,
+    rd: ReadMaster<W>,
+    wr: WriteMaster<W, S>,
+    core: CoreSocket<W, S>,
 }
 
-impl VitisShell {
-    /// The shell around `core`, with `ctrl` decoding its arguments.
-    pub fn new(ctrl: ControlRegs, core: CoreSocket, max_burst: u32) -> Self {
+impl<const W: usize, const S: usize> VitisShell<W, S> {
+    /// The shell around `core`, with `ctrl` decoding its arguments; `W`-bit AXI data
+    /// (`S = W / 8` strobes), bursts of at most `max_burst` beats.
+    pub fn new(ctrl: ControlRegs, core: CoreSocket<W, S>, max_burst: u32) -> Self {
         Self {
             ap_clk: Default::default(),
             ap_rst_n: Default::default(),
@@ -164,7 +165,7 @@ impl VitisShell {
     }
 }
 
-impl Logic for VitisShell {
+impl<const W: usize, const S: usize> Logic for VitisShell<W, S> {
     #[hdl_gen]
     fn update(&mut self) {
         self.ctrl.clock.next = self.ap_clk.val();

@@ -35,6 +35,9 @@ pub struct FpgaOptions {
     /// How the simulated card runs a kernel (`TANDEM_FPGA_SIM_MODE`, `--fpga-sim-mode`): the
     /// RTL under Verilator, the modelled card, or chosen per launch by size (the default).
     pub sim_mode: SimMode,
+    /// Which builds the simulated card runs (`TANDEM_FPGA_SIM_PROFILE`): the small builds
+    /// CI's Verilator runs keep fast (the default), or the card-sized ones of a U55C.
+    pub sim_profile: SimProfile,
     /// XRT's install prefix (`XILINX_XRT`): its `lib/` is searched first for
     /// libxrt_coreutil, and XRT itself needs it set to reach a board.
     pub xilinx_xrt: Option<PathBuf>,
@@ -64,6 +67,7 @@ impl Default for FpgaOptions {
             sim_bytes_per_cycle: None,
             sim_vcd: None,
             sim_mode: SimMode::Auto,
+            sim_profile: SimProfile::Ci,
             xilinx_xrt: None,
             xrt_lib: None,
             xclbin_dir: None,
@@ -112,6 +116,46 @@ impl std::str::FromStr for SimMode {
             .into_iter()
             .find(|m| m.name().eq_ignore_ascii_case(s.trim()))
             .ok_or_else(|| format!("`{s}` is not accepted; expected one of auto, rtl, model"))
+    }
+}
+
+/// The board profile of the simulated card (`fpga-sim`): which kernel builds it loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SimProfile {
+    /// The small builds (an 8-row, 8-lane GEMM on a 64-bit port, ...): seconds of Verilator
+    /// per launch, what CI runs.
+    #[default]
+    Ci,
+    /// The U55C's card-sized builds: the GEMM of 64 rows x 64 lanes (4,096 int8 MACs a
+    /// cycle) on a 512-bit port, the simulated memory serving a 64-byte beat a cycle (unless
+    /// `--bytes-per-cycle` says otherwise). Slow under Verilator: the modelled card (same
+    /// bits, cycles within 5%) is what `auto` picks for anything but small launches.
+    U55c,
+}
+
+impl SimProfile {
+    /// The environment variable that sets it.
+    pub const ENV: &'static str = "TANDEM_FPGA_SIM_PROFILE";
+    /// Every profile.
+    pub const ALL: [SimProfile; 2] = [SimProfile::Ci, SimProfile::U55c];
+
+    /// Its name (`ci`, `u55c`).
+    pub fn name(self) -> &'static str {
+        match self {
+            SimProfile::Ci => "ci",
+            SimProfile::U55c => "u55c",
+        }
+    }
+}
+
+impl std::str::FromStr for SimProfile {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        SimProfile::ALL
+            .into_iter()
+            .find(|m| m.name().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| format!("`{s}` is not accepted; expected one of ci, u55c"))
     }
 }
 
@@ -183,11 +227,18 @@ impl FpgaOptions {
                 .parse()
                 .map_err(|e: String| Error::invalid(SimMode::ENV, e))?,
         };
+        let sim_profile = match env.text(SimProfile::ENV)? {
+            None => SimProfile::Ci,
+            Some(s) => s
+                .parse()
+                .map_err(|e: String| Error::invalid(SimProfile::ENV, e))?,
+        };
         let o = Self {
             clock_mhz,
             sim_cache,
             cxx,
             sim_mode,
+            sim_profile,
             xilinx_xrt: path("XILINX_XRT"),
             xrt_lib: path("TANDEM_XRT_LIB"),
             xclbin_dir: path("TANDEM_XCLBIN_DIR"),
@@ -335,6 +386,21 @@ mod tests {
         );
         let o = FpgaOptions::from_source(&[("XILINX_XRT", "")]).expect("ok");
         assert_eq!(o.xilinx_xrt, None, "empty counts as unset");
+    }
+
+    #[test]
+    fn sim_profile_is_read_and_checked() {
+        let o = FpgaOptions::from_source(&[("TANDEM_FPGA_SIM_PROFILE", " U55C ")]).expect("ok");
+        assert_eq!(o.sim_profile, SimProfile::U55c);
+        let o = FpgaOptions::from_source(&[("TANDEM_FPGA_SIM_PROFILE", "ci")]).expect("ok");
+        assert_eq!(o.sim_profile, SimProfile::Ci);
+        let e = FpgaOptions::from_source(&[("TANDEM_FPGA_SIM_PROFILE", "u280")])
+            .expect_err("unknown profile")
+            .to_string();
+        assert!(
+            e.contains("TANDEM_FPGA_SIM_PROFILE") && e.contains("u280") && e.contains("ci, u55c"),
+            "{e}"
+        );
     }
 
     #[test]

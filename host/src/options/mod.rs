@@ -23,7 +23,7 @@ use std::path::PathBuf;
 
 pub use cpu::{CpuBlas, CpuOptions};
 pub use cuda::CudaOptions;
-pub use fpga::{FpgaOptions, SimMode};
+pub use fpga::{FpgaOptions, SimMode, SimProfile};
 pub use memory::{DeviceSelector, MEMORY_LIMIT_VAR, MemoryLimit, MemoryLimits};
 
 use crate::error::Result;

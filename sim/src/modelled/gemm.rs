@@ -22,12 +22,13 @@ pub(super) fn run(
     let mode = card.scalar(desc, "mode")?;
     let (acc_in, part_out) = (mode & MODE_ACC_IN != 0, mode & MODE_PART_OUT != 0);
     // The RTL's args_ok: anything else finishes at once without touching memory.
+    let l = c.lanes.max(1);
     let ok = m != 0
         && np != 0
-        && np % 8 == 0
+        && np % l == 0
         && np <= c.n_max
         && kp != 0
-        && kp % 8 == 0
+        && kp % l == 0
         && kp <= c.k_max;
     if !ok {
         return Ok(timing::REFUSED_RUN_CYCLES);
@@ -38,14 +39,15 @@ pub(super) fn run(
         .into_iter()
         .map(|b| b as i8)
         .collect();
-    // The packed stream: for each tile of 8 columns and each k, one word whose byte c is
-    // w[n0 + c][k].
-    let packed = card.fetch(card.pointer(desc, "w")?, np / 8 * kp * 8)?;
+    // The packed stream: for each tile of `lanes` columns and each k, one beat whose byte c
+    // is w[n0 + c][k].
+    let lanes = l as usize;
+    let packed = card.fetch(card.pointer(desc, "w")?, np * kp)?;
     let mut w = vec![0i8; np * kp];
-    for (i, word) in packed.chunks_exact(8).enumerate() {
+    for (i, beat) in packed.chunks_exact(lanes).enumerate() {
         let (tile, kk) = (i / kp, i % kp);
-        for (cc, &b) in word.iter().enumerate() {
-            w[(tile * 8 + cc) * kp + kk] = b as i8;
+        for (cc, &b) in beat.iter().enumerate() {
+            w[(tile * lanes + cc) * kp + kk] = b as i8;
         }
     }
     let params = card.fetch(card.pointer(desc, "params")?, np * 8)?;

@@ -1,39 +1,45 @@
 //! The fused GEMM + bias + activation core: an int8 output-stationary systolic array of
-//! `rows x 8` MACs with per-column bias, ReLU and requantisation. Semantics:
+//! `rows x L` MACs (`L` = [`GemmCore::lanes`], the int8 of one read beat: 8 on a 64-bit port,
+//! 64 on a 512-bit one) with per-column bias, ReLU and requantisation. Semantics:
 //! [`crate::golden::gemm`].
 //!
-//! Dataflow (C = 8 columns, one 64-bit word of W per cycle):
-//! - *params*: one 64-bit word per output column (bias, mult, shift; [`pack_params`]) is read
-//!   once into 8 column banks.
+//! Dataflow (L columns, one beat of W per cycle):
+//! - *params*: one 64-bit word per output column (bias, mult, shift; [`pack_params_lanes`]),
+//!   `L / 8` per beat, is read once into `L` column banks.
 //! - per M tile of `rows` rows: the x rows are read into `rows` on-chip banks (K bytes each);
-//!   then, for each N tile of 8 columns, the packed W stream ([`pack_w`]: for every k one word
-//!   holding `w[n0..n0+8][k]`) flows through the array at one k per cycle. x enters from the
-//!   left (row r delayed r cycles), w from the top (column c delayed c cycles); PE (r, c)
-//!   accumulates `x[m0+r][k] * w[n0+c][k]` in int32. A *first* flag travelling with x makes
-//!   each PE move its finished sum into a shadow register and restart, so tiles follow each
-//!   other without a bubble.
-//! - *read-out*, while the next tile streams: row by row, the 8 shadows get bias, ReLU and
-//!   requantisation (a 3-stage pipeline, one row per stage) and are written as one 64-bit word
-//!   of y (a request and a data handshake per row).
+//!   then, for each N tile of `L` columns, the packed W stream ([`pack_w_lanes`]: for every k
+//!   one beat holding `w[n0..n0+L][k]`) flows through the array at one k per cycle. A PE holds
+//!   two lanes of one row on one multiplier (`x * (w_hi * 2^18 + w_lo)`, the shared-operand
+//!   packing of [`crate::golden::gemm::mul2_packed`]). x enters from the left (row r delayed
+//!   r cycles) and moves one PE a cycle, the packed w from the top (PE column q delayed q
+//!   cycles); lane c of row r accumulates `x[m0+r][k] * w[n0+c][k]` in int32. A *first* flag
+//!   travelling with x makes each PE move its finished sums into shadow registers and
+//!   restart, so tiles follow each other without a bubble.
+//! - *read-out*, while the next tile streams: row by row, the `L` shadows get bias, ReLU and
+//!   requantisation (a 4-stage pipeline: add, multiply, round/shift, saturate; one row per
+//!   stage) and are written as one beat of y (a request and a data handshake per row).
 //!
 //! Arguments: `x` (ptr0, int8 `[M][K]`), `w` (ptr1, packed), `params` (ptr2, packed), `y`
-//! (ptr3, int8 `[M][N]`), `m` (arg0), `n` (arg1, a multiple of 8), `k` (arg2, a multiple of
-//! 8), `relu` (arg3). The host pads N and K with zeros ([`pack_w`], [`pad_x`]). Out-of-range
-//! sizes (m = 0, n or k not a positive multiple of 8 or beyond `n_max` / `k_max`) finish at
-//! once without touching memory.
+//! (ptr3, int8 `[M][N]`), `m` (arg0), `n` (arg1, a multiple of L), `k` (arg2, a multiple of
+//! L), `relu` (arg3), `part` (ptr4), `mode` (arg4). The host pads N and K with zeros
+//! ([`pack_w_lanes`], [`pad_x_lanes`]). Out-of-range sizes (m = 0, n or k not a positive
+//! multiple of L or beyond `n_max` / `k_max`) finish at once without touching memory.
 //!
-//! Cycle count: `N/8 * K` array cycles per M tile plus `rows * K / 8` cycles to read its x
-//! rows, `N` cycles of params, and a drain of about `rows + 8 + 2 rows` cycles. The read-out
-//! (about 2 cycles per row) hides behind the next tile when `K >= ~2 rows + 8`.
+//! Cycle count ([`crate::timing::gemm_cycles`]): `N/L * K` array cycles per M tile plus
+//! `rows * K / L` cycles to read its x rows, `8 N / L` cycles of params, and a drain of about
+//! `rows + L/2 + 2 rows` cycles. The read-out (about 3 cycles per row) hides behind the next
+//! tile when `K >= ~3 rows + L/2 + 14`.
 
 use std::fmt::Write as _;
 
-use crate::core::{CoreError, KernelCore, clog2, core_header};
+use crate::core::{CoreError, KernelCore, clog2, core_header_w};
 use crate::regmap::{ArgDesc, KernelDesc};
 
 pub mod pack;
 
-pub use pack::{pack_params, pack_w, pad_x, pad8};
+pub use pack::{
+    pack_params, pack_params_lanes, pack_w, pack_w_lanes, pad_lanes, pad_x, pad_x_lanes, pad8,
+};
 
 /// `mode` bit 0, ACC_IN: the int32 partial sums in `part` (`[M][Np]`, row-major, little
 /// endian) are added to the tile's sums before the epilogue (or before PART_OUT).
@@ -43,8 +49,13 @@ pub const MODE_ACC_IN: u32 = 1;
 /// K split's last).
 pub const MODE_PART_OUT: u32 = 2;
 
-/// Columns of the array: the 8 int8 weights of one 64-bit read word.
+/// Columns of the default (64-bit port) array: the 8 int8 weights of one 64-bit read word.
+/// A build's column count is its [`GemmCore::lanes`].
 pub const COLS: usize = 8;
+
+/// Lane counts a build may have: the int8 weights of one read beat of a 64-, 128-, 256- or
+/// 512-bit port ([`crate::core::DATA_BITS`]).
+pub const GEMM_LANES: [u32; 4] = [8, 16, 32, 64];
 
 /// Build parameters of the GEMM core.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +66,11 @@ pub struct GemmCore {
     pub k_max: u32,
     /// Largest N (multiple of 8): depth of the parameter banks.
     pub n_max: u32,
+    /// Columns of the array (N tile) = int8 weights per read beat: 8 (64-bit port), 16, 32
+    /// or 64 (512-bit port). The port is `8 * lanes` bits wide; `n`, `k`, `k_max` and
+    /// `n_max` are multiples of `lanes`. MACs per cycle: `rows * lanes`, packed two per
+    /// multiplier ([`crate::golden::gemm::mul2_packed`]).
+    pub lanes: u32,
 }
 
 impl Default for GemmCore {
@@ -63,18 +79,44 @@ impl Default for GemmCore {
             rows: 4,
             k_max: 512,
             n_max: 256,
+            lanes: 8,
         }
     }
 }
 
 impl GemmCore {
-    /// A U55C-sized configuration: 64 x 8 PEs (512 MACs/cycle), K and N up to 4096.
+    /// The U55C-sized configuration of a 64-bit port: 64 x 8 PEs (512 MACs/cycle), K and N
+    /// up to 4096.
     pub fn u55c() -> Self {
         Self {
             rows: 64,
             k_max: 4096,
             n_max: 4096,
+            lanes: 8,
         }
+    }
+
+    /// The card-sized configuration of a 512-bit port (Vitis' default `m_axi` width):
+    /// 64 rows x 64 lanes = 4,096 int8 MACs per cycle on 2,048 packed multipliers
+    /// (2.46 TOPS at 300 MHz), K and N up to 4096.
+    pub fn u55c_wide() -> Self {
+        Self {
+            rows: 64,
+            k_max: 4096,
+            n_max: 4096,
+            lanes: 64,
+        }
+    }
+
+    /// Int8 multiply-accumulates per cycle: `rows * lanes`.
+    pub fn macs(&self) -> u64 {
+        u64::from(self.rows) * u64::from(self.lanes)
+    }
+
+    /// `n` (a K or N extent) rounded up to a multiple of the build's lanes: the padding the
+    /// core needs ([`pad_lanes`]).
+    pub fn pad(&self, n: usize) -> usize {
+        pad_lanes(n, self.lanes as usize)
     }
 
     /// Checks the parameters.
@@ -88,15 +130,22 @@ impl GemmCore {
         if !(1..=128).contains(&self.rows) {
             return bad(format!("rows = {} must be in 1..=128", self.rows));
         }
-        if self.k_max < 8 || !self.k_max.is_multiple_of(8) || self.k_max > 65536 {
+        if !GEMM_LANES.contains(&self.lanes) {
             return bad(format!(
-                "k_max = {} must be a multiple of 8 in 8..=65536",
+                "lanes = {} must be one of {GEMM_LANES:?} (a 64..512-bit port)",
+                self.lanes
+            ));
+        }
+        let l = self.lanes;
+        if self.k_max < l || !self.k_max.is_multiple_of(l) || self.k_max > 65536 {
+            return bad(format!(
+                "k_max = {} must be a multiple of lanes = {l} in {l}..=65536",
                 self.k_max
             ));
         }
-        if self.n_max < 8 || !self.n_max.is_multiple_of(8) || self.n_max > 65536 {
+        if self.n_max < l || !self.n_max.is_multiple_of(l) || self.n_max > 65536 {
             return bad(format!(
-                "n_max = {} must be a multiple of 8 in 8..=65536",
+                "n_max = {} must be a multiple of lanes = {l} in {l}..=65536",
                 self.n_max
             ));
         }
@@ -106,7 +155,7 @@ impl GemmCore {
     /// Array cycles of an ideal run: one k step per cycle per (M tile, N tile).
     pub fn ideal_cycles(&self, m: usize, n_padded: usize, k_padded: usize) -> u64 {
         let tiles_m = m.div_ceil(self.rows as usize) as u64;
-        tiles_m * (n_padded / COLS) as u64 * k_padded as u64
+        tiles_m * (n_padded / self.lanes as usize) as u64 * k_padded as u64
     }
 }
 
@@ -138,6 +187,7 @@ impl KernelCore for GemmCore {
             ("rows".into(), i64::from(self.rows)),
             ("k_max".into(), i64::from(self.k_max)),
             ("n_max".into(), i64::from(self.n_max)),
+            ("lanes".into(), i64::from(self.lanes)),
         ]
     }
 
@@ -145,15 +195,25 @@ impl KernelCore for GemmCore {
         self.validate()?;
         Ok(gemm_verilog(self))
     }
+
+    fn data_bits(&self) -> u32 {
+        8 * self.lanes
+    }
 }
 
 /// Emits the Verilog of `gemm_core` for `p`.
 fn gemm_verilog(p: &GemmCore) -> String {
     let rows = p.rows as usize;
-    let kw = p.k_max / 8; // words per x bank
-    let nt = p.n_max / 8; // N tiles
+    let cols = p.lanes as usize; // lanes = int8 per beat
+    let pairs = cols / 2; // PEs per row, two lanes on one multiplier each
+    let lg = p.lanes.trailing_zeros(); // log2 bytes per beat
+    let dw = 8 * cols; // data bits per beat
+    let kw = p.k_max / p.lanes; // beats per x bank
+    let nt = p.n_max / p.lanes; // N tiles
     let akw = clog2(kw);
     let ant = clog2(nt);
+    let ppb = cols / 8; // parameter words per beat
+    let ipb = cols / 4; // int32 partials per beat
     let ar = clog2(p.rows.max(2));
     let mut decl = String::new();
     let mut seq = String::new();
@@ -162,18 +222,20 @@ fn gemm_verilog(p: &GemmCore) -> String {
     for r in 0..rows {
         let _ = writeln!(
             decl,
-            "reg [63:0] xb_{r} [0:{last}];\nreg [63:0] s0x_{r};\nwire signed [7:0] xin_{r} = s0x_{r}[{{s0_sel, 3'b000}} +: 8];",
-            last = kw - 1
+            "reg [{dh}:0] xb_{r} [0:{last}];\nreg [{dh}:0] s0x_{r};\nwire signed [7:0] xin_{r} = s0x_{r}[{{s0_sel, 3'b000}} +: 8];",
+            last = kw - 1,
+            dh = dw - 1
         );
         let _ = writeln!(
             seq,
-            "always @(posedge clock) begin\n    if (xb_we && c_r == {ar}'d{r}) xb_{r}[c_widx[{hi}:0]] <= rd_data;\n    if (adv) s0x_{r} <= xb_{r}[c_widx[{hk}:3]];\nend",
+            "always @(posedge clock) begin\n    if (xb_we && c_r == {ar}'d{r}) xb_{r}[c_widx[{hi}:0]] <= rd_data;\n    if (adv) s0x_{r} <= xb_{r}[c_widx[{hk}:{lg}]];\nend",
             hi = akw - 1,
-            hk = akw + 2
+            hk = akw + lg - 1
         );
     }
     // ---- parameter banks ----
-    for c in 0..COLS {
+    // a beat holds `ppb` parameter words: 8 beats per N tile, lane c in beat c / ppb
+    for c in 0..cols {
         let _ = writeln!(
             decl,
             "reg [53:0] pb_{c} [0:{last}];\nreg [53:0] prm_{c};\nwire signed [7:0] win_{c} = s0w[{lo} +: 8];",
@@ -182,13 +244,15 @@ fn gemm_verilog(p: &GemmCore) -> String {
         );
         let _ = writeln!(
             seq,
-            "always @(posedge clock) begin\n    if (pb_we && c_widx[2:0] == 3'd{c}) pb_{c}[c_widx[{hi}:3]] <= rd_data[53:0];\n    if (ro_prm) prm_{c} <= pb_{c}[ro_nt[{hn}:0]];\nend",
+            "always @(posedge clock) begin\n    if (pb_we && c_widx[2:0] == 3'd{b}) pb_{c}[c_widx[{hi}:3]] <= rd_data[{lo} +: 54];\n    if (ro_prm) prm_{c} <= pb_{c}[ro_nt[{hn}:0]];\nend",
+            b = c / ppb,
+            lo = 64 * (c % ppb),
             hi = ant + 2,
             hn = ant - 1
         );
     }
     // ---- int32 partials read in (ACC_IN), double buffered by tile parity ----
-    for c in 0..COLS {
+    for c in 0..cols {
         let _ = writeln!(
             decl,
             "reg [31:0] pib_{c} [0:{last}];\nwire [31:0] pin_{c} = acc_in_q ? pib_{c}[{{ro_par, ro_r}}] : 32'd0;",
@@ -197,8 +261,8 @@ fn gemm_verilog(p: &GemmCore) -> String {
         let _ = writeln!(
             seq,
             "always @(posedge clock) if (pi_we && c_widx[1:0] == 2'd{w}) pib_{c}[{{c_tpar, c_r}}] <= rd_data[{lo} +: 32];",
-            w = c / 2,
-            lo = 32 * (c % 2)
+            w = c / ipb,
+            lo = 32 * (c % ipb)
         );
     }
     // ---- skew lines: row r's x and flag delayed r steps, column c's w delayed c steps ----
@@ -225,68 +289,90 @@ fn gemm_verilog(p: &GemmCore) -> String {
             let _ = writeln!(seq, "always @(posedge clock) if (adv) begin\n{body}end");
         }
     }
-    for c in 0..COLS {
-        if c == 0 {
-            let _ = writeln!(decl, "wire signed [7:0] wt_0 = win_0;");
+    // the two weights of lane pair q packed into one multiplier operand
+    // (`golden::gemm::mul2_packed`: w_hi * 2^18 + w_lo, 27 bits signed), column pair q
+    // delayed q steps
+    for q in 0..pairs {
+        let _ = writeln!(
+            decl,
+            "wire signed [26:0] wpk_{q} = ($signed(win_{hi}) <<< 18) + $signed(win_{lo});",
+            hi = 2 * q + 1,
+            lo = 2 * q
+        );
+        if q == 0 {
+            let _ = writeln!(decl, "wire signed [26:0] wt_0 = wpk_0;");
         } else {
             let _ = writeln!(
                 decl,
-                "reg signed [7:0] ws_{c} [0:{last}];\nwire signed [7:0] wt_{c} = ws_{c}[{last}];",
-                last = c - 1
+                "reg signed [26:0] ws_{q} [0:{last}];\nwire signed [26:0] wt_{q} = ws_{q}[{last}];",
+                last = q - 1
             );
-            let mut body = format!("    ws_{c}[0] <= win_{c};\n");
-            for i in 1..c {
-                let _ = writeln!(body, "    ws_{c}[{i}] <= ws_{c}[{p}];", p = i - 1);
+            let mut body = format!("    ws_{q}[0] <= wpk_{q};\n");
+            for i in 1..q {
+                let _ = writeln!(body, "    ws_{q}[{i}] <= ws_{q}[{p}];", p = i - 1);
             }
             let _ = writeln!(seq, "always @(posedge clock) if (adv) begin\n{body}end");
         }
     }
     // ---- PEs ----
+    // PE (r, q): lanes 2q and 2q+1 of row r on one 8 x 27-bit multiplier (one DSP48E2):
+    // p = x * (w_hi * 2^18 + w_lo); lo = p[15:0]; hi = p[33:18] + p[17] (the borrow of a
+    // negative lo), bit for bit `golden::gemm::mul2_packed`
     for r in 0..rows {
-        for c in 0..COLS {
-            let xi = if c == 0 {
+        for q in 0..pairs {
+            let xi = if q == 0 {
                 format!("xl_{r}")
             } else {
-                format!("xr_{r}_{}", c - 1)
+                format!("xr_{r}_{}", q - 1)
             };
-            let fi = if c == 0 {
+            let fi = if q == 0 {
                 format!("fl_{r}")
             } else {
-                format!("fr_{r}_{}", c - 1)
+                format!("fr_{r}_{}", q - 1)
             };
             let wi = if r == 0 {
-                format!("wt_{c}")
+                format!("wt_{q}")
             } else {
-                format!("wd_{}_{c}", r - 1)
+                format!("wd_{}_{q}", r - 1)
             };
+            let (c0, c1) = (2 * q, 2 * q + 1);
             let _ = writeln!(
                 decl,
-                "reg signed [7:0] xr_{r}_{c}, wd_{r}_{c}; reg fr_{r}_{c};\nreg [31:0] acc_{r}_{c}, sh_{r}_{c};\nwire signed [15:0] pr_{r}_{c} = {xi} * {wi};"
+                "reg signed [7:0] xr_{r}_{q}; reg signed [26:0] wd_{r}_{q}; reg fr_{r}_{q};\n\
+                 reg [31:0] acc_{r}_{c0}, sh_{r}_{c0}, acc_{r}_{c1}, sh_{r}_{c1};\n\
+                 wire signed [34:0] pp_{r}_{q} = {xi} * {wi};\n\
+                 wire [15:0] pr_{r}_{c0} = pp_{r}_{q}[15:0];\n\
+                 wire [15:0] pr_{r}_{c1} = pp_{r}_{q}[33:18] + {{15'd0, pp_{r}_{q}[17]}};"
             );
-            let _ = writeln!(
-                seq,
-                "always @(posedge clock) if (adv) begin\n    xr_{r}_{c} <= {xi}; wd_{r}_{c} <= {wi}; fr_{r}_{c} <= {fi};\n    if ({fi}) begin sh_{r}_{c} <= acc_{r}_{c}; acc_{r}_{c} <= {{{{16{{pr_{r}_{c}[15]}}}}, pr_{r}_{c}}}; end\n    else acc_{r}_{c} <= acc_{r}_{c} + {{{{16{{pr_{r}_{c}[15]}}}}, pr_{r}_{c}}};\nend"
-            );
+            let mut body =
+                format!("    xr_{r}_{q} <= {xi}; wd_{r}_{q} <= {wi}; fr_{r}_{q} <= {fi};\n");
+            for c in [c0, c1] {
+                let _ = writeln!(
+                    body,
+                    "    if ({fi}) begin sh_{r}_{c} <= acc_{r}_{c}; acc_{r}_{c} <= {{{{16{{pr_{r}_{c}[15]}}}}, pr_{r}_{c}}}; end\n\
+                     \x20   else acc_{r}_{c} <= acc_{r}_{c} + {{{{16{{pr_{r}_{c}[15]}}}}, pr_{r}_{c}}};"
+                );
+            }
+            let _ = writeln!(seq, "always @(posedge clock) if (adv) begin\n{body}end");
         }
     }
-    let last_flag = format!("fr_{}_{}", rows - 1, COLS - 2);
-    let last_flag = if COLS == 1 {
+    let last_flag = if pairs == 1 {
         format!("fl_{}", rows - 1)
     } else {
-        last_flag
+        format!("fr_{}_{}", rows - 1, pairs - 2)
     };
     // ---- read-out: row mux of the shadows, requantisation lanes ----
-    for c in 0..COLS {
+    for c in 0..cols {
         let _ = writeln!(decl, "reg [31:0] shr_{c};");
     }
     let _ = writeln!(comb, "always @* begin");
-    for c in 0..COLS {
+    for c in 0..cols {
         let _ = writeln!(comb, "    shr_{c} = 32'd0;");
     }
     let _ = writeln!(comb, "    case (ro_r)");
     for r in 0..rows {
         let _ = write!(comb, "        {ar}'d{r}: begin");
-        for c in 0..COLS {
+        for c in 0..cols {
             let _ = write!(comb, " shr_{c} = sh_{r}_{c};");
         }
         let _ = writeln!(comb, " end");
@@ -294,17 +380,24 @@ fn gemm_verilog(p: &GemmCore) -> String {
     let _ = writeln!(comb, "        default: ;\n    endcase\nend");
     let mut lanes = String::new();
     let mut ywords = Vec::new();
-    let pwords: Vec<String> = (0..COLS / 2)
-        .map(|w| format!("{{vw_{}, vw_{}}}", 2 * w + 1, 2 * w))
+    // PART_OUT: a row's `cols` int32 sums in 4 beats of `ipb` each
+    let pwords: Vec<String> = (0..4)
+        .map(|b| {
+            let mut v: Vec<String> = (b * ipb..(b + 1) * ipb)
+                .map(|c| format!("vw_{c}"))
+                .collect();
+            v.reverse();
+            format!("{{{}}}", v.join(", "))
+        })
         .collect();
     let mut pmux = String::new();
     for (w, word) in pwords.iter().enumerate() {
         let _ = writeln!(pmux, "        2'd{w}: wr_data = {word};");
     }
-    for c in 0..COLS {
+    for c in 0..cols {
         let _ = writeln!(
             decl,
-            "reg signed [31:0] v_{c}, vm_{c}, vr_{c}, vw_{c}; reg signed [48:0] pm_{c}; reg [7:0] y_{c};\n\
+            "reg signed [31:0] v_{c}, vm_{c}, vs_{c}, vr_{c}, vw_{c}; reg signed [48:0] pm_{c}, rr_{c}; reg [7:0] y_{c};\n\
              wire signed [31:0] vb_{c} = shr_{c} + (part_out_q ? 32'd0 : prm_{c}[31:0]) + pin_{c};\n\
              wire [5:0] sf_{c} = prm_{c}[53:48];\n\
              wire signed [48:0] rd_{c} = (sf_{c} == 6'd0) ? pm_{c} : ((pm_{c} + (49'sd1 <<< (sf_{c} - 6'd1))) >>> sf_{c});"
@@ -312,10 +405,11 @@ fn gemm_verilog(p: &GemmCore) -> String {
         let _ = writeln!(
             lanes,
             "            if (ro_issue) v_{c} <= (relu_q && !part_out_q && vb_{c}[31]) ? 32'sd0 : vb_{c};\n\
-             \x20           if (pipe_adv) begin vm_{c} <= v_{c}; vr_{c} <= vm_{c}; end\n\
+             \x20           if (pipe_adv) begin vm_{c} <= v_{c}; vs_{c} <= vm_{c}; vr_{c} <= vs_{c}; end\n\
              \x20           if (wb_take) vw_{c} <= vr_{c};\n\
              \x20           if (pipe_adv) pm_{c} <= v_{c} * $signed({{1'b0, prm_{c}[47:32]}});\n\
-             \x20           if (pipe_adv) y_{c} <= (rd_{c} > 49'sd127) ? 8'd127 : ((rd_{c} < -49'sd128) ? 8'h80 : rd_{c}[7:0]);"
+             \x20           if (pipe_adv) rr_{c} <= rd_{c};\n\
+             \x20           if (pipe_adv) y_{c} <= (rr_{c} > 49'sd127) ? 8'd127 : ((rr_{c} < -49'sd128) ? 8'h80 : rr_{c}[7:0]);"
         );
         ywords.push(format!("y_{c}"));
     }
@@ -323,7 +417,8 @@ fn gemm_verilog(p: &GemmCore) -> String {
     let yword = ywords.join(", ");
     format!(
         r#"
-// GEMM core (tandem-fpga): {rows} x {COLS} output-stationary int8 systolic array,
+// GEMM core (tandem-fpga): {rows} x {cols} output-stationary int8 systolic array
+// ({rows} x {pairs} PEs of two lanes on one multiplier), {dw}-bit data port,
 // k_max = {k_max}, n_max = {n_max}. Semantics: fpga::golden::gemm.
 /* verilator lint_off UNUSED */
 /* verilator lint_off WIDTH */
@@ -336,12 +431,12 @@ localparam [1:0] W_IDLE = 2'd0, W_REQ = 2'd1, W_DAT = 2'd2;
 
 // ---- run control and arguments ----
 reg running;
-reg [31:0] m_q, n_q, k_q, nt_q, kw_q;
+reg [31:0] m_q, n_q, k_q, nt_q, kw_q, pw_n_q;
 reg relu_q, acc_in_q, part_out_q;
 reg [63:0] px_q, pw_q, pp_q, py_q, pq_q;
 assign busy = running;
-wire args_ok = (arg0 != 32'd0) && (arg1 != 32'd0) && (arg1[2:0] == 3'd0) && (arg1 <= N_MAX)
-            && (arg2 != 32'd0) && (arg2[2:0] == 3'd0) && (arg2 <= K_MAX);
+wire args_ok = (arg0 != 32'd0) && (arg1 != 32'd0) && (arg1[{lgh}:0] == {lg}'d0) && (arg1 <= N_MAX)
+            && (arg2 != 32'd0) && (arg2[{lgh}:0] == {lg}'d0) && (arg2 <= K_MAX);
 
 // ---- read request generator: params; per M tile the x rows, then one W stream per N tile ----
 reg [2:0] g_ph;
@@ -353,7 +448,7 @@ always @* begin
     rd_req_addr = 64'd0;
     rd_req_len = 32'd1;
     case (g_ph)
-        P_PRM: begin rd_req_addr = pp_q; rd_req_len = n_q; end
+        P_PRM: begin rd_req_addr = pp_q; rd_req_len = pw_n_q; end
         P_X: begin rd_req_addr = g_xa; rd_req_len = kw_q; end
         P_W: begin rd_req_addr = g_wa; rd_req_len = k_q; end
         P_PI: begin rd_req_addr = g_pa; rd_req_len = 32'd4; end
@@ -389,9 +484,9 @@ always @* rd_data_ready = running && (c_ph == P_PRM || c_ph == P_X || (c_ph == P
 wire pi_ok = !(ro_busy && ro_par == c_tpar) && !(cap_pending && cap_has && cap_par == c_tpar);
 wire pi_we = running && c_ph == P_PI && rd_data_valid && pi_ok;
 // ---- stage 0: the W word and the x bank words of this k ----
-reg [63:0] s0w;
+reg [{dh}:0] s0w;
 reg s0_flag;
-reg [2:0] s0_sel;
+reg [{lgh}:0] s0_sel;
 
 // the capture in flight: which tile the flag's wavefront is collecting
 reg has_prev, cap_has, prev_par, cap_par;
@@ -399,14 +494,14 @@ reg [31:0] prev_m0, prev_nt, cap_m0, cap_nt;
 reg [63:0] prev_ybase, cap_ybase, prev_pbase, cap_pbase;
 
 // ---- read-out ----
-// rows flow through add -> multiply -> round (one row per stage), then a one-word writer
+// rows flow through add -> multiply -> round/shift -> saturate (one row per stage), then a one-word writer
 reg ro_prm, ro_iss, ro_par;
 reg [{arh}:0] ro_r;
 reg [31:0] ro_m0, ro_nt;
-reg [63:0] ro_addr, ro_paddr, a_addr, m_addr, r_addr, w_addr;
-reg a_v, m_v, r_v;
+reg [63:0] ro_addr, ro_paddr, a_addr, m_addr, s_addr, r_addr, w_addr;
+reg a_v, m_v, s_v, r_v;
 reg [1:0] w_st, w_b;
-reg [63:0] w_word;
+reg [{dh}:0] w_word;
 wire w_lastb = !part_out_q || w_b == 2'd3;
 wire wb_take = r_v && (w_st == W_IDLE || (w_st == W_DAT && wr_data_ready && w_lastb));
 wire pipe_adv = !r_v || wb_take;
@@ -419,9 +514,9 @@ wire ro_last = ({{{pad}'d0, ro_r}} + 32'd1 == ROWS) || (ro_m0 + {{{pad}'d0, ro_r
 
 always @(posedge clock) begin
     if (adv) begin
-        s0w <= w_take ? rd_data : 64'd0;
+        s0w <= w_take ? rd_data : {dw}'d0;
         s0_flag <= flag_now;
-        s0_sel <= c_widx[2:0];
+        s0_sel <= c_widx[{lgh}:0];
     end
 end
 
@@ -431,14 +526,14 @@ always @(posedge clock) begin
         running <= 1'b0;
         g_ph <= P_IDLE; c_ph <= P_IDLE; ro_prm <= 1'b0; ro_iss <= 1'b0;
         cap_pending <= 1'b0; ro_busy <= 1'b0; has_prev <= 1'b0; cap_has <= 1'b0;
-        a_v <= 1'b0; m_v <= 1'b0; r_v <= 1'b0; w_st <= W_IDLE;
+        a_v <= 1'b0; m_v <= 1'b0; s_v <= 1'b0; r_v <= 1'b0; w_st <= W_IDLE;
     end else begin
         if (start && !running) begin
             if (args_ok) begin
                 running <= 1'b1;
                 m_q <= arg0; n_q <= arg1; k_q <= arg2; relu_q <= arg3[0];
                 acc_in_q <= arg4[0]; part_out_q <= arg4[1];
-                nt_q <= arg1 >> 3; kw_q <= arg2 >> 3;
+                nt_q <= arg1 >> {lg}; kw_q <= arg2 >> {lg}; pw_n_q <= arg1 >> {lgp};
                 px_q <= ptr0; pw_q <= ptr1; pp_q <= ptr2; py_q <= ptr3; pq_q <= ptr4;
                 g_prow <= ptr4; c_prow <= ptr4; c_tpar <= 1'b0;
                 g_ph <= P_PRM; c_ph <= P_PRM;
@@ -446,7 +541,7 @@ always @(posedge clock) begin
                 c_m0 <= 32'd0; c_nt <= 32'd0; c_r <= 0; c_widx <= 32'd0; c_yrow <= ptr3;
                 cap_pending <= 1'b0; ro_busy <= 1'b0; has_prev <= 1'b0; cap_has <= 1'b0;
                 fl_sent <= 1'b0; fl_cnt <= 8'd0; ro_prm <= 1'b0; ro_iss <= 1'b0;
-                a_v <= 1'b0; m_v <= 1'b0; r_v <= 1'b0; w_st <= W_IDLE;
+                a_v <= 1'b0; m_v <= 1'b0; s_v <= 1'b0; r_v <= 1'b0; w_st <= W_IDLE;
             end else begin
                 done <= 1'b1;
             end
@@ -469,7 +564,7 @@ always @(posedge clock) begin
                     else g_r <= g_r + 1'b1;
                 end
                 P_W: begin
-                    g_wa <= g_wa + {{29'd0, k_q, 3'd0}};
+                    g_wa <= g_wa + {{{wpad}'d0, k_q, {lg}'d0}};
                     g_r <= 0;
                     if (g_nt + 32'd1 == nt_q) begin
                         g_nt <= 32'd0;
@@ -478,7 +573,7 @@ always @(posedge clock) begin
                         else begin g_ph <= P_X; g_m0 <= g_m0 + ROWS; end
                     end else begin
                         g_nt <= g_nt + 32'd1;
-                        if (acc_in_q) begin g_ph <= P_PI; g_pa <= g_prow + {{27'd0, g_nt + 32'd1, 5'd0}}; end
+                        if (acc_in_q) begin g_ph <= P_PI; g_pa <= g_prow + {{{ppad}'d0, g_nt + 32'd1, {lg2}'d0}}; end
                     end
                 end
                 default: ;
@@ -487,7 +582,7 @@ always @(posedge clock) begin
         // data consumer
         if (running) case (c_ph)
             P_PRM: if (rd_data_valid) begin
-                if (c_widx + 32'd1 == n_q) begin c_widx <= 32'd0; c_ph <= P_X; c_r <= 0; end
+                if (c_widx + 32'd1 == pw_n_q) begin c_widx <= 32'd0; c_ph <= P_X; c_r <= 0; end
                 else c_widx <= c_widx + 32'd1;
             end
             P_X: if (rd_data_valid) begin
@@ -539,8 +634,8 @@ always @(posedge clock) begin
             cap_has <= has_prev; cap_m0 <= prev_m0; cap_nt <= prev_nt; cap_ybase <= prev_ybase;
             cap_par <= prev_par; cap_pbase <= prev_pbase;
             has_prev <= (c_ph == P_W);
-            prev_m0 <= c_m0; prev_nt <= c_nt; prev_ybase <= c_yrow + {{29'd0, c_nt, 3'd0}};
-            prev_par <= c_tpar; prev_pbase <= c_prow + {{27'd0, c_nt, 5'd0}};
+            prev_m0 <= c_m0; prev_nt <= c_nt; prev_ybase <= c_yrow + {{{wpad}'d0, c_nt, {lg}'d0}};
+            prev_par <= c_tpar; prev_pbase <= c_prow + {{{ppad}'d0, c_nt, {lg2}'d0}};
         end
         if (adv && {last_flag}) begin
             cap_pending <= 1'b0;
@@ -561,7 +656,8 @@ always @(posedge clock) begin
         if (pipe_adv) begin
             a_v <= ro_issue; a_addr <= part_out_q ? ro_paddr : ro_addr;
             m_v <= a_v; m_addr <= a_addr;
-            r_v <= m_v; r_addr <= m_addr;
+            s_v <= m_v; s_addr <= m_addr;
+            r_v <= s_v; r_addr <= s_addr;
         end
         if (wb_take) begin
             w_st <= W_REQ; w_addr <= r_addr; w_word <= {{{yword}}}; w_b <= 2'd0;
@@ -569,7 +665,7 @@ always @(posedge clock) begin
         else if (w_st == W_DAT && wr_data_ready) begin
             if (w_lastb) w_st <= W_IDLE; else w_b <= w_b + 2'd1;
         end
-        if (ro_busy && !ro_prm && !ro_iss && !a_v && !m_v && !r_v && w_st == W_IDLE) ro_busy <= 1'b0;
+        if (ro_busy && !ro_prm && !ro_iss && !a_v && !m_v && !s_v && !r_v && w_st == W_IDLE) ro_busy <= 1'b0;
     end
     if (!reset) begin
 {lanes}    end
@@ -584,19 +680,25 @@ always @* begin
     if (part_out_q) case (w_b)
 {pmux}        default: ;
     endcase
-    wr_strb = 8'hFF;
+    wr_strb = {{{cols}{{1'b1}}}};
 end
 
 endmodule // gemm_core
 /* verilator lint_on WIDTH */
 /* verilator lint_on UNUSED */
 "#,
-        header = core_header("gemm_core", &["busy"]),
+        header = core_header_w("gemm_core", &["busy"], dw),
+        dh = dw - 1,
+        lgh = lg - 1,
+        lgp = lg - 3,
+        lg2 = lg + 2,
+        wpad = 32 - lg,
+        ppad = 30 - lg,
         k_max = p.k_max,
         n_max = p.n_max,
         arh = ar - 1,
         pad = 32 - ar,
-        flush = rows + COLS + 2,
+        flush = rows + cols + 2,
         last_flag = last_flag,
         pmux = pmux,
     )

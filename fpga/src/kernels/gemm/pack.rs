@@ -1,6 +1,7 @@
-//! The data layouts the GEMM core reads (x rows zero padded to a multiple of 8 bytes, the
-//! packed W stream, the per-column parameter words), shared by the host drivers
-//! ([`crate::drive`]) and the tests.
+//! The data layouts the GEMM core reads (x rows zero padded to a multiple of the build's
+//! lanes, the packed W stream, the per-column parameter words), shared by the host drivers
+//! ([`crate::drive`]) and the tests. The `*_lanes` functions serve a build of any lane count
+//! (`lanes` int8 per read beat); the others are the 8-lane (64-bit port) layouts.
 
 use crate::golden::gemm::Requant;
 
@@ -9,9 +10,19 @@ pub fn pad8(n: usize) -> usize {
     n.div_ceil(8) * 8
 }
 
+/// `n` rounded up to a multiple of `lanes` (at least 1).
+pub fn pad_lanes(n: usize, lanes: usize) -> usize {
+    n.div_ceil(lanes.max(1)) * lanes.max(1)
+}
+
 /// x `[M][K]` -> `[M][pad8(K)]` with zero columns.
 pub fn pad_x(x: &[i8], m: usize, k: usize) -> Vec<i8> {
-    let kp = pad8(k);
+    pad_x_lanes(x, m, k, 8)
+}
+
+/// x `[M][K]` -> `[M][pad_lanes(K, lanes)]` with zero columns.
+pub fn pad_x_lanes(x: &[i8], m: usize, k: usize, lanes: usize) -> Vec<i8> {
+    let kp = pad_lanes(k, lanes);
     let mut out = vec![0i8; m * kp];
     for (o, i) in out.chunks_exact_mut(kp).zip(x.chunks_exact(k.max(1))) {
         o[..k].copy_from_slice(i);
@@ -39,10 +50,32 @@ pub fn pack_w(w: &[i8], n: usize, k: usize) -> Vec<u64> {
     out
 }
 
+/// The packed W stream of a build with `lanes` lanes, as bytes: for each tile of `lanes`
+/// rows of w (`n0`) and each k, one beat of `lanes` bytes whose byte c is `w[n0+c][k]`
+/// (zero padded to `pad_lanes(N)` x `pad_lanes(K)`). With 8 lanes, the bytes of
+/// [`pack_w`]'s words.
+pub fn pack_w_lanes(w: &[i8], n: usize, k: usize, lanes: usize) -> Vec<u8> {
+    let (np, kp) = (pad_lanes(n, lanes), pad_lanes(k, lanes));
+    let mut out = vec![0u8; np * kp];
+    for row in 0..n {
+        let (tile, c) = (row / lanes, row % lanes);
+        for kk in 0..k {
+            out[(tile * kp + kk) * lanes + c] = w[row * k + kk] as u8;
+        }
+    }
+    out
+}
+
 /// Per-column parameter words: bits 31:0 bias, 47:32 mult, 53:48 shift (zero padded to
 /// `pad8(N)` columns).
 pub fn pack_params(bias: &[i32], rq: &[Requant]) -> Vec<u64> {
-    let np = pad8(bias.len());
+    pack_params_lanes(bias, rq, 8)
+}
+
+/// [`pack_params`] zero padded to `pad_lanes(N, lanes)` columns (a beat of the build's port
+/// holds `lanes / 8` of them, column order).
+pub fn pack_params_lanes(bias: &[i32], rq: &[Requant], lanes: usize) -> Vec<u64> {
+    let np = pad_lanes(bias.len(), lanes);
     (0..np)
         .map(|i| match (bias.get(i), rq.get(i)) {
             (Some(&b), Some(r)) => {
@@ -70,5 +103,37 @@ mod tests {
         assert_eq!(q.len(), 8);
         assert_eq!(q[0], 0xFFFF_FFFE | (7 << 32) | (9 << 48));
         assert_eq!(pad_x(&[5, 6, 7], 1, 3), vec![5, 6, 7, 0, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn wide_layouts_extend_the_8_lane_ones() {
+        // random-ish w [N=21][K=13]
+        let (n, k) = (21, 13);
+        let w: Vec<i8> = (0..n * k).map(|i| (i * 37 % 251) as i8).collect();
+        let narrow: Vec<u8> = pack_w(&w, n, k)
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        assert_eq!(pack_w_lanes(&w, n, k, 8), narrow);
+        for lanes in [16, 32, 64] {
+            let p = pack_w_lanes(&w, n, k, lanes);
+            let (np, kp) = (pad_lanes(n, lanes), pad_lanes(k, lanes));
+            assert_eq!(p.len(), np * kp);
+            for row in 0..np {
+                for kk in 0..kp {
+                    let want = if row < n && kk < k {
+                        w[row * k + kk] as u8
+                    } else {
+                        0
+                    };
+                    assert_eq!(p[((row / lanes) * kp + kk) * lanes + row % lanes], want);
+                }
+            }
+            assert_eq!(
+                pack_params_lanes(&[1; 3], &[Requant { mult: 1, shift: 0 }; 3], lanes).len(),
+                lanes
+            );
+            assert_eq!(pad_x_lanes(&[1, 2], 1, 2, lanes).len(), lanes);
+        }
     }
 }

@@ -98,16 +98,17 @@ impl LinearJob {
         })
     }
 
-    /// Runs the GEMM on `dev`.
+    /// Runs the GEMM on `dev`, which has the build `core` loaded.
     pub(super) fn run(
         &self,
         dev: &mut dyn FpgaDevice,
+        core: &tandem_fpga::kernels::gemm::GemmCore,
         timeout: Duration,
     ) -> std::result::Result<(Vec<i8>, RunStats), FpgaError> {
         let ql = &self.ql;
         drive::run_gemm_split(
             dev,
-            &super::gemm_build(),
+            core,
             &self.xq,
             &ql.w,
             &ql.bias,

@@ -62,7 +62,7 @@ use super::{
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::Op;
-use crate::options::{FpgaOptions, SimMode};
+use crate::options::{FpgaOptions, SimMode, SimProfile};
 use crate::sync::Deadline;
 use crate::tensor::{Tensor, TensorMeta};
 
@@ -108,13 +108,7 @@ pub use xrt::xrt_factory;
 /// override, build cache, C++ compiler, memory, VCD trace).
 pub fn sim_factory() -> OpenDevice {
     Box::new(|o: &FpgaOptions| {
-        let mut mem = tandem_sim::MemConfig::default();
-        if let Some(l) = o.sim_read_latency {
-            mem.read_latency = l;
-        }
-        if let Some(b) = o.sim_bytes_per_cycle {
-            mem.bytes_per_cycle = b;
-        }
+        let mem = sim_mem(o);
         let cfg = tandem_sim::SimConfig {
             mem,
             clock_mhz: o.clock_mhz,
@@ -133,13 +127,7 @@ pub fn sim_factory() -> OpenDevice {
 /// cycles) with the simulated card's memory and clock options.
 pub fn model_factory() -> OpenDevice {
     Box::new(|o: &FpgaOptions| {
-        let mut mem = tandem_sim::MemConfig::default();
-        if let Some(l) = o.sim_read_latency {
-            mem.read_latency = l;
-        }
-        if let Some(b) = o.sim_bytes_per_cycle {
-            mem.bytes_per_cycle = b;
-        }
+        let mem = sim_mem(o);
         let cfg = tandem_sim::ModelConfig {
             mem,
             clock_mhz: o.clock_mhz,
@@ -202,14 +190,41 @@ impl std::fmt::Debug for FpgaBackend {
     }
 }
 
-/// The GEMM build the backend loads: an 8-row array, K and N up to 4096 (the build the
-/// bit-exact tests of the shipped builds check).
+/// The GEMM build the backend loads by default (profile `ci`): an 8-row, 8-lane array on a
+/// 64-bit port, K and N up to 4096 (the build the bit-exact tests of the shipped builds
+/// check).
 pub fn gemm_build() -> GemmCore {
     GemmCore {
         rows: 8,
         k_max: 4096,
         n_max: 4096,
+        lanes: 8,
     }
+}
+
+/// The GEMM build of a simulated card's profile: [`gemm_build`] for `ci`, the card-sized
+/// [`GemmCore::u55c_wide`] (64 x 64 int8 MACs, 512-bit port) for `u55c`.
+pub fn gemm_build_for(profile: SimProfile) -> GemmCore {
+    match profile {
+        SimProfile::Ci => gemm_build(),
+        SimProfile::U55c => GemmCore::u55c_wide(),
+    }
+}
+
+/// The simulated memory of the options: the simulator's default, the `u55c` profile's beat of
+/// 64 bytes a cycle (its 512-bit GEMM port's peak), then the explicit overrides.
+fn sim_mem(o: &FpgaOptions) -> tandem_sim::MemConfig {
+    let mut mem = tandem_sim::MemConfig::default();
+    if o.sim_profile == SimProfile::U55c {
+        mem.bytes_per_cycle = 64.0;
+    }
+    if let Some(l) = o.sim_read_latency {
+        mem.read_latency = l;
+    }
+    if let Some(b) = o.sim_bytes_per_cycle {
+        mem.bytes_per_cycle = b;
+    }
+    mem
 }
 
 impl FpgaBackend {
@@ -217,24 +232,32 @@ impl FpgaBackend {
     /// router, an 8-row GEMM (K, N up to 4096) and the attention builds.
     pub fn new(card: CardInfo, opts: FpgaOptions, open: OpenDevice) -> Self {
         let router = RouterCore::default();
-        let gemm = gemm_build();
+        // a board runs the xclbins it has; a simulated card the builds of its profile
+        let gemm = match card.kind {
+            DeviceKind::FpgaSim => gemm_build_for(opts.sim_profile),
+            _ => gemm_build(),
+        };
         let attention = attention::builds();
         let vecops = vecops::vecops_build();
         let clock_mhz = opts.clock_mhz.unwrap_or(DEFAULT_CLOCK_MHZ);
         let clock = clock_mhz * 1e6;
         let mut details = card.details;
+        if card.kind == DeviceKind::FpgaSim {
+            details.push(("sim profile".into(), opts.sim_profile.name().into()));
+        }
         details.extend([
             ("clock".into(), format!("{clock_mhz} MHz")),
             (
                 "kernels".into(),
                 format!(
-                    "router (e_max={}, k_max={}, lanes={}), gemm (rows={}, k_max={}, n_max={}), \
+                    "router (e_max={}, k_max={}, lanes={}), gemm (rows={}, lanes={}, k_max={}, n_max={}), \
                      attention (d_max={}, {} and {}, nkv_max={} per launch, kv_tile={}), \
                      vecops (n_max={})",
                     router.e_max,
                     router.k_max,
                     router.lanes,
                     gemm.rows,
+                    gemm.lanes,
                     gemm.k_max,
                     gemm.n_max,
                     attention[0].1.d_max,
@@ -255,7 +278,8 @@ impl FpgaBackend {
             memory_bytes: card.memory_bytes,
             // The router: one logit per cycle, ~8 operations each.
             peak_flops: 8.0 * clock,
-            peak_bandwidth: 8.0 * clock,
+            // one beat of the widest port a cycle (the GEMM's: 8 bytes, 64 on a 512-bit build)
+            peak_bandwidth: f64::from(gemm.lanes.max(8)) * clock,
             compute_dtype: DType::I8,
             details,
         };
@@ -298,7 +322,17 @@ impl FpgaBackend {
     /// Estimated kernel cycles of an op this backend supports (the analytic models of
     /// `tandem_fpga::timing`).
     fn estimate_cycles(&self, op: &Op, inputs: &[TensorMeta]) -> Option<u64> {
-        let mem = MemTiming::default();
+        // the simulated card's memory (the u55c profile's 64-byte beats); a board: the default
+        let mem = if self.info.id.kind == DeviceKind::FpgaSim {
+            let m = sim_mem(&self.opts);
+            MemTiming {
+                read_latency: m.read_latency,
+                write_latency: m.write_latency,
+                bytes_per_cycle: m.bytes_per_cycle,
+            }
+        } else {
+            MemTiming::default()
+        };
         match op {
             Op::MoeRoute(p) => {
                 let l = inputs.first()?;
@@ -540,7 +574,7 @@ impl Backend for FpgaBackend {
             Op::Linear(p) => {
                 let job = linear::LinearJob::new(p, &tensors)?;
                 let ((y, st), clock) = self.with_card("gemm", &self.gemm, modelled, |dev| {
-                    job.run(dev, deadline.remaining())
+                    job.run(dev, &self.gemm, deadline.remaining())
                 })?;
                 (vec![job.output(&y)?], st.cycles, clock, GEMM_KERNEL)
             }
@@ -675,6 +709,38 @@ mod tests {
             details: Vec::new(),
         };
         FpgaBackend::new(card, FpgaOptions::default(), sim_factory())
+    }
+
+    #[test]
+    fn the_u55c_profile_picks_the_card_sized_gemm() {
+        let card = |kind| CardInfo {
+            kind,
+            index: 0,
+            name: "test".into(),
+            memory_bytes: 1 << 30,
+            details: Vec::new(),
+        };
+        let opts = FpgaOptions {
+            sim_profile: SimProfile::U55c,
+            ..FpgaOptions::default()
+        };
+        let b = FpgaBackend::new(card(DeviceKind::FpgaSim), opts.clone(), sim_factory());
+        assert_eq!(b.gemm, GemmCore::u55c_wide());
+        assert!(b.gemm.macs() >= 4096);
+        assert_eq!(sim_mem(&opts).bytes_per_cycle, 64.0);
+        assert!(
+            b.info
+                .details
+                .iter()
+                .any(|(k, v)| k == "sim profile" && v == "u55c")
+        );
+        // the default profile keeps CI's small build; an explicit bandwidth wins
+        assert_eq!(backend().gemm, gemm_build());
+        let slow = FpgaOptions {
+            sim_bytes_per_cycle: Some(16.0),
+            ..opts
+        };
+        assert_eq!(sim_mem(&slow).bytes_per_cycle, 16.0);
     }
 
     #[test]
