@@ -98,7 +98,7 @@ fn errors(c: &Case) -> TestResult<[f64; 4]> {
     let inmetas: Vec<_> = inputs.iter().map(|t| t.meta()).collect();
     assert_eq!(
         metas,
-        op.validate(&inmetas)?,
+        op.validate(&inmetas)?.into_vec(),
         "output metas differ from validate()"
     );
     let f64_out = op.reference(&[q64, k64, v64])?;

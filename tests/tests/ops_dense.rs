@@ -25,7 +25,7 @@ fn run(op: &Op, inputs: &[ArrayD<f32>]) -> TestResult<Outs> {
     let out_metas: Vec<TensorMeta> = out.iter().map(|t| t.meta()).collect();
     assert_eq!(
         out_metas,
-        op.validate(&metas)?,
+        op.validate(&metas)?.into_vec(),
         "{}: output metas",
         op.name()
     );

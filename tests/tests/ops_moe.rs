@@ -123,7 +123,7 @@ fn route_and_check(logits: &ArrayD<f32>, p: MoeRouteParams) -> TestResult<Vec<Te
     let metas: Vec<TensorMeta> = out.iter().map(|o| o.meta()).collect();
     assert_eq!(
         metas,
-        op.validate(&[input.meta()])?,
+        op.validate(&[input.meta()])?.into_vec(),
         "output metas differ from validate()"
     );
     let wide: Vec<ArrayD<f64>> = out.iter().map(|o| o.to_f64()).collect();
@@ -401,7 +401,7 @@ fn check_experts(c: &ExpertsCase) -> TestResult {
     let metas: Vec<TensorMeta> = inputs.iter().map(|t| t.meta()).collect();
     assert_eq!(
         vec![out[0].meta()],
-        op.validate(&metas)?,
+        op.validate(&metas)?.into_vec(),
         "output metas differ from validate()"
     );
     let e32 = rel_err(&out[0].to_f64(), &want);

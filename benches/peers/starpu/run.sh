@@ -6,7 +6,10 @@
 # Usage, from the repo root:  benches/peers/starpu/run.sh [OPS [REPEATS]]     (default 100000 5)
 # TANDEM: the tandem binary (default: target/release/tandem, else target/debug/tandem under
 # $CARGO_TARGET_DIR or ./target). SCHEDS: StarPU schedulers (default "eager lws ws dmda prio").
-# Needs StarPU 1.3's headers and library (Debian: apt-get install libstarpu-dev) and a C compiler.
+# Needs StarPU 1.3's headers and library (Debian: apt-get install libstarpu-dev) and a C compiler,
+# or STARPU_BIN: an overhead.c binary built elsewhere (with its libraries on LD_LIBRARY_PATH;
+# `benches/peers/starpu/bundle.sh DIR` makes one with its libraries, for a machine without
+# StarPU, such as the GPU machine).
 set -euo pipefail
 OPS=${1:-100000}
 REPEATS=${2:-5}
@@ -22,13 +25,17 @@ if [ -z "${TANDEM:-}" ] || [ ! -x "$TANDEM" ]; then
   echo "no tandem binary: build one (cargo build --release -p tandem) or set TANDEM" >&2
   exit 2
 fi
-if ! pkg-config --exists starpu-1.3; then
-  echo "StarPU 1.3 not found by pkg-config (Debian/Ubuntu: apt-get install libstarpu-dev)" >&2
-  exit 2
+if [ -n "${STARPU_BIN:-}" ]; then
+  BIN=$STARPU_BIN
+else
+  if ! pkg-config --exists starpu-1.3; then
+    echo "StarPU 1.3 not found by pkg-config (Debian/Ubuntu: apt-get install libstarpu-dev), and no STARPU_BIN" >&2
+    exit 2
+  fi
+  BIN=$(mktemp -d)/starpu_overhead
+  trap 'rm -rf "$(dirname "$BIN")"' EXIT
+  ${CC:-cc} -O2 -Wall -Wextra -o "$BIN" "$HERE/overhead.c" $(pkg-config --cflags --libs starpu-1.3)
 fi
-BIN=$(mktemp -d)/starpu_overhead
-trap 'rm -rf "$(dirname "$BIN")"' EXIT
-${CC:-cc} -O2 -Wall -Wextra -o "$BIN" "$HERE/overhead.c" $(pkg-config --cflags --libs starpu-1.3)
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $(date -u +%Y-%m-%dT%H:%MZ)"
 echo "tandem: $TANDEM"
 STARPU_OUT=$(STARPU_SILENT=1 "$BIN" "$OPS" "$REPEATS" $SCHEDS)

@@ -9,6 +9,7 @@
 //!
 //! - `prepared`: a graph and its plan, checked and indexed once ([`Prepared`])
 //! - `request`: one execution's state; how a worker runs one of its nodes; [`Ticket`]
+//! - `runs`: the node runs of an execution, written in place by the workers ([`NodeRuns`])
 //! - `worker`: the per-device worker threads and the channels between them
 //! - `queue`: admission (at most N requests in flight; wait, or [`Error::QueueFull`])
 //! - `service`: [`Service`], the many-request front
@@ -17,6 +18,7 @@ mod buffers;
 mod prepared;
 mod queue;
 mod request;
+mod runs;
 mod service;
 mod worker;
 
@@ -28,6 +30,7 @@ use serde::Serialize;
 pub use buffers::Buffers;
 pub use prepared::Prepared;
 pub use request::Ticket;
+pub use runs::NodeRuns;
 pub use service::{Service, ServiceOptions};
 
 use crate::backend::{DeviceId, DeviceRegistry, LaunchInfo};
@@ -91,8 +94,8 @@ pub struct Execution {
     /// Every tensor of the run, by name. The parameters' buffers are the executor's resident
     /// ones, shared with later executions: read them, never write them.
     pub buffers: Buffers,
-    /// Node runs in graph order.
-    pub runs: Vec<NodeRun>,
+    /// Node runs in graph order (a slice of [`NodeRun`]).
+    pub runs: NodeRuns,
     /// Wall time of the whole run.
     pub wall: Duration,
 }

@@ -12,6 +12,7 @@ use crossbeam_channel::{Receiver, Sender, bounded};
 
 use super::prepared::{Prepared, Source};
 use super::queue::Permit;
+use super::runs::{NodeRuns, RunSlots};
 use super::worker::Router;
 use super::{Buffers, ExecOptions, Execution, NodeRun};
 use crate::backend::{Backend, DeviceId, DeviceRegistry, LaunchInfo};
@@ -44,7 +45,7 @@ pub(crate) struct RunState {
     waiting: Vec<AtomicU32>,
     /// Nodes handed to a worker and not finished: the execution ends when it reaches 0.
     in_flight: AtomicUsize,
-    runs: Vec<Mutex<Option<NodeRun>>>,
+    runs: Arc<RunSlots>,
     /// Set once anything failed: nodes then consult `trouble`.
     troubled: AtomicBool,
     /// Set when the execution failed: remaining nodes are skipped.
@@ -92,7 +93,7 @@ impl RunState {
             .collect();
         let n = prep.nodes.len();
         let waiting = prep.nodes.iter().map(|p| AtomicU32::new(p.deps)).collect();
-        let runs = (0..n).map(|_| Mutex::new(None)).collect();
+        let runs = Arc::new(RunSlots::new(n));
         let (done_tx, done_rx) = bounded(1);
         let run = Arc::new(RunState {
             reg,
@@ -218,7 +219,9 @@ impl RunState {
                 if self.troubled.load(Ordering::Acquire) {
                     run.fallback = lock(&self.trouble).notes.remove(&i);
                 }
-                *lock(&self.runs[i as usize]) = Some(run);
+                if let Err(e) = self.runs.put(i as usize, run) {
+                    self.fail(e);
+                }
                 for &j in self.prep.dependents(i) {
                     if self.waiting[j as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
                         self.in_flight.fetch_add(1, Ordering::AcqRel);
@@ -377,16 +380,8 @@ impl Ticket {
         if let Some(e) = lock(&run.trouble).error.take() {
             return Err(e);
         }
-        let runs = run
-            .runs
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                lock(r).take().ok_or_else(|| {
-                    Error::Internal(format!("node {} never ran", run.prep.nodes[i].name))
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let runs = NodeRuns::complete(run.runs.clone())
+            .map_err(|i| Error::Internal(format!("node {} never ran", run.prep.nodes[i].name)))?;
         let buffers = Buffers::new(run.prep.names.clone(), run.buffers.clone());
         Ok(Execution {
             buffers,

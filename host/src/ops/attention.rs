@@ -5,10 +5,12 @@
 //! keys j <= i + Nkv - Nq. A query row that sees no key (possible when Nq > Nkv) gets O = 0
 //! and LSE = -inf.
 
+use crate::ops::OutputMetas;
 use ndarray::linalg::general_mat_mul;
 use ndarray::{Array2, Array3, Array4, ArrayD, ArrayView2, ArrayView4, ArrayViewMut2, Ix4, s};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+use smallvec::smallvec;
 
 use super::elementwise::{exp_shifted, max_of};
 use super::linear::exp_fast;
@@ -135,11 +137,11 @@ impl AttentionParams {
     }
 
     /// Output metas: o [B, Hq, Nq, D] and lse [B, Hq, Nq].
-    pub fn validate(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>> {
+    pub fn validate(&self, inputs: &[TensorMeta]) -> Result<OutputMetas> {
         let s = self.shape(inputs)?;
-        Ok(vec![
-            TensorMeta::new(vec![s.b, s.hq, s.nq, s.d], DType::F32),
-            TensorMeta::new(vec![s.b, s.hq, s.nq], DType::F32),
+        Ok(smallvec![
+            TensorMeta::new([s.b, s.hq, s.nq, s.d], DType::F32),
+            TensorMeta::new([s.b, s.hq, s.nq], DType::F32),
         ])
     }
 

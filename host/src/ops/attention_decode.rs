@@ -21,9 +21,11 @@
 //! lengths out of range and block ids outside the cache. The GPU kernels never read outside the
 //! cache on such values: they write NaN for that sequence, which fails the run's finite check.
 
+use crate::ops::OutputMetas;
 use ndarray::{Array3, Array4, ArrayD};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+use smallvec::smallvec;
 
 use super::{CPU_PAR_MIN, expect_inputs, metas, reference_metas};
 use crate::dtype::DType;
@@ -270,11 +272,11 @@ impl AttentionDecodeParams {
     }
 
     /// Output metas: o [B, Hq, Nq, D] and lse [B, Hq, Nq].
-    pub fn validate(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>> {
+    pub fn validate(&self, inputs: &[TensorMeta]) -> Result<OutputMetas> {
         let s = self.shape(inputs)?;
-        Ok(vec![
-            TensorMeta::new(vec![s.b, s.hq, s.nq, s.d], DType::F32),
-            TensorMeta::new(vec![s.b, s.hq, s.nq], DType::F32),
+        Ok(smallvec![
+            TensorMeta::new([s.b, s.hq, s.nq, s.d], DType::F32),
+            TensorMeta::new([s.b, s.hq, s.nq], DType::F32),
         ])
     }
 

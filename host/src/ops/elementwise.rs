@@ -1,7 +1,9 @@
 //! Elementwise ops, and the scalar numerics the other op families share (activations,
 //! log-sum-exp), written once for f32 (the CPU fast path) and f64 (the references).
 
+use crate::ops::OutputMetas;
 use ndarray::ArrayD;
+use smallvec::smallvec;
 
 use super::{CPU_PAR_MIN, expect_inputs, metas, reference_metas};
 use crate::dtype::DType;
@@ -73,7 +75,7 @@ pub fn exp_shifted<T: Real>(x: &[T], out: &mut [T]) -> (T, T) {
 }
 
 /// a + b: same shape, f32.
-pub fn validate_add(inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>> {
+pub fn validate_add(inputs: &[TensorMeta]) -> Result<OutputMetas> {
     expect_inputs("add", inputs.len(), &["a", "b"])?;
     let (a, b) = (&inputs[0], &inputs[1]);
     if a.dtype != DType::F32 || b.dtype != DType::F32 {
@@ -88,7 +90,7 @@ pub fn validate_add(inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>> {
             format!("shapes {:?} and {:?} differ", a.shape, b.shape),
         ));
     }
-    Ok(vec![a.clone()])
+    Ok(smallvec![a.clone()])
 }
 
 /// CPU a + b.

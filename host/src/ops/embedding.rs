@@ -2,9 +2,11 @@
 //! y `[..., H]` with y[i] = table[ids[i]]. An id outside `0..V` is an error naming the id, its
 //! position and the vocabulary size; nothing is clamped or wrapped.
 
+use crate::ops::OutputMetas;
 use ndarray::{ArrayD, IxDyn};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+use smallvec::smallvec;
 
 use super::{CPU_PAR_MIN, expect_inputs, flat, metas, reference_metas};
 use crate::dtype::DType;
@@ -26,7 +28,7 @@ pub struct EmbeddingParams {}
 
 impl EmbeddingParams {
     /// Output meta: ids' shape with the table's row size appended, f32.
-    pub fn validate(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>> {
+    pub fn validate(&self, inputs: &[TensorMeta]) -> Result<OutputMetas> {
         expect_inputs(OP, inputs.len(), &INPUTS)?;
         let (ids, table) = (&inputs[0], &inputs[1]);
         if ids.dtype != DType::I32 {
@@ -58,7 +60,7 @@ impl EmbeddingParams {
         }
         let mut shape = ids.shape.clone();
         shape.push(h);
-        Ok(vec![TensorMeta::new(shape, DType::F32)])
+        Ok(smallvec![TensorMeta::new(shape, DType::F32)])
     }
 
     /// CPU f32 implementation: row copies, parallel over blocks of ids for large lookups.

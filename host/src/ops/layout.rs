@@ -1,7 +1,9 @@
 //! Head layout changes between linear outputs and attention: [B*T, H*D] <-> [B, H, T, D].
 
+use crate::ops::OutputMetas;
 use ndarray::{ArrayD, IxDyn};
 use serde::{Deserialize, Serialize};
+use smallvec::smallvec;
 
 use super::{expect_inputs, metas, reference_metas};
 use crate::dtype::DType;
@@ -19,7 +21,7 @@ pub struct SplitHeadsParams {
 
 impl SplitHeadsParams {
     /// Output meta [B, H, T, D].
-    pub fn validate(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>> {
+    pub fn validate(&self, inputs: &[TensorMeta]) -> Result<OutputMetas> {
         let op = "split_heads";
         expect_inputs(op, inputs.len(), &["x"])?;
         let x = &inputs[0];
@@ -42,8 +44,8 @@ impl SplitHeadsParams {
                 ),
             ));
         }
-        Ok(vec![TensorMeta::new(
-            vec![self.batch, self.heads, r / self.batch, c / self.heads],
+        Ok(smallvec![TensorMeta::new(
+            [self.batch, self.heads, r / self.batch, c / self.heads],
             DType::F32,
         )])
     }
@@ -74,7 +76,7 @@ impl SplitHeadsParams {
 }
 
 /// Output meta of merge_heads: [B*T, H*D].
-pub fn validate_merge(inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>> {
+pub fn validate_merge(inputs: &[TensorMeta]) -> Result<OutputMetas> {
     expect_inputs("merge_heads", inputs.len(), &["x"])?;
     let x = &inputs[0];
     if x.dtype != DType::F32 || x.shape.len() != 4 {
@@ -84,8 +86,8 @@ pub fn validate_merge(inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>> {
         ));
     }
     let s = &x.shape;
-    Ok(vec![TensorMeta::new(
-        vec![s[0] * s[2], s[1] * s[3]],
+    Ok(smallvec![TensorMeta::new(
+        [s[0] * s[2], s[1] * s[3]],
         DType::F32,
     )])
 }

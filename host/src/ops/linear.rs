@@ -1,9 +1,11 @@
 //! Fused linear: y = act(x W^T + b). x `[..., K]`, W `[N, K]` (PyTorch's `[out, in]`), b `[N]`.
 
+use crate::ops::OutputMetas;
 use ndarray::linalg::general_mat_mul;
 use ndarray::{Array2, ArrayD, ArrayView2, ArrayViewMut2, Axis, Ix2, IxDyn, s};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+use smallvec::smallvec;
 
 use super::elementwise::{Real, gelu_tanh, relu, silu};
 use super::{expect_inputs, metas, reference_metas};
@@ -121,12 +123,12 @@ impl LinearParams {
     }
 
     /// Output meta: [..., N].
-    pub fn validate(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>> {
+    pub fn validate(&self, inputs: &[TensorMeta]) -> Result<OutputMetas> {
         let (_, n, _) = self.mnk(inputs)?;
         let mut shape = inputs[0].shape.clone();
         let last = shape.len() - 1;
         shape[last] = n;
-        Ok(vec![TensorMeta::new(shape, DType::F32)])
+        Ok(smallvec![TensorMeta::new(shape, DType::F32)])
     }
 
     /// 2 M N K.

@@ -32,6 +32,10 @@ use crate::error::Result;
 use crate::sync::Deadline;
 use crate::tensor::{Tensor, TensorMeta};
 
+/// The output metas of an op ([`Op::validate`]): inline for up to two outputs, so checking
+/// a node allocates nothing (the planner and the executor validate every node).
+pub type OutputMetas = smallvec::SmallVec<[TensorMeta; 2]>;
+
 /// One op with its parameters.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -274,7 +278,7 @@ impl Op {
     }
 
     /// Checks the inputs' shapes and dtypes and returns the outputs'.
-    pub fn validate(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>> {
+    pub fn validate(&self, inputs: &[TensorMeta]) -> Result<OutputMetas> {
         check_arity(self, inputs.len())?;
         match self {
             Op::Attention(p) => p.validate(inputs),
@@ -287,7 +291,7 @@ impl Op {
             Op::Add => elementwise::validate_add(inputs),
             Op::SplitHeads(p) => p.validate(inputs),
             Op::MergeHeads => layout::validate_merge(inputs),
-            Op::Nop => Ok(vec![nop_token()]),
+            Op::Nop => Ok(smallvec::smallvec![nop_token()]),
             Op::Embedding(p) => p.validate(inputs),
         }
     }
@@ -405,7 +409,7 @@ impl Op {
 
 /// What [`Op::Nop`] writes: an f32 tensor of no elements.
 fn nop_token() -> TensorMeta {
-    TensorMeta::new(vec![0], crate::dtype::DType::F32)
+    TensorMeta::new([0], crate::dtype::DType::F32)
 }
 
 fn check_arity(op: &Op, n: usize) -> Result<()> {

@@ -1,9 +1,11 @@
 //! RMSNorm: y = t * rsqrt(mean(t^2) + eps) * w over the last dim, where t = x, or, with the
 //! fused residual add, t = x + residual (then also returned as `sum`).
 
+use crate::ops::OutputMetas;
 use ndarray::{ArrayD, IxDyn};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+use smallvec::smallvec;
 
 use super::elementwise::Real;
 use super::{CPU_PAR_MIN, expect_inputs, flat, metas, reference_metas};
@@ -31,7 +33,7 @@ impl Default for RmsNormParams {
 
 impl RmsNormParams {
     /// Output metas: y (and sum) of x's shape.
-    pub fn validate(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>> {
+    pub fn validate(&self, inputs: &[TensorMeta]) -> Result<OutputMetas> {
         let op = "rmsnorm";
         let names: &[&str] = if self.residual {
             &["x", "w", "residual"]
@@ -80,9 +82,9 @@ impl RmsNormParams {
         }
         let y = TensorMeta::new(x.shape.clone(), DType::F32);
         Ok(if self.residual {
-            vec![y.clone(), y]
+            smallvec![y.clone(), y]
         } else {
-            vec![y]
+            smallvec![y]
         })
     }
 

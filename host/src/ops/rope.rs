@@ -2,9 +2,11 @@
 //! `position_offset + t`; inv_freq_i = base^(-2i/D); y = x * cos + rotate_half(x) * sin with
 //! rotate_half(x) = [-x2, x1].
 
+use crate::ops::OutputMetas;
 use ndarray::{ArrayD, IxDyn};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+use smallvec::smallvec;
 
 use super::elementwise::Real;
 use super::{CPU_PAR_MIN, expect_inputs, flat, metas, reference_metas};
@@ -32,7 +34,7 @@ impl Default for RopeParams {
 
 impl RopeParams {
     /// Output meta: x's.
-    pub fn validate(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>> {
+    pub fn validate(&self, inputs: &[TensorMeta]) -> Result<OutputMetas> {
         let op = "rope";
         expect_inputs(op, inputs.len(), &["x"])?;
         let x = &inputs[0];
@@ -61,7 +63,7 @@ impl RopeParams {
                 format!("base {} must be finite and > 1", self.base),
             ));
         }
-        Ok(vec![x.clone()])
+        Ok(smallvec![x.clone()])
     }
 
     /// CPU f32 implementation: cos/sin tables computed in f64 and rounded to f32, then rows

@@ -303,7 +303,7 @@ pub fn plan_indexed(
             Option<&'static str>,
         );
         let mut best: Option<Best> = None;
-        let mut considered = Vec::with_capacity(backends.len());
+        let mut considered = smallvec::SmallVec::<[Considered; 2]>::new();
         let mut lacks: Option<String> = None;
         // Devices whose limit is under the node's working set: (device, need, limit).
         let mut too_big: Vec<(DeviceId, u64, u64)> = Vec::new();

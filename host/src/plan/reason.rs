@@ -97,9 +97,10 @@ impl fmt::Display for Considered {
 }
 
 /// Why a node went where it did: the devices considered, in the order looked at. Displays
-/// (and serializes) as one line, `; `-separated.
+/// (and serializes) as one line, `; `-separated. Two devices' entries are held inline (the
+/// usual case: the requested device and the CPU), so planning a node allocates nothing here.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Reason(pub Vec<Considered>);
+pub struct Reason(pub smallvec::SmallVec<[Considered; 2]>);
 
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -125,7 +126,7 @@ mod tests {
 
     #[test]
     fn reasons_read_as_before() {
-        let r = Reason(vec![
+        let r = Reason(smallvec::smallvec![
             Considered::No(DeviceId::CPU, "no kernel".into()),
             Considered::Timed {
                 device: DeviceId::CPU,

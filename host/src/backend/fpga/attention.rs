@@ -200,7 +200,7 @@ impl AttentionJob {
             }
         }
         Ok(Self {
-            outs,
+            outs: outs.into_vec(),
             s,
             causal: p.causal,
             kv: kv.into_iter().map(|(k, v, _, sv)| (k, v, sv)).collect(),

@@ -63,7 +63,7 @@ impl RouteJob {
         let q = flat.iter().map(|&v| quantize_logit(v)).collect();
         Ok(Self {
             p: *p,
-            metas,
+            metas: metas.into_vec(),
             logits: flat,
             q,
             t,

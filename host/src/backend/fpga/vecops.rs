@@ -178,7 +178,7 @@ impl VecJob {
     /// Quantises the inputs of `op` (validated against the build `core`).
     pub(super) fn new(core: &VecopsCore, op: &Op, inputs: &[&Tensor]) -> Result<Self> {
         let metas: Vec<TensorMeta> = inputs.iter().map(|t| t.meta()).collect();
-        let outs = op.validate(&metas)?;
+        let outs = op.validate(&metas)?.into_vec();
         let mut args =
             plan(op, &metas, core.n_max as usize).map_err(|why| Error::invalid(op.name(), why))?;
         match op {

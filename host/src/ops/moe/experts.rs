@@ -1,9 +1,11 @@
 //! MoE experts: each expert's SwiGLU FFN over its slots, combined per token by the routing
 //! weights.
 
+use crate::ops::OutputMetas;
 use ndarray::{Array2, ArrayD, ArrayView2, ArrayView3, Axis, Ix2, Ix3, Zip, s};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+use smallvec::smallvec;
 
 use super::super::elementwise::{Real, silu};
 use super::super::linear::{matmul_bt, silu_fast};
@@ -112,9 +114,9 @@ impl MoeExpertsParams {
     }
 
     /// Output meta: y [T, H].
-    pub fn validate(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>> {
+    pub fn validate(&self, inputs: &[TensorMeta]) -> Result<OutputMetas> {
         let s = self.shape(inputs)?;
-        Ok(vec![TensorMeta::new(vec![s.t, s.h], DType::F32)])
+        Ok(smallvec![TensorMeta::new([s.t, s.h], DType::F32)])
     }
 
     /// 2 * T*k * 3 * H * F (gate, up, down products).

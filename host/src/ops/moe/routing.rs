@@ -1,8 +1,10 @@
 //! MoE routing: softmax, top-k, the histogram, the block-aligned permutation and the losses.
 
+use crate::ops::OutputMetas;
 use ndarray::{ArrayD, IxDyn};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+use smallvec::smallvec;
 
 use super::super::elementwise::{Real, exp_shifted};
 use super::super::{CPU_PAR_MIN, expect_inputs, flat, metas, reference_metas};
@@ -48,7 +50,7 @@ impl MoeRouteParams {
     }
 
     /// Output metas (see [`super::ROUTE_OUTPUTS`]).
-    pub fn validate(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>> {
+    pub fn validate(&self, inputs: &[TensorMeta]) -> Result<OutputMetas> {
         let op = "moe_route";
         expect_inputs(op, inputs.len(), &["logits"])?;
         let l = &inputs[0];
@@ -100,14 +102,14 @@ impl MoeRouteParams {
                 format!("{t} tokens x top_k {k} (+ padding) do not fit i32 slot ids"),
             ));
         }
-        Ok(vec![
-            TensorMeta::new(vec![t, k], DType::I32),
-            TensorMeta::new(vec![t, k], DType::F32),
-            TensorMeta::new(vec![e], DType::I32),
-            TensorMeta::new(vec![self.padded_len(t, e)], DType::I32),
-            TensorMeta::new(vec![e + 1], DType::I32),
-            TensorMeta::new(vec![1], DType::F32),
-            TensorMeta::new(vec![1], DType::F32),
+        Ok(smallvec![
+            TensorMeta::new([t, k], DType::I32),
+            TensorMeta::new([t, k], DType::F32),
+            TensorMeta::new([e], DType::I32),
+            TensorMeta::new([self.padded_len(t, e)], DType::I32),
+            TensorMeta::new([e + 1], DType::I32),
+            TensorMeta::new([1], DType::F32),
+            TensorMeta::new([1], DType::F32),
         ])
     }
 
