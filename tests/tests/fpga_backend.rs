@@ -225,3 +225,31 @@ fn host_replicas_reach_the_card_and_come_back_without_copies() {
     let private = b.upload(&logits).expect("upload");
     assert_eq!(run(&on_card), run(&private));
 }
+
+#[test]
+fn bank_copies_are_measured_on_every_path_of_the_simulated_card() {
+    if fpga_sim().is_none() {
+        return;
+    }
+    // The registry found the simulated card, so it opens again with the same options.
+    let opts = tandem_tests::registry().options().fpga.clone();
+    let b = tandem::backend::fpga::simulated(&opts).expect("the simulated card's backend");
+    let bytes = 1 << 20;
+    let rows = b.measure_transfers(bytes, 2).expect("measured");
+    let paths: Vec<&str> = rows.iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(rows.len(), 5, "{paths:?}");
+    for r in &rows {
+        assert!(
+            r.median_s > 0.0 && r.host_gbps.is_finite() && r.of_pinned_ceiling > 0.0,
+            "{r:?}"
+        );
+        assert!(r.direction == "h2d" || r.direction == "d2h", "{r:?}");
+        // The tensor paths count an f32 tensor on the host and its int8 bytes on the card.
+        let ratio = if r.path.starts_with("tandem") { 4 } else { 1 };
+        assert_eq!(
+            (r.host_bytes, r.link_bytes),
+            (ratio * bytes as u64, bytes as u64),
+            "{r:?}"
+        );
+    }
+}

@@ -320,7 +320,13 @@ pub fn quantize_value(v: f32, scale: f32) -> i8 {
 
 /// Symmetric scale of a slice: `max|x| / 127` (1.0 for an all-zero slice).
 pub fn scale_of(x: &[f32]) -> f32 {
-    let m = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+    scale_from_max(x.iter().fold(0f32, |a, v| a.max(v.abs())))
+}
+
+/// The symmetric scale for a slice whose largest magnitude is `m` (NaNs skipped):
+/// `m / 127`, or 1.0 when `m` is zero or not finite ([`scale_of`]'s rule, for callers that
+/// take the maximum themselves, e.g. in parallel).
+pub fn scale_from_max(m: f32) -> f32 {
     if m > 0.0 && m.is_finite() {
         m / 127.0
     } else {

@@ -32,6 +32,7 @@ pub mod overhead;
 mod problem;
 mod report;
 mod timing;
+pub mod transfer;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -400,9 +400,9 @@ mod tests {
         assert!(t.b.problem().is_err());
         let e = T::try_parse_from(["x", "transfer", "--bytes", "lots"]).expect_err("size");
         assert!(e.to_string().contains("'lots' is not a byte count"), "{e}");
-        // No CUDA device in a CPU-only registry: an error naming why, not a panic.
-        let e = run(&t.b, &DeviceRegistry::cpu_only()).expect_err("no GPU");
-        assert!(e.to_string().contains("none is available"), "{e}");
+        // No GPU or card in a CPU-only registry: an error naming why, not a panic.
+        let e = run(&t.b, &DeviceRegistry::cpu_only()).expect_err("no device");
+        assert!(e.to_string().contains("found no device to measure"), "{e}");
         Ok(())
     }
 

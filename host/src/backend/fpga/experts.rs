@@ -156,8 +156,8 @@ impl ExpertsJob {
         let w = vals(2)?;
         let gate_up = vals(5)?;
         let down = vals(6)?;
-        let sx = gq::scale_of(&x);
-        let xq: Vec<i8> = x.iter().map(|&v| gq::quantize_value(v, sx)).collect();
+        let sx = super::quant::scale_of(&x);
+        let xq: Vec<i8> = super::quant::quantize(&x, sx);
         let bad = |e: gq::GemmError| Error::invalid("moe_experts", e.to_string());
         let mut experts = Vec::new();
         // per slot: (row of Y, the expert's down scale)

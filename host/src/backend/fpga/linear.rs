@@ -79,11 +79,11 @@ impl LinearJob {
             .step_by(step)
             .flat_map(|r| x[r * k..(r + 1) * k].iter().copied())
             .collect();
-        let x_scale = gq::scale_of(&x);
+        let x_scale = super::quant::scale_of(&x);
         let y_scale = gq::QuantLinear::calibrate_y_scale(&sample, &w, b.as_deref(), n, k, relu);
         let ql = gq::QuantLinear::new(&w, b.as_deref(), n, k, x_scale, y_scale)
             .map_err(|e| Error::invalid("linear", e.to_string()))?;
-        let xq = x.iter().map(|&v| gq::quantize_value(v, x_scale)).collect();
+        let xq = super::quant::quantize(&x, x_scale);
         let out = outs
             .into_iter()
             .next()
@@ -121,7 +121,7 @@ impl LinearJob {
 
     /// y dequantised.
     pub(super) fn output(&self, yq: &[i8]) -> Result<Tensor> {
-        let y: Vec<f32> = yq.iter().map(|&v| f32::from(v) * self.y_scale).collect();
+        let y = super::quant::dequantize(yq, self.y_scale);
         Tensor::from_vec_f32(&self.out.shape, y)
     }
 }

@@ -33,7 +33,9 @@
 pub mod attention;
 pub mod experts;
 pub mod linear;
+mod quant;
 pub mod route;
+mod transfer;
 pub mod vecops;
 pub mod xrt;
 
@@ -77,29 +79,33 @@ pub type OpenDevice =
 /// Looks for Alveo boards (through XRT, [`xrt::discover`]) and the simulated card.
 pub fn discover(opts: &FpgaOptions) -> (Vec<Arc<dyn Backend>>, Vec<Missing>) {
     let (mut found, mut missing) = xrt::discover(opts);
+    match simulated(opts) {
+        Ok(b) => found.push(Arc::new(b)),
+        Err(reason) => missing.push(Missing {
+            kind: DeviceKind::FpgaSim,
+            reason,
+        }),
+    }
+    (found, missing)
+}
+
+/// The simulated card's backend (`fpga-sim:0`: Verilator-simulated cards, and the modelled
+/// card), or why there is none (no usable Verilator).
+pub fn simulated(opts: &FpgaOptions) -> std::result::Result<FpgaBackend, String> {
     let toolchain = tandem_sim::Toolchain {
         cache_dir: opts.sim_cache.clone(),
         cxx: opts.cxx.clone(),
     };
-    match tandem_sim::available_with(&toolchain) {
-        Ok(version) => {
-            let mem = tandem_sim::MemConfig::default();
-            let card = CardInfo {
-                kind: DeviceKind::FpgaSim,
-                index: 0,
-                name: "Alveo (Verilator-simulated)".into(),
-                memory_bytes: u64::from(mem.banks) * mem.bank_bytes,
-                details: vec![("simulator".into(), version)],
-            };
-            let b = FpgaBackend::new(card, opts.clone(), sim_factory()).with_model(model_factory());
-            found.push(Arc::new(b));
-        }
-        Err(e) => missing.push(Missing {
-            kind: DeviceKind::FpgaSim,
-            reason: e.to_string(),
-        }),
-    }
-    (found, missing)
+    let version = tandem_sim::available_with(&toolchain).map_err(|e| e.to_string())?;
+    let mem = tandem_sim::MemConfig::default();
+    let card = CardInfo {
+        kind: DeviceKind::FpgaSim,
+        index: 0,
+        name: "Alveo (Verilator-simulated)".into(),
+        memory_bytes: u64::from(mem.banks) * mem.bank_bytes,
+        details: vec![("simulator".into(), version)],
+    };
+    Ok(FpgaBackend::new(card, opts.clone(), sim_factory()).with_model(model_factory()))
 }
 
 pub use xrt::xrt_factory;

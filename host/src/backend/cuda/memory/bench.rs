@@ -6,7 +6,6 @@
 use std::time::Instant;
 
 use cudarc::driver::result as drv;
-use serde::Serialize;
 
 use super::super::CudaBackend;
 use super::super::error::{self, DrvResultExt};
@@ -16,27 +15,7 @@ use crate::backend::{Backend, DeviceId, DeviceStorage};
 use crate::error::Result;
 use crate::tensor::Tensor;
 
-/// One measured copy.
-#[derive(Debug, Clone, Serialize)]
-pub struct TransferFigure {
-    /// What was copied and how (`raw pinned`, `tandem f32 -> bf16`, ...).
-    pub path: String,
-    /// `h2d` or `d2h`.
-    pub direction: &'static str,
-    /// Bytes of the host side (a logical f32 tensor for tandem's paths).
-    pub host_bytes: u64,
-    /// Bytes that crossed the link (half the host bytes where the device stores 16 bits).
-    pub link_bytes: u64,
-    /// Median seconds of one copy (wall clock to completion).
-    pub median_s: f64,
-    /// Host bytes per second, GB/s (1e9).
-    pub host_gbps: f64,
-    /// Link bytes per second, GB/s.
-    pub link_gbps: f64,
-    /// `host_gbps` over the raw pinned copy of the same direction measured in this run: how
-    /// fast the user's tensor moves against the link's pinned rate.
-    pub of_pinned_ceiling: f64,
-}
+pub use crate::bench::transfer::TransferFigure;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
