@@ -8,7 +8,12 @@
 #   calib     tandem calibrate on cuda at the T4096 sizes, then run --explain (predicted vs measured)
 #   model     a 4-layer T4096 model on cuda (tokens/s), and with --memory-limit forcing eviction
 #   serve     serve-bench on cpu, cuda, auto
-#   overhead  tandem bench overhead (the runtime's per-op cost; StarPU is not on this machine)
+#   overhead  tandem bench overhead (the runtime's per-op cost)
+#   starpu    StarPU's empty codelets beside tandem bench overhead, same run (StarPU is not on
+#             that machine: carry it with `benches/peers/starpu/bundle.sh .gpu/starpu`)
+#   compare   tandem compare of cpu, cuda, fpga-sim and auto on the default layer (fpga-sim from
+#             Verilator models built here: copy the build cache to .gpu/sim-cache)
+#   sysinfo   cores, memory, transparent huge pages (what first-touch copies depend on)
 # Usage there, after `../shared/tools/gpu-bundle -p tandem -p tandem-tests` here:
 #   benches/peers/gpu_session.sh OUT_DIR PART...
 set -uo pipefail
@@ -53,5 +58,13 @@ for part in "$@"; do
       $T serve-bench --requests 200 --concurrency 8 --backend cpu,cuda,auto --seq-len 512 --d-model 1024 --heads 16 --kv-heads 4 --ffn 2048 2>&1 | tail -12 | tee "$out/serve.txt" ;;
     overhead)
       $T bench overhead 2>&1 | tail -12 | tee "$out/overhead.txt" ;;
+    starpu)
+      STARPU_BIN=.gpu/starpu/starpu_overhead LD_LIBRARY_PATH=.gpu/starpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+        TANDEM=$T benches/peers/starpu/run.sh 100000 5 2>&1 | tee "$out/starpu.txt" ;;
+    compare)
+      TANDEM_SIM_CACHE_DIR=.gpu/sim-cache $T devices 2>&1 | tee "$out/devices.txt"
+      TANDEM_SIM_CACHE_DIR=.gpu/sim-cache $T compare 2>&1 | tail -30 | tee "$out/compare.txt" ;;
+    sysinfo)
+      { nproc; free -g; cat /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_hugepage/defrag; uname -r; } 2>&1 | tee "$out/sysinfo.txt" ;;
   esac
 done
