@@ -4,12 +4,15 @@
 //! Two bandwidth limits apply. The *port* delivers at most `bytes_per_cycle` of read data
 //! (a token bucket shared by all reads of the port). Each *bank* (HBM pseudo-channel, DDR
 //! bank; the bank is the one the address falls in) moves at most `bank_bytes_per_cycle`,
-//! reads and writes together: a read burst occupies its bank for `beats * beat / bank_bpc`
-//! cycles from when it is accepted (or when the bank's earlier work is done, if later), and
-//! its beat `i` is ready `read_latency + i * beat / bank_bpc` cycles after that start; a
-//! write beat is accepted only when its bank is free and occupies it for `beat / bank_bpc`
-//! cycles. So two streams in one bank share that bank's bandwidth and streams in different
-//! banks do not. `bank_bytes_per_cycle = None` (the default, the `ci` profile) leaves the
+//! reads and writes together: a bank earns that many bytes of credit a cycle (kept up to one
+//! beat plus one cycle's worth), a write beat is accepted only when its bank has a beat of
+//! credit, and the bank spends the rest fetching the beats of the accepted read bursts that
+//! fall in it, oldest burst first, into the interconnect's read buffer (at most
+//! `max_outstanding` bursts), from which the port delivers them in order, each
+//! `read_latency` cycles after its bank fetched it. A write that waits holds its bank's
+//! read fetches until it is taken (writes first, so reads cannot starve them). So two
+//! streams in one bank share that bank's bandwidth, and streams in different banks do not:
+//! while the port delivers one bank's burst, the next burst's bank fetches in parallel. `bank_bytes_per_cycle = None` (the default, the `ci` profile) leaves the
 //! banks unlimited: the port alone sets the pace, as before banks were modelled.
 //! [`BankCounters`] count each bank's traffic and the cycles requests waited for it.
 
@@ -83,17 +86,17 @@ pub struct BankCounters {
     pub read_bursts: u64,
     /// Write beats accepted.
     pub write_beats: u64,
-    /// Cycles requests waited for the bank to finish earlier work: for a read burst, from
-    /// its acceptance to the start of its bank time; for a write beat, the cycles it was
-    /// offered and refused because the bank was busy.
-    pub wait_cycles: f64,
+    /// Cycles a request waited for the bank: the port's next read beat past its latency
+    /// but not yet fetched by the bank, or a write beat offered and refused for lack of
+    /// the bank's bandwidth.
+    pub wait_cycles: u64,
 }
 
-/// Occupancy of one bank.
+/// Bandwidth state of one bank.
 #[derive(Debug, Clone, Copy, Default)]
 struct BankState {
-    /// The cycle (fractional) at which the bank has finished all work given to it.
-    busy_until: f64,
+    /// Bytes the bank may still move this cycle.
+    credit: f64,
     counters: BankCounters,
 }
 
@@ -119,16 +122,22 @@ struct Burst {
     ready_at: u64,
     /// Bank of the burst (None: outside memory, faults on access).
     bank: Option<usize>,
-    /// Cycles between beats the bank needs (0: unlimited).
-    beat_cycles: f64,
+    /// Beats its bank has fetched (a read burst).
+    fetched: u64,
+    /// The cycle each fetched beat left its bank (limited banks only): a beat reaches the
+    /// port `latency` cycles after that.
+    fetched_at: Vec<u64>,
 }
 
 impl Burst {
-    /// Whether the burst's next beat is ready at `now`.
-    fn next_ready(&self, now: u64) -> bool {
+    /// Whether the burst's next beat is at the port at `now` (`latency`: the read latency).
+    fn next_ready(&self, now: u64, latency: u64) -> bool {
         self.ready_at <= now
-            && (self.beat_cycles == 0.0
-                || self.ready_at as f64 + self.done as f64 * self.beat_cycles <= now as f64 + 1e-9)
+            && self.done < self.fetched
+            && self
+                .fetched_at
+                .get(self.done as usize)
+                .is_none_or(|&t| t + latency <= now)
     }
 }
 
@@ -176,7 +185,7 @@ impl Memory {
         self.bresp.clear();
         self.credit = 0.0;
         for b in &mut self.bank_state {
-            b.busy_until = 0.0;
+            b.credit = 0.0;
         }
     }
 
@@ -192,20 +201,31 @@ impl Memory {
         }
     }
 
-    /// Cycles one beat occupies a bank (0 when banks are unlimited).
-    fn beat_cycles(&self) -> f64 {
-        match self.cfg.bank_bytes_per_cycle {
-            Some(b) => self.beat_bytes as f64 / b.max(1e-3),
-            None => 0.0,
-        }
-    }
-
-    /// Whether `bank` can take a write beat at `now`.
-    fn bank_free(&self, bank: Option<usize>, now: u64) -> bool {
+    /// Whether `bank` can take a write beat now.
+    fn bank_free(&self, bank: Option<usize>) -> bool {
         self.cfg.bank_bytes_per_cycle.is_none()
             || bank
                 .and_then(|b| self.bank_state.get(b))
-                .is_none_or(|b| b.busy_until < now as f64 + 1.0)
+                .is_none_or(|b| b.credit >= self.beat_bytes as f64)
+    }
+
+    /// The banks fetch the beats of accepted read bursts with the credit they have left,
+    /// oldest burst first; `hold`: a bank whose write waits and fetches nothing.
+    fn fetch(&mut self, now: u64, hold: Option<usize>) {
+        let beat = self.beat_bytes as f64;
+        for r in self.reads.iter_mut() {
+            let Some(b) = r.bank.filter(|&b| Some(b) != hold) else {
+                continue;
+            };
+            let Some(st) = self.bank_state.get_mut(b) else {
+                continue;
+            };
+            while r.fetched < r.beats && st.credit >= beat {
+                st.credit -= beat;
+                r.fetched += 1;
+                r.fetched_at.push(now);
+            }
+        }
     }
 
     /// (bank, offset) of a device address.
@@ -346,16 +366,17 @@ impl Memory {
         self.credit = (self.credit + self.cfg.bytes_per_cycle).min(64.0f64.max(beat));
         i.m_arready = u64::from(self.reads.len() < self.cfg.max_outstanding);
         i.m_awready = u64::from(self.writes.len() < self.cfg.max_outstanding);
-        i.m_wready = u64::from(
-            self.writes
-                .front()
-                .is_some_and(|w| self.bank_free(w.bank, now)),
-        );
+        if let Some(bpc) = self.cfg.bank_bytes_per_cycle {
+            for b in &mut self.bank_state {
+                b.credit = (b.credit + bpc).min(beat + bpc);
+            }
+        }
+        i.m_wready = u64::from(self.writes.front().is_some_and(|w| self.bank_free(w.bank)));
         i.m_rvalid = 0;
         i.m_rlast = 0;
         i.m_rresp = 0;
         if let Some(r) = self.reads.front()
-            && r.next_ready(now)
+            && r.next_ready(now, self.cfg.read_latency)
             && self.credit >= beat
         {
             let (addr, last) = (r.addr + self.beat_bytes * r.done, r.done + 1 == r.beats);
@@ -363,6 +384,12 @@ impl Memory {
             i.m_rdata_w = self.read_beat(addr);
             i.m_rdata = i.m_rdata_w[0];
             i.m_rlast = u64::from(last);
+        } else if let Some(r) = self.reads.front()
+            && r.ready_at <= now
+            && !r.next_ready(now, self.cfg.read_latency)
+            && let Some(st) = r.bank.and_then(|b| self.bank_state.get_mut(b))
+        {
+            st.counters.wait_cycles += 1;
         }
         i.m_bvalid = u64::from(self.bresp.front().is_some_and(|&t| t <= now));
         i.m_bresp = 0;
@@ -375,27 +402,42 @@ impl Memory {
             self.reset_port();
             return;
         }
+        // bank bandwidth: a write beat taken this cycle spends its bank's credit first; one
+        // refused holds its bank's read fetches
+        if self.cfg.bank_bytes_per_cycle.is_some() {
+            let wbank = self.writes.front().and_then(|w| w.bank);
+            let mut hold = None;
+            if o.m_wvalid == 1
+                && let Some(st) = wbank.and_then(|b| self.bank_state.get_mut(b))
+            {
+                if i.m_wready == 1 {
+                    st.credit -= self.beat_bytes as f64;
+                } else {
+                    st.counters.wait_cycles += 1;
+                    hold = wbank;
+                }
+            }
+            self.fetch(now, hold);
+        }
         if o.m_arvalid == 1 && i.m_arready == 1 {
             let beats = o.m_arlen + 1;
             let bank = self.locate(o.m_araddr).map(|(b, _)| b);
-            let beat_cycles = self.beat_cycles();
-            // the burst's time in its bank starts when the bank has finished earlier work
-            let mut start = now as f64;
             if let Some(st) = bank.and_then(|b| self.bank_state.get_mut(b)) {
-                start = start.max(st.busy_until);
-                st.counters.wait_cycles += start - now as f64;
                 st.counters.read_bursts += 1;
-                if beat_cycles > 0.0 {
-                    st.busy_until = start + beats as f64 * beat_cycles;
-                }
             }
             self.reads.push_back(Burst {
                 addr: o.m_araddr,
                 beats,
                 done: 0,
-                ready_at: start.ceil() as u64 + self.cfg.read_latency,
+                ready_at: now + self.cfg.read_latency,
                 bank,
-                beat_cycles,
+                // unlimited banks have the whole burst at once
+                fetched: if self.cfg.bank_bytes_per_cycle.is_some() {
+                    0
+                } else {
+                    beats
+                },
+                fetched_at: Vec::new(),
             });
         }
         if i.m_rvalid == 1 && o.m_rready == 1 {
@@ -411,12 +453,6 @@ impl Memory {
                 }
             }
         }
-        if o.m_wvalid == 1 && i.m_wready == 0 {
-            let bank = self.writes.front().and_then(|w| w.bank);
-            if let Some(st) = bank.and_then(|b| self.bank_state.get_mut(b)) {
-                st.counters.wait_cycles += 1.0;
-            }
-        }
         if o.m_wvalid == 1 && i.m_wready == 1 {
             let (addr, done, beats, bank) = match self.writes.front() {
                 Some(w) => (
@@ -427,10 +463,8 @@ impl Memory {
                 ),
                 None => return,
             };
-            let beat_cycles = self.beat_cycles();
             let beat = self.beat_bytes;
             if let Some(st) = bank.and_then(|b| self.bank_state.get_mut(b)) {
-                st.busy_until = st.busy_until.max(now as f64) + beat_cycles;
                 st.counters.bytes_written += beat;
                 st.counters.write_beats += 1;
             }
@@ -458,7 +492,8 @@ impl Memory {
                 done: 0,
                 ready_at: now,
                 bank: self.locate(o.m_awaddr).map(|(b, _)| b),
-                beat_cycles: 0.0,
+                fetched: 0,
+                fetched_at: Vec::new(),
             });
         }
         if i.m_bvalid == 1 && o.m_bready == 1 {
@@ -583,16 +618,18 @@ mod tests {
     #[test]
     fn streams_in_one_bank_share_its_bandwidth() {
         let (b0, b1) = (1u64 << BANK_SHIFT, 2u64 << BANK_SHIFT);
-        // two banks: each bank needs 2 cycles a beat, but the second burst's bank worked
-        // while the first burst was delivered, so its beats follow back to back
+        // two banks: each bank needs 2 cycles a beat (fetched on cycles 1, 3, .. and 2, 4,
+        // .., at the port 2 cycles later), but the second burst's bank worked while the
+        // first burst was delivered, so its beats follow back to back
         let (two, c2) = two_bursts(b0, b1 + 64);
-        assert_eq!(two, vec![2, 4, 6, 8, 9, 10, 11, 12]);
-        assert_eq!(c2[0].wait_cycles + c2[1].wait_cycles, 0.0);
+        assert_eq!(two, vec![3, 5, 7, 9, 10, 11, 12, 13]);
+        // the port waited for bank 0 (cycles 2, 4, 6, 8), never for bank 1
+        assert_eq!((c2[0].wait_cycles, c2[1].wait_cycles), (4, 0));
         assert_eq!((c2[0].bytes_read, c2[1].bytes_read), (32, 32));
-        // one bank: the second burst waits for the first's bank time (8 cycles from cycle 0)
+        // one bank: the second burst is fetched only after the first, at the bank's pace
         let (one, c1) = two_bursts(b0, b0 + 64);
-        assert_eq!(one, vec![2, 4, 6, 8, 10, 12, 14, 16]);
-        assert_eq!(c1[0].wait_cycles, 7.0);
+        assert_eq!(one, vec![3, 5, 7, 9, 11, 13, 15, 17]);
+        assert_eq!(c1[0].wait_cycles, 8);
         assert_eq!((c1[0].bytes_read, c1[0].read_bursts), (64, 2));
     }
 
@@ -633,10 +670,7 @@ mod tests {
         // a bank of 4 bytes a cycle takes one 8-byte beat every 2 cycles
         assert_eq!(accepted, vec![1, 3, 5, 7]);
         let c = m.bank_counters()[0];
-        assert_eq!(
-            (c.bytes_written, c.write_beats, c.wait_cycles),
-            (32, 4, 3.0)
-        );
+        assert_eq!((c.bytes_written, c.write_beats, c.wait_cycles), (32, 4, 3));
         assert!(m.fault.is_none());
     }
 }

@@ -107,14 +107,14 @@ fn streams_in_one_bank_contend_and_in_separate_banks_do_not() {
         let (y4, cyc4, four) = run_in_banks(&mut c, &p, d, [0, 1, 2, 3]);
         assert_eq!(y1, want, "{d:?} one bank");
         assert_eq!(y4, want, "{d:?} four banks");
-        let wait = |v: &[BankCounters]| v.iter().map(|b| b.wait_cycles).sum::<f64>();
+        let wait = |v: &[BankCounters]| v.iter().map(|b| b.wait_cycles).sum::<u64>();
         let moved = |v: &[BankCounters]| {
             v.iter()
                 .map(|b| b.bytes_read + b.bytes_written)
                 .sum::<u64>()
         };
         println!(
-            "{d:?}: one bank {cyc1} cycles, {:.0} waited; four banks {cyc4} cycles, {:.0} waited",
+            "{d:?}: one bank {cyc1} cycles, {} waited; four banks {cyc4} cycles, {} waited",
             wait(&one),
             wait(&four)
         );

@@ -73,6 +73,7 @@ impl ModelCard {
             write_latency: self.cfg.mem.write_latency,
             // one stream with its bank to itself: the slower of the port and the bank
             bytes_per_cycle: self.cfg.mem.stream_bytes_per_cycle(),
+            bank_bytes_per_cycle: self.cfg.mem.bank_bytes_per_cycle,
         }
     }
 
