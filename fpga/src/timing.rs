@@ -204,6 +204,41 @@ pub fn gemm_cycles_mode(c: &GemmCore, m: u64, np: u64, kp: u64, mode: u32, mem: 
     total + 19 + l / 2 + per_row * last + overhead(mem)
 }
 
+/// [`gemm_cycles_mode`] when the W stream has a bank of `bank_bytes_per_cycle` to itself
+/// and `port` (unlimited banks) is the port: the W bank fetches ahead through the x reads,
+/// read-outs and drains (as far as the outstanding bursts reach), so the launch takes the
+/// longer of the port-bound time and the W bank's time for every W beat plus what cannot
+/// overlap it (the last drain and the fixed overhead; the parameters and x rows, in other
+/// banks, are fetched alongside).
+pub fn gemm_cycles_w_own_bank(
+    c: &GemmCore,
+    m: u64,
+    np: u64,
+    kp: u64,
+    mode: u32,
+    port: &MemTiming,
+    bank_bytes_per_cycle: f64,
+) -> u64 {
+    use crate::kernels::gemm::MODE_PART_OUT;
+    let port = MemTiming {
+        bank_bytes_per_cycle: None,
+        ..*port
+    };
+    let base = gemm_cycles_mode(c, m, np, kp, mode, &port);
+    let rows = u64::from(c.rows).max(1);
+    let l = u64::from(c.lanes).max(8);
+    let w_beats = m.div_ceil(rows) * (np / l) * kp;
+    let w_time = (w_beats as f64 * l as f64 / bank_bytes_per_cycle.max(1e-3)).ceil() as u64;
+    let last = if m % rows == 0 { rows.min(m) } else { m % rows };
+    let per_row = if mode & MODE_PART_OUT != 0 {
+        GEMM_PART_ROW
+    } else {
+        3
+    };
+    let fixed = 19 + l / 2 + per_row * last + overhead(&port);
+    base.max(w_time + fixed)
+}
+
 /// Cycles per row of a PART_OUT read-out (request + 4 data beats + the handshakes).
 const GEMM_PART_ROW: u64 = 5;
 /// Cycles an ACC_IN partial read adds per column tile beyond its words.
