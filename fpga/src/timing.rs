@@ -229,7 +229,11 @@ pub fn gemm_cycles_w_own_bank(
     let l = u64::from(c.lanes).max(8);
     let w_beats = m.div_ceil(rows) * (np / l) * kp;
     let w_time = (w_beats as f64 * l as f64 / bank_bytes_per_cycle.max(1e-3)).ceil() as u64;
-    let last = if m % rows == 0 { rows.min(m) } else { m % rows };
+    let last = if m.is_multiple_of(rows) {
+        rows.min(m)
+    } else {
+        m % rows
+    };
     let per_row = if mode & MODE_PART_OUT != 0 {
         GEMM_PART_ROW
     } else {
