@@ -57,6 +57,29 @@ fn main() {
             2.0 * (m * n * kk) as f64,
         );
     }
+    // the same build on the U55C's HBM at the target clock: one 512-bit port, every buffer
+    // of a launch in one pseudo-channel of 48 bytes a cycle (reads and writes together)
+    let p = &tandem_fpga::platform::U55C;
+    let bank = p.bank_bytes_per_cycle(DEFAULT_CLOCK_MHZ);
+    let hbm = MemTiming {
+        read_latency: p.bank_read_latency_cycles(DEFAULT_CLOCK_MHZ),
+        bytes_per_cycle: bank.min(64.0),
+        bank_bytes_per_cycle: Some(bank),
+        ..MemTiming::default()
+    };
+    for kk in [4096u64, 14336] {
+        let c = timing::gemm_split_cycles(&wide, m, n, kk, &hbm);
+        let ideal = m.div_ceil(u64::from(wide.rows)) * n.div_ceil(u64::from(wide.lanes)) * kk;
+        line(
+            &format!(
+                "GEMM {m}x{n}x{kk} on the card build, one port, buffers in one HBM bank of \
+                 {bank:.0} B/cycle (array busy {:.1}%)",
+                100.0 * ideal as f64 / c as f64
+            ),
+            c,
+            2.0 * (m * n * kk) as f64,
+        );
+    }
     let a = AttentionCore::u55c();
     let (nq, d) = (4096u64, 128u64);
     for causal in [false, true] {

@@ -41,12 +41,26 @@ pub struct Platform {
     pub bank_bytes: u64,
     /// Peak bandwidth of one bank, GB/s.
     pub bank_gbps: f64,
+    /// Read latency of one bank (request to first data, page hit), ns: the measurements of
+    /// Shuhai (Wang et al., FCCM 2020) on an Alveo U280's HBM2 and DDR4, rounded.
+    pub read_latency_ns: f64,
 }
 
 impl Platform {
     /// The `sp=` / MEM_TOPOLOGY name of bank `i` (`HBM[3]`).
     pub fn bank_name(&self, i: u32) -> String {
         format!("{}[{i}]", self.bank_prefix)
+    }
+
+    /// Peak bytes one bank delivers per kernel clock cycle at `clock_mhz` (48 for a U55C
+    /// pseudo-channel at 300 MHz, 64 for a U250 DDR bank).
+    pub fn bank_bytes_per_cycle(&self, clock_mhz: f64) -> f64 {
+        self.bank_gbps * 1e3 / clock_mhz.max(1e-3)
+    }
+
+    /// A bank's read latency in kernel clock cycles at `clock_mhz`, rounded up.
+    pub fn bank_read_latency_cycles(&self, clock_mhz: f64) -> u64 {
+        (self.read_latency_ns * clock_mhz * 1e-3).ceil() as u64
     }
 
     /// Bytes of all banks together.
@@ -73,6 +87,7 @@ pub const U55C: Platform = Platform {
     banks: 32,
     bank_bytes: 512 << 20,
     bank_gbps: 14.4,
+    read_latency_ns: 107.0,
 };
 
 /// Alveo U250: 64 GiB DDR4 in 4 banks.
@@ -87,6 +102,7 @@ pub const U250: Platform = Platform {
     banks: 4,
     bank_bytes: 16 << 30,
     bank_gbps: 19.2,
+    read_latency_ns: 73.0,
 };
 
 /// Every platform tandem knows.
@@ -152,5 +168,13 @@ mod tests {
         assert_eq!(U55C.total_bytes(), 16 << 30);
         assert_eq!(U250.bank_name(0), "DDR[0]");
         assert_eq!(U250.total_bytes(), 64 << 30);
+    }
+
+    #[test]
+    fn per_cycle_figures_at_300_mhz() {
+        assert!((U55C.bank_bytes_per_cycle(300.0) - 48.0).abs() < 1e-9);
+        assert!((U250.bank_bytes_per_cycle(300.0) - 64.0).abs() < 1e-9);
+        assert_eq!(U55C.bank_read_latency_cycles(300.0), 33);
+        assert_eq!(U250.bank_read_latency_cycles(300.0), 22);
     }
 }

@@ -17,6 +17,10 @@ pub struct MemTiming {
     pub write_latency: u64,
     /// Bytes per cycle the memory delivers to one port.
     pub bytes_per_cycle: f64,
+    /// Bytes per cycle of the one bank the kernel's buffers share, reads and writes
+    /// together (the simulated card's `bank_bytes_per_cycle`; the driver puts a launch's
+    /// buffers in one bank); `None`: banks unlimited, writes take no read bandwidth.
+    pub bank_bytes_per_cycle: Option<f64>,
 }
 
 impl Default for MemTiming {
@@ -25,6 +29,7 @@ impl Default for MemTiming {
             read_latency: 40,
             write_latency: 20,
             bytes_per_cycle: 8.0,
+            bank_bytes_per_cycle: None,
         }
     }
 }
@@ -40,6 +45,15 @@ impl MemTiming {
     fn stream_beats(&self, beats: u64, beat_bytes: u64) -> u64 {
         let per_beat = (beat_bytes as f64 / self.bytes_per_cycle.max(1e-3)).max(1.0);
         (beats as f64 * per_beat).ceil() as u64
+    }
+
+    /// Cycles the shared bank needs to move `beats` beats of `beat_bytes` (reads and writes
+    /// together); 0 when banks are unlimited.
+    fn bank_beats(&self, beats: u64, beat_bytes: u64) -> u64 {
+        match self.bank_bytes_per_cycle {
+            Some(b) => (beats as f64 * beat_bytes as f64 / b.max(1e-3)).ceil() as u64,
+            None => 0,
+        }
     }
 
     /// Cycles a compute loop of `cycles` takes when it reads `words` along the way: the
@@ -126,7 +140,15 @@ pub fn gemm_cycles(c: &GemmCore, m: u64, np: u64, kp: u64, mem: &MemTiming) -> u
     while left > 0 {
         let r = left.min(rows);
         let readout = 14 + l / 2 + 3 * r;
-        total += mem.stream_beats(r * kp / l, l) + nt * mem.stream_beats(kp, l).max(readout);
+        // a tile's W stream shares the bank with the previous tile's y rows (a beat each;
+        // the launch's first tile has none before it)
+        let tile = |writes: u64| {
+            mem.stream_beats(kp, l)
+                .max(readout)
+                .max(mem.bank_beats(kp + writes, l))
+        };
+        let first = if left == m { tile(0) } else { tile(r) };
+        total += mem.stream_beats(r * kp / l, l) + first + (nt - 1) * tile(r);
         last = r;
         left -= r;
     }
@@ -156,16 +178,69 @@ pub fn gemm_cycles_mode(c: &GemmCore, m: u64, np: u64, kp: u64, mode: u32, mem: 
         // ACC_IN: a tile's partials are read before its W stream, and only once the
         // read-out of the tile two back (same buffer half) is over, so the partial read
         // does not overlap the read-out: per tile `pin + max(Kp, read-out)`.
-        let per_tile = if acc_in {
-            mem.stream_beats(4 * r, l) + GEMM_PART_IN_FIXED + mem.stream_beats(kp, l).max(readout)
-        } else {
-            mem.stream_beats(kp, l).max(readout)
+        // the W stream shares the bank with the previous tile's writes: a y beat per row,
+        // or the row's int32 partials (4 beats) on a PART_OUT pass
+        let writes = if part_out { 4 * r } else { r };
+        let per_tile = |writes: u64| {
+            let stream = mem
+                .stream_beats(kp, l)
+                .max(readout)
+                .max(mem.bank_beats(kp + writes, l));
+            if acc_in {
+                mem.stream_beats(4 * r, l) + GEMM_PART_IN_FIXED + stream
+            } else {
+                stream
+            }
         };
-        total += mem.stream_beats(r * kp / l, l) + nt * per_tile;
+        let first = if left == m {
+            per_tile(0)
+        } else {
+            per_tile(writes)
+        };
+        total += mem.stream_beats(r * kp / l, l) + first + (nt - 1) * per_tile(writes);
         last = r;
         left -= r;
     }
     total + 19 + l / 2 + per_row * last + overhead(mem)
+}
+
+/// [`gemm_cycles_mode`] when the W stream has a bank of `bank_bytes_per_cycle` to itself
+/// and `port` (unlimited banks) is the port: the W bank fetches ahead through the x reads,
+/// read-outs and drains (as far as the outstanding bursts reach), so the launch takes the
+/// longer of the port-bound time and the W bank's time for every W beat plus what cannot
+/// overlap it (the last drain and the fixed overhead; the parameters and x rows, in other
+/// banks, are fetched alongside).
+pub fn gemm_cycles_w_own_bank(
+    c: &GemmCore,
+    m: u64,
+    np: u64,
+    kp: u64,
+    mode: u32,
+    port: &MemTiming,
+    bank_bytes_per_cycle: f64,
+) -> u64 {
+    use crate::kernels::gemm::MODE_PART_OUT;
+    let port = MemTiming {
+        bank_bytes_per_cycle: None,
+        ..*port
+    };
+    let base = gemm_cycles_mode(c, m, np, kp, mode, &port);
+    let rows = u64::from(c.rows).max(1);
+    let l = u64::from(c.lanes).max(8);
+    let w_beats = m.div_ceil(rows) * (np / l) * kp;
+    let w_time = (w_beats as f64 * l as f64 / bank_bytes_per_cycle.max(1e-3)).ceil() as u64;
+    let last = if m.is_multiple_of(rows) {
+        rows.min(m)
+    } else {
+        m % rows
+    };
+    let per_row = if mode & MODE_PART_OUT != 0 {
+        GEMM_PART_ROW
+    } else {
+        3
+    };
+    let fixed = 19 + l / 2 + per_row * last + overhead(&port);
+    base.max(w_time + fixed)
 }
 
 /// Cycles per row of a PART_OUT read-out (request + 4 data beats + the handshakes).

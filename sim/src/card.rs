@@ -12,7 +12,7 @@ use tandem_fpga::shell::ShellConfig;
 use tandem_fpga::{DeviceBuffer, FpgaDevice, FpgaError, KernelBuild, RunStats};
 
 use crate::SimError;
-use crate::memory::{MemConfig, Memory};
+use crate::memory::{BankCounters, MemConfig, Memory};
 use crate::model::{self, Model, PinsIn, PinsOut};
 use crate::verilator::Toolchain;
 
@@ -106,6 +106,17 @@ impl SimCard {
             bank_bytes: self.mem.cfg.bank_bytes,
             ..cfg
         };
+    }
+
+    /// Traffic of each bank (bytes read and written, cycles requests waited for their
+    /// bank) since the card was opened or [`SimCard::reset_bank_counters`], bank 0 first.
+    pub fn bank_counters(&self) -> Vec<BankCounters> {
+        self.mem.bank_counters()
+    }
+
+    /// Zeroes the bank counters (to measure one launch).
+    pub fn reset_bank_counters(&mut self) {
+        self.mem.reset_bank_counters();
     }
 
     /// Wall-clock time spent simulating since the card was opened.

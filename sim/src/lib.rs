@@ -27,7 +27,7 @@ pub mod verilator;
 
 pub use card::{SimCard, SimConfig};
 pub use icarus::{IcarusCard, IcarusConfig};
-pub use memory::MemConfig;
+pub use memory::{BankCounters, MemConfig};
 pub use modelled::{ModelCard, ModelConfig};
 pub use verilator::Toolchain;
 

@@ -1,5 +1,20 @@
 //! Device memory of the simulated card: banks of bytes and an AXI4 slave that serves the
 //! kernel's `m_axi_gmem` port with a fixed latency and a bandwidth limit.
+//!
+//! Two bandwidth limits apply. The *port* delivers at most `bytes_per_cycle` of read data
+//! (a token bucket shared by all reads of the port). Each *bank* (HBM pseudo-channel, DDR
+//! bank; the bank is the one the address falls in) moves at most `bank_bytes_per_cycle`,
+//! reads and writes together: a bank earns that many bytes of credit a cycle (kept up to one
+//! beat plus one cycle's worth), a write beat is accepted only when its bank has a beat of
+//! credit, and the bank spends the rest fetching the beats of the accepted read bursts that
+//! fall in it, oldest burst first, into the interconnect's read buffer (at most
+//! `max_outstanding` bursts), from which the port delivers them in order, each
+//! `read_latency` cycles after its bank fetched it. A write that waits holds its bank's
+//! read fetches until it is taken (writes first, so reads cannot starve them). So two
+//! streams in one bank share that bank's bandwidth, and streams in different banks do not:
+//! while the port delivers one bank's burst, the next burst's bank fetches in parallel. `bank_bytes_per_cycle = None` (the default, the `ci` profile) leaves the
+//! banks unlimited: the port alone sets the pace, as before banks were modelled.
+//! [`BankCounters`] count each bank's traffic and the cycles requests waited for it.
 
 use std::collections::VecDeque;
 
@@ -26,6 +41,63 @@ pub struct MemConfig {
     pub bank_bytes: u64,
     /// Number of banks.
     pub banks: u32,
+    /// Bytes per cycle one bank moves, reads and writes together; `None`: unlimited (only
+    /// the port's `bytes_per_cycle` applies).
+    pub bank_bytes_per_cycle: Option<f64>,
+}
+
+impl MemConfig {
+    /// The banks of `platform` at `clock_mhz`: their count, size, per-bank bandwidth and
+    /// read latency (U55C: 32 banks of 48 bytes a cycle at 300 MHz), with a port that takes
+    /// one beat of `beat_bytes` a cycle.
+    pub fn for_platform(
+        platform: &tandem_fpga::platform::Platform,
+        clock_mhz: f64,
+        beat_bytes: u64,
+    ) -> Self {
+        Self {
+            read_latency: platform.bank_read_latency_cycles(clock_mhz),
+            bytes_per_cycle: beat_bytes as f64,
+            bank_bytes: platform.bank_bytes,
+            banks: platform.banks,
+            bank_bytes_per_cycle: Some(platform.bank_bytes_per_cycle(clock_mhz)),
+            ..Self::default()
+        }
+    }
+
+    /// Bytes per cycle one stream gets when it has its bank to itself: the slower of the
+    /// port and the bank (what the cycle models take as the memory's bandwidth).
+    pub fn stream_bytes_per_cycle(&self) -> f64 {
+        match self.bank_bytes_per_cycle {
+            Some(b) => self.bytes_per_cycle.min(b),
+            None => self.bytes_per_cycle,
+        }
+    }
+}
+
+/// Traffic of one bank since the card was opened or the counters were reset.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct BankCounters {
+    /// Bytes read by the kernel (read beats delivered).
+    pub bytes_read: u64,
+    /// Bytes written by the kernel (write beats accepted).
+    pub bytes_written: u64,
+    /// Read bursts accepted.
+    pub read_bursts: u64,
+    /// Write beats accepted.
+    pub write_beats: u64,
+    /// Cycles a request waited for the bank: the port's next read beat past its latency
+    /// but not yet fetched by the bank, or a write beat offered and refused for lack of
+    /// the bank's bandwidth.
+    pub wait_cycles: u64,
+}
+
+/// Bandwidth state of one bank.
+#[derive(Debug, Clone, Copy, Default)]
+struct BankState {
+    /// Bytes the bank may still move this cycle.
+    credit: f64,
+    counters: BankCounters,
 }
 
 impl Default for MemConfig {
@@ -37,6 +109,7 @@ impl Default for MemConfig {
             max_outstanding: 16,
             bank_bytes: 1 << 30,
             banks: 4,
+            bank_bytes_per_cycle: None,
         }
     }
 }
@@ -47,6 +120,25 @@ struct Burst {
     beats: u64,
     done: u64,
     ready_at: u64,
+    /// Bank of the burst (None: outside memory, faults on access).
+    bank: Option<usize>,
+    /// Beats its bank has fetched (a read burst).
+    fetched: u64,
+    /// The cycle each fetched beat left its bank (limited banks only): a beat reaches the
+    /// port `latency` cycles after that.
+    fetched_at: Vec<u64>,
+}
+
+impl Burst {
+    /// Whether the burst's next beat is at the port at `now` (`latency`: the read latency).
+    fn next_ready(&self, now: u64, latency: u64) -> bool {
+        self.ready_at <= now
+            && self.done < self.fetched
+            && self
+                .fetched_at
+                .get(self.done as usize)
+                .is_none_or(|&t| t + latency <= now)
+    }
 }
 
 /// Banks and the AXI slave state.
@@ -57,6 +149,7 @@ pub struct Memory {
     banks: Vec<Vec<u8>>,
     /// Bump pointer of each bank (bytes).
     pub tops: Vec<u64>,
+    bank_state: Vec<BankState>,
     reads: VecDeque<Burst>,
     writes: VecDeque<Burst>,
     bresp: VecDeque<u64>,
@@ -75,6 +168,7 @@ impl Memory {
             cfg,
             banks: (0..cfg.banks).map(|_| Vec::new()).collect(),
             tops: vec![0; cfg.banks as usize],
+            bank_state: vec![BankState::default(); cfg.banks as usize],
             reads: VecDeque::new(),
             writes: VecDeque::new(),
             bresp: VecDeque::new(),
@@ -90,6 +184,48 @@ impl Memory {
         self.writes.clear();
         self.bresp.clear();
         self.credit = 0.0;
+        for b in &mut self.bank_state {
+            b.credit = 0.0;
+        }
+    }
+
+    /// Traffic counters of every bank, bank 0 first.
+    pub fn bank_counters(&self) -> Vec<BankCounters> {
+        self.bank_state.iter().map(|b| b.counters).collect()
+    }
+
+    /// Zeroes the bank counters.
+    pub fn reset_bank_counters(&mut self) {
+        for b in &mut self.bank_state {
+            b.counters = BankCounters::default();
+        }
+    }
+
+    /// Whether `bank` can take a write beat now.
+    fn bank_free(&self, bank: Option<usize>) -> bool {
+        self.cfg.bank_bytes_per_cycle.is_none()
+            || bank
+                .and_then(|b| self.bank_state.get(b))
+                .is_none_or(|b| b.credit >= self.beat_bytes as f64)
+    }
+
+    /// The banks fetch the beats of accepted read bursts with the credit they have left,
+    /// oldest burst first; `hold`: a bank whose write waits and fetches nothing.
+    fn fetch(&mut self, now: u64, hold: Option<usize>) {
+        let beat = self.beat_bytes as f64;
+        for r in self.reads.iter_mut() {
+            let Some(b) = r.bank.filter(|&b| Some(b) != hold) else {
+                continue;
+            };
+            let Some(st) = self.bank_state.get_mut(b) else {
+                continue;
+            };
+            while r.fetched < r.beats && st.credit >= beat {
+                st.credit -= beat;
+                r.fetched += 1;
+                r.fetched_at.push(now);
+            }
+        }
     }
 
     /// (bank, offset) of a device address.
@@ -230,12 +366,17 @@ impl Memory {
         self.credit = (self.credit + self.cfg.bytes_per_cycle).min(64.0f64.max(beat));
         i.m_arready = u64::from(self.reads.len() < self.cfg.max_outstanding);
         i.m_awready = u64::from(self.writes.len() < self.cfg.max_outstanding);
-        i.m_wready = u64::from(!self.writes.is_empty());
+        if let Some(bpc) = self.cfg.bank_bytes_per_cycle {
+            for b in &mut self.bank_state {
+                b.credit = (b.credit + bpc).min(beat + bpc);
+            }
+        }
+        i.m_wready = u64::from(self.writes.front().is_some_and(|w| self.bank_free(w.bank)));
         i.m_rvalid = 0;
         i.m_rlast = 0;
         i.m_rresp = 0;
         if let Some(r) = self.reads.front()
-            && r.ready_at <= now
+            && r.next_ready(now, self.cfg.read_latency)
             && self.credit >= beat
         {
             let (addr, last) = (r.addr + self.beat_bytes * r.done, r.done + 1 == r.beats);
@@ -243,6 +384,12 @@ impl Memory {
             i.m_rdata_w = self.read_beat(addr);
             i.m_rdata = i.m_rdata_w[0];
             i.m_rlast = u64::from(last);
+        } else if let Some(r) = self.reads.front()
+            && r.ready_at <= now
+            && !r.next_ready(now, self.cfg.read_latency)
+            && let Some(st) = r.bank.and_then(|b| self.bank_state.get_mut(b))
+        {
+            st.counters.wait_cycles += 1;
         }
         i.m_bvalid = u64::from(self.bresp.front().is_some_and(|&t| t <= now));
         i.m_bresp = 0;
@@ -255,17 +402,51 @@ impl Memory {
             self.reset_port();
             return;
         }
+        // bank bandwidth: a write beat taken this cycle spends its bank's credit first; one
+        // refused holds its bank's read fetches
+        if self.cfg.bank_bytes_per_cycle.is_some() {
+            let wbank = self.writes.front().and_then(|w| w.bank);
+            let mut hold = None;
+            if o.m_wvalid == 1
+                && let Some(st) = wbank.and_then(|b| self.bank_state.get_mut(b))
+            {
+                if i.m_wready == 1 {
+                    st.credit -= self.beat_bytes as f64;
+                } else {
+                    st.counters.wait_cycles += 1;
+                    hold = wbank;
+                }
+            }
+            self.fetch(now, hold);
+        }
         if o.m_arvalid == 1 && i.m_arready == 1 {
+            let beats = o.m_arlen + 1;
+            let bank = self.locate(o.m_araddr).map(|(b, _)| b);
+            if let Some(st) = bank.and_then(|b| self.bank_state.get_mut(b)) {
+                st.counters.read_bursts += 1;
+            }
             self.reads.push_back(Burst {
                 addr: o.m_araddr,
-                beats: o.m_arlen + 1,
+                beats,
                 done: 0,
                 ready_at: now + self.cfg.read_latency,
+                bank,
+                // unlimited banks have the whole burst at once
+                fetched: if self.cfg.bank_bytes_per_cycle.is_some() {
+                    0
+                } else {
+                    beats
+                },
+                fetched_at: Vec::new(),
             });
         }
         if i.m_rvalid == 1 && o.m_rready == 1 {
             self.credit -= self.beat_bytes as f64;
+            let beat = self.beat_bytes;
             if let Some(r) = self.reads.front_mut() {
+                if let Some(st) = r.bank.and_then(|b| self.bank_state.get_mut(b)) {
+                    st.counters.bytes_read += beat;
+                }
                 r.done += 1;
                 if r.done == r.beats {
                     self.reads.pop_front();
@@ -273,10 +454,20 @@ impl Memory {
             }
         }
         if o.m_wvalid == 1 && i.m_wready == 1 {
-            let (addr, done, beats) = match self.writes.front() {
-                Some(w) => (w.addr + self.beat_bytes * w.done, w.done + 1, w.beats),
+            let (addr, done, beats, bank) = match self.writes.front() {
+                Some(w) => (
+                    w.addr + self.beat_bytes * w.done,
+                    w.done + 1,
+                    w.beats,
+                    w.bank,
+                ),
                 None => return,
             };
+            let beat = self.beat_bytes;
+            if let Some(st) = bank.and_then(|b| self.bank_state.get_mut(b)) {
+                st.counters.bytes_written += beat;
+                st.counters.write_beats += 1;
+            }
             if self.beat_bytes == 8 {
                 self.write_word(addr, o.m_wdata, o.m_wstrb);
             } else {
@@ -300,6 +491,9 @@ impl Memory {
                 beats: o.m_awlen + 1,
                 done: 0,
                 ready_at: now,
+                bank: self.locate(o.m_awaddr).map(|(b, _)| b),
+                fetched: 0,
+                fetched_at: Vec::new(),
             });
         }
         if i.m_bvalid == 1 && o.m_bready == 1 {
@@ -387,6 +581,96 @@ mod tests {
             m.bytes_mut(a, 8).expect("mem"),
             &[0, 1, 2, 3, 255, 255, 255, 255]
         );
+        assert!(m.fault.is_none());
+    }
+
+    /// Cycles at which the read beats of two 4-beat bursts at `a` and `b` (issued on cycles
+    /// 0 and 1) arrive, and the bank counters after.
+    fn two_bursts(a: u64, b: u64) -> (Vec<u64>, Vec<BankCounters>) {
+        let mut m = Memory::new(MemConfig {
+            read_latency: 2,
+            bytes_per_cycle: 8.0,
+            bank_bytes_per_cycle: Some(4.0),
+            ..MemConfig::default()
+        });
+        let mut i = PinsIn {
+            ap_rst_n: 1,
+            ..PinsIn::default()
+        };
+        let mut got = Vec::new();
+        for now in 0..40 {
+            m.drive(now, &mut i);
+            let o = PinsOut {
+                m_arvalid: u64::from(now < 2),
+                m_araddr: if now == 0 { a } else { b },
+                m_arlen: 3,
+                m_rready: 1,
+                ..PinsOut::default()
+            };
+            if i.m_rvalid == 1 {
+                got.push(now);
+            }
+            m.commit(now, &i, &o);
+        }
+        (got, m.bank_counters())
+    }
+
+    #[test]
+    fn streams_in_one_bank_share_its_bandwidth() {
+        let (b0, b1) = (1u64 << BANK_SHIFT, 2u64 << BANK_SHIFT);
+        // two banks: each bank needs 2 cycles a beat (fetched on cycles 1, 3, .. and 2, 4,
+        // .., at the port 2 cycles later), but the second burst's bank worked while the
+        // first burst was delivered, so its beats follow back to back
+        let (two, c2) = two_bursts(b0, b1 + 64);
+        assert_eq!(two, vec![3, 5, 7, 9, 10, 11, 12, 13]);
+        // the port waited for bank 0 (cycles 2, 4, 6, 8), never for bank 1
+        assert_eq!((c2[0].wait_cycles, c2[1].wait_cycles), (4, 0));
+        assert_eq!((c2[0].bytes_read, c2[1].bytes_read), (32, 32));
+        // one bank: the second burst is fetched only after the first, at the bank's pace
+        let (one, c1) = two_bursts(b0, b0 + 64);
+        assert_eq!(one, vec![3, 5, 7, 9, 11, 13, 15, 17]);
+        assert_eq!(c1[0].wait_cycles, 8);
+        assert_eq!((c1[0].bytes_read, c1[0].read_bursts), (64, 2));
+    }
+
+    #[test]
+    fn writes_wait_for_a_busy_bank() {
+        let mut m = Memory::new(MemConfig {
+            bank_bytes_per_cycle: Some(4.0),
+            ..MemConfig::default()
+        });
+        let a = 1u64 << BANK_SHIFT;
+        let mut i = PinsIn {
+            ap_rst_n: 1,
+            ..PinsIn::default()
+        };
+        let aw = PinsOut {
+            m_awvalid: 1,
+            m_awaddr: a,
+            m_awlen: 3,
+            ..PinsOut::default()
+        };
+        m.drive(0, &mut i);
+        m.commit(0, &i, &aw);
+        let mut accepted = Vec::new();
+        for now in 1..12 {
+            m.drive(now, &mut i);
+            let o = PinsOut {
+                m_wvalid: u64::from(accepted.len() < 4),
+                m_wdata: now,
+                m_wstrb: 0xff,
+                m_wlast: u64::from(accepted.len() == 3),
+                ..PinsOut::default()
+            };
+            if i.m_wready == 1 && o.m_wvalid == 1 {
+                accepted.push(now);
+            }
+            m.commit(now, &i, &o);
+        }
+        // a bank of 4 bytes a cycle takes one 8-byte beat every 2 cycles
+        assert_eq!(accepted, vec![1, 3, 5, 7]);
+        let c = m.bank_counters()[0];
+        assert_eq!((c.bytes_written, c.write_beats, c.wait_cycles), (32, 4, 3));
         assert!(m.fault.is_none());
     }
 }

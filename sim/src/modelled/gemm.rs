@@ -93,9 +93,29 @@ pub(super) fn run(
             .collect();
         card.store(card.pointer(desc, "y")?, &bytes)?;
     }
-    Ok(timing::gemm_cycles_mode(
-        c, m as u64, np as u64, kp as u64, mode, t,
-    ))
+    // The cycle model's shared bank: the W stream shares its bank with the writes (y, or the
+    // partials of a PART_OUT pass) only when they are in one bank.
+    let bank_of = |addr: u64| card.mem.locate(addr).map(|(b, _)| b);
+    let w_bank = bank_of(card.pointer(desc, "w")?);
+    let mut others = vec![card.pointer(desc, "x")?, card.pointer(desc, "params")?];
+    others.push(card.pointer(desc, if part_out { "part" } else { "y" })?);
+    if acc_in {
+        others.push(card.pointer(desc, "part")?);
+    }
+    let (m, np, kp) = (m as u64, np as u64, kp as u64);
+    match card.cfg.mem.bank_bytes_per_cycle {
+        // the W stream has its bank to itself: the port at its own rate, W at the bank's
+        Some(bank) if others.iter().all(|&a| bank_of(a) != w_bank) => {
+            let port = MemTiming {
+                bytes_per_cycle: card.cfg.mem.bytes_per_cycle,
+                ..*t
+            };
+            Ok(timing::gemm_cycles_w_own_bank(
+                c, m, np, kp, mode, &port, bank,
+            ))
+        }
+        _ => Ok(timing::gemm_cycles_mode(c, m, np, kp, mode, t)),
+    }
 }
 
 /// `part_in + x w^T` (`fpga::golden::gemm::gemm_pass`), bit for bit, at host speed: int32

@@ -71,7 +71,9 @@ impl ModelCard {
         MemTiming {
             read_latency: self.cfg.mem.read_latency,
             write_latency: self.cfg.mem.write_latency,
-            bytes_per_cycle: self.cfg.mem.bytes_per_cycle,
+            // one stream with its bank to itself: the slower of the port and the bank
+            bytes_per_cycle: self.cfg.mem.stream_bytes_per_cycle(),
+            bank_bytes_per_cycle: self.cfg.mem.bank_bytes_per_cycle,
         }
     }
 

@@ -334,7 +334,8 @@ impl FpgaBackend {
             MemTiming {
                 read_latency: m.read_latency,
                 write_latency: m.write_latency,
-                bytes_per_cycle: m.bytes_per_cycle,
+                bytes_per_cycle: m.stream_bytes_per_cycle(),
+                bank_bytes_per_cycle: m.bank_bytes_per_cycle,
             }
         } else {
             MemTiming::default()
