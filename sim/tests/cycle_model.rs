@@ -221,6 +221,7 @@ fn attention_model_matches_the_rtl() {
         d_max: 64,
         nkv_max: 512,
         kv_tile: 16,
+        q_rows: 1,
     };
     let Some((mut rtl, mut model)) = cards(&core) else {
         return;
@@ -319,6 +320,7 @@ fn attention_groups_and_kv_ranges_model_matches_the_rtl() {
         d_max: 16,
         nkv_max: 64,
         kv_tile: 8,
+        q_rows: 1,
     };
     let Some((mut rtl, mut model)) = cards(&core) else {
         return;

@@ -174,6 +174,7 @@ fn attention_4state_matches_golden_under_stalls() {
         d_max: 24,
         nkv_max: 64,
         kv_tile: 8,
+        q_rows: 1,
     };
     let Some(mut c) = card(&core, 33) else {
         return;
