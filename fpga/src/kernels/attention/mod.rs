@@ -77,6 +77,20 @@ impl AttentionCore {
         }
     }
 
+    /// The card-sized query-parallel build: 8 query rows x 128 lanes in each array (1,024 +
+    /// 1,024 MACs, head dims up to 128), 4096 keys on chip.
+    pub fn u55c_rows() -> Self {
+        Self {
+            q_rows: 8,
+            ..Self::u55c()
+        }
+    }
+
+    /// MACs of the two arrays together (`2 q_rows d_max`).
+    pub fn macs(&self) -> u32 {
+        2 * self.q_rows * self.d_max
+    }
+
     /// Checks the parameters.
     pub fn validate(&self) -> Result<(), CoreError> {
         let bad = |msg: String| {

@@ -384,6 +384,7 @@ always @(posedge clock) begin
         p0_v <= 1'b0; p1_v <= 1'b0; f_st <= F_IDLE;
         tf_cnt <= 0; xf_cnt <= 0; tf_wp <= 0; tf_rp <= 0; xf_wp <= 0; xf_rp <= 0;
         wr_req_valid <= 1'b0; wr_data_valid <= 1'b0; qn_full <= 1'b0;
+        {fp_clear}
     end else begin
         if (start && !running) begin
             if (args_ok) begin
@@ -399,6 +400,7 @@ always @(posedge clock) begin
                 tf_cnt <= 0; xf_cnt <= 0; tf_wp <= 0; tf_rp <= 0; xf_wp <= 0; xf_rp <= 0;
                 sa_v <= 1'b0; sb_v <= 1'b0; sc_v <= 1'b0; sd_v <= 1'b0;
                 p0_v <= 1'b0; p1_v <= 1'b0; f_st <= F_IDLE;
+                {fp_clear}
             end else done <= 1'b1;
         end
         // requests
@@ -504,5 +506,9 @@ endmodule // attention_core
         pad_dw = 32 - adw,
         pad_fw = 32 - afw,
         dwh = dw - 1,
+        fp_clear = (0..rr)
+            .map(|r| format!("fp_{r} <= 1'b0; p0_v_{r} <= 1'b0; p1_v_{r} <= 1'b0;"))
+            .collect::<Vec<_>>()
+            .join(" "),
     )
 }
