@@ -325,3 +325,29 @@ fn attention_rows_core_lints_and_synthesizes() {
         assert!(r.dsp >= 16 && r.ff > 1000 && r.lut > 1000, "{r:?}");
     }
 }
+
+/// The card build (`AttentionCore::u55c_rows`: q_rows 8 x d_max 128, 2,048 MACs) lints clean
+/// under `verilator --lint-only -Wall` (its synthesis is a slice, docs/FPGA.md).
+#[test]
+fn attention_rows_card_build_lints() {
+    let verilog = AttentionCore::u55c_rows().core_verilog().expect("verilog");
+    let dir = std::env::temp_dir().join(format!("tandem-lint-rows-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("attention_core.v");
+    std::fs::write(&path, verilog).expect("write verilog");
+    match std::process::Command::new("verilator")
+        .args(["--lint-only", "-Wall", "--top-module", "attention_core"])
+        .arg(&path)
+        .output()
+    {
+        Ok(out) => {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.success() && !err.contains("%Warning"),
+                "verilator lint of the card build: {err}"
+            );
+        }
+        Err(e) => println!("skipped: verilator not found ({e})"),
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -578,10 +578,23 @@ mod tests {
             q_rows: 4,
             ..AttentionCore::default()
         };
-        for c in [AttentionCore::default(), AttentionCore::u55c(), rows] {
+        for c in [
+            AttentionCore::default(),
+            AttentionCore::u55c(),
+            rows,
+            AttentionCore::u55c_rows(),
+        ] {
             let v = c.core_verilog().expect("verilog");
             check_core_ports(&v, "attention_core").expect("ports");
         }
+    }
+
+    #[test]
+    fn card_build_has_2048_macs() {
+        let c = AttentionCore::u55c_rows();
+        assert_eq!(c.macs(), 2048);
+        assert!(c.validate().is_ok());
+        assert_eq!(AttentionCore::u55c().macs(), 256);
     }
 
     #[test]
