@@ -2,7 +2,8 @@
 //! (`tandem_fpga::timing`, within 5% of the RTL on the shapes `sim/tests/cycle_model.rs`
 //! checks) for the U55C-sized builds: GEMM T4096 x 4096 x 4096 (the 64-bit build and the
 //! card-sized 512-bit one) and attention N 4096, d 128,
-//! causal and not, one head, and a GQA group of 4 heads. `cargo run -p tandem-fpga --example
+//! causal and not, one head, and a GQA group of 4 heads, on the one-row build and the
+//! query-parallel card build (`AttentionCore::u55c_rows`). `cargo run -p tandem-fpga --example
 //! project_cycles`.
 
 use tandem_fpga::DEFAULT_CLOCK_MHZ;
@@ -80,20 +81,25 @@ fn main() {
             2.0 * (m * n * kk) as f64,
         );
     }
-    let a = AttentionCore::u55c();
     let (nq, d) = (4096u64, 128u64);
-    for causal in [false, true] {
-        let pairs = timing::visible_pairs(causal, nq, nq) as f64;
-        for heads in [1u64, 4] {
-            let c = timing::attention_split_cycles(&a, nq, nq, d, causal, 1, heads, &mem);
-            line(
-                &format!(
-                    "attention N {nq} d {d} causal {causal}, {heads} head(s) of a group on d_max {} nkv_max {}",
-                    a.d_max, a.nkv_max
-                ),
-                c,
-                4.0 * (d as f64) * pairs * heads as f64,
-            );
+    for a in [AttentionCore::u55c(), AttentionCore::u55c_rows()] {
+        for causal in [false, true] {
+            let pairs = timing::visible_pairs(causal, nq, nq) as f64;
+            for heads in [1u64, 4] {
+                let c = timing::attention_split_cycles(&a, nq, nq, d, causal, 1, heads, &mem);
+                line(
+                    &format!(
+                        "attention N {nq} d {d} causal {causal}, {heads} head(s) of a group on d_max {} \
+                         q_rows {} ({} MACs) nkv_max {}",
+                        a.d_max,
+                        a.q_rows,
+                        a.macs(),
+                        a.nkv_max
+                    ),
+                    c,
+                    4.0 * (d as f64) * pairs * heads as f64,
+                );
+            }
         }
     }
 }

@@ -299,7 +299,7 @@ fn visible(causal: bool, i: u64, nq: u64, nkv: u64) -> u64 {
 /// kv_skip - Nq)` keys).
 #[allow(clippy::too_many_arguments)]
 pub fn attention_group_cycles(
-    _c: &AttentionCore,
+    c: &AttentionCore,
     nq: u64,
     nkv: u64,
     dp: u64,
@@ -308,6 +308,9 @@ pub fn attention_group_cycles(
     kv_skip: u64,
     m: &MemTiming,
 ) -> u64 {
+    if c.q_rows > 1 {
+        return attention_rows_cycles(c, nq, nkv, dp, causal, heads, kv_skip, m);
+    }
     let load = m.stream(2 * nkv * dp / 8);
     let fin = 28 + dp / 4;
     let rows_total = nq * heads.max(1);
@@ -328,6 +331,101 @@ pub fn attention_group_cycles(
         row(0) + (1..rows_total).map(|i| row(i).max(fin)).sum::<u64>()
     };
     load + m.bound(rows, rows_total * dp / 8) + fin + 12 + nkv.min(14) + dp / 16 + overhead(m)
+}
+
+/// The query-parallel core (`q_rows = R > 1`, [`crate::kernels::attention`]'s `rows`): the
+/// launch's `heads x Nq` rows go in groups of R, one key slot per cycle for the group up to
+/// the group's largest key count (at least one slot). The R rows share one finaliser
+/// (`26 + dp / 4` cycles a row), so a group after the first takes at least `R` finaliser
+/// times; the last group's R rows drain at the end.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_rows_cycles(
+    c: &AttentionCore,
+    nq: u64,
+    nkv: u64,
+    dp: u64,
+    causal: bool,
+    heads: u64,
+    kv_skip: u64,
+    m: &MemTiming,
+) -> u64 {
+    let r = u64::from(c.q_rows.max(1));
+    let load = m.stream(2 * nkv * dp / 8);
+    let fin = 26 + dp / 4;
+    let nq1 = nq.max(1);
+    let rows_total = nq * heads.max(1);
+    let keys = |i: u64| -> u64 {
+        let ih = i % nq1;
+        if causal {
+            (ih + 1 + nkv + kv_skip).saturating_sub(nq).min(nkv)
+        } else {
+            nkv
+        }
+    };
+    // Event walk over the groups, times relative to the first slot's pop: row `r` of a group
+    // pops its last key at the group's start + its last slot (+ stalls), unless its hold is
+    // still full (the finaliser has not started its previous row): then the whole group
+    // waits (the rows pop in lockstep). A hold is full 3 cycles after the pop; the finaliser,
+    // when idle, starts the lowest full row and frees its hold 2 cycles later.
+    let groups = rows_total.div_ceil(r);
+    let mut t = 0u64;
+    let mut fin_free = 0u64;
+    let mut free = vec![0u64; r as usize];
+    // full holds: (time full, row)
+    let mut pending: Vec<(u64, usize)> = Vec::with_capacity(r as usize);
+    let step = |pending: &mut Vec<(u64, usize)>, fin_free: &mut u64, free: &mut [u64]| {
+        let first = pending.iter().map(|p| p.0).min().unwrap_or(0);
+        let at = (*fin_free).max(first);
+        let (k, _) = pending
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.0 <= at)
+            .min_by_key(|(_, p)| p.1)
+            .unwrap_or((0, &(0, 0)));
+        let (_, row) = pending.swap_remove(k);
+        free[row] = at + 2;
+        *fin_free = at + fin;
+    };
+    let mut order: Vec<(u64, usize)> = Vec::with_capacity(r as usize);
+    for g in 0..groups {
+        let (a, b) = (g * r, ((g + 1) * r).min(rows_total));
+        order.clear();
+        order.extend((a..b).map(|i| (keys(i).max(1) - 1, (i - a) as usize)));
+        order.sort_unstable();
+        let span = order.iter().map(|&(s, _)| s + 1).max().unwrap_or(1);
+        let mut shift = 0u64;
+        // rows whose last key is the same slot pop together: all their holds must be free
+        let mut k = 0;
+        while k < order.len() {
+            let slot = order[k].0;
+            let same = order[k..].iter().take_while(|o| o.0 == slot).count();
+            let rows = &order[k..k + same];
+            let mut pop = t + slot + shift;
+            while !pending.is_empty() {
+                let first = pending.iter().map(|p| p.0).min().unwrap_or(0);
+                let at = fin_free.max(first);
+                let blocks = pending.iter().any(|p| rows.iter().any(|o| o.1 == p.1));
+                if blocks || at < pop + 3 {
+                    step(&mut pending, &mut fin_free, &mut free);
+                } else {
+                    break;
+                }
+            }
+            let need = rows.iter().map(|o| free[o.1]).max().unwrap_or(0);
+            if pop < need {
+                shift += need - pop;
+                pop = need;
+            }
+            pending.extend(rows.iter().map(|o| (pop + 3, o.1)));
+            k += same;
+        }
+        t += span + shift;
+    }
+    while !pending.is_empty() {
+        step(&mut pending, &mut fin_free, &mut free);
+    }
+    let run = fin_free.max(t);
+    load + m.bound(run, rows_total * dp / 8) + 10 + nkv.min(14) + dp / 16 + overhead(m)
 }
 
 /// An attention op's heads as [`crate::drive::run_attention_split`] runs them: `groups`
@@ -360,13 +458,16 @@ pub fn attention_split_cycles(
 /// slot; the last row's finaliser and the pipeline (one tile behind) drain at the end.
 /// Fitted to the simulated d_max 64, kv_tile 16 build.
 pub fn attention_cycles(
-    _c: &AttentionCore,
+    c: &AttentionCore,
     nq: u64,
     nkv: u64,
     dp: u64,
     causal: bool,
     m: &MemTiming,
 ) -> u64 {
+    if c.q_rows > 1 {
+        return attention_rows_cycles(c, nq, nkv, dp, causal, 1, 0, m);
+    }
     let load = m.stream(2 * nkv * dp / 8);
     let fin = 28 + dp / 4;
     let rows: u64 = if nq == 0 {

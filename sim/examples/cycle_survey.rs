@@ -64,6 +64,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             d_max: 64,
             nkv_max: 512,
             kv_tile: 16,
+            q_rows: 1,
         };
         c.load_core(&core, ShellConfig::default())?;
         for &nq in &[1usize, 5, 33, 128] {

@@ -230,6 +230,7 @@ fn attention_model_matches_the_rtl() {
         d_max: 64,
         nkv_max: 512,
         kv_tile: 16,
+        q_rows: 1,
     };
     let Some((mut rtl, mut model)) = cards(&core) else {
         return;
@@ -328,6 +329,7 @@ fn attention_groups_and_kv_ranges_model_matches_the_rtl() {
         d_max: 16,
         nkv_max: 64,
         kv_tile: 8,
+        q_rows: 1,
     };
     let Some((mut rtl, mut model)) = cards(&core) else {
         return;
@@ -387,6 +389,76 @@ fn attention_groups_and_kv_ranges_model_matches_the_rtl() {
         );
     }
     verdict("attention groups", diffs);
+}
+
+#[test]
+fn attention_rows_model_matches_the_rtl() {
+    // The query-parallel core (q_rows 4): GQA groups in one launch and K/V past nkv_max,
+    // the cycles of all launches of a shape, model against RTL.
+    let core = AttentionCore {
+        d_max: 16,
+        nkv_max: 256,
+        kv_tile: 8,
+        q_rows: 4,
+    };
+    let Some((mut rtl, mut model)) = cards(&core) else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(0x4a7);
+    let mut diffs = Vec::new();
+    for _ in 0..SHAPES {
+        let nq = rng.gen_range(1..=48);
+        let nkv = rng.gen_range(1..=600);
+        let d = rng.gen_range(1..=16);
+        let causal = rng.gen_bool(0.5);
+        let hkv = rng.gen_range(1..=2);
+        let hq = hkv * rng.gen_range(1..=4);
+        let draw = |rng: &mut ChaCha8Rng, n: usize| -> Vec<i8> {
+            (0..n).map(|_| rng.gen_range(-60..60)).collect()
+        };
+        let qs: Vec<Vec<i8>> = (0..hq).map(|_| draw(&mut rng, nq * d)).collect();
+        let kvs: Vec<(Vec<i8>, Vec<i8>)> = (0..hkv)
+            .map(|_| (draw(&mut rng, nkv * d), draw(&mut rng, nkv * d)))
+            .collect();
+        let (score_mult, score_shift) = (rng.gen_range(20000..65000), rng.gen_range(14..22));
+        let dims = AttentionDims { nq, nkv, d, causal };
+        let kv: Vec<KvHead<'_>> = kvs.iter().map(|(k, v)| KvHead { k, v }).collect();
+        let heads: Vec<QueryHead<'_>> = qs
+            .iter()
+            .enumerate()
+            .map(|(h, q)| QueryHead {
+                q,
+                kv: h / (hq / hkv),
+                score_mult,
+                score_shift,
+            })
+            .collect();
+        let chunk = core.nkv_max as usize;
+        let (a, sa) = run_attention_split(&mut rtl, chunk, dims, &kv, &heads, T).expect("RTL");
+        let (b, sb) = run_attention_split(&mut model, chunk, dims, &kv, &heads, T).expect("model");
+        assert_eq!(a, b, "attention {dims:?} Hq {hq} Hkv {hkv}: outputs differ");
+        let predicted = tandem_fpga::timing::attention_split_cycles(
+            &core,
+            nq as u64,
+            nkv as u64,
+            d.div_ceil(8) as u64 * 8,
+            causal,
+            hkv as u64,
+            (hq / hkv) as u64,
+            &tandem_fpga::timing::MemTiming::default(),
+        );
+        assert_eq!(
+            predicted, sb.cycles,
+            "the planner's estimate is the modelled card's"
+        );
+        compare(
+            &format!("attention R4 Hq={hq} Hkv={hkv} Nq={nq} Nkv={nkv} d={d} causal={causal}"),
+            &sa,
+            &sb,
+            &mut diffs,
+        );
+    }
+    verdict("attention q_rows 4", diffs);
 }
 
 #[test]

@@ -174,6 +174,7 @@ fn attention_4state_matches_golden_under_stalls() {
         d_max: 24,
         nkv_max: 64,
         kv_tile: 8,
+        q_rows: 1,
     };
     let Some(mut c) = card(&core, 33) else {
         return;
@@ -247,6 +248,75 @@ fn attention_4state_matches_golden_under_stalls() {
     }
     println!(
         "attention GQA 4 heads / 2 kv heads: bit-exact, {} cycles",
+        st.cycles
+    );
+    assert!(c.violations().is_empty(), "{:?}", c.violations());
+}
+
+/// The query-parallel core (q_rows 2) in the 4-state simulator: the first launch has d below
+/// d_max; causal rows without keys, Nq not a multiple of q_rows, a GQA group of 3 heads in one
+/// launch (a row group crossing heads); no X reaches an output, no AXI rule is broken.
+#[test]
+fn attention_rows_4state_matches_golden_under_stalls() {
+    let core = AttentionCore {
+        d_max: 16,
+        nkv_max: 64,
+        kv_tile: 4,
+        q_rows: 2,
+    };
+    let Some(mut c) = card(&core, 35) else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(0x4a77);
+    let case = |nq, nkv, d, causal, wild| AttCase {
+        nq,
+        nkv,
+        d,
+        causal,
+        wild,
+    };
+    for p in [
+        case(5, 13, 8, false, false),
+        case(9, 6, 13, true, false),
+        case(3, 21, 16, true, true),
+    ] {
+        check_attention(&mut c, &mut rng, &core, p);
+    }
+    let dims = AttentionDims {
+        nq: 5,
+        nkv: 11,
+        d: 16,
+        causal: true,
+    };
+    let (k, v) = (rand_i8(&mut rng, 11 * 16), rand_i8(&mut rng, 11 * 16));
+    let qs: Vec<Vec<i8>> = (0..3).map(|_| rand_i8(&mut rng, 5 * 16)).collect();
+    let (mult, shift) = AttentionConfig::score_multiplier(0.25, 0.02, 0.02).expect("scale");
+    let kv = [KvHead { k: &k, v: &v }];
+    let heads: Vec<QueryHead<'_>> = qs
+        .iter()
+        .map(|q| QueryHead {
+            q,
+            kv: 0,
+            score_mult: mult,
+            score_shift: shift,
+        })
+        .collect();
+    let (outs, st) = drive::run_attention(&mut c, dims, &kv, &heads, T).expect("gqa run");
+    for (h, out) in outs.iter().enumerate() {
+        let cfg = AttentionConfig {
+            nq: dims.nq,
+            nkv: dims.nkv,
+            d: dims.d,
+            kv_tile: core.kv_tile as usize,
+            causal: dims.causal,
+            score_mult: mult,
+            score_shift: shift,
+        };
+        let want = gatt::attention(&qs[h], &k, &v, &cfg).expect("golden");
+        assert_eq!(*out, want, "q_rows 2, GQA head {h}");
+    }
+    println!(
+        "attention q_rows 2, GQA 3 heads: bit-exact, {} cycles",
         st.cycles
     );
     assert!(c.violations().is_empty(), "{:?}", c.violations());

@@ -19,6 +19,7 @@ const CORE: AttentionCore = AttentionCore {
     d_max: 16,
     nkv_max: 256,
     kv_tile: 8,
+    q_rows: 1,
 };
 
 fn sim() -> Option<&'static CoreSim> {
@@ -282,6 +283,7 @@ fn attention_core_lints_and_synthesizes() {
         d_max: 8,
         nkv_max: 32,
         kv_tile: 4,
+        q_rows: 1,
     };
     let verilog = small.core_verilog().expect("verilog");
     if let Some(r) =

@@ -115,6 +115,7 @@ fn attention_64_lanes_utilisation() {
         d_max: 64,
         nkv_max: 1024,
         kv_tile: 16,
+        q_rows: 1,
     };
     let v = core.core_verilog().expect("verilog");
     let s = CoreSim::build(&Toolchain::default(), &v, "attention_core").expect("build");

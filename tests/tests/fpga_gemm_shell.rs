@@ -62,6 +62,7 @@ fn attention_through_the_shell_matches_golden() {
         d_max: 16,
         nkv_max: 256,
         kv_tile: 8,
+        q_rows: 1,
     };
     let Some(mut c) = card(&core) else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(32);
@@ -139,6 +140,7 @@ fn attention_gqa_groups_and_long_kv_through_the_shell_match_golden() {
         d_max: 16,
         nkv_max: 32,
         kv_tile: 8,
+        q_rows: 1,
     };
     let Some(mut c) = card(&core) else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(34);

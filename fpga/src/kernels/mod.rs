@@ -102,12 +102,13 @@ impl Build {
                 })
             }
             "attention" => {
-                let m = take(name, params, &["d_max", "nkv_max", "kv_tile"])?;
+                let m = take(name, params, &["d_max", "nkv_max", "kv_tile", "q_rows"])?;
                 let d = attention::AttentionCore::default();
                 Build::Attention(attention::AttentionCore {
                     d_max: get_u32(name, &m, "d_max", d.d_max)?,
                     nkv_max: get_u32(name, &m, "nkv_max", d.nkv_max)?,
                     kv_tile: get_u32(name, &m, "kv_tile", d.kv_tile)?,
+                    q_rows: get_u32(name, &m, "q_rows", d.q_rows)?,
                 })
             }
             "vecops" => {

@@ -49,6 +49,7 @@ pub fn builds() -> [(&'static str, AttentionCore); 3] {
         d_max,
         nkv_max: 512,
         kv_tile: 16,
+        q_rows: 1,
     };
     [
         ("attention_d64", core(64)),

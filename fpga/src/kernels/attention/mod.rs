@@ -32,6 +32,8 @@
 //! over launches; 0 for a whole sequence). Out-of-range arguments finish at once without
 //! touching memory.
 
+mod rows;
+
 use std::fmt::Write as _;
 
 use crate::core::{CoreError, KernelCore, clog2};
@@ -47,6 +49,10 @@ pub struct AttentionCore {
     pub nkv_max: u32,
     /// Keys per online-softmax tile (2..=64).
     pub kv_tile: u32,
+    /// Query rows processed together (1..=16): each K row read from the banks meets
+    /// `q_rows` query rows, so the arrays hold `q_rows x d_max` MACs each. 1 is the
+    /// one-row core (its RTL and cycles unchanged); see [`rows`].
+    pub q_rows: u32,
 }
 
 impl Default for AttentionCore {
@@ -55,6 +61,7 @@ impl Default for AttentionCore {
             d_max: 16,
             nkv_max: 256,
             kv_tile: 8,
+            q_rows: 1,
         }
     }
 }
@@ -66,7 +73,22 @@ impl AttentionCore {
             d_max: 128,
             nkv_max: 4096,
             kv_tile: 16,
+            q_rows: 1,
         }
+    }
+
+    /// The card-sized query-parallel build: 8 query rows x 128 lanes in each array (1,024 +
+    /// 1,024 MACs, head dims up to 128), 4096 keys on chip.
+    pub fn u55c_rows() -> Self {
+        Self {
+            q_rows: 8,
+            ..Self::u55c()
+        }
+    }
+
+    /// MACs of the two arrays together (`2 q_rows d_max`).
+    pub fn macs(&self) -> u32 {
+        2 * self.q_rows * self.d_max
     }
 
     /// Checks the parameters.
@@ -88,6 +110,9 @@ impl AttentionCore {
         }
         if !(2..=64).contains(&self.kv_tile) {
             return bad(format!("kv_tile = {} must be in 2..=64", self.kv_tile));
+        }
+        if !(1..=16).contains(&self.q_rows) {
+            return bad(format!("q_rows = {} must be in 1..=16", self.q_rows));
         }
         Ok(())
     }
@@ -120,17 +145,34 @@ impl KernelCore for AttentionCore {
     }
 
     fn params(&self) -> Vec<(String, i64)> {
-        vec![
+        let mut v = vec![
             ("d_max".into(), i64::from(self.d_max)),
             ("nkv_max".into(), i64::from(self.nkv_max)),
             ("kv_tile".into(), i64::from(self.kv_tile)),
-        ]
+        ];
+        if self.q_rows != 1 {
+            v.push(("q_rows".into(), i64::from(self.q_rows)));
+        }
+        v
     }
 
     fn core_verilog(&self) -> Result<String, CoreError> {
         self.validate()?;
-        Ok(attention_verilog(self))
+        if self.q_rows == 1 {
+            Ok(attention_verilog(self))
+        } else {
+            Ok(rows::attention_rows_verilog(self))
+        }
     }
+}
+
+/// The exp2 LUT as the cases of a Verilog `case` on `f`.
+fn lut_cases() -> String {
+    let mut lut_cases = String::new();
+    for (f, v) in exp2_lut().iter().enumerate() {
+        let _ = writeln!(lut_cases, "        8'd{f}: lut = 16'd{v};");
+    }
+    lut_cases
 }
 
 /// FIFO depth between the stages: a whole tile plus the score pipeline, rounded to 2^n.
@@ -227,11 +269,7 @@ fn attention_verilog(p: &AttentionCore) -> String {
         );
     }
     omux.push_str("        default: ;\n    endcase\nend\n");
-    let lut = exp2_lut();
-    let mut lut_cases = String::new();
-    for (f, v) in lut.iter().enumerate() {
-        let _ = writeln!(lut_cases, "        8'd{f}: lut = 16'd{v};");
-    }
+    let lut_cases = lut_cases();
     let tile = p.kv_tile;
     let afw = clog2((lanes / 4) as u32);
     // bank b is on when d_words = arg2 / 8 > b
@@ -536,10 +574,27 @@ mod tests {
 
     #[test]
     fn verilog_has_the_contract_ports() {
-        for c in [AttentionCore::default(), AttentionCore::u55c()] {
+        let rows = AttentionCore {
+            q_rows: 4,
+            ..AttentionCore::default()
+        };
+        for c in [
+            AttentionCore::default(),
+            AttentionCore::u55c(),
+            rows,
+            AttentionCore::u55c_rows(),
+        ] {
             let v = c.core_verilog().expect("verilog");
             check_core_ports(&v, "attention_core").expect("ports");
         }
+    }
+
+    #[test]
+    fn card_build_has_2048_macs() {
+        let c = AttentionCore::u55c_rows();
+        assert_eq!(c.macs(), 2048);
+        assert!(c.validate().is_ok());
+        assert_eq!(AttentionCore::u55c().macs(), 256);
     }
 
     #[test]
@@ -566,6 +621,10 @@ mod tests {
             },
             AttentionCore {
                 kv_tile: 65,
+                ..AttentionCore::default()
+            },
+            AttentionCore {
+                q_rows: 0,
                 ..AttentionCore::default()
             },
         ] {

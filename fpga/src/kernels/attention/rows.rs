@@ -1,0 +1,514 @@
+//! The query-parallel attention core (`q_rows = R > 1`): R query rows of the launch's
+//! `[heads x Nq]` rows go through the key loop together. Same arguments, same semantics
+//! ([`crate::golden::attention`], per row, bit for bit) and the same banks as the one-row core;
+//! what changes:
+//! - *Q prefetch*: R rows (`qn_r_*`) load while the previous group runs; each row's key count
+//!   (`jend`, the causal mask) is computed as it loads.
+//! - *score stage*: one key slot per cycle for the group, keys `0 .. max_r jend_r` (at least
+//!   one slot). The K row read from the banks meets the R query rows in R x `d_max` 8x8
+//!   multipliers (R adder trees, R score multipliers). A key masked for row r is not pushed
+//!   for that row: it enters neither the row's tile maximum nor its sums (p = 0); a row
+//!   without keys is pushed once, at slot 0, as the empty slot. Tiles are by key index, so a
+//!   row's tiles are the one-row core's.
+//! - *one FIFO slot per key* holds the R logits and per-row flags (pushed, empty, last key);
+//!   the tile FIFO holds R exponents, pushed at the group's tile end.
+//! - *softmax/PV stage*: the R rows pop in lockstep, so one V row read serves them all
+//!   (broadcast to R x `d_max` 16x8 multipliers); each row keeps its own running (e, l) and
+//!   48-bit accumulators and skips slots it was not pushed.
+//! - *finaliser*: one set of `d_max` dividers shared by the rows: a row's last key parks its
+//!   accumulators and (e, l) in a per-row hold (`fa_r_*`), the finaliser drains the holds one
+//!   row at a time, and a row's next last key waits until its hold is free.
+
+use std::fmt::Write as _;
+
+use super::{AttentionCore, fifo_depth, lut_cases};
+use crate::core::clog2;
+
+/// Verilog of the query-parallel core (`p.q_rows > 1`; the parameters are validated).
+pub(super) fn attention_rows_verilog(p: &AttentionCore) -> String {
+    let lanes = p.d_max as usize;
+    let rr = p.q_rows as usize;
+    let dw = lanes / 8;
+    let aj = clog2(p.nkv_max);
+    let td = fifo_depth(p.kv_tile);
+    let atd = clog2(td);
+    let adw = clog2(dw as u32);
+    let afw = clog2((lanes / 4) as u32);
+    let mut decl = String::new();
+    let mut seq = String::new();
+    let mut st = String::new(); // statements inside the main always block
+    // ---- banks: K and V, one 64-bit bank per 8 lanes (shared by the rows) ----
+    for b in 0..dw {
+        let _ = writeln!(
+            decl,
+            "reg [63:0] kb_{b} [0:{last}];\nreg [63:0] vb_{b} [0:{last}];\nreg [63:0] kr_{b}, vr_{b};",
+            last = p.nkv_max - 1
+        );
+        let _ = writeln!(
+            seq,
+            "always @(posedge clock) begin\n\
+             \x20   if (kv_we && !c_isv && c_b == {adw}'d{b}) kb_{b}[c_row[{ajh}:0]] <= rd_data;\n\
+             \x20   if (kv_we && c_isv && c_b == {adw}'d{b}) vb_{b}[c_row[{ajh}:0]] <= rd_data;\n\
+             \x20   if (s_issue) kr_{b} <= bank_on[{b}] ? kb_{b}[s_jcur[{ajh}:0]] : 64'd0;\n\
+             \x20   if (p_pop) vr_{b} <= bank_on[{b}] ? vb_{b}[tf_j[{ajh}:0]] : 64'd0;\n\
+             end",
+            ajh = aj - 1
+        );
+    }
+    // ---- shared V lanes ----
+    for l in 0..lanes {
+        let (b, o) = (l / 8, 8 * (l % 8));
+        let _ = writeln!(
+            decl,
+            "wire signed [7:0] kl_{l} = kr_{b}[{o} +: 8];\nreg signed [7:0] pv_v_{l};\nwire signed [7:0] vl_{l} = vr_{b}[{o} +: 8];"
+        );
+        let _ = writeln!(st, "        if (p0_v) pv_v_{l} <= vl_{l};");
+    }
+    // ---- per row: Q buffers, score lanes, softmax state, PV accumulators, hold ----
+    let mut ok_terms = Vec::new();
+    let mut fp_bits = Vec::new();
+    for r in 0..rr {
+        for b in 0..dw {
+            let _ = writeln!(decl, "reg [63:0] qn_{r}_{b}, qc_{r}_{b};");
+            let _ = writeln!(
+                st,
+                "        if (q_we && c_qr == 8'd{r} && c_b == {adw}'d{b}) qn_{r}_{b} <= rd_data;\n\
+                 \x20       else if (q_clear) qn_{r}_{b} <= 64'd0;\n\
+                 \x20       if (s_issue && s_rowstart) qc_{r}_{b} <= qn_{r}_{b};"
+            );
+        }
+        let mut sum = Vec::new();
+        let mut lane_decl = String::new();
+        for l in 0..lanes {
+            let (b, o) = (l / 8, 8 * (l % 8));
+            let _ = writeln!(
+                lane_decl,
+                "reg signed [15:0] sp_{r}_{l};\nwire signed [7:0] ql_{r}_{l} = qc_{r}_{b}[{o} +: 8];\n\
+                 reg signed [47:0] acc_{r}_{l}, fa_{r}_{l};\n\
+                 wire signed [47:0] rs_{r}_{l} = (p1_sh_{r} == 6'd0) ? acc_{r}_{l} : ((p1_sh_{r} >= 6'd40) ? 48'sd0 : ((acc_{r}_{l} + (48'sd1 <<< (p1_sh_{r} - 6'd1))) >>> p1_sh_{r}));\n\
+                 wire signed [47:0] base_{r}_{l} = p1_reset_{r} ? 48'sd0 : rs_{r}_{l};\n\
+                 wire signed [24:0] pp_{r}_{l} = $signed({{1'b0, p1_p_{r}}}) * pv_v_{l};\n\
+                 wire signed [47:0] an_{r}_{l} = base_{r}_{l} + {{{{23{{pp_{r}_{l}[24]}}}}, pp_{r}_{l}}};"
+            );
+            let _ = writeln!(
+                st,
+                "        sp_{r}_{l} <= ql_{r}_{l} * kl_{l};\n\
+                 \x20       if (p1_v_{r}) begin if (p1_g_{r}[2]) begin fa_{r}_{l} <= an_{r}_{l}; acc_{r}_{l} <= 48'sd0; end else acc_{r}_{l} <= an_{r}_{l}; end"
+            );
+            sum.push(format!("{{{{16{{sp_{r}_{l}[15]}}}}, sp_{r}_{l}}}"));
+        }
+        let _ = writeln!(
+            decl,
+            r#"// row {r}: key count, slot flags (0 pushed, 1 empty row, 2 last key of the row)
+reg [31:0] qn_jend_{r}, g_jend_{r};
+reg qn_val_{r}, g_val_{r};
+wire [31:0] s_je_{r} = s_rowstart ? qn_jend_{r} : g_jend_{r};
+wire s_va_{r} = s_rowstart ? qn_val_{r} : g_val_{r};
+wire s_em_{r} = (s_je_{r} == 32'd0);
+wire s_push_{r} = s_va_{r} && (s_em_{r} ? s_rowstart : (s_jcur < s_je_{r}));
+wire s_rl_{r} = s_em_{r} || (s_jcur + 32'd1 == s_je_{r});
+reg [2:0] sa_g_{r}, sb_g_{r}, sc_g_{r}, sd_g_{r};
+reg signed [31:0] sc_s_{r};
+reg signed [48:0] sd_m_{r};
+wire signed [48:0] sd_t_{r} = (shift_q == 6'd0) ? sd_m_{r} : ((sd_m_{r} + (49'sd1 <<< (shift_q - 6'd1))) >>> shift_q);
+wire signed [47:0] sd_t48_{r} = sd_t_{r}[47:0];
+reg signed [47:0] tmax_{r};
+wire signed [47:0] tmax_n_{r} = sd_g_{r}[0] ? (sd_f[0] ? sd_t48_{r} : ((sd_t48_{r} > tmax_{r}) ? sd_t48_{r} : tmax_{r})) : tmax_{r};
+wire signed [47:0] et_n_{r} = (tmax_n_{r} + 48'sd255) >>> 8;
+reg [47:0] tf_t_{r} [0:{tdl}];
+reg [2:0] tf_gg_{r} [0:{tdl}];
+reg [47:0] xf_e_{r} [0:{tdl}];
+wire [47:0] tf_th_{r} = tf_t_{r}[tf_rp];
+wire [2:0] tf_g_{r} = tf_gg_{r}[tf_rp];
+wire signed [47:0] xf_h_{r} = xf_e_{r}[xf_rp];
+always @(posedge clock) begin
+    if (sd_v) begin tf_t_{r}[tf_wp] <= sd_t_{r}[47:0]; tf_gg_{r}[tf_wp] <= sd_g_{r}; end
+    if (sd_v && sd_f[1]) xf_e_{r}[xf_wp] <= sd_g_{r}[1] ? 48'sd0 : et_n_{r};
+end
+// row {r}: softmax
+reg signed [47:0] e_run_{r};
+reg [31:0] l_run_{r};
+reg p0_v_{r}, p1_v_{r};
+reg [2:0] p0_g_{r}, p1_g_{r};
+reg signed [47:0] p0_e_{r}, p1_e_{r};
+reg [5:0] p0_sh_{r}, p1_sh_{r};
+reg p0_big_{r};
+reg [7:0] p0_fr_{r};
+reg [3:0] p0_n_{r};
+reg [15:0] p1_p_{r};
+wire p1_reset_{r} = p1_f[2] || p1_g_{r}[1];
+wire row_busy_{r} = (p0_v_{r} && p0_g_{r}[2]) || (p1_v_{r} && p1_g_{r}[2]);
+wire rst_{r} = tf_f[2] || tf_g_{r}[1];
+wire signed [47:0] e_new_{r} = (tf_f[0] && rst_{r}) ? xf_h_{r} : ((tf_f[0] && xf_h_{r} > e_run_{r}) ? xf_h_{r} : e_run_{r});
+wire signed [47:0] e_diff_{r} = e_new_{r} - e_run_{r};
+wire [5:0] sh_new_{r} = (tf_f[0] && !rst_{r}) ? ((e_diff_{r} >= 48'sd40) ? 6'd40 : e_diff_{r}[5:0]) : 6'd0;
+wire signed [48:0] u_new_{r} = {{e_new_{r}[47], e_new_{r}}} * 49'sd256 - {{tf_th_{r}[47], tf_th_{r}}};
+wire [32:0] l_rnd_{r} = {{1'b0, l_run_{r}}} + (33'd1 << (p1_sh_{r} - 6'd1));
+wire [31:0] l_base_{r} = p1_reset_{r} ? 32'd0 : ((p1_sh_{r} == 6'd0) ? l_run_{r} : ((p1_sh_{r} >= 6'd40) ? 32'd0 : (l_rnd_{r} >> p1_sh_{r})));
+wire [31:0] l_next_{r} = l_base_{r} + {{16'd0, p1_p_{r}}};
+// row {r}: hold for the finaliser
+reg fp_{r};
+reg [31:0] fl_{r}, fi_{r};
+reg signed [47:0] fe_{r};
+"#,
+            tdl = td - 1,
+        );
+        decl.push_str(&lane_decl);
+        let _ = writeln!(decl, "wire [31:0] sc_sum_{r} = {};", sum.join(" + "));
+        let _ = writeln!(
+            st,
+            r#"        if (s_issue) begin
+            if (s_rowstart) begin g_jend_{r} <= qn_jend_{r}; g_val_{r} <= qn_val_{r}; qn_val_{r} <= 1'b0; end
+            sa_g_{r} <= {{s_rl_{r}, s_em_{r}, s_push_{r}}};
+        end
+        if (q_we && q_rowdone && c_qr == 8'd{r}) begin qn_jend_{r} <= jend_q; qn_val_{r} <= 1'b1; end
+        sb_g_{r} <= sa_g_{r}; sc_g_{r} <= sb_g_{r}; sd_g_{r} <= sc_g_{r};
+        sc_s_{r} <= sc_sum_{r};
+        sd_m_{r} <= sc_s_{r} * $signed({{1'b0, mult_q[15:0]}});
+        if (sd_v) tmax_{r} <= tmax_n_{r};
+        p0_v_{r} <= p_pop && tf_g_{r}[0];
+        if (p_pop && tf_g_{r}[0]) begin
+            e_run_{r} <= e_new_{r};
+            p0_g_{r} <= tf_g_{r}; p0_e_{r} <= e_new_{r}; p0_sh_{r} <= sh_new_{r};
+            p0_big_{r} <= (u_new_{r} >>> 8) >= 49'sd16;
+            p0_n_{r} <= u_new_{r}[11:8];
+            p0_fr_{r} <= u_new_{r}[7:0];
+        end
+        p1_v_{r} <= p0_v_{r}; p1_g_{r} <= p0_g_{r}; p1_e_{r} <= p0_e_{r}; p1_sh_{r} <= p0_sh_{r};
+        p1_p_{r} <= p0_big_{r} ? 16'd0 : (lut(p0_fr_{r}) >> p0_n_{r});
+        if (f_st == F_PREP && f_r == 8'd{r}) fp_{r} <= 1'b0;
+        if (p1_v_{r}) begin
+            if (p1_g_{r}[2]) begin
+                l_run_{r} <= 32'd0;
+                fl_{r} <= p1_g_{r}[1] ? 32'd0 : l_next_{r}; fi_{r} <= p1_i + 32'd{r}; fe_{r} <= p1_e_{r};
+                fp_{r} <= 1'b1;
+            end else l_run_{r} <= l_next_{r};
+        end"#
+        );
+        ok_terms.push(format!(
+            "(!(tf_g_{r}[0] && tf_g_{r}[2]) || (!fp_{r} && !row_busy_{r}))"
+        ));
+        fp_bits.push(format!("fp_{r}"));
+    }
+    // ---- shared finaliser: the dividers, fed from the hold of row f_r ----
+    let sel = |by: &str, what: &str, l: Option<usize>| -> String {
+        let mut e = String::new();
+        for r in 0..rr - 1 {
+            let name = match l {
+                Some(l) => format!("{what}_{r}_{l}"),
+                None => format!("{what}_{r}"),
+            };
+            let _ = write!(e, "({by} == 8'd{r}) ? {name} : ");
+        }
+        e.push_str(&match l {
+            Some(l) => format!("{what}_{}_{l}", rr - 1),
+            None => format!("{what}_{}", rr - 1),
+        });
+        e
+    };
+    let mut pick = String::from("8'd0");
+    for r in (0..rr).rev() {
+        pick = format!("fp_{r} ? 8'd{r} : ({pick})");
+    }
+    // the lowest row with a full hold (fp_0 first)
+    let _ = writeln!(decl, "wire [7:0] f_pick = {pick};");
+    for l in 0..lanes {
+        let _ = writeln!(
+            decl,
+            "wire signed [47:0] fas_{l} = {fas};\n\
+             reg fneg_{l}, fsat_{l};\nreg [50:0] frem_{l};\nreg [16:0] fq_{l};\nreg [15:0] fo_{l};\n\
+             wire signed [50:0] fnum_{l} = {{fas_{l}, 9'd0}} + {{19'd0, f_l}};\n\
+             wire [50:0] fden_sh_{l} = {{18'd0, f_l, 1'b0}} << f_bit;",
+            fas = sel("f_r", "fa", Some(l))
+        );
+        let _ = writeln!(
+            st,
+            "        if (f_st == F_PREP) begin\n\
+             \x20           fneg_{l} <= fnum_{l}[50];\n\
+             \x20           frem_{l} <= fnum_{l}[50] ? (~fnum_{l} + 51'd1) : fnum_{l};\n\
+             \x20           fq_{l} <= 17'd0;\n\
+             \x20       end\n\
+             \x20       if (f_st == F_DIV) begin\n\
+             \x20           if (f_bit == 5'd17) fsat_{l} <= (frem_{l} >= fden_sh_{l});\n\
+             \x20           else if (frem_{l} >= fden_sh_{l}) begin frem_{l} <= frem_{l} - fden_sh_{l}; fq_{l}[f_bit[4:0]] <= 1'b1; end\n\
+             \x20       end\n\
+             \x20       if (f_st == F_FIX) begin\n\
+             \x20           if (f_l == 32'd0) fo_{l} <= 16'd0;\n\
+             \x20           else if (fsat_{l}) fo_{l} <= fneg_{l} ? 16'h8000 : 16'h7fff;\n\
+             \x20           else if (fneg_{l}) fo_{l} <= (({{1'b0, fq_{l}}} + {{17'd0, frem_{l} != 51'd0}}) > 18'd32768) ? 16'h8000 : (16'd0 - (fq_{l}[15:0] + {{15'd0, frem_{l} != 51'd0}}));\n\
+             \x20           else fo_{l} <= (fq_{l} > 17'd32767) ? 16'h7fff : fq_{l}[15:0];\n\
+             \x20       end"
+        );
+    }
+    let mut omux = String::from("always @* begin\n    f_word = 64'd0;\n    case (f_w)\n");
+    for w in 0..lanes / 4 {
+        let _ = writeln!(
+            omux,
+            "        {afw}'d{w}: f_word = {{fo_{}, fo_{}, fo_{}, fo_{}}};",
+            4 * w + 3,
+            4 * w + 2,
+            4 * w + 1,
+            4 * w
+        );
+    }
+    omux.push_str("        default: ;\n    endcase\nend\n");
+    let bank_on_init = format!(
+        "{{{}}}",
+        (0..dw)
+            .rev()
+            .map(|b| format!("(arg2[31:3] > 29'd{b})"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let p_ok = ok_terms.join(" && ");
+    let fp_any = fp_bits.join(" || ");
+    let fl_sel = sel("f_pick", "fl", None);
+    let fe_sel = sel("f_pick", "fe", None);
+    let fi_sel = sel("f_pick", "fi", None);
+    format!(
+        r#"
+// Attention core (tandem-fpga), query-parallel: q_rows = {rr}, d_max = {lanes} lanes,
+// nkv_max = {nkv_max}, kv_tile = {tile}. Semantics: fpga::golden::attention (per row).
+/* verilator lint_off UNUSED */
+/* verilator lint_off WIDTH */
+{header}
+localparam [31:0] D_MAX = 32'd{lanes};
+localparam [31:0] NKV_MAX = 32'd{nkv_max};
+localparam [31:0] TILE = 32'd{tile};
+localparam [31:0] TD = 32'd{td};
+localparam [31:0] Q_ROWS = 32'd{rr};
+localparam [2:0] F_IDLE = 3'd0, F_PREP = 3'd1, F_DIV = 3'd2, F_FIX = 3'd3, F_WREQ = 3'd4, F_WDAT = 3'd5, F_SREQ = 3'd6, F_SDAT = 3'd7;
+
+function [15:0] lut;
+    input [7:0] f;
+    case (f)
+{lut_cases}        default: lut = 16'd0;
+    endcase
+endfunction
+
+// ---- run control and arguments ----
+reg running;
+reg [31:0] nq_q, nqt_q, nkv_q, nv_q, d_q, d_words, mult_q;
+reg [5:0] shift_q;
+reg causal_q;
+reg [63:0] pq_q, pk_q, pv_q, po_q, ps_q;
+reg [{dwh}:0] bank_on;
+assign busy = running;
+wire args_ok = (arg0 != 32'd0) && (arg1 != 32'd0) && (arg1 <= NKV_MAX) && (arg2 != 32'd0)
+            && (arg2[2:0] == 3'd0) && (arg2 <= D_MAX) && (arg4 <= 32'd65535) && (arg5 <= 32'd47)
+            && (arg6 <= 32'd1024) && (arg7 <= 32'h40000000) && (arg0 * heads_a <= 64'h40000000);
+wire [63:0] heads_a = (arg6 == 32'd0) ? 64'd1 : {{32'd0, arg6}};
+
+// ---- read requests: all of K, all of V, all of Q ----
+reg [1:0] g_ph;
+always @* begin
+    rd_req_valid = running && g_ph != 2'd3;
+    rd_req_addr = (g_ph == 2'd0) ? pk_q : ((g_ph == 2'd1) ? pv_q : pq_q);
+    rd_req_len = (g_ph == 2'd2) ? nqt_q * d_words : nkv_q * d_words;
+end
+
+// ---- data consumer: K banks, V banks, then R query rows into the prefetch buffer ----
+reg [1:0] c_ph;          // 0 K, 1 V, 2 Q, 3 done
+reg [31:0] c_row, c_qrows, c_ih;
+reg [7:0] c_qr;          // row of the prefetch group being loaded
+reg [{adwh}:0] c_b;
+reg qn_full;
+reg [31:0] qn_jmax;
+wire c_isv = (c_ph == 2'd1);
+wire kv_we = running && (c_ph == 2'd0 || c_ph == 2'd1) && rd_data_valid;
+wire q_we = running && c_ph == 2'd2 && !qn_full && rd_data_valid;
+wire q_rowdone = ({{{pad_dw}'d0, c_b}} + 32'd1 == d_words);
+always @* rd_data_ready = running && ((c_ph == 2'd0) || (c_ph == 2'd1) || (c_ph == 2'd2 && !qn_full));
+reg q_clear;
+// causal: row c_ih of its head sees key j iff j + nq <= c_ih + nkv + kv_skip
+wire [31:0] jend_q = causal_q ? ((c_ih + nv_q >= nq_q) ? (((c_ih + nv_q - nq_q + 32'd1) < nkv_q) ? (c_ih + nv_q - nq_q + 32'd1) : nkv_q) : 32'd0) : nkv_q;
+
+// ---- score stage: one key slot per cycle for the group ----
+reg s_run, s_alldone, s_inrow;
+reg [31:0] s_i, s_j, s_jt, g_jmax;
+reg [{atdh}:0] tf_wp, tf_rp, xf_wp, xf_rp;
+reg [{atd}:0] tf_cnt, xf_cnt;
+wire s_room = (tf_cnt + {atd1}'d6 < TD);
+wire s_rowstart = !s_inrow;
+wire s_issue = running && s_run && !s_alldone && s_room && (s_inrow || qn_full);
+wire [31:0] s_jcur = s_rowstart ? 32'd0 : s_j;
+wire [31:0] s_jmax_cur = s_rowstart ? qn_jmax : g_jmax;
+wire s_last = (s_jmax_cur == 32'd0) || (s_jcur + 32'd1 == s_jmax_cur);
+wire s_tfirst = s_rowstart || (s_jt == 32'd0);
+wire s_tlast = s_last || (s_jt + 32'd1 == TILE);
+// pipeline: A (bank read) -> B (products) -> C (adder trees) -> D (score multiply) -> E (round, push)
+reg sa_v, sb_v, sc_v, sd_v;
+reg [2:0] sa_f, sb_f, sc_f, sd_f;  // group flags: 0 tile first, 1 tile last, 2 group's first slot
+reg [31:0] sa_j, sb_j, sc_j, sd_j, sa_i, sb_i, sc_i, sd_i;
+reg [2:0] tf_fl [0:{tdl}];
+reg [31:0] tf_jj [0:{tdl}];
+reg [31:0] tf_ii [0:{tdl}];
+wire [2:0] tf_f = tf_fl[tf_rp];
+wire [31:0] tf_j = tf_jj[tf_rp];
+wire [31:0] tf_i = tf_ii[tf_rp];
+
+// ---- softmax/PV stage (rows in lockstep) ----
+reg p0_v, p1_v;
+reg [2:0] p0_f, p1_f;
+reg [31:0] p0_i, p1_i;
+wire tf_ne = (tf_cnt != {atd1}'d0);
+wire xf_ne = (xf_cnt != {atd1}'d0);
+reg [2:0] f_st;
+reg [7:0] f_r;
+
+// ---- finaliser ----
+reg [31:0] f_l, f_i;
+reg signed [47:0] f_e;
+reg [4:0] f_bit;
+reg [{afwh}:0] f_w;
+reg [63:0] f_word;
+{decl}
+wire p_pop = running && tf_ne && (!tf_f[0] || xf_ne) && {p_ok};
+wire fp_any = {fp_any};
+{omux}
+{seq}
+always @(posedge clock) begin
+    if (sd_v) begin
+        tf_fl[tf_wp] <= sd_f;
+        tf_jj[tf_wp] <= sd_j;
+        tf_ii[tf_wp] <= sd_i;
+    end
+end
+
+always @(posedge clock) begin
+    done <= 1'b0;
+    q_clear <= 1'b0;
+    if (reset) begin
+        running <= 1'b0; g_ph <= 2'd3; c_ph <= 2'd3; s_run <= 1'b0;
+        sa_v <= 1'b0; sb_v <= 1'b0; sc_v <= 1'b0; sd_v <= 1'b0;
+        p0_v <= 1'b0; p1_v <= 1'b0; f_st <= F_IDLE;
+        tf_cnt <= 0; xf_cnt <= 0; tf_wp <= 0; tf_rp <= 0; xf_wp <= 0; xf_rp <= 0;
+        wr_req_valid <= 1'b0; wr_data_valid <= 1'b0; qn_full <= 1'b0;
+        {fp_clear}
+    end else begin
+        if (start && !running) begin
+            if (args_ok) begin
+                running <= 1'b1;
+                nq_q <= arg0; nkv_q <= arg1; d_q <= arg2; d_words <= arg2 >> 3; causal_q <= arg3[0];
+                nqt_q <= arg0 * heads_a[31:0]; nv_q <= arg1 + arg7;
+                bank_on <= {bank_on_init};
+                mult_q <= arg4; shift_q <= arg5[5:0];
+                pq_q <= ptr0; pk_q <= ptr1; pv_q <= ptr2; po_q <= ptr3; ps_q <= ptr4;
+                g_ph <= 2'd0; c_ph <= 2'd0; c_row <= 32'd0; c_b <= 0; c_qrows <= 32'd0; c_qr <= 8'd0; c_ih <= 32'd0;
+                qn_full <= 1'b0; q_clear <= 1'b1; qn_jmax <= 32'd0;
+                s_run <= 1'b0; s_alldone <= 1'b0; s_inrow <= 1'b0; s_i <= 32'd0; s_j <= 32'd0; s_jt <= 32'd0;
+                tf_cnt <= 0; xf_cnt <= 0; tf_wp <= 0; tf_rp <= 0; xf_wp <= 0; xf_rp <= 0;
+                sa_v <= 1'b0; sb_v <= 1'b0; sc_v <= 1'b0; sd_v <= 1'b0;
+                p0_v <= 1'b0; p1_v <= 1'b0; f_st <= F_IDLE;
+                {fp_clear}
+            end else done <= 1'b1;
+        end
+        // requests
+        if (rd_req_valid && rd_req_ready) g_ph <= g_ph + 2'd1;
+        // data
+        if (kv_we) begin
+            if (q_rowdone) begin
+                c_b <= 0;
+                if (c_row + 32'd1 == nkv_q) begin c_row <= 32'd0; c_ph <= c_ph + 2'd1; if (c_ph == 2'd1) s_run <= 1'b1; end
+                else c_row <= c_row + 32'd1;
+            end else c_b <= c_b + 1'b1;
+        end
+        if (q_we) begin
+            if (q_rowdone) begin
+                c_b <= 0;
+                qn_jmax <= (c_qr == 8'd0 || jend_q > qn_jmax) ? jend_q : qn_jmax;
+                c_ih <= (c_ih + 32'd1 == nq_q) ? 32'd0 : c_ih + 32'd1;
+                if (c_qrows + 32'd1 == nqt_q) begin c_ph <= 2'd3; qn_full <= 1'b1; end
+                if (c_qr + 8'd1 == Q_ROWS[7:0]) begin c_qr <= 8'd0; qn_full <= 1'b1; end
+                else c_qr <= c_qr + 8'd1;
+                c_qrows <= c_qrows + 32'd1;
+            end else c_b <= c_b + 1'b1;
+        end
+{st}
+        // score stage issue
+        if (s_issue) begin
+            if (s_rowstart) begin qn_full <= 1'b0; q_clear <= 1'b1; g_jmax <= qn_jmax; c_qr <= 8'd0; end
+            sa_v <= 1'b1;
+            sa_f <= {{s_rowstart, s_tlast, s_tfirst}};
+            sa_j <= s_jcur; sa_i <= s_i;
+            if (s_last) begin
+                s_inrow <= 1'b0; s_j <= 32'd0; s_jt <= 32'd0;
+                if (s_i + Q_ROWS >= nqt_q) s_alldone <= 1'b1;
+                s_i <= s_i + Q_ROWS;
+            end else begin
+                s_inrow <= 1'b1; s_j <= s_jcur + 32'd1;
+                s_jt <= s_tlast ? 32'd0 : s_jt + 32'd1;
+            end
+        end else sa_v <= 1'b0;
+        sb_v <= sa_v; sb_f <= sa_f; sb_j <= sa_j; sb_i <= sa_i;
+        sc_v <= sb_v; sc_f <= sb_f; sc_j <= sb_j; sc_i <= sb_i;
+        sd_v <= sc_v; sd_f <= sc_f; sd_j <= sc_j; sd_i <= sc_i;
+        if (sd_v) begin
+            tf_wp <= tf_wp + 1'b1;
+            if (sd_f[1]) xf_wp <= xf_wp + 1'b1;
+        end
+        tf_cnt <= tf_cnt + (sd_v ? 1'b1 : 1'b0) - (p_pop ? 1'b1 : 1'b0);
+        xf_cnt <= xf_cnt + ((sd_v && sd_f[1]) ? 1'b1 : 1'b0) - ((p_pop && tf_f[0]) ? 1'b1 : 1'b0);
+        // softmax/PV: P0 pop (the rows' parts are in the statements above)
+        p0_v <= p_pop;
+        if (p_pop) begin
+            tf_rp <= tf_rp + 1'b1;
+            if (tf_f[0]) xf_rp <= xf_rp + 1'b1;
+            p0_f <= tf_f; p0_i <= tf_i;
+        end
+        p1_v <= p0_v; p1_f <= p0_f; p1_i <= p0_i;
+        // finaliser: take the lowest full hold, divide, write the row and its (e, l)
+        case (f_st)
+            F_IDLE: if (fp_any) begin
+                f_r <= f_pick; f_l <= {fl_sel}; f_e <= {fe_sel}; f_i <= {fi_sel}; f_st <= F_PREP;
+            end
+            F_PREP: begin f_st <= F_DIV; f_bit <= 5'd17; end
+            F_DIV: if (f_bit == 5'd0) f_st <= F_FIX; else f_bit <= f_bit - 5'd1;
+            F_FIX: begin f_st <= F_WREQ; wr_req_valid <= 1'b1; f_w <= 0; end
+            F_WREQ: if (wr_req_ready) begin wr_req_valid <= 1'b0; wr_data_valid <= 1'b1; f_st <= F_WDAT; end
+            F_WDAT: if (wr_data_ready) begin
+                if ({{{pad_fw}'d0, f_w}} + 32'd1 == (d_q >> 2)) begin wr_data_valid <= 1'b0; wr_req_valid <= 1'b1; f_st <= F_SREQ; end
+                else f_w <= f_w + 1'b1;
+            end
+            F_SREQ: if (wr_req_ready) begin wr_req_valid <= 1'b0; wr_data_valid <= 1'b1; f_st <= F_SDAT; end
+            F_SDAT: if (wr_data_ready) begin wr_data_valid <= 1'b0; f_st <= F_IDLE; end
+            default: ;
+        endcase
+        if (running && s_alldone && !sa_v && !sb_v && !sc_v && !sd_v && !tf_ne && !p0_v && !p1_v
+            && f_st == F_IDLE && !fp_any && !wr_req_valid && !wr_data_valid && !s_issue) begin
+            running <= 1'b0; done <= 1'b1; s_run <= 1'b0; g_ph <= 2'd3; c_ph <= 2'd3;
+        end
+    end
+end
+
+// the row's exponent as int32 (golden clamps to [i32::MIN + 1, i32::MAX]); l = 0 marks an empty row
+wire [31:0] f_e32 = (f_l == 32'd0) ? 32'h80000000 : ((f_e > 48'sd2147483647) ? 32'h7fffffff : ((f_e < -48'sd2147483647) ? 32'h80000001 : f_e[31:0]));
+always @* begin
+    wr_req_addr = (f_st == F_SREQ || f_st == F_SDAT) ? (ps_q + {{29'd0, f_i, 3'd0}}) : (po_q + f_i * (d_q << 1));
+    wr_req_len = (f_st == F_SREQ || f_st == F_SDAT) ? 32'd1 : (d_q >> 2);
+    wr_data = (f_st == F_SDAT) ? {{f_l, f_e32}} : f_word;
+    wr_strb = 8'hFF;
+end
+
+endmodule // attention_core
+/* verilator lint_on WIDTH */
+/* verilator lint_on UNUSED */
+"#,
+        header = crate::core::core_header("attention_core", &["busy"]),
+        nkv_max = p.nkv_max,
+        tile = p.kv_tile,
+        lut_cases = lut_cases(),
+        adwh = adw - 1,
+        atdh = atd - 1,
+        atd1 = atd + 1,
+        tdl = td - 1,
+        afwh = afw - 1,
+        pad_dw = 32 - adw,
+        pad_fw = 32 - afw,
+        dwh = dw - 1,
+        fp_clear = (0..rr)
+            .map(|r| format!("fp_{r} <= 1'b0; p0_v_{r} <= 1'b0; p1_v_{r} <= 1'b0;"))
+            .collect::<Vec<_>>()
+            .join(" "),
+    )
+}
