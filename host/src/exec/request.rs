@@ -222,19 +222,34 @@ impl RunState {
                 if let Err(e) = self.runs.put(i as usize, run) {
                     self.fail(e);
                 }
+                // Dependents that become ready here and stay on this worker take over this
+                // node's place in flight: one count change at the end (none for a chain),
+                // instead of an increment per dependent and a decrement for this node. A
+                // dependent sent to another worker is counted before it is sent, so the count
+                // cannot reach zero while that worker runs it.
+                let mut kept = 0usize;
                 for &j in self.prep.dependents(i) {
                     if self.waiting[j as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
-                        self.in_flight.fetch_add(1, Ordering::AcqRel);
                         let d = self.device_for(j);
                         if d == device {
                             ready.push(j);
-                        } else if let Err(e) = router.send(d, self.clone(), vec![j]) {
-                            self.fail(e);
-                            self.node_finished();
+                            kept += 1;
+                        } else {
+                            self.in_flight.fetch_add(1, Ordering::AcqRel);
+                            if let Err(e) = router.send(d, self.clone(), vec![j]) {
+                                self.fail(e);
+                                self.node_finished();
+                            }
                         }
                     }
                 }
-                self.node_finished();
+                match kept {
+                    0 => self.node_finished(),
+                    1 => {}
+                    k => {
+                        self.in_flight.fetch_add(k - 1, Ordering::AcqRel);
+                    }
+                }
             }
             Err(e) => self.failed(i, device, e, router),
         }
