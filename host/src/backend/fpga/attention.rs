@@ -58,6 +58,28 @@ pub fn builds() -> [(&'static str, AttentionCore); 3] {
     ]
 }
 
+/// The attention builds of a simulated card's profile: [`builds`] for `ci`; for `u55c` the
+/// query-parallel card builds (2,048 MACs each: d_max 64 x 16 query rows, 128 x 8, 256 x 4;
+/// 4,096 keys on chip per launch). Same numerics, so the same bits, as the `ci` builds.
+pub fn builds_for(profile: crate::options::SimProfile) -> [(&'static str, AttentionCore); 3] {
+    match profile {
+        crate::options::SimProfile::Ci => builds(),
+        crate::options::SimProfile::U55c => {
+            let core = |d_max, q_rows| AttentionCore {
+                d_max,
+                nkv_max: 4096,
+                kv_tile: 16,
+                q_rows,
+            };
+            [
+                ("attention_d64_r16", core(64, 16)),
+                ("attention_d128_r8", core(128, 8)),
+                ("attention_d256_r4", core(256, 4)),
+            ]
+        }
+    }
+}
+
 /// The build head dims up to 64 (the default layer's) run on.
 pub fn default_core() -> AttentionCore {
     builds()[0].1

@@ -243,7 +243,10 @@ impl FpgaBackend {
             DeviceKind::FpgaSim => gemm_build_for(opts.sim_profile),
             _ => gemm_build(),
         };
-        let attention = attention::builds();
+        let attention = match card.kind {
+            DeviceKind::FpgaSim => attention::builds_for(opts.sim_profile),
+            _ => attention::builds(),
+        };
         let vecops = vecops::vecops_build();
         let clock_mhz = opts.clock_mhz.unwrap_or(DEFAULT_CLOCK_MHZ);
         let clock = clock_mhz * 1e6;
@@ -257,7 +260,7 @@ impl FpgaBackend {
                 "kernels".into(),
                 format!(
                     "router (e_max={}, k_max={}, lanes={}), gemm (rows={}, lanes={}, k_max={}, n_max={}), \
-                     attention (d_max={}, {} and {}, nkv_max={} per launch, kv_tile={}), \
+                     attention (d_max={}, {} and {}, nkv_max={} per launch, kv_tile={}{}), \
                      vecops (n_max={})",
                     router.e_max,
                     router.k_max,
@@ -271,6 +274,14 @@ impl FpgaBackend {
                     attention[2].1.d_max,
                     attention[0].1.nkv_max,
                     attention[0].1.kv_tile,
+                    if attention.iter().any(|(_, c)| c.q_rows > 1) {
+                        format!(
+                            ", q_rows={}, {} and {}",
+                            attention[0].1.q_rows, attention[1].1.q_rows, attention[2].1.q_rows
+                        )
+                    } else {
+                        String::new()
+                    },
                     vecops.n_max
                 ),
             ),
