@@ -166,22 +166,7 @@ fn the_u55c_profile_runs_the_card_sized_gemm() {
     // TANDEM_FPGA_SIM_PROFILE=u55c: the backend loads the 64 x 64-lane GEMM on a 512-bit port
     // (modelled here: the RTL of that size is minutes of Verilator). Same bits as the default
     // 8-lane build, far fewer cycles, and the planner's estimate is the model's.
-    let make = |profile| {
-        let card = CardInfo {
-            kind: DeviceKind::FpgaSim,
-            index: 0,
-            name: "simulated card (model)".into(),
-            memory_bytes: 4 << 30,
-            details: Vec::new(),
-        };
-        let opts = FpgaOptions {
-            sim_mode: SimMode::Model,
-            sim_profile: profile,
-            ..FpgaOptions::default()
-        };
-        FpgaBackend::new(card, opts, sim_factory()).with_model(model_factory())
-    };
-    let (ci, card) = (make(SimProfile::Ci), make(SimProfile::U55c));
+    let (ci, card) = (modelled(SimProfile::Ci), modelled(SimProfile::U55c));
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(4096);
     let op = Op::Linear(LinearParams {
         act: Activation::Relu,
@@ -220,22 +205,7 @@ fn the_u55c_profile_runs_attention_on_the_query_parallel_builds() {
     // TANDEM_FPGA_SIM_PROFILE=u55c: attention goes to the 2,048-MAC query-parallel builds
     // (modelled): the same bits as the one-row `ci` builds (the numerics do not depend on how
     // many rows run together), far fewer cycles, and the planner's estimate is the model's.
-    let make = |profile| {
-        let card = CardInfo {
-            kind: DeviceKind::FpgaSim,
-            index: 0,
-            name: "simulated card (model)".into(),
-            memory_bytes: 4 << 30,
-            details: Vec::new(),
-        };
-        let opts = FpgaOptions {
-            sim_mode: SimMode::Model,
-            sim_profile: profile,
-            ..FpgaOptions::default()
-        };
-        FpgaBackend::new(card, opts, sim_factory()).with_model(model_factory())
-    };
-    let (ci, card) = (make(SimProfile::Ci), make(SimProfile::U55c));
+    let (ci, card) = (modelled(SimProfile::Ci), modelled(SimProfile::U55c));
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2048);
     // Nkv up to the ci builds' 512 keys per launch: both profiles make one launch per group,
     // so the bits agree; past it (the last case) the ci builds split the keys into ranges
@@ -278,4 +248,21 @@ fn the_u55c_profile_runs_attention_on_the_query_parallel_builds() {
         let rel = (est.as_secs_f64() - device.as_secs_f64()).abs() / device.as_secs_f64();
         assert!(rel < 0.01, "estimate {est:?} vs modelled {device:?}");
     }
+}
+
+/// A simulated card's backend in modelled mode with the builds of `profile`.
+fn modelled(profile: SimProfile) -> FpgaBackend {
+    let card = CardInfo {
+        kind: DeviceKind::FpgaSim,
+        index: 0,
+        name: "simulated card (model)".into(),
+        memory_bytes: 4 << 30,
+        details: Vec::new(),
+    };
+    let opts = FpgaOptions {
+        sim_mode: SimMode::Model,
+        sim_profile: profile,
+        ..FpgaOptions::default()
+    };
+    FpgaBackend::new(card, opts, sim_factory()).with_model(model_factory())
 }
