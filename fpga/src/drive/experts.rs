@@ -20,7 +20,7 @@ use crate::golden::experts::{Expert8, Experts8};
 use crate::golden::gemm::k_slice;
 use crate::golden::vecops::{LANES, VecArgs, words as words16};
 use crate::kernels::gemm::{
-    GemmCore, MODE_ACC_IN, MODE_PART_OUT, pack_params, pack_w, pad_x, pad8,
+    GemmCore, MODE_ACC_IN, MODE_PART_OUT, pack_params_lanes, pack_w_lanes, pad_lanes, pad_x_lanes,
 };
 use crate::kernels::vecops::VecopsCore;
 use crate::shell::ShellConfig;
@@ -55,10 +55,18 @@ impl ExpertsStats {
     }
 }
 
+/// The GEMM build's lanes (its layouts pad N and K to multiples of them; at least 8, the
+/// vecops rows' padding, which divides every build's lanes).
+fn lanes(gemm: &GemmCore) -> usize {
+    (gemm.lanes as usize).max(8)
+}
+
 /// The F chunks: column chunks of the gate/up GEMMs, silu launches and K passes of the down
-/// GEMM, at most `min(gemm n_max, gemm k_max, vecops n_max)` (a multiple of 8) each.
+/// GEMM, at most `min(gemm n_max, gemm k_max, vecops n_max)` (a multiple of the GEMM's
+/// lanes) each.
 pub fn f_chunks(gemm: &GemmCore, vecops: &VecopsCore, f: usize) -> Vec<std::ops::Range<usize>> {
-    let c = (gemm.n_max.min(gemm.k_max).min(vecops.n_max) as usize / 8 * 8).max(8);
+    let l = lanes(gemm);
+    let c = (gemm.n_max.min(gemm.k_max).min(vecops.n_max) as usize / l * l).max(l);
     (0..f).step_by(c).map(|s| s..(s + c).min(f)).collect()
 }
 
@@ -68,18 +76,26 @@ pub fn combine_tokens(vecops: &VecopsCore, k: usize) -> usize {
 }
 
 /// Whether the builds take experts of hidden size `h` and `k` slots per token (F is chunked).
+///
+/// Every card buffer's rows are padded to the GEMM's lanes (`pad_lanes`): the gate/up
+/// outputs and the silu chunks to `pad_lanes(chunk)` columns, `Y` to `pad_lanes(H)`. The
+/// padding columns hold zero weights, bias and requantisation, so they add nothing: the
+/// vecops kernel (rows of 8-byte words) reads the same layouts whatever the GEMM's width.
 pub fn fits(gemm: &GemmCore, vecops: &VecopsCore, h: usize, k: usize) -> Result<(), String> {
-    if gemm.lanes != 8 {
+    let l = lanes(gemm);
+    if gemm.lanes as usize % 8 != 0 {
         return Err(format!(
-            "the experts sequence lays out its GEMM buffers for an 8-lane (64-bit) GEMM build; \
-             this one has {} lanes",
+            "the experts sequence needs a GEMM of a multiple of 8 lanes (the vecops rows' \
+             words); this build has {}",
             gemm.lanes
         ));
     }
     let lim = gemm.n_max.min(gemm.k_max).min(vecops.n_max) as usize;
-    if h > lim {
+    if pad_lanes(h, l) > lim {
         return Err(format!(
-            "hidden size {h} exceeds the GEMM / vecops builds' rows (at most {lim})"
+            "hidden size {h} ({} padded to the GEMM's {l} lanes) exceeds the GEMM / vecops \
+             builds' rows (at most {lim})",
+            pad_lanes(h, l)
         ));
     }
     if k > vecops.n_max as usize / LANES {
@@ -125,7 +141,8 @@ impl Card<'_> {
         Ok(())
     }
 
-    /// One GEMM launch on card buffers: `x` [m, kp], the packed `w`, `params`, into `y`.
+    /// One GEMM launch on card buffers: `x` [m, k], the packed `w`, `params`, into `y` (`n`
+    /// and `k` already padded to the build's lanes).
     #[allow(clippy::too_many_arguments)]
     fn gemm(
         &mut self,
@@ -139,8 +156,8 @@ impl Card<'_> {
         let [x, w, p, y, part] = bufs;
         let scalars = [
             ("m", u32_of(KERNEL, "m", m)?),
-            ("n", u32_of(KERNEL, "n", pad8(n))?),
-            ("k", u32_of(KERNEL, "k", pad8(k))?),
+            ("n", u32_of(KERNEL, "n", n)?),
+            ("k", u32_of(KERNEL, "k", k)?),
             ("relu", 0),
             ("mode", mode),
         ];
@@ -159,21 +176,26 @@ impl Card<'_> {
         e: &Expert8,
         chunks: &[std::ops::Range<usize>],
     ) -> Result<Vec<DeviceBuffer>, FpgaError> {
-        let (h, m) = (p.h, e.rows);
+        let (h, m, l) = (p.h, e.rows, lanes(self.gemm));
         self.load(dev, true)?;
-        let bx = s.upload(dev, &bytes_of(&pad_x(&e.x, m, h)))?;
+        let bx = s.upload(dev, &bytes_of(&pad_x_lanes(&e.x, m, h, l)))?;
         let mut gu = Vec::with_capacity(chunks.len());
         for r in chunks {
-            let nc = r.len();
+            let (nc, ncl) = (r.len(), pad_lanes(r.len(), l));
             let mut pair = [bx; 2];
             for (slot, lin) in pair.iter_mut().zip([&e.gate, &e.up]) {
-                let by = s.alloc(dev, m * pad8(nc))?;
-                let bw = s.upload(dev, &words(&pack_w(&lin.w[r.start * h..r.end * h], nc, h)))?;
+                let by = s.alloc(dev, m * ncl)?;
+                let w = pack_w_lanes(&lin.w[r.start * h..r.end * h], nc, h, l);
+                let bw = s.upload(dev, &w)?;
                 let bp = s.upload(
                     dev,
-                    &words(&pack_params(&lin.bias[r.clone()], &lin.rq[r.clone()])),
+                    &words(&pack_params_lanes(
+                        &lin.bias[r.clone()],
+                        &lin.rq[r.clone()],
+                        l,
+                    )),
                 )?;
-                self.gemm(dev, [&bx, &bw, &bp, &by, &by], m, nc, h, 0)?;
+                self.gemm(dev, [&bx, &bw, &bp, &by, &by], m, ncl, pad_lanes(h, l), 0)?;
                 s.free_last(dev, 2)?;
                 *slot = by;
             }
@@ -182,8 +204,11 @@ impl Card<'_> {
         self.load(dev, false)?;
         let mut acts = Vec::with_capacity(chunks.len());
         for (r, [g, u]) in chunks.iter().zip(&gu) {
-            let ba = s.alloc(dev, m * pad8(r.len()))?;
-            let args = Experts8::silu_args(e, r.len());
+            // the padding columns too (zeros in, whatever silu makes of them out: the down
+            // GEMM's padded K columns have zero weights)
+            let ncl = pad_lanes(r.len(), l);
+            let ba = s.alloc(dev, m * ncl)?;
+            let args = Experts8::silu_args(e, ncl);
             let st = super::vecops::launch_silu_mul8(dev, &args, g, u, &ba, self.left())?;
             self.stats.add(&st, false);
             acts.push(ba);
@@ -203,16 +228,18 @@ impl Card<'_> {
         acts: &[DeviceBuffer],
         y: &DeviceBuffer,
     ) -> Result<(), FpgaError> {
-        let (h, f, m) = (p.h, p.f, e.rows);
+        let (h, f, m, l) = (p.h, p.f, e.rows, lanes(self.gemm));
+        let hl = pad_lanes(h, l);
         self.load(dev, true)?;
-        let bp = s.upload(dev, &words(&pack_params(&e.down.bias, &e.down.rq)))?;
-        let part = s.alloc(dev, m * pad8(h) * 4)?;
+        let bp = s.upload(dev, &words(&pack_params_lanes(&e.down.bias, &e.down.rq, l)))?;
+        let part = s.alloc(dev, m * hl * 4)?;
         for (i, (r, a)) in chunks.iter().zip(acts).enumerate() {
             let (first, last) = (i == 0, i + 1 == chunks.len());
             let mode = if first { 0 } else { MODE_ACC_IN } | if last { 0 } else { MODE_PART_OUT };
             let ws = k_slice(&e.down.w, f, r.clone());
-            let bw = s.upload(dev, &words(&pack_w(&ws, h, r.len())))?;
-            self.gemm(dev, [a, &bw, &bp, y, &part], m, h, r.len(), mode)?;
+            let bw = s.upload(dev, &pack_w_lanes(&ws, h, r.len(), l))?;
+            let kl = pad_lanes(r.len(), l);
+            self.gemm(dev, [a, &bw, &bp, y, &part], m, hl, kl, mode)?;
             s.free_last(dev, 1)?;
         }
         Ok(())
@@ -249,18 +276,21 @@ pub fn run_experts(
         return Ok((Vec::new(), card.stats));
     }
     let chunks = f_chunks(gemm, vecops, p.f);
-    let h8 = pad8(p.h);
+    // Y's rows and the combine's: padded to the GEMM's lanes (zeros past H); the output
+    // keeps the first `4 words(H)` columns of each row.
+    let hl = pad_lanes(p.h, lanes(gemm));
     let out_row = LANES * words16(p.h);
+    let card_row = LANES * words16(hl);
     with_scratch(dev, |dev, s| {
         let by = if p.experts.is_empty() {
             // no expert writes Y: its one row (what the zero weights name) is zeros
-            s.upload(dev, &vec![0u8; h8])?
+            s.upload(dev, &vec![0u8; hl])?
         } else {
-            s.alloc(dev, p.y_rows() * h8)?
+            s.alloc(dev, p.y_rows() * hl)?
         };
         let mut row = 0;
         for e in &p.experts {
-            let ye = view(&by, row * h8);
+            let ye = view(&by, row * hl);
             with_scratch(dev, |dev, s2| {
                 let acts = card.act(dev, s2, p, e, &chunks)?;
                 card.down(dev, s2, p, e, &chunks, &acts, &ye)
@@ -269,24 +299,28 @@ pub fn run_experts(
         }
         card.load(dev, false)?;
         let bt = s.upload(dev, &words(&p.table))?;
-        let bo = s.alloc(dev, p.tokens * out_row * 2)?;
+        let bo = s.alloc(dev, p.tokens * card_row * 2)?;
         let step = combine_tokens(vecops, p.k);
         for t0 in (0..p.tokens).step_by(step) {
             let rows = step.min(p.tokens - t0);
-            let args = p.combine_args(rows);
+            let args = VecArgs {
+                n: hl,
+                ..p.combine_args(rows)
+            };
             let st = super::vecops::launch_combine(
                 dev,
                 &args,
                 &view(&bt, t0 * p.k * 8),
                 &by,
-                &view(&bo, t0 * out_row * 2),
+                &view(&bo, t0 * card_row * 2),
                 card.left(),
             )?;
             card.stats.add(&st, false);
         }
-        let out = read(dev, &bo, p.tokens * out_row * 2)?;
+        let out = read(dev, &bo, p.tokens * card_row * 2)?;
         let y = out
-            .chunks_exact(2)
+            .chunks_exact(card_row * 2)
+            .flat_map(|r| r[..out_row * 2].chunks_exact(2))
             .map(|c| i16::from_le_bytes([c[0], c[1]]))
             .collect();
         Ok((y, card.stats))
@@ -308,23 +342,24 @@ pub fn experts_cycles(
     mem: &MemTiming,
 ) -> u64 {
     let chunks = f_chunks(gemm, vecops, f);
-    let (hp, h) = (pad8(h) as u64, h as u64);
+    let l = lanes(gemm);
+    let hp = pad_lanes(h, l) as u64;
     let mut total = 0u64;
     for &m in rows.iter().filter(|&&m| m > 0) {
         let m64 = m as u64;
         for (i, r) in chunks.iter().enumerate() {
-            let nc = pad8(r.len()) as u64;
-            total += 2 * timing::gemm_cycles(gemm, m64, nc, pad8(h as usize) as u64, mem);
+            let nc = pad_lanes(r.len(), l);
+            total += 2 * timing::gemm_cycles(gemm, m64, nc as u64, hp, mem);
             let args = VecArgs {
                 op: crate::golden::vecops::OP_SILU_MUL8,
                 rows: m,
-                n: r.len(),
+                n: nc,
                 ..VecArgs::default()
             };
             total += timing::vecops_cycles(vecops, &args, mem);
             let (first, last) = (i == 0, i + 1 == chunks.len());
             let mode = if first { 0 } else { MODE_ACC_IN } | if last { 0 } else { MODE_PART_OUT };
-            total += timing::gemm_cycles_mode(gemm, m64, hp, nc, mode, mem);
+            total += timing::gemm_cycles_mode(gemm, m64, hp, nc as u64, mode, mem);
         }
     }
     let step = combine_tokens(vecops, k);
@@ -332,7 +367,7 @@ pub fn experts_cycles(
         let args = VecArgs {
             op: crate::golden::vecops::OP_COMBINE,
             rows: step.min(tokens - t0),
-            n: h as usize,
+            n: hp as usize,
             c0: k as u32,
             ..VecArgs::default()
         };
