@@ -78,11 +78,11 @@ pub(super) fn run(
     };
     let dims = (m, np, kp);
     if part_out {
-        let sums = sums_fast(&x, &w, part_in.as_deref(), dims);
+        let sums = super::sums::sums(&x, &w, part_in.as_deref(), dims);
         let bytes: Vec<u8> = sums.iter().flat_map(|v| v.to_le_bytes()).collect();
         card.store(card.pointer(desc, "part")?, &bytes)?;
     } else {
-        let sums = sums_fast(&x, &w, part_in.as_deref(), dims);
+        let sums = super::sums::sums(&x, &w, part_in.as_deref(), dims);
         let bytes: Vec<u8> = sums
             .iter()
             .enumerate()
@@ -116,53 +116,4 @@ pub(super) fn run(
         }
         _ => Ok(timing::gemm_cycles_mode(c, m, np, kp, mode, t)),
     }
-}
-
-/// `part_in + x w^T` (`fpga::golden::gemm::gemm_pass`), bit for bit, at host speed: int32
-/// wrapping sums are the same in any order, so rows are split over threads and each dot
-/// product runs in a loop the compiler vectorises.
-fn sums_fast(
-    x: &[i8],
-    w: &[i8],
-    part_in: Option<&[i32]>,
-    (m, n, k): (usize, usize, usize),
-) -> Vec<i32> {
-    let mut y = vec![0i32; m * n];
-    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
-    let rows = m.div_ceil(threads).max(1);
-    std::thread::scope(|s| {
-        for (ci, (chunk, out)) in x.chunks(rows * k).zip(y.chunks_mut(rows * n)).enumerate() {
-            s.spawn(move || {
-                for (ri, (xr, yr)) in chunk
-                    .chunks_exact(k)
-                    .zip(out.chunks_exact_mut(n))
-                    .enumerate()
-                {
-                    let row = ci * rows + ri;
-                    for (j, (wr, yv)) in w.chunks_exact(k).zip(yr.iter_mut()).enumerate() {
-                        let p = part_in.map_or(0, |p| p[row * n + j]);
-                        *yv = dot(xr, wr).wrapping_add(p);
-                    }
-                }
-            });
-        }
-    });
-    y
-}
-
-/// Wrapping int32 dot product of two int8 rows.
-fn dot(a: &[i8], b: &[i8]) -> i32 {
-    let mut acc = [0i32; 16];
-    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (pa, pb) in ca.zip(cb) {
-        for i in 0..16 {
-            acc[i] = acc[i].wrapping_add(i32::from(pa[i]) * i32::from(pb[i]));
-        }
-    }
-    let mut s = acc.iter().fold(0i32, |t, &v| t.wrapping_add(v));
-    for (&p, &q) in ra.iter().zip(rb) {
-        s = s.wrapping_add(i32::from(p) * i32::from(q));
-    }
-    s
 }

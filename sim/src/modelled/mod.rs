@@ -13,6 +13,7 @@
 mod attention;
 mod gemm;
 mod router;
+mod sums;
 mod vecops;
 
 use std::collections::BTreeMap;
