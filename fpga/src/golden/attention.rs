@@ -205,7 +205,6 @@ pub fn attention_skip(
     kv_skip: usize,
 ) -> Result<AttentionOut, AttentionError> {
     cfg.check()?;
-    let visible = |i: usize, j: usize| !cfg.causal || j + cfg.nq <= i + cfg.nkv + kv_skip;
     let (nq, nkv, d) = (cfg.nq, cfg.nkv, cfg.d);
     for (what, buf, rows) in [("q", q, nq), ("k", k, nkv), ("v", v, nkv)] {
         if buf.len() != rows * d {
@@ -222,30 +221,125 @@ pub fn attention_skip(
         e: vec![i32::MIN; nq],
         l: vec![0; nq],
     };
-    let mut acc = vec![0i64; d];
-    let mut t = vec![0i64; cfg.kv_tile];
-    for i in 0..nq {
-        let qi = &q[i * d..(i + 1) * d];
+    // Rows are independent: blocks of rows go to threads round robin (a causal row's work
+    // grows with its index), each row computed exactly as the kernel does.
+    let work = nq * nkv * d;
+    let threads = if work < 1 << 22 {
+        1
+    } else {
+        std::thread::available_parallelism().map_or(1, |t| t.get())
+    };
+    let block = 32usize;
+    let mut jobs: Vec<Vec<RowBlock<'_>>> = (0..threads).map(|_| Vec::new()).collect();
+    let blocks = out
+        .o
+        .chunks_mut(block * d)
+        .zip(out.e.chunks_mut(block))
+        .zip(out.l.chunks_mut(block));
+    for (b, ((o, e), l)) in blocks.enumerate() {
+        jobs[b % threads].push(RowBlock {
+            first: b * block,
+            o,
+            e,
+            l,
+        });
+    }
+    let ctx = RowCtx {
+        q,
+        k,
+        v,
+        cfg,
+        kv_skip,
+        lut: &lut,
+    };
+    if threads == 1 {
+        jobs.into_iter().flatten().for_each(|b| ctx.run(b));
+    } else {
+        std::thread::scope(|s| {
+            for list in jobs {
+                let ctx = &ctx;
+                s.spawn(move || list.into_iter().for_each(|b| ctx.run(b)));
+            }
+        });
+    }
+    Ok(out)
+}
+
+/// Output rows `first..` of one head: their slices of `o`, `e` and `l`.
+struct RowBlock<'a> {
+    first: usize,
+    o: &'a mut [i16],
+    e: &'a mut [i32],
+    l: &'a mut [u32],
+}
+
+/// What every row of [`attention_skip`] reads.
+struct RowCtx<'a> {
+    q: &'a [i8],
+    k: &'a [i8],
+    v: &'a [i8],
+    cfg: &'a AttentionConfig,
+    kv_skip: usize,
+    lut: &'a [u16; LUT_SIZE],
+}
+
+/// Keys whose `p * v` products (each `|p v| <= 2^22`) an int32 partial sums exactly before it
+/// is added to the 48-bit accumulator: the same sums, in an order that vectorises.
+const SUB_TILE: usize = 256;
+
+impl RowCtx<'_> {
+    fn run(&self, b: RowBlock<'_>) {
+        let d = self.cfg.d;
+        let mut acc = vec![0i64; d];
+        let mut part = vec![0i32; d];
+        let mut t = vec![0i64; self.cfg.kv_tile];
+        for (r, o) in b.o.chunks_exact_mut(d).enumerate() {
+            if let Some((e, l)) = self.row(b.first + r, &mut acc, &mut part, &mut t) {
+                b.e[r] = e;
+                b.l[r] = l;
+                for (o, &a) in o.iter_mut().zip(&acc) {
+                    *o = normalise(a, l);
+                }
+            }
+        }
+    }
+
+    /// Row `i`: its exponent and running sum (`None` without a visible key), `acc` left
+    /// holding its accumulators.
+    fn row(
+        &self,
+        i: usize,
+        acc: &mut [i64],
+        part: &mut [i32],
+        t: &mut [i64],
+    ) -> Option<(i32, u32)> {
+        let (cfg, d) = (self.cfg, self.cfg.d);
+        let qi = &self.q[i * d..(i + 1) * d];
+        // Keys past `end` are masked (row i sees key j iff j + Nq <= i + Nkv + kv_skip): a
+        // tile with no visible key changes nothing, so they are not visited.
+        let end = if cfg.causal {
+            (i + cfg.nkv + self.kv_skip + 1)
+                .saturating_sub(cfg.nq)
+                .min(cfg.nkv)
+        } else {
+            cfg.nkv
+        };
         acc.iter_mut().for_each(|a| *a = 0);
         let mut e: Option<i64> = None;
         let mut l: u32 = 0;
-        for j0 in (0..nkv).step_by(cfg.kv_tile) {
-            let j1 = (j0 + cfg.kv_tile).min(nkv);
-            let mut tmax: Option<i64> = None;
+        for j0 in (0..end).step_by(cfg.kv_tile) {
+            let j1 = (j0 + cfg.kv_tile).min(end);
+            let mut tmax = i64::MIN;
             for j in j0..j1 {
-                if !visible(i, j) {
-                    continue;
-                }
-                let kj = &k[j * d..(j + 1) * d];
+                let kj = &self.k[j * d..(j + 1) * d];
                 let s = qi
                     .iter()
                     .zip(kj)
                     .fold(0i32, |a, (&x, &y)| a + i32::from(x) * i32::from(y));
                 let tj = logit(s, cfg.score_mult, cfg.score_shift);
                 t[j - j0] = tj;
-                tmax = Some(tmax.map_or(tj, |m| m.max(tj)));
+                tmax = tmax.max(tj);
             }
-            let Some(tmax) = tmax else { continue };
             let et = (tmax + 255) >> FRAC;
             match e {
                 None => e = Some(et),
@@ -258,26 +352,23 @@ pub fn attention_skip(
                 Some(_) => {}
             }
             let ecur = e.unwrap_or(et);
-            for j in j0..j1 {
-                if !visible(i, j) {
-                    continue;
+            for s0 in (j0..j1).step_by(SUB_TILE) {
+                part.iter_mut().for_each(|a| *a = 0);
+                for j in s0..(s0 + SUB_TILE).min(j1) {
+                    let p = weight((ecur << FRAC) - t[j - j0], self.lut);
+                    l += p;
+                    let pi = p as i32;
+                    for (a, &vv) in part.iter_mut().zip(&self.v[j * d..(j + 1) * d]) {
+                        *a += pi * i32::from(vv);
+                    }
                 }
-                let p = weight((ecur << FRAC) - t[j - j0], &lut);
-                l += p;
-                for (a, &vv) in acc.iter_mut().zip(&v[j * d..(j + 1) * d]) {
-                    *a += i64::from(p) * i64::from(vv);
+                for (a, &pv) in acc.iter_mut().zip(part.iter()) {
+                    *a += i64::from(pv);
                 }
             }
         }
-        if let Some(ev) = e {
-            out.e[i] = ev.clamp(i64::from(i32::MIN) + 1, i64::from(i32::MAX)) as i32;
-            out.l[i] = l;
-            for (o, &a) in out.o[i * d..(i + 1) * d].iter_mut().zip(&acc) {
-                *o = normalise(a, l);
-            }
-        }
+        e.map(|ev| (ev.clamp(i64::from(i32::MIN) + 1, i64::from(i32::MAX)) as i32, l))
     }
-    Ok(out)
 }
 
 /// The key ranges of a sequence of `nkv` keys split into launches of at most `chunk` keys.
