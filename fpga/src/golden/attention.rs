@@ -367,7 +367,12 @@ impl RowCtx<'_> {
                 }
             }
         }
-        e.map(|ev| (ev.clamp(i64::from(i32::MIN) + 1, i64::from(i32::MAX)) as i32, l))
+        e.map(|ev| {
+            (
+                ev.clamp(i64::from(i32::MIN) + 1, i64::from(i32::MAX)) as i32,
+                l,
+            )
+        })
     }
 }
 

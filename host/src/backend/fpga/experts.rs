@@ -17,6 +17,8 @@
 
 use std::time::Duration;
 
+use rayon::prelude::*;
+
 use tandem_fpga::drive::experts::{self as dx, ExpertsStats};
 use tandem_fpga::golden::experts::{Expert8, Experts8, Linear8};
 use tandem_fpga::golden::gemm as gq;
@@ -39,8 +41,10 @@ pub const EXPERTS_KERNEL: &str = "moe_experts_int8_gemm+vecops";
 /// million cycles of the 8-row GEMM.
 pub(super) const MAX_SIM_MACS: u128 = 1 << 29;
 
-/// Largest experts op the modelled card takes (the golden GEMMs' time on the host).
-pub(super) const MAX_MODEL_MACS: u128 = 1 << 37;
+/// Largest experts op the modelled card takes (the golden GEMMs' time on the host: ~60 G
+/// multiply-adds a second on two cores, so about a minute there; Mixtral's experts at T 4096
+/// are 1.44 x 10^12).
+pub(super) const MAX_MODEL_MACS: u128 = 1 << 42;
 
 /// Rows sampled per expert to calibrate the int8 scales.
 const SAMPLE_ROWS: usize = 16;
@@ -159,14 +163,9 @@ impl ExpertsJob {
         let sx = super::quant::scale_of(&x);
         let xq: Vec<i8> = super::quant::quantize(&x, sx);
         let bad = |e: gq::GemmError| Error::invalid("moe_experts", e.to_string());
-        let mut experts = Vec::new();
-        // per slot: (row of Y, the expert's down scale)
-        let mut loc: Vec<Option<(usize, f64)>> = vec![None; sh.t * k];
-        let mut row0 = 0usize;
-        for (e, slots) in plan.iter().enumerate() {
-            if slots.is_empty() {
-                continue;
-            }
+        // each expert with slots, quantised and calibrated on its own (in parallel: the
+        // calibration's f64 products and the weights' quantisation are the host's work)
+        let quantise = |e: usize, slots: &[usize]| -> Result<(Expert8, f64)> {
             let m = slots.len();
             let gu = &gate_up[e * 2 * f * h..(e + 1) * 2 * f * h];
             let (wg, wu) = gu.split_at(f * h);
@@ -203,18 +202,35 @@ impl ExpertsJob {
             let (c0, c1g) = quant::mult_shift(f64::from(sg) * 64.0);
             let r = f64::from(sg) * f64::from(su) / (32768.0 * f64::from(sa));
             let (mo, so) = quant::mult_shift(r);
-            for (i, &s) in slots.iter().enumerate() {
-                loc[s] = Some((row0 + i, f64::from(sd)));
-            }
-            row0 += m;
-            experts.push(Expert8 {
+            let ex = Expert8 {
                 rows: m,
                 x: xe,
                 gate: linear8(gate),
                 up: linear8(up),
                 silu: (c0, (mo << 16) | c1g, so),
                 down: linear8(dn),
-            });
+            };
+            Ok((ex, f64::from(sd)))
+        };
+        let busy: Vec<(usize, &Vec<usize>)> = plan
+            .iter()
+            .enumerate()
+            .filter(|(_, slots)| !slots.is_empty())
+            .collect();
+        let quantised: Vec<(Expert8, f64)> = busy
+            .par_iter()
+            .map(|&(e, slots)| quantise(e, slots))
+            .collect::<Result<_>>()?;
+        // per slot: (row of Y, the expert's down scale)
+        let mut loc: Vec<Option<(usize, f64)>> = vec![None; sh.t * k];
+        let mut row0 = 0usize;
+        let mut experts = Vec::with_capacity(quantised.len());
+        for ((_, slots), (ex, sd)) in busy.iter().zip(quantised) {
+            for (i, &s) in slots.iter().enumerate() {
+                loc[s] = Some((row0 + i, sd));
+            }
+            row0 += slots.len();
+            experts.push(ex);
         }
         // the combine: output scale, weights at a common shift
         let bound = (0..sh.t)

@@ -23,8 +23,9 @@ pub const GEMM_KERNEL: &str = "linear_int8_gemm";
 /// the 8x8 array, a second or so of simulation.
 pub(super) const MAX_SIM_MACS: u128 = 1 << 26;
 
-/// Largest linear the modelled card takes (the golden GEMM's time on the host).
-pub(super) const MAX_MODEL_MACS: u128 = 1 << 37;
+/// Largest linear the modelled card takes (the golden GEMM's time on the host: ~60 G
+/// multiply-adds a second on two cores).
+pub(super) const MAX_MODEL_MACS: u128 = 1 << 42;
 
 /// Whether the GEMM build takes this linear: any N and K (past the build's `n_max` /
 /// `k_max` as column chunks and K passes), up to `max_macs` multiply-adds.
