@@ -239,7 +239,13 @@ pub fn gemm_cycles_w_own_bank(
     } else {
         3
     };
-    let fixed = 19 + l / 2 + per_row * last + overhead(&port);
+    // The parameters and the first tile's x rows come through the port before the first W
+    // beat; the W bank fetches ahead meanwhile, but only at its own rate: the part of that
+    // lead it cannot cover (the port/bank rate ratio minus one) delays the stream.
+    let lead_beats = np * 8 / l + rows.min(m) * kp / l;
+    let slower = (port.bytes_per_cycle / bank_bytes_per_cycle.max(1e-3) - 1.0).max(0.0);
+    let lead = (lead_beats as f64 * slower).round() as u64;
+    let fixed = 19 + l / 2 + per_row * last + overhead(&port) + lead;
     base.max(w_time + fixed)
 }
 
@@ -248,14 +254,68 @@ const GEMM_PART_ROW: u64 = 5;
 /// Cycles an ACC_IN partial read adds per column tile beyond its words.
 const GEMM_PART_IN_FIXED: u64 = 2;
 
+/// Where a GEMM launch's packed W stream lies ([`crate::drive::stream_bank`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum WPlacement {
+    /// In the bank of every other buffer (a card of one bank, or banks without a bandwidth
+    /// limit): the launch's [`MemTiming`] as is.
+    Shared,
+    /// In a bank of its own ([`gemm_cycles_w_own_bank`]): the port's bytes per cycle and the
+    /// W bank's.
+    OwnBank {
+        /// Bytes per cycle of the kernel's port.
+        port_bytes_per_cycle: f64,
+        /// Bytes per cycle of the W stream's bank.
+        bank_bytes_per_cycle: f64,
+    },
+}
+
+impl WPlacement {
+    /// Cycles of one GEMM launch with W placed so.
+    pub fn gemm_cycles(
+        self,
+        c: &GemmCore,
+        (m, np, kp): (u64, u64, u64),
+        mode: u32,
+        mem: &MemTiming,
+    ) -> u64 {
+        match self {
+            WPlacement::Shared => gemm_cycles_mode(c, m, np, kp, mode, mem),
+            WPlacement::OwnBank {
+                port_bytes_per_cycle,
+                bank_bytes_per_cycle,
+            } => {
+                let port = MemTiming {
+                    bytes_per_cycle: port_bytes_per_cycle,
+                    ..*mem
+                };
+                gemm_cycles_w_own_bank(c, m, np, kp, mode, &port, bank_bytes_per_cycle)
+            }
+        }
+    }
+}
+
 /// A K-split GEMM as [`crate::drive::run_gemm_split`] runs it: one launch per (N chunk of at
 /// most `n_max`, K pass of at most `k_max`); the sum of their cycles.
 pub fn gemm_split_cycles(c: &GemmCore, m: u64, n: u64, k: u64, mem: &MemTiming) -> u64 {
+    gemm_split_cycles_placed(c, m, n, k, mem, WPlacement::Shared)
+}
+
+/// [`gemm_split_cycles`] with W placed as `w` says.
+pub fn gemm_split_cycles_placed(
+    c: &GemmCore,
+    m: u64,
+    n: u64,
+    k: u64,
+    mem: &MemTiming,
+    w: WPlacement,
+) -> u64 {
     use crate::kernels::gemm::{MODE_ACC_IN, MODE_PART_OUT};
     let pad = |v: usize| c.pad(v);
     let (n_max, k_max) = (u64::from(c.n_max).max(8), u64::from(c.k_max).max(8));
     if n <= n_max && k <= k_max {
-        return gemm_cycles(c, m, pad(n as usize) as u64, pad(k as usize) as u64, mem);
+        let dims = (m, pad(n as usize) as u64, pad(k as usize) as u64);
+        return w.gemm_cycles(c, dims, 0, mem);
     }
     let passes = crate::golden::gemm::k_passes(k as usize, k_max as usize);
     let mut total = 0;
@@ -269,7 +329,7 @@ pub fn gemm_split_cycles(c: &GemmCore, m: u64, n: u64, k: u64, mem: &MemTiming) 
                 } else {
                     MODE_PART_OUT
                 };
-            total += gemm_cycles_mode(c, m, nc, pad(r.len()) as u64, mode, mem);
+            total += w.gemm_cycles(c, (m, nc, pad(r.len()) as u64), mode, mem);
         }
         n0 += n_max;
     }

@@ -186,8 +186,9 @@ fn wide_gemm_model_matches_the_rtl() {
 #[test]
 fn wide_gemm_model_matches_the_rtl_on_u55c_banks() {
     // The same build on the U55C's HBM at 300 MHz: 32 banks of 48 bytes a cycle (a
-    // 512-bit beat every 4/3 cycles), 33 cycles of read latency; the driver's buffers share
-    // bank 0, so the W stream and the y writes contend for it.
+    // 512-bit beat every 4/3 cycles), 33 cycles of read latency; the driver puts the W
+    // stream in bank 1 (`drive::stream_bank`), the x rows, parameters and y in bank 0, so W
+    // runs at its bank's rate (`timing::gemm_cycles_w_own_bank`).
     let mem = tandem_sim::MemConfig::for_platform(&tandem_fpga::platform::U55C, 300.0, 64);
     wide_gemm_on(mem, "wide gemm on u55c banks", 0x55c);
 }

@@ -24,7 +24,7 @@ use crate::kernels::gemm::{
 };
 use crate::kernels::vecops::VecopsCore;
 use crate::shell::ShellConfig;
-use crate::timing::{self, MemTiming};
+use crate::timing::{self, MemTiming, WPlacement};
 
 const KERNEL: &str = "experts";
 
@@ -186,7 +186,7 @@ impl Card<'_> {
             for (slot, lin) in pair.iter_mut().zip([&e.gate, &e.up]) {
                 let by = s.alloc(dev, m * ncl)?;
                 let w = pack_w_lanes(&lin.w[r.start * h..r.end * h], nc, h, l);
-                let bw = s.upload(dev, &w)?;
+                let bw = s.upload_stream(dev, &w)?;
                 let bp = s.upload(
                     dev,
                     &words(&pack_params_lanes(
@@ -237,7 +237,7 @@ impl Card<'_> {
             let (first, last) = (i == 0, i + 1 == chunks.len());
             let mode = if first { 0 } else { MODE_ACC_IN } | if last { 0 } else { MODE_PART_OUT };
             let ws = k_slice(&e.down.w, f, r.clone());
-            let bw = s.upload(dev, &pack_w_lanes(&ws, h, r.len(), l))?;
+            let bw = s.upload_stream(dev, &pack_w_lanes(&ws, h, r.len(), l))?;
             let kl = pad_lanes(r.len(), l);
             self.gemm(dev, [a, &bw, &bp, y, &part], m, hl, kl, mode)?;
             s.free_last(dev, 1)?;
@@ -341,6 +341,20 @@ pub fn experts_cycles(
     k: usize,
     mem: &MemTiming,
 ) -> u64 {
+    let w = WPlacement::Shared;
+    experts_cycles_placed(gemm, vecops, rows, (h, f, tokens, k), mem, w)
+}
+
+/// [`experts_cycles`] with the GEMMs' W streams placed as `w` says (the driver's
+/// [`super::stream_bank`]).
+pub fn experts_cycles_placed(
+    gemm: &GemmCore,
+    vecops: &VecopsCore,
+    rows: &[usize],
+    (h, f, tokens, k): (usize, usize, usize, usize),
+    mem: &MemTiming,
+    w: WPlacement,
+) -> u64 {
     let chunks = f_chunks(gemm, vecops, f);
     let l = lanes(gemm);
     let hp = pad_lanes(h, l) as u64;
@@ -349,7 +363,7 @@ pub fn experts_cycles(
         let m64 = m as u64;
         for (i, r) in chunks.iter().enumerate() {
             let nc = pad_lanes(r.len(), l);
-            total += 2 * timing::gemm_cycles(gemm, m64, nc as u64, hp, mem);
+            total += 2 * w.gemm_cycles(gemm, (m64, nc as u64, hp), 0, mem);
             let args = VecArgs {
                 op: crate::golden::vecops::OP_SILU_MUL8,
                 rows: m,
@@ -359,7 +373,7 @@ pub fn experts_cycles(
             total += timing::vecops_cycles(vecops, &args, mem);
             let (first, last) = (i == 0, i + 1 == chunks.len());
             let mode = if first { 0 } else { MODE_ACC_IN } | if last { 0 } else { MODE_PART_OUT };
-            total += timing::gemm_cycles_mode(gemm, m64, hp, nc as u64, mode, mem);
+            total += w.gemm_cycles(gemm, (m64, hp, nc as u64), mode, mem);
         }
     }
     let step = combine_tokens(vecops, k);

@@ -65,7 +65,7 @@ fn run_gemm_lanes(
     let ybytes = m * np;
     with_scratch(dev, |dev, s: &mut Scratch| {
         let bx = s.upload(dev, &bytes_of(&pad_x_lanes(x, m, k, lanes)))?;
-        let bw = s.upload(dev, &pack_w_lanes(w, n, k, lanes))?;
+        let bw = s.upload_stream(dev, &pack_w_lanes(w, n, k, lanes))?;
         let bp = s.upload(dev, &words(&pack_params_lanes(bias, rq, lanes)))?;
         let by = s.alloc(dev, ybytes)?;
         // mode 0 never touches `part`
@@ -203,7 +203,7 @@ fn gemm_passes(
         let xs = k_slice(x, k, r.clone());
         let ws = k_slice(w, k, r.clone());
         let bx = s.upload(dev, &bytes_of(&pad_x_lanes(&xs, m, kc, lanes)))?;
-        let bw = s.upload(dev, &pack_w_lanes(&ws, n, kc, lanes))?;
+        let bw = s.upload_stream(dev, &pack_w_lanes(&ws, n, kc, lanes))?;
         let scalars = [
             ("m", u32_of(KERNEL, "m", m)?),
             ("n", u32_of(KERNEL, "n", np)?),

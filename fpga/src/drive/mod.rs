@@ -26,14 +26,15 @@ use std::time::Duration;
 pub use attention::{
     AttentionDims, KvHead, QueryHead, run_attention, run_attention_head, run_attention_split,
 };
-pub use experts::{ExpertsStats, experts_cycles, run_experts};
+pub use experts::{ExpertsStats, experts_cycles, experts_cycles_placed, run_experts};
 pub use gemm::{run_gemm, run_gemm_split};
 pub use router::{run_router, run_router_with};
 pub use vecops::{launch_combine, launch_silu_mul8, run_combine, run_silu_mul8, run_vecops};
 
 use crate::device::{DeviceBuffer, FpgaDevice, FpgaError, RunStats, SyncDir};
 
-/// Device memory that one driver call allocates (bank 0), freed by [`with_scratch`].
+/// Device memory that one driver call allocates (bank 0 unless a call names another), freed
+/// by [`with_scratch`].
 #[derive(Debug, Default)]
 pub struct Scratch {
     bufs: Vec<DeviceBuffer>,
@@ -46,8 +47,41 @@ impl Scratch {
         dev: &mut dyn FpgaDevice,
         bytes: usize,
     ) -> Result<DeviceBuffer, FpgaError> {
-        let b = dev.alloc(0, bytes.max(8) as u64)?;
+        self.alloc_in(dev, 0, bytes)
+    }
+
+    /// Allocates a buffer of `bytes` (at least 8) in `bank`.
+    pub fn alloc_in(
+        &mut self,
+        dev: &mut dyn FpgaDevice,
+        bank: u32,
+        bytes: usize,
+    ) -> Result<DeviceBuffer, FpgaError> {
+        let b = dev.alloc(bank, bytes.max(8) as u64)?;
         self.bufs.push(b);
+        Ok(b)
+    }
+
+    /// Allocates a buffer holding a launch's long read stream (`data`) in [`stream_bank`] and
+    /// moves it to the device.
+    pub fn upload_stream(
+        &mut self,
+        dev: &mut dyn FpgaDevice,
+        data: &[u8],
+    ) -> Result<DeviceBuffer, FpgaError> {
+        let bank = stream_bank(dev);
+        self.upload_in(dev, bank, data)
+    }
+
+    /// Allocates a buffer holding `data` in `bank` and moves it to the device.
+    pub fn upload_in(
+        &mut self,
+        dev: &mut dyn FpgaDevice,
+        bank: u32,
+        data: &[u8],
+    ) -> Result<DeviceBuffer, FpgaError> {
+        let b = self.alloc_in(dev, bank, data.len())?;
+        write(dev, &b, data)?;
         Ok(b)
     }
 
@@ -72,6 +106,13 @@ impl Scratch {
         write(dev, &b, data)?;
         Ok(b)
     }
+}
+
+/// The bank of a launch's long read stream (the GEMM's packed W): bank 1 when the loaded
+/// kernel reaches a second bank (a simulated card's banks; a board's xclbin connectivity), so
+/// that it does not share a bank's bandwidth with the activations in bank 0; else bank 0.
+pub fn stream_bank(dev: &dyn FpgaDevice) -> u32 {
+    u32::from(dev.banks() > 1)
 }
 
 /// Runs `f` with a [`Scratch`], then frees every buffer it allocated (newest first), whatever

@@ -5,7 +5,7 @@ use tandem_fpga::FpgaError;
 use tandem_fpga::golden::gemm::{MAX_SHIFT, Requant, postprocess};
 use tandem_fpga::kernels::gemm::{GemmCore, MODE_ACC_IN, MODE_PART_OUT};
 use tandem_fpga::regmap::KernelDesc;
-use tandem_fpga::timing::{self, MemTiming};
+use tandem_fpga::timing::{self, MemTiming, WPlacement};
 
 use super::ModelCard;
 
@@ -103,17 +103,13 @@ pub(super) fn run(
         others.push(card.pointer(desc, "part")?);
     }
     let (m, np, kp) = (m as u64, np as u64, kp as u64);
-    match card.cfg.mem.bank_bytes_per_cycle {
+    let placement = match card.cfg.mem.bank_bytes_per_cycle {
         // the W stream has its bank to itself: the port at its own rate, W at the bank's
-        Some(bank) if others.iter().all(|&a| bank_of(a) != w_bank) => {
-            let port = MemTiming {
-                bytes_per_cycle: card.cfg.mem.bytes_per_cycle,
-                ..*t
-            };
-            Ok(timing::gemm_cycles_w_own_bank(
-                c, m, np, kp, mode, &port, bank,
-            ))
-        }
-        _ => Ok(timing::gemm_cycles_mode(c, m, np, kp, mode, t)),
-    }
+        Some(bank) if others.iter().all(|&a| bank_of(a) != w_bank) => WPlacement::OwnBank {
+            port_bytes_per_cycle: card.cfg.mem.bytes_per_cycle,
+            bank_bytes_per_cycle: bank,
+        },
+        _ => WPlacement::Shared,
+    };
+    Ok(placement.gemm_cycles(c, (m, np, kp), mode, t))
 }

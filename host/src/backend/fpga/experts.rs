@@ -26,7 +26,7 @@ use tandem_fpga::golden::vecops::{LANES, quant, table_entry, words};
 use tandem_fpga::kernels::gemm::GemmCore;
 use tandem_fpga::kernels::vecops::VecopsCore;
 use tandem_fpga::shell::ShellConfig;
-use tandem_fpga::timing::MemTiming;
+use tandem_fpga::timing::{MemTiming, WPlacement};
 use tandem_fpga::{FpgaDevice, FpgaError};
 
 use super::Support;
@@ -82,21 +82,21 @@ pub(super) fn estimate_cycles(
     vecops: &VecopsCore,
     p: &MoeExpertsParams,
     inputs: &[TensorMeta],
+    mem: &MemTiming,
+    w: WPlacement,
 ) -> Option<u64> {
     let s = p.shape(inputs).ok()?;
     let slots = s.t * s.k;
     let rows: Vec<usize> = (0..s.e)
         .map(|e| slots / s.e + usize::from(e < slots % s.e))
         .collect();
-    Some(dx::experts_cycles(
+    Some(dx::experts_cycles_placed(
         gemm,
         vecops,
         &rows,
-        s.h,
-        s.f,
-        s.t,
-        s.k,
-        &MemTiming::default(),
+        (s.h, s.f, s.t, s.k),
+        mem,
+        w,
     ))
 }
 

@@ -49,7 +49,7 @@ use tandem_fpga::kernels::gemm::GemmCore;
 use tandem_fpga::kernels::router::RouterCore;
 use tandem_fpga::kernels::vecops::VecopsCore;
 use tandem_fpga::shell::ShellConfig;
-use tandem_fpga::timing::{self, MemTiming};
+use tandem_fpga::timing::{self, MemTiming, WPlacement};
 use tandem_fpga::{DEFAULT_CLOCK_MHZ, FpgaDevice, FpgaError};
 
 pub use attention::ATTENTION_KERNEL;
@@ -97,7 +97,7 @@ pub fn simulated(opts: &FpgaOptions) -> std::result::Result<FpgaBackend, String>
         cxx: opts.cxx.clone(),
     };
     let version = tandem_sim::available_with(&toolchain).map_err(|e| e.to_string())?;
-    let mem = tandem_sim::MemConfig::default();
+    let mem = sim_mem(opts);
     let card = CardInfo {
         kind: DeviceKind::FpgaSim,
         index: 0,
@@ -217,12 +217,15 @@ pub fn gemm_build_for(profile: SimProfile) -> GemmCore {
     }
 }
 
-/// The simulated memory of the options: the simulator's default, the `u55c` profile's beat of
-/// 64 bytes a cycle (its 512-bit GEMM port's peak), then the explicit overrides.
+/// The simulated memory of the options: the simulator's default; for the `u55c` profile the
+/// U55C's HBM (32 pseudo-channels of 512 MiB, each moving 14.4 GB/s, read latency from the
+/// platform) behind a port of 64 bytes a cycle (the 512-bit GEMM port's peak) at the build
+/// clock; then the explicit overrides.
 fn sim_mem(o: &FpgaOptions) -> tandem_sim::MemConfig {
     let mut mem = tandem_sim::MemConfig::default();
     if o.sim_profile == SimProfile::U55c {
-        mem.bytes_per_cycle = 64.0;
+        let mhz = o.clock_mhz.unwrap_or(DEFAULT_CLOCK_MHZ);
+        mem = tandem_sim::MemConfig::for_platform(&tandem_fpga::platform::U55C, mhz, 64);
     }
     if let Some(l) = o.sim_read_latency {
         mem.read_latency = l;
@@ -339,17 +342,27 @@ impl FpgaBackend {
     /// Estimated kernel cycles of an op this backend supports (the analytic models of
     /// `tandem_fpga::timing`).
     fn estimate_cycles(&self, op: &Op, inputs: &[TensorMeta]) -> Option<u64> {
-        // the simulated card's memory (the u55c profile's 64-byte beats); a board: the default
-        let mem = if self.info.id.kind == DeviceKind::FpgaSim {
+        // the simulated card's memory (the u55c profile's HBM banks behind 64-byte beats,
+        // the GEMM's W stream in a bank of its own as the driver places it); a board: the
+        // default
+        let (mem, w) = if self.info.id.kind == DeviceKind::FpgaSim {
             let m = sim_mem(&self.opts);
-            MemTiming {
+            let w = match m.bank_bytes_per_cycle {
+                Some(bank) if m.banks > 1 => WPlacement::OwnBank {
+                    port_bytes_per_cycle: m.bytes_per_cycle,
+                    bank_bytes_per_cycle: bank,
+                },
+                _ => WPlacement::Shared,
+            };
+            let mem = MemTiming {
                 read_latency: m.read_latency,
                 write_latency: m.write_latency,
                 bytes_per_cycle: m.stream_bytes_per_cycle(),
                 bank_bytes_per_cycle: m.bank_bytes_per_cycle,
-            }
+            };
+            (mem, w)
         } else {
-            MemTiming::default()
+            (MemTiming::default(), WPlacement::Shared)
         };
         match op {
             Op::MoeRoute(p) => {
@@ -366,8 +379,8 @@ impl FpgaBackend {
             }
             Op::Linear(p) => {
                 let (m, n, k) = p.mnk(inputs).ok()?;
-                Some(timing::gemm_split_cycles(
-                    &self.gemm, m as u64, n as u64, k as u64, &mem,
+                Some(timing::gemm_split_cycles_placed(
+                    &self.gemm, m as u64, n as u64, k as u64, &mem, w,
                 ))
             }
             Op::Attention(p) => {
@@ -378,7 +391,9 @@ impl FpgaBackend {
             Op::RmsNorm(_) | Op::Rope(_) | Op::Add | Op::SplitHeads(_) | Op::MergeHeads => {
                 vecops::cycles(&self.vecops, op, inputs)
             }
-            Op::MoeExperts(p) => experts::estimate_cycles(&self.gemm, &self.vecops, p, inputs),
+            Op::MoeExperts(p) => {
+                experts::estimate_cycles(&self.gemm, &self.vecops, p, inputs, &mem, w)
+            }
             _ => None,
         }
     }
