@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 
 use ndarray::{Array2, ArrayD, IxDyn};
-use rand::SeedableRng;
+use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
+use rayon::prelude::*;
 
 use super::MixtralConfig;
 use crate::dtype::DType;
@@ -42,11 +43,33 @@ pub struct MixtralWeights {
     pub down: Tensor,
 }
 
+/// Tensors past this many values are drawn in parallel (a Mixtral-sized layer has 1.4 x 10^9
+/// expert weights: a minute on one thread).
+const PARALLEL_DRAW: usize = 1 << 24;
+
+/// Normal values of std `std`. Up to [`PARALLEL_DRAW`] values: drawn from `rng` in order.
+/// Larger tensors take one seed from `rng` and draw blocks of 2^20 values on the rayon
+/// threads, block `i` from ChaCha8 stream `i` of that seed (deterministic, whatever the
+/// thread count).
 pub(crate) fn normal(rng: &mut ChaCha8Rng, shape: &[usize], std: f32) -> Tensor {
     let n = Normal::new(0.0f32, std).unwrap_or_else(|_| Normal::new(0.0, 1.0).expect("std 1"));
-    let v: Vec<f32> = (0..shape.iter().product::<usize>())
-        .map(|_| n.sample(rng))
-        .collect();
+    let len = shape.iter().product::<usize>();
+    let v: Vec<f32> = if len > PARALLEL_DRAW {
+        let seed = rng.next_u64();
+        let mut v = vec![0f32; len];
+        v.par_chunks_mut(1 << 20)
+            .enumerate()
+            .for_each(|(i, block)| {
+                let mut r = ChaCha8Rng::seed_from_u64(seed);
+                r.set_stream(i as u64);
+                for x in block {
+                    *x = n.sample(&mut r);
+                }
+            });
+        v
+    } else {
+        (0..len).map(|_| n.sample(rng)).collect()
+    };
     Tensor::from_f32(ArrayD::from_shape_vec(IxDyn(shape), v).expect("shape matches length"))
 }
 

@@ -34,22 +34,18 @@ pub(super) fn run(
         return Ok(timing::REFUSED_RUN_CYCLES);
     }
     let (m, np, kp) = (m as usize, np as usize, kp as usize);
-    let x: Vec<i8> = card
-        .fetch(card.pointer(desc, "x")?, m * kp)?
-        .into_iter()
-        .map(|b| b as i8)
-        .collect();
+    // x and the unpacked W as int16 rows of `kp16` (the sums' layout), read in place
+    let kp16 = super::sums::row_len(kp);
+    let xw = super::sums::widen(card.view(card.pointer(desc, "x")?, m * kp)?, m, kp, kp16);
     // The packed stream: for each tile of `lanes` columns and each k, one beat whose byte c
     // is w[n0 + c][k].
     let lanes = l as usize;
-    let packed = card.fetch(card.pointer(desc, "w")?, np * kp)?;
-    let mut w = vec![0i8; np * kp];
-    for (i, beat) in packed.chunks_exact(lanes).enumerate() {
-        let (tile, kk) = (i / kp, i % kp);
-        for (cc, &b) in beat.iter().enumerate() {
-            w[(tile * lanes + cc) * kp + kk] = b as i8;
-        }
-    }
+    let ww = super::sums::unpack_w(
+        card.view(card.pointer(desc, "w")?, np * kp)?,
+        lanes,
+        kp,
+        kp16,
+    );
     let params = card.fetch(card.pointer(desc, "params")?, np * 8)?;
     let (mut bias, mut rq) = (Vec::with_capacity(np), Vec::with_capacity(np));
     for p in params.chunks_exact(8) {
@@ -78,11 +74,11 @@ pub(super) fn run(
     };
     let dims = (m, np, kp);
     if part_out {
-        let sums = super::sums::sums(&x, &w, part_in.as_deref(), dims);
+        let sums = super::sums::sums_wide(&xw, &ww, part_in.as_deref(), dims);
         let bytes: Vec<u8> = sums.iter().flat_map(|v| v.to_le_bytes()).collect();
         card.store(card.pointer(desc, "part")?, &bytes)?;
     } else {
-        let sums = super::sums::sums(&x, &w, part_in.as_deref(), dims);
+        let sums = super::sums::sums_wide(&xw, &ww, part_in.as_deref(), dims);
         let bytes: Vec<u8> = sums
             .iter()
             .enumerate()

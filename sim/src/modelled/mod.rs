@@ -116,6 +116,19 @@ impl ModelCard {
             .to_vec())
     }
 
+    /// `len` bytes of device memory at `addr`, read in place (as [`ModelCard::fetch`], no
+    /// copy).
+    fn view(&mut self, addr: u64, len: usize) -> Result<&[u8], FpgaError> {
+        let dev = self.name_of();
+        self.mem
+            .bytes_mut(addr, len as u64)
+            .map(|b| &*b)
+            .ok_or_else(|| FpgaError::Device {
+                device: dev,
+                msg: format!("kernel read outside device memory at {addr:#x} ({len} bytes)"),
+            })
+    }
+
     /// Writes bytes to device memory at `addr`, as the kernel's write port would.
     fn store(&mut self, addr: u64, data: &[u8]) -> Result<(), FpgaError> {
         let dev = self.name_of();

@@ -15,9 +15,33 @@ const N_BLOCK: usize = 128;
 
 /// `part_in + x w^T` for `x [m, k]`, `w [n, k]` (row-major int8), `part_in [m, n]`, as int32
 /// sums that wrap.
+#[cfg(test)]
 pub(super) fn sums(
     x: &[i8],
     w: &[i8],
+    part_in: Option<&[i32]>,
+    (m, n, k): (usize, usize, usize),
+) -> Vec<i32> {
+    let kp = row_len(k);
+    let (xw, ww) = (widen(&bytes(x), m, k, kp), widen(&bytes(w), n, k, kp));
+    sums_wide(&xw, &ww, part_in, (m, n, k))
+}
+
+/// int8 values as the card's bytes.
+#[cfg(test)]
+fn bytes(a: &[i8]) -> Vec<u8> {
+    a.iter().map(|&v| v as u8).collect()
+}
+
+/// The int16 row length the sums take for rows of `k` int8 values: `k` rounded up to 16.
+pub(super) fn row_len(k: usize) -> usize {
+    k.div_ceil(16) * 16
+}
+
+/// [`sums`] of operands already widened ([`widen`], [`unpack_w`]: rows of [`row_len`]`(k)`).
+pub(super) fn sums_wide(
+    xw: &[i16],
+    ww: &[i16],
     part_in: Option<&[i32]>,
     (m, n, k): (usize, usize, usize),
 ) -> Vec<i32> {
@@ -28,29 +52,58 @@ pub(super) fn sums(
     if m == 0 || n == 0 || k == 0 {
         return y;
     }
-    let kp = k.div_ceil(16) * 16;
-    let (xw, ww) = (widen(x, m, k, kp), widen(w, n, k, kp));
+    let kp = row_len(k);
     let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
     // an even number of rows per thread, so that only the last chunk has an odd row
     let rows = m.div_ceil(threads).max(1).div_ceil(2) * 2;
     std::thread::scope(|s| {
         for (xs, ys) in xw.chunks(rows * kp).zip(y.chunks_mut(rows * n)) {
-            let ww = &ww;
             s.spawn(move || add_block(xs, ww, ys, n, kp));
         }
     });
     y
 }
 
-/// int8 rows of `k` -> int16 rows of `kp` (zero padded).
-fn widen(a: &[i8], rows: usize, k: usize, kp: usize) -> Vec<i16> {
+/// int8 rows of `k` (as the card's bytes) -> int16 rows of `kp` (zero padded).
+pub(super) fn widen(a: &[u8], rows: usize, k: usize, kp: usize) -> Vec<i16> {
     let mut out = vec![0i16; rows * kp];
-    for (o, i) in out.chunks_exact_mut(kp).zip(a.chunks_exact(k)) {
+    for (o, i) in out.chunks_exact_mut(kp).zip(a.chunks_exact(k.max(1))) {
         for (d, &s) in o.iter_mut().zip(i) {
-            *d = i16::from(s);
+            *d = i16::from(s as i8);
         }
     }
     out
+}
+
+/// The GEMM's packed W stream (for each tile of `lanes` rows and each k < `kp`, one beat
+/// whose byte c is `w[tile lanes + c][k]`) -> int16 rows of `kp16`, tiles over threads.
+pub(super) fn unpack_w(packed: &[u8], lanes: usize, kp: usize, kp16: usize) -> Vec<i16> {
+    let tile_in = (lanes * kp).max(1);
+    let tiles = packed.len() / tile_in;
+    let tile_out = lanes * kp16;
+    let mut w = vec![0i16; tiles * tile_out];
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+    let per = tiles.div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        for (src, dst) in packed
+            .chunks(per * tile_in)
+            .zip(w.chunks_mut(per * tile_out))
+        {
+            s.spawn(move || {
+                for (tin, tout) in src
+                    .chunks_exact(tile_in)
+                    .zip(dst.chunks_exact_mut(tile_out))
+                {
+                    for (kk, beat) in tin.chunks_exact(lanes).enumerate() {
+                        for (c, &b) in beat.iter().enumerate() {
+                            tout[c * kp16 + kk] = i16::from(b as i8);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    w
 }
 
 /// `y += x w^T` for int16 rows of `kp` (a multiple of 16), `y` row-major with `n` columns.
@@ -299,7 +352,13 @@ mod tests {
             );
             let kp = k.div_ceil(16) * 16;
             let mut y = vec![0i32; m * n];
-            add_block_portable(&widen(&x, m, k, kp), &widen(&w, n, k, kp), &mut y, n, kp);
+            add_block_portable(
+                &widen(&bytes(&x), m, k, kp),
+                &widen(&bytes(&w), n, k, kp),
+                &mut y,
+                n,
+                kp,
+            );
             assert_eq!(y, reference(&x, &w, None, (m, n, k)), "portable");
         }
     }

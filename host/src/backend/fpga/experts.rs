@@ -100,16 +100,40 @@ pub(super) fn estimate_cycles(
     ))
 }
 
-/// f64 `x [m, k] w^T` for `w [n, k]`.
+/// f64 `x [m, k] w^T` for `w [n, k]` (rows of y over the rayon threads; each dot product in
+/// eight partial sums, which vectorise).
 fn matmul(x: &[f64], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f64> {
     let mut y = vec![0f64; m * n];
-    for (i, yr) in y.chunks_exact_mut(n).enumerate() {
-        let xr = &x[i * k..(i + 1) * k];
-        for (o, wr) in yr.iter_mut().zip(w.chunks_exact(k)) {
-            *o = xr.iter().zip(wr).map(|(&a, &b)| a * f64::from(b)).sum();
+    if k == 0 {
+        return y;
+    }
+    y.par_chunks_mut(n.max(1))
+        .zip(x.par_chunks(k))
+        .take(m)
+        .for_each(|(yr, xr)| {
+            for (o, wr) in yr.iter_mut().zip(w.chunks_exact(k)) {
+                *o = dot(xr, wr);
+            }
+        });
+    y
+}
+
+/// `a . b` in f64, over eight partial sums.
+fn dot(a: &[f64], b: &[f32]) -> f64 {
+    let mut acc = [0f64; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f64 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(&p, &q)| p * f64::from(q))
+        .sum();
+    for (pa, pb) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += pa[i] * f64::from(pb[i]);
         }
     }
-    y
+    acc.iter().sum::<f64>() + tail
 }
 
 /// The int8 scale of values whose largest magnitude is `m` (25% margin; 1 for none).
