@@ -402,7 +402,12 @@ mod tests {
         assert_eq!(d.dtype, CudaDType::Bf16);
         assert!(!d.poison);
         assert_eq!(
-            (d.attention_variant, d.moe_experts, d.moe_tile, d.route_kernel),
+            (
+                d.attention_variant,
+                d.moe_experts,
+                d.moe_tile,
+                d.route_kernel
+            ),
             (None, None, None, None)
         );
         assert!(d.kernel_dir.is_none() && d.toolkit_roots.is_empty());

@@ -322,7 +322,8 @@ mod tests {
             );
             for self_reset in [false, true] {
                 for e in [1, 8, 32, 33, 64, 65, 128, 129, 256] {
-                    let k = moe::fused_kernel(phys, e, self_reset).unwrap_or_else(|err| panic!("{err}"));
+                    let k = moe::fused_kernel(phys, e, self_reset)
+                        .unwrap_or_else(|err| panic!("{err}"));
                     assert_eq!(k.ends_with("_g"), self_reset, "{k}");
                     let v: usize = k
                         .trim_end_matches("_g")
