@@ -7,7 +7,9 @@
 # ONLY=moe runs the MoE experts pairs alone; MOE_PATHS (default "grouped blaslt") picks the
 # experts paths timed (TANDEM_MOE_EXPERTS; `default` = the op's own choice), MOE_TILES (default "default") the grouped tiles
 # (TANDEM_MOE_TILE: l, m, s, or default for the op's own choice). ONLY=route runs the four
-# routing shapes of issue 15 alone (T16384 E8 k2, T16384 E64 k8, T65536 E128 k8, T8192 E256 k8).
+# routing shapes of issue 15 alone (T16384 E8 k2, T16384 E64 k8, T65536 E128 k8, T8192 E256 k8);
+# ROUTE_KERNELS (default "default": the op's own choice) lists TANDEM_ROUTE_KERNEL values to time
+# one after the other (fused, fused-2, fused-memset, three), e.g. ROUTE_KERNELS="default fused-2 fused-memset".
 set -o pipefail
 T=${TANDEM:-.gpu/bin/tandem}
 DTYPE=${DTYPE:-bf16}
@@ -40,10 +42,14 @@ moe_pairs() {
   unset TANDEM_MOE_EXPERTS TANDEM_MOE_TILE
 }
 route_pairs() {
-  pair moe-route-t16384-e8-k2 moe-route --tokens 16384 --experts 8 --top-k 2
-  pair moe-route-t16384-e64-k8 moe-route --tokens 16384 --experts 64 --top-k 8
-  pair moe-route-t65536-e128-k8 moe-route --tokens 65536 --experts 128 --top-k 8
-  pair moe-route-t8192-e256-k8 moe-route --tokens 8192 --experts 256 --top-k 8
+  for rk in ${ROUTE_KERNELS:-default}; do
+    if [ "$rk" = default ]; then unset TANDEM_ROUTE_KERNEL; local tag=""; else export TANDEM_ROUTE_KERNEL=$rk; local tag="-$rk"; fi
+    pair "moe-route-t16384-e8-k2$tag" moe-route --tokens 16384 --experts 8 --top-k 2
+    pair "moe-route-t16384-e64-k8$tag" moe-route --tokens 16384 --experts 64 --top-k 8
+    pair "moe-route-t65536-e128-k8$tag" moe-route --tokens 65536 --experts 128 --top-k 8
+    pair "moe-route-t8192-e256-k8$tag" moe-route --tokens 8192 --experts 256 --top-k 8
+  done
+  unset TANDEM_ROUTE_KERNEL
 }
 if [ "${ONLY:-}" = route ]; then
   route_pairs
@@ -73,7 +79,7 @@ import json, sys
 for line in open(sys.argv[1]):
     label, js = line.split(" ", 1)
     r = json.loads(js)
-    print(f"{label:22} {r['shape']:40} tandem {r['tandem_ms']:8.3f} ms  torch {r['torch_ms']:8.3f} ms  "
+    print(f"{label:36} {r['shape']:40} tandem {r['tandem_ms']:8.3f} ms  torch {r['torch_ms']:8.3f} ms  "
           f"ratio {r['ratio']:5.2f}  TF/s {r['tandem_tflops']:6.1f} vs {r['torch_tflops']:6.1f}  "
           f"GB/s {r['tandem_gbps']:7.1f} vs {r['torch_gbps']:7.1f}")
 PY

@@ -3,7 +3,8 @@
 #   tests     every bundled test with TANDEM_REQUIRE_GPU=1
 #   transfer  tandem bench transfer beside PyTorch's pinned/pageable copies
 #   layer     the T4096 Mixtral-sized layer on cuda (data plane), and under --memory-limit
-#   route     moe_route shapes beside PyTorch (gpu_bench.sh ONLY=route)
+#   route     moe_route shapes beside PyTorch (gpu_bench.sh ONLY=route), once per routing kernel
+#             in ROUTE_KERNELS (default "fused fused-2 fused-memset": TANDEM_ROUTE_KERNEL values)
 #   decode    attention_decode B64 Hq32 Hkv8 ctx 8192 d128 (contiguous, paged) beside SDPA
 #   calib     tandem calibrate on cuda at the T4096 sizes, then run --explain (predicted vs measured)
 #   model     a 4-layer T4096 model on cuda (tokens/s), and with --memory-limit forcing eviction
@@ -37,7 +38,8 @@ for part in "$@"; do
       $T run --backend cuda $L --no-check --warmup 1 --memory-limit cuda:0=3GiB 2>&1 | tail -8 | tee "$out/t4096_limit.txt"
       $T run --backend cuda $L --no-check --warmup 0 --memory-limit cuda:0=1GiB 2>&1 | tail -4 | tee "$out/t4096_toosmall.txt" ;;
     route)
-      ONLY=route benches/peers/gpu_bench.sh > "$out/route.log" 2>&1; sed -n '/== summary/,$p' "$out/route.log" ;;
+      ROUTE_KERNELS=${ROUTE_KERNELS:-fused fused-2 fused-memset} ONLY=route benches/peers/gpu_bench.sh > "$out/route.log" 2>&1
+      sed -n '/== summary/,$p' "$out/route.log"; grep -h '"kernel"' /tmp/tandem-bench/bf16/moe-route-*.json | sort | uniq -c ;;
     decode)
       D="--batch 64 --heads 32 --kv-heads 8 --context 8192 --head-dim 128 --new-tokens 1 --cuda-dtype bf16"
       $T bench attention-decode $D --json > "$out/dec_c.json" 2> "$out/dec_c.err"; tail -3 "$out/dec_c.err"

@@ -248,12 +248,25 @@ Ref reference(const std::vector<float>& l, int T, int E, int k, bool renorm, int
     return r;
 }
 
-Kernel pick(int E) {
-    if (E <= 32) return moe_route_fused_f32_v1;
-    if (E <= 64) return moe_route_fused_f32_v2;
-    if (E <= 128) return moe_route_fused_f32_v4;
-    return moe_route_fused_f32_v8;
+// The `_g` builds with the barrier word in the arena (the kernel's module global would be
+// private to each block's process here): one word for the whole run, zeroed once, never
+// poisoned, so every launch finds it as the previous one left it (self-resetting).
+unsigned* gen_bar = nullptr;
+template <int V>
+void fused_g(const float* l, int T, int E, int k, int renorm, int bs, int P, int* ids, float* w,
+             int* counts, int* sorted, int* offsets, float* aux, float* z, int* cnt, float* ps,
+             float* zs, int* tc, float* tp, float* tz, unsigned*) {
+    moe_route_fused_impl<RouteF32, V, true>(l, T, E, k, renorm, bs, P, ids, w, counts, sorted,
+                                            offsets, aux, z, cnt, ps, zs, tc, tp, tz, gen_bar);
 }
+
+Kernel pick(int E, bool gen) {
+    if (E <= 32) return gen ? fused_g<1> : moe_route_fused_f32_v1;
+    if (E <= 64) return gen ? fused_g<2> : moe_route_fused_f32_v2;
+    if (E <= 128) return gen ? fused_g<4> : moe_route_fused_f32_v4;
+    return gen ? fused_g<8> : moe_route_fused_f32_v8;
+}
+bool use_gen = false;
 
 int fails = 0;
 
@@ -288,7 +301,7 @@ void run_case(std::mt19937& rng, int T, int E, int k, bool renorm, int bs, unsig
     std::memset(arena, 0x7f, used);  // poison everything, the barrier zeroed as the host does
     std::memcpy(dl, l.data(), l.size() * 4);
     *bar = 0;
-    launch(pick(E), grid, 256,
+    launch(pick(E, use_gen), grid, 256,
            {dl, ids, w, counts, sorted, offsets, aux, z, cnt, ps, zs, tc, tp, tz, bar}, T, E, k,
            renorm, bs, P);
     Ref r = reference(l, T, E, k, renorm, bs, P);
@@ -315,15 +328,24 @@ void run_case(std::mt19937& rng, int T, int E, int k, bool renorm, int bs, unsig
                     *z, r.z);
         f = true;
     }
-    std::printf("%s T%d E%d k%d renorm %d bs %d grid %u kind %d\n", f ? "FAIL" : "ok  ", T, E, k,
-                renorm, bs, grid, kind);
+    std::printf("%s %s T%d E%d k%d renorm %d bs %d grid %u kind %d\n", f ? "FAIL" : "ok  ",
+                use_gen ? "gen " : "memset", T, E, k, renorm, bs, grid, kind);
+    if (use_gen && *gen_bar != 0u && *gen_bar != 0x80000000u) {
+        std::printf("FAIL the gen barrier word is %#x after the launch\n", *gen_bar);
+        f = true;
+    }
     fails += f;
 }
+
 
 int main() {
     arena = (unsigned char*)mmap(nullptr, ARENA, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
                                  -1, 0);
     if (arena == MAP_FAILED) return 2;
+    gen_bar = (unsigned*)(arena + ARENA - 256);
+    *gen_bar = 0u;
+    for (int mode = 0; mode < 2; ++mode) {
+    use_gen = mode == 1;
     std::mt19937 rng(12345);
     // (T, E, k, renorm, bs, grid, kind: 0 random, 1 tied, 2 one expert)
     run_case(rng, 0, 8, 2, true, 16, 1, 0);
@@ -340,6 +362,9 @@ int main() {
     run_case(rng, 3, 8, 2, true, 16, 4, 0);  // more blocks than tokens' worth: idle blocks
     run_case(rng, 300, 128, 8, true, 16, 6, 1);
     run_case(rng, 257, 8, 2, false, 16, 5, 2);
+    run_case(rng, 2000, 256, 8, true, 16, 7, 0);
+    run_case(rng, 1, 256, 8, true, 16, 1, 1);  // one block: 2^31 added at once
+    }
     std::printf(fails ? "%d case(s) failed\n" : "all cases passed\n", fails);
     return fails ? 1 : 0;
 }

@@ -14,11 +14,13 @@
 use ndarray::ArrayD;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use tandem::backend::cuda::{CudaBackend, CudaDType};
+use tandem::backend::cuda::{CudaBackend, CudaDType, CudaOptions, RouteKernel};
 use tandem::backend::{Backend, DeviceStorage};
 use tandem::ops::MoeRouteParams;
 use tandem::{Op, Tensor};
-use tandem_tests::cuda::{backend as gpu, check, clock_rng as rng, launch, round_to};
+use tandem_tests::cuda::{
+    backend as gpu, backend_with, check, clock_rng as rng, launch, options, round_to,
+};
 
 fn route(k: usize, renormalize: bool, block_size: usize) -> Op {
     Op::MoeRoute(MoeRouteParams {
@@ -272,5 +274,64 @@ fn route_benchmark_shapes() {
         println!(" T{t} E{e} k{k}");
         let kernel = run_f32(&be, &op, &l);
         assert!(kernel.contains("moe_route_fused"), "{kernel}");
+    }
+}
+
+/// Every routing kernel choice (`TANDEM_ROUTE_KERNEL`: the self-resetting barrier at up to 4
+/// and 2 blocks per multiprocessor, the memset one, three launches) on the same cases, each
+/// launched many times back to back on one backend: the `_g` builds' barrier word must come
+/// back to its start after every launch (a word left off would hang or release early and
+/// misplace slots). Also the bench shapes, checked, under every choice.
+#[test]
+fn route_every_kernel_choice() {
+    let mut r = rng("cuda_moe_route kernels");
+    use Logits::*;
+    for choice in RouteKernel::ALL {
+        let Some(be) = backend_with(CudaOptions {
+            route_kernel: Some(choice),
+            ..options(CudaDType::Bf16)
+        }) else {
+            return;
+        };
+        let mut cases = vec![
+            (1usize, 256usize, 8usize, true, 16usize, Tied),
+            (3, 8, 2, true, 16, Random),
+            (999, 64, 8, false, 16, NearTies),
+            (2048, 256, 8, true, 16, Tied),
+            (4097, 128, 6, true, 64, OneExpert),
+            (1500, 128, 4, true, 16, Idle),
+            (16384, 8, 2, true, 16, Random),
+            (16384, 64, 8, true, 16, Random),
+            (65536, 128, 8, true, 16, Random),
+            (8192, 256, 8, true, 16, Random),
+        ];
+        if choice != RouteKernel::Three {
+            cases.push((50, 64, 40, true, 16, Tied)); // k > 32: fused only
+        }
+        for (t, e, k, renorm, bs, kind) in cases {
+            let op = route(k, renorm, bs);
+            let l = logits(&mut r, kind, t, e, k);
+            for rep in 0..3 {
+                println!(" {choice}: T{t} E{e} k{k} renorm {renorm} block {bs} {kind:?} #{rep}");
+                let kernel = run_f32(&be, &op, &l);
+                let fused = kernel.contains("moe_route_fused");
+                match choice {
+                    RouteKernel::Three => assert!(!fused, "{kernel}"),
+                    RouteKernel::FusedMemset => {
+                        assert!(kernel.starts_with("memset_d8+"), "{kernel}")
+                    }
+                    _ => assert!(
+                        fused && kernel.contains("_g(") && !kernel.contains("memset"),
+                        "{kernel}"
+                    ),
+                }
+                if choice == RouteKernel::Fused2 {
+                    assert!(
+                        kernel.contains(", 1/SM)") || kernel.contains(", 2/SM)"),
+                        "{kernel}"
+                    );
+                }
+            }
+        }
     }
 }

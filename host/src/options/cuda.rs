@@ -7,6 +7,7 @@
 //! | `TANDEM_ATTN_VARIANT` | [`CudaOptions::attention_variant`] | `w4`, `w8`, `m2`, `m2n32`, `ws` (default: by arch) |
 //! | `TANDEM_MOE_EXPERTS` | [`CudaOptions::moe_experts`] | `blaslt`, `grouped` (default: by shape) |
 //! | `TANDEM_MOE_TILE` | [`CudaOptions::moe_tile`] | `l`, `m`, `s` (default: by shape) |
+//! | `TANDEM_ROUTE_KERNEL` | [`CudaOptions::route_kernel`] | `fused`, `fused-2`, `fused-memset`, `three` (default: `fused` where the grid fits) |
 //! | `TANDEM_KERNEL_DIR` | [`CudaOptions::kernel_dir`] | a folder laid out like `gpu-kernels/src/cuda/` |
 //! | `TANDEM_CACHE_DIR` | [`CudaOptions::cache_dir`] | a folder (`cuda/` in it holds the CUBINs) |
 //! | `CUDA_HOME`, `CUDA_PATH` | [`CudaOptions::toolkit_roots`] | CUDA toolkit folders |
@@ -28,6 +29,8 @@ pub const ATTENTION_VARIANT_VAR: &str = "TANDEM_ATTN_VARIANT";
 pub const MOE_EXPERTS_VAR: &str = "TANDEM_MOE_EXPERTS";
 /// `TANDEM_MOE_TILE`: the grouped MoE GEMMs' tile.
 pub const MOE_TILE_VAR: &str = "TANDEM_MOE_TILE";
+/// `TANDEM_ROUTE_KERNEL`: the MoE routing kernel(s).
+pub const ROUTE_KERNEL_VAR: &str = "TANDEM_ROUTE_KERNEL";
 /// `TANDEM_KERNEL_DIR`: a folder the kernel sources are read from at run time.
 pub const KERNEL_DIR_VAR: &str = "TANDEM_KERNEL_DIR";
 /// `TANDEM_CACHE_DIR`: the folder of compiled kernels (in its `cuda/`).
@@ -56,6 +59,9 @@ pub struct CudaOptions {
     /// The grouped MoE GEMMs' tile (setting it asks for the grouped path); `None` picks by
     /// shape. `TANDEM_MOE_TILE`.
     pub moe_tile: Option<MoeTileSize>,
+    /// The MoE routing kernel(s); `None`: the fused cooperative kernel where its grid fits
+    /// the device, else three launches. `TANDEM_ROUTE_KERNEL` (comparisons).
+    pub route_kernel: Option<RouteKernel>,
     /// A folder laid out like `gpu-kernels/src/cuda/` whose `.cu` files replace the embedded
     /// ones (kernel work without rebuilding the host; a file missing there is taken from the
     /// embedded sources). `TANDEM_KERNEL_DIR`.
@@ -82,6 +88,7 @@ impl Default for CudaOptions {
             attention_variant: None,
             moe_experts: None,
             moe_tile: None,
+            route_kernel: None,
             kernel_dir: None,
             cache_dir: default_cache_dir(),
             toolkit_roots: Vec::new(),
@@ -136,6 +143,7 @@ impl CudaOptions {
             attention_variant: named(env, ATTENTION_VARIANT_VAR, AttentionVariant::parse_from)?,
             moe_experts: named(env, MOE_EXPERTS_VAR, MoeExpertsPath::parse_from)?,
             moe_tile: named(env, MOE_TILE_VAR, MoeTileSize::parse_from)?,
+            route_kernel: named(env, ROUTE_KERNEL_VAR, RouteKernel::parse_from)?,
             kernel_dir,
             ..Self::machine(env)
         })
@@ -300,6 +308,48 @@ impl MoeTileSize {
     }
 }
 
+/// The MoE routing kernel(s) the CUDA backend runs (`TANDEM_ROUTE_KERNEL`; the default picks
+/// [`RouteKernel::Fused`] where its grid fits the device).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RouteKernel {
+    /// One cooperative launch (`moe_route_fused_*_g`), its grid barriers on a self-resetting
+    /// module global (no memset before it), up to 4 blocks per multiprocessor.
+    Fused,
+    /// The same kernel with at most 2 blocks per multiprocessor (fewer blocks to synchronise
+    /// and scan, fewer warps hiding phase 1's latency).
+    Fused2,
+    /// One cooperative launch (`moe_route_fused_*`) after a 4-byte memset of its barrier
+    /// counter, up to 4 blocks per multiprocessor (the 2026-11-23 build).
+    FusedMemset,
+    /// Three launches: top-k and block histograms, a one-block scan, the scatter (k <= 32).
+    Three,
+}
+
+impl RouteKernel {
+    /// Every choice.
+    pub const ALL: [RouteKernel; 4] = [
+        RouteKernel::Fused,
+        RouteKernel::Fused2,
+        RouteKernel::FusedMemset,
+        RouteKernel::Three,
+    ];
+
+    /// The name in `TANDEM_ROUTE_KERNEL`.
+    pub fn name(self) -> &'static str {
+        match self {
+            RouteKernel::Fused => "fused",
+            RouteKernel::Fused2 => "fused-2",
+            RouteKernel::FusedMemset => "fused-memset",
+            RouteKernel::Three => "three",
+        }
+    }
+
+    /// Parses a name (any case); `source` names where it came from in the error.
+    pub fn parse_from(value: &str, source: &str) -> Result<Self> {
+        parse_name(&Self::ALL, Self::name, value, source, "a routing kernel")
+    }
+}
+
 macro_rules! name_list_traits {
     ($($t:ty: $what:literal),+ $(,)?) => {$(
         impl fmt::Display for $t {
@@ -321,6 +371,7 @@ name_list_traits!(
     AttentionVariant: "attention build",
     MoeExpertsPath: "MoE experts path",
     MoeTileSize: "MoE tile",
+    RouteKernel: "routing kernel",
 );
 
 #[cfg(test)]
@@ -351,8 +402,13 @@ mod tests {
         assert_eq!(d.dtype, CudaDType::Bf16);
         assert!(!d.poison);
         assert_eq!(
-            (d.attention_variant, d.moe_experts, d.moe_tile),
-            (None, None, None)
+            (
+                d.attention_variant,
+                d.moe_experts,
+                d.moe_tile,
+                d.route_kernel
+            ),
+            (None, None, None, None)
         );
         assert!(d.kernel_dir.is_none() && d.toolkit_roots.is_empty());
         assert!(d.python_prefix.is_none());
@@ -459,6 +515,17 @@ mod tests {
             MOE_TILE_VAR,
             "xl",
             &["l", "m", "s"],
+        );
+        for k in RouteKernel::ALL {
+            let o = CudaOptions::from_source(&[(ROUTE_KERNEL_VAR, k.name())])?;
+            assert_eq!(o.route_kernel, Some(k));
+            assert_eq!(k.name().parse::<RouteKernel>()?, k);
+        }
+        refused(
+            &[(ROUTE_KERNEL_VAR, "fused-3")],
+            ROUTE_KERNEL_VAR,
+            "fused-3",
+            &["fused", "fused-2", "fused-memset", "three"],
         );
         let e = "xl".parse::<MoeTileSize>().expect_err("xl");
         assert_eq!(

@@ -305,6 +305,7 @@ extern "C" __global__ void __launch_bounds__(32) moe_align_scatter(
 #define FR_THREADS 256
 #define FR_WARPS (FR_THREADS / 32)
 #define FR_MAX_E 256
+static_assert(FR_THREADS >= FR_MAX_E, "phase 2b/3 give each thread at most one expert");
 
 // A total order on finite floats as unsigned keys (larger float, larger key); -0 is keyed as
 // +0 so the two tie, as the f32 comparison of the reference has them. 0 is below every key
@@ -342,9 +343,32 @@ __device__ __forceinline__ void route_grid_sync(unsigned* bar, unsigned n) {
     __syncthreads();
 }
 
+// The barrier of the `_g` builds: a module global that every barrier leaves as it found it,
+// so nothing zeroes it before a launch (no memset). Block 0 adds 2^31 - (G - 1), the others
+// 1 each: after the last arrival the word has gained exactly 2^31, so its top bit has flipped
+// and its low bits are back where they were (zero since the module was loaded). Each block
+// waits for the top bit to differ from the value its own arrival saw (the flip happens only
+// at the last arrival, so every arrival sees the old top bit). Launches of the routing
+// kernels on one device are ordered on its one compute stream, so no two use it at once.
+__device__ unsigned route_gen_bar;
+
+__device__ __forceinline__ void route_grid_sync_gen(unsigned* bar) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned inc = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1u) : 1u;
+        __threadfence();
+        const unsigned old = atomicAdd(bar, inc);
+        while (((route_ld_acquire(bar) ^ old) & 0x80000000u) == 0u) {
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
 // V logits per lane: E <= 32 * V. Scratch (ws): cnt [E][G] ints, ps [E][G] floats, zs [G],
-// tot_cnt [E], tot_p [E], tot_z [1]; bar: one zeroed counter.
-template <typename S, int V>
+// tot_cnt [E], tot_p [E], tot_z [1]; bar: one counter, zeroed before the launch (GEN false),
+// or the self-resetting word of route_grid_sync_gen (GEN true).
+template <typename S, int V, bool GEN>
 __device__ __forceinline__ void moe_route_fused_impl(
         const typename S::T* __restrict__ logits, int T, int E, int k, int renorm, int bs, int P,
         int* __restrict__ topk_ids, float* __restrict__ topk_w, int* __restrict__ expert_counts,
@@ -414,19 +438,24 @@ __device__ __forceinline__ void moe_route_fused_impl(
             const float lse = mx + logf(s);
             zacc += lse * lse;
         }
-        float wsum = 0.f, my_w = 0.f;
+        // k <= 32: lane r keeps place r's expert and key, and the weights are taken after the
+        // loop, one expf a lane in parallel (not k in the loop)
+        float wsum = 0.f;
+        unsigned my_key = 0u;
         int my_id = 0;
         for (int r = 0; r < k; ++r) {
             const unsigned m = __reduce_max_sync(full, lb);
             const unsigned cand = lb == m ? (unsigned)(lane + 32 * lj) : 0xffffffffu;
             const unsigned win = __reduce_min_sync(full, cand);
-            const float w = expf(route_unkey(m) - mx) * inv;
-            wsum += w;
-            if (lane == r) { my_id = (int)win; my_w = w; }
-            if (k > 32 && lane == 0) {  // more places than lanes: written as they are found
-                topk_ids[(u64_t)t * k + r] = (int)win;
-                topk_w[(u64_t)t * k + r] = w;
-                atomicAdd(&hist[warp][win], 1);
+            if (lane == r) { my_id = (int)win; my_key = m; }
+            if (k > 32) {
+                const float w = expf(route_unkey(m) - mx) * inv;
+                wsum += w;
+                if (lane == 0) {  // more places than lanes: written as they are found
+                    topk_ids[(u64_t)t * k + r] = (int)win;
+                    topk_w[(u64_t)t * k + r] = w;
+                    atomicAdd(&hist[warp][win], 1);
+                }
             }
             lb = 0u;
             lj = 0;
@@ -437,6 +466,8 @@ __device__ __forceinline__ void moe_route_fused_impl(
             }
         }
         if (k <= 32) {
+            const float my_w = lane < k ? expf(route_unkey(my_key) - mx) * inv : 0.f;
+            if (renorm) wsum = warp_sum(my_w);
             if (lane < k) {
                 topk_ids[(u64_t)t * k + lane] = my_id;
                 topk_w[(u64_t)t * k + lane] = renorm ? my_w / wsum : my_w;
@@ -468,7 +499,8 @@ __device__ __forceinline__ void moe_route_fused_impl(
         for (int w = 0; w < FR_WARPS; ++w) z += zw[w];
         zs[b] = z;
     }
-    route_grid_sync(bar, 1);
+    if (GEN) route_grid_sync_gen(bar);
+    else route_grid_sync(bar, 1);
 
     // ---- phase 2a
     const int ipt = (G + FR_THREADS - 1) / FR_THREADS;
@@ -495,10 +527,17 @@ __device__ __forceinline__ void moe_route_fused_impl(
         z = block_sum(z, red);
         if (tid == 0) tot_z[0] = z;
     }
-    route_grid_sync(bar, 2);
+    if (GEN) route_grid_sync_gen(bar);
+    else route_grid_sync(bar, 2);
 
     // ---- phase 2b
     const int sentinel = T * k;
+    // phase 3's loads issued first, so their latency overlaps the scan below: where this
+    // block's slots of expert tid start within the segment (FR_THREADS >= FR_MAX_E: one
+    // expert a thread), and the first 32 slots of this warp
+    const int my_start = tid < E ? __ldcg(cnt + (u64_t)tid * G + b) : 0;
+    const int last = t1 * k;
+    int e_next = t0 * k + lane < last ? __ldcg(topk_ids + t0 * k + lane) : -1 - lane;
     int padded = 0, mine = 0;
     if (tid < E) {
         mine = __ldcg(tot_cnt + tid);
@@ -532,22 +571,23 @@ __device__ __forceinline__ void moe_route_fused_impl(
         sorted[pos] = sentinel;
 
     // ---- phase 3: per-warp cursors, then the stable scatter
-    for (int e = tid; e < E; e += FR_THREADS) {
-        int run = off[e] + __ldcg(cnt + (u64_t)e * G + b);
+    if (tid < E) {
+        int run = off[tid] + my_start;
 #pragma unroll
         for (int w = 0; w < FR_WARPS; ++w) {
-            const int h = hist[w][e];
-            hist[w][e] = run;
+            const int h = hist[w][tid];
+            hist[w][tid] = run;
             run += h;
         }
     }
     __syncthreads();
-    const int last = t1 * k;
     const unsigned below = (1u << lane) - 1u;
     for (int s0 = t0 * k; s0 < last; s0 += 32) {
         const int s = s0 + lane;
         const bool ok = s < last;
-        const int e = ok ? __ldcg(topk_ids + s) : -1 - lane;  // unique keys for idle lanes
+        const int e = e_next;  // unique keys (-1 - lane) for idle lanes
+        if (s0 + 32 < last)    // the next step's experts load while this one is placed
+            e_next = s + 32 < last ? __ldcg(topk_ids + s + 32) : -1 - lane;
         const unsigned peers = __match_any_sync(full, e);
         const unsigned lower = peers & below;
         if (ok) sorted[hist[warp][e] + __popc(lower)] = s;
@@ -557,7 +597,10 @@ __device__ __forceinline__ void moe_route_fused_impl(
     }
 }
 
-#define FUSED_ENTRY(NAME, S, V)                                                                 \
+// `moe_route_fused_{s}_v{V}`: the barrier counter in `bar`, zeroed by the host before the
+// launch (a memset); `moe_route_fused_{s}_v{V}_g`: the self-resetting module-global barrier
+// (`bar` is not read; no memset).
+#define FUSED_ENTRY(NAME, S, V, GEN)                                                            \
     extern "C" __global__ void __launch_bounds__(FR_THREADS) NAME(                              \
             const S::T* __restrict__ logits, int T, int E, int k, int renorm, int bs, int P,    \
             int* __restrict__ topk_ids, float* __restrict__ topk_w,                             \
@@ -565,19 +608,32 @@ __device__ __forceinline__ void moe_route_fused_impl(
             int* __restrict__ expert_offsets, float* __restrict__ aux_loss,                     \
             float* __restrict__ z_loss, int* cnt, float* ps, float* zs, int* tot_cnt,           \
             float* tot_p, float* tot_z, unsigned* bar) {                                        \
-        moe_route_fused_impl<S, V>(logits, T, E, k, renorm, bs, P, topk_ids, topk_w,            \
-                                   expert_counts, sorted, expert_offsets, aux_loss, z_loss,     \
-                                   cnt, ps, zs, tot_cnt, tot_p, tot_z, bar);                    \
+        moe_route_fused_impl<S, V, GEN>(logits, T, E, k, renorm, bs, P, topk_ids, topk_w,       \
+                                        expert_counts, sorted, expert_offsets, aux_loss,        \
+                                        z_loss, cnt, ps, zs, tot_cnt, tot_p, tot_z,             \
+                                        GEN ? &route_gen_bar : bar);                            \
     }
-FUSED_ENTRY(moe_route_fused_f32_v1, RouteF32, 1)
-FUSED_ENTRY(moe_route_fused_f32_v2, RouteF32, 2)
-FUSED_ENTRY(moe_route_fused_f32_v4, RouteF32, 4)
-FUSED_ENTRY(moe_route_fused_f32_v8, RouteF32, 8)
-FUSED_ENTRY(moe_route_fused_bf16_v1, RouteBF16, 1)
-FUSED_ENTRY(moe_route_fused_bf16_v2, RouteBF16, 2)
-FUSED_ENTRY(moe_route_fused_bf16_v4, RouteBF16, 4)
-FUSED_ENTRY(moe_route_fused_bf16_v8, RouteBF16, 8)
-FUSED_ENTRY(moe_route_fused_f16_v1, RouteF16, 1)
-FUSED_ENTRY(moe_route_fused_f16_v2, RouteF16, 2)
-FUSED_ENTRY(moe_route_fused_f16_v4, RouteF16, 4)
-FUSED_ENTRY(moe_route_fused_f16_v8, RouteF16, 8)
+FUSED_ENTRY(moe_route_fused_f32_v1, RouteF32, 1, false)
+FUSED_ENTRY(moe_route_fused_f32_v1_g, RouteF32, 1, true)
+FUSED_ENTRY(moe_route_fused_f32_v2, RouteF32, 2, false)
+FUSED_ENTRY(moe_route_fused_f32_v2_g, RouteF32, 2, true)
+FUSED_ENTRY(moe_route_fused_f32_v4, RouteF32, 4, false)
+FUSED_ENTRY(moe_route_fused_f32_v4_g, RouteF32, 4, true)
+FUSED_ENTRY(moe_route_fused_f32_v8, RouteF32, 8, false)
+FUSED_ENTRY(moe_route_fused_f32_v8_g, RouteF32, 8, true)
+FUSED_ENTRY(moe_route_fused_bf16_v1, RouteBF16, 1, false)
+FUSED_ENTRY(moe_route_fused_bf16_v1_g, RouteBF16, 1, true)
+FUSED_ENTRY(moe_route_fused_bf16_v2, RouteBF16, 2, false)
+FUSED_ENTRY(moe_route_fused_bf16_v2_g, RouteBF16, 2, true)
+FUSED_ENTRY(moe_route_fused_bf16_v4, RouteBF16, 4, false)
+FUSED_ENTRY(moe_route_fused_bf16_v4_g, RouteBF16, 4, true)
+FUSED_ENTRY(moe_route_fused_bf16_v8, RouteBF16, 8, false)
+FUSED_ENTRY(moe_route_fused_bf16_v8_g, RouteBF16, 8, true)
+FUSED_ENTRY(moe_route_fused_f16_v1, RouteF16, 1, false)
+FUSED_ENTRY(moe_route_fused_f16_v1_g, RouteF16, 1, true)
+FUSED_ENTRY(moe_route_fused_f16_v2, RouteF16, 2, false)
+FUSED_ENTRY(moe_route_fused_f16_v2_g, RouteF16, 2, true)
+FUSED_ENTRY(moe_route_fused_f16_v4, RouteF16, 4, false)
+FUSED_ENTRY(moe_route_fused_f16_v4_g, RouteF16, 4, true)
+FUSED_ENTRY(moe_route_fused_f16_v8, RouteF16, 8, false)
+FUSED_ENTRY(moe_route_fused_f16_v8_g, RouteF16, 8, true)

@@ -41,7 +41,9 @@ use crate::tensor::{HostData, Tensor, TensorMeta};
 use error::DrvResultExt;
 
 pub use super::CudaDType;
-pub use crate::options::cuda::{AttentionVariant, CudaOptions, MoeExpertsPath, MoeTileSize};
+pub use crate::options::cuda::{
+    AttentionVariant, CudaOptions, MoeExpertsPath, MoeTileSize, RouteKernel,
+};
 pub use memory::bench::TransferFigure;
 pub use memory::pool::{PoolStats, size_class};
 

@@ -320,22 +320,31 @@ mod tests {
                 tandem_gpu_kernels::Module::of_kernel(topk).is_some(),
                 "{topk}"
             );
-            for e in [1, 8, 32, 33, 64, 65, 128, 129, 256] {
-                let k = moe::fused_kernel(phys, e).unwrap_or_else(|err| panic!("{err}"));
-                let v: usize = k
-                    .rsplit("_v")
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0);
-                // the fewest logits per lane that hold a row of e
-                assert!(e <= 32 * v && (v == 1 || e > 16 * v), "E{e}: {k}");
+            for self_reset in [false, true] {
+                for e in [1, 8, 32, 33, 64, 65, 128, 129, 256] {
+                    let k = moe::fused_kernel(phys, e, self_reset)
+                        .unwrap_or_else(|err| panic!("{err}"));
+                    assert_eq!(k.ends_with("_g"), self_reset, "{k}");
+                    let v: usize = k
+                        .trim_end_matches("_g")
+                        .rsplit("_v")
+                        .next()
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0);
+                    // the fewest logits per lane that hold a row of e
+                    assert!(e <= 32 * v && (v == 1 || e > 16 * v), "E{e}: {k}");
+                }
+                assert!(moe::fused_kernel(phys, 257, self_reset).is_err());
             }
-            assert!(moe::fused_kernel(phys, 257).is_err());
         }
         assert_eq!(moe::topk_kernel(DType::BF16), "moe_topk_softmax_f32");
         assert_eq!(
-            moe::fused_kernel(DType::F32, 64).ok(),
+            moe::fused_kernel(DType::F32, 64, false).ok(),
             Some("moe_route_fused_f32_v2")
+        );
+        assert_eq!(
+            moe::fused_kernel(DType::F32, 256, true).ok(),
+            Some("moe_route_fused_f32_v8_g")
         );
         assert!(kernel_for("nope_{s}", CudaDType::F16).is_err());
     }

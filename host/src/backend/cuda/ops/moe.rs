@@ -16,7 +16,7 @@
 use cudarc::driver::result as drv;
 use tandem_gpu_kernels::{MOE_TILE_MAP_THREADS, MOE_TILES, MoeTile};
 
-use crate::options::cuda::{MoeExpertsPath, MoeTileSize};
+use crate::options::cuda::{MoeExpertsPath, MoeTileSize, RouteKernel};
 
 use super::{Arg, Cx, Dims};
 use crate::backend::cuda::CudaStorage;
@@ -39,8 +39,8 @@ pub fn topk_kernel(phys: DType) -> &'static str {
 
 /// The fused routing kernel for `e` experts (at most [`tandem_gpu_kernels::ROUTE_MAX_EXPERTS`])
 /// whose logits are stored as `phys`: the build with the fewest logits per lane that holds
-/// a row.
-pub fn fused_kernel(phys: DType, e: usize) -> Result<&'static str> {
+/// a row; `self_reset`: the build on the self-resetting barrier (`_g`, no memset before it).
+pub fn fused_kernel(phys: DType, e: usize, self_reset: bool) -> Result<&'static str> {
     let v = FUSED_VPL.into_iter().find(|v| e <= 32 * v).ok_or_else(|| {
         Error::Internal(format!(
             "moe_route: {e} experts (the fused kernels take up to {})",
@@ -52,7 +52,10 @@ pub fn fused_kernel(phys: DType, e: usize) -> Result<&'static str> {
         DType::F16 => "f16",
         _ => "bf16",
     };
-    let name = format!("moe_route_fused_{input}_v{v}");
+    let name = format!(
+        "moe_route_fused_{input}_v{v}{}",
+        if self_reset { "_g" } else { "" }
+    );
     tandem_gpu_kernels::Module::MoeRoute
         .entry_points()
         .iter()
@@ -68,18 +71,18 @@ const FUSED_THREADS: u32 = 256;
 /// experts is the smallest v with E <= 32 * v.
 const FUSED_VPL: [usize; 4] = [1, 2, 4, 8];
 
-/// Most blocks per multiprocessor the fused routing grid takes (more blocks make the
-/// barriers and the per-block partial sums longer, for no gain: phase 1 is latency-bound
-/// and 32 warps per SM hide it).
+/// Most blocks per multiprocessor the fused routing grid takes by default (more blocks make
+/// the barriers and the per-block partial sums longer, for no gain: phase 1 is latency-bound
+/// and 32 warps per SM hide it); [`RouteKernel::Fused2`] takes 2.
 const FUSED_MAX_BLOCKS_PER_SM: u32 = 4;
 /// Fewest tokens per block of the fused grid (2 per warp): small batches take fewer blocks.
 const FUSED_MIN_TOKENS_PER_BLOCK: usize = 16;
 
 /// Blocks of the fused routing grid for `t` tokens on `sms` multiprocessors that each hold
-/// `per_sm` blocks of it at once; `None` when it cannot be co-resident at all (then the
-/// three-launch path runs).
-pub fn fused_grid(t: usize, sms: u32, per_sm: u32) -> Option<u32> {
-    let per_sm = per_sm.min(FUSED_MAX_BLOCKS_PER_SM);
+/// `per_sm` blocks of it at once, at most `cap` a multiprocessor; `None` when it cannot be
+/// co-resident at all (then the three-launch path runs).
+pub fn fused_grid(t: usize, sms: u32, per_sm: u32, cap: u32) -> Option<u32> {
+    let per_sm = per_sm.min(cap);
     if per_sm == 0 || sms == 0 {
         return None;
     }
@@ -88,9 +91,12 @@ pub fn fused_grid(t: usize, sms: u32, per_sm: u32) -> Option<u32> {
 }
 
 /// Routing: the fused cooperative kernel where the device can run its grid co-resident,
-/// else three launches. Logits are read in the precision they are stored in (f32 when
-/// uploaded for this op: [`crate::backend::CudaDType::input_precision`]); the math is f32. Returns the
-/// kernels that ran.
+/// else three launches ([`CudaOptions::route_kernel`] forces one, for comparisons). Logits
+/// are read in the precision they are stored in (f32 when uploaded for this op:
+/// [`crate::backend::CudaDType::input_precision`]); the math is f32. Returns the kernels that
+/// ran, with the fused grid's size and blocks per multiprocessor.
+///
+/// [`CudaOptions::route_kernel`]: crate::options::CudaOptions::route_kernel
 pub fn route(
     cx: &Cx<'_>,
     p: &MoeRouteParams,
@@ -107,11 +113,19 @@ pub fn route(
             )));
         }
     };
-    let fused = fused_kernel(phys, e)?;
-    let threads = FUSED_THREADS;
-    let per_sm = cx.be.kernels.blocks_per_sm(fused, threads, 0)?;
-    match fused_grid(t, cx.sms(), per_sm) {
-        Some(g) => route_fused(cx, p, fused, g, ins[0], t, e, outs),
+    let choice = cx.be.opts.route_kernel.unwrap_or(RouteKernel::Fused);
+    if choice == RouteKernel::Three && p.top_k <= 32 {
+        return route_three(cx, p, ins[0], t, e, outs);
+    }
+    let self_reset = choice != RouteKernel::FusedMemset;
+    let cap = match choice {
+        RouteKernel::Fused2 => 2,
+        _ => FUSED_MAX_BLOCKS_PER_SM,
+    };
+    let fused = fused_kernel(phys, e, self_reset)?;
+    let per_sm = cx.be.kernels.blocks_per_sm(fused, FUSED_THREADS, 0)?;
+    match fused_grid(t, cx.sms(), per_sm, cap) {
+        Some(g) => route_fused(cx, p, fused, self_reset, g, ins[0], t, e, outs),
         None if p.top_k <= 32 => route_three(cx, p, ins[0], t, e, outs),
         None => Err(Error::Unsupported {
             op: "moe_route".into(),
@@ -125,13 +139,14 @@ pub fn route(
     }
 }
 
-/// The fused path: zero the barrier counter (a 4-byte memset), one cooperative launch of `g`
-/// blocks.
+/// The fused path: one cooperative launch of `g` blocks; `self_reset` false: after zeroing its
+/// barrier counter (a 4-byte memset), true: on the kernel's self-resetting barrier.
 #[allow(clippy::too_many_arguments)]
 fn route_fused(
     cx: &Cx<'_>,
     p: &MoeRouteParams,
     kernel: &'static str,
+    self_reset: bool,
     g: u32,
     logits: &CudaStorage,
     t: usize,
@@ -151,10 +166,12 @@ fn route_fused(
     let ws = cx.scratch(o_tz + 4)?;
     let base = ws.ptr();
     let label = &cx.be.dev.label;
-    // SAFETY: ws holds at least 4 bytes at base; ordered on the compute stream before the
-    // kernel that counts on it.
-    unsafe { drv::memset_d8_async(base, 0, 4, cx.stream()) }
-        .ctx(label, "cuMemsetD8Async(moe_route barrier)")?;
+    if !self_reset {
+        // SAFETY: ws holds at least 4 bytes at base; ordered on the compute stream before the
+        // kernel that counts on it.
+        unsafe { drv::memset_d8_async(base, 0, 4, cx.stream()) }
+            .ctx(label, "cuMemsetD8Async(moe_route barrier)")?;
+    }
     let o: Vec<u64> = outs.iter().map(|s| s.ptr()).collect();
     let at = |off: usize| base + off as u64;
     cx.be.kernels.launch_cooperative(
@@ -185,7 +202,9 @@ fn route_fused(
             Arg::Ptr(base),
         ],
     )?;
-    Ok(format!("memset_d8+{kernel}(cooperative x{g})"))
+    let per_sm = g.div_ceil(cx.sms().max(1));
+    let memset = if self_reset { "" } else { "memset_d8+" };
+    Ok(format!("{memset}{kernel}(cooperative x{g}, {per_sm}/SM)"))
 }
 
 /// The three-launch path: top-k + per-block histograms, one-block scan, scatter.
@@ -637,14 +656,15 @@ mod tests {
     #[test]
     fn the_fused_routing_grid_fits_the_device() {
         // at most 4 blocks per SM, at least 16 tokens per block, one block for T = 0
-        assert_eq!(fused_grid(65536, 132, 8), Some(528));
-        assert_eq!(fused_grid(65536, 132, 3), Some(396));
-        assert_eq!(fused_grid(8192, 132, 4), Some(512));
-        assert_eq!(fused_grid(1000, 132, 4), Some(63));
-        assert_eq!(fused_grid(1, 132, 4), Some(1));
-        assert_eq!(fused_grid(0, 132, 4), Some(1));
+        assert_eq!(fused_grid(65536, 132, 8, 4), Some(528));
+        assert_eq!(fused_grid(65536, 132, 3, 4), Some(396));
+        assert_eq!(fused_grid(65536, 132, 3, 2), Some(264));
+        assert_eq!(fused_grid(8192, 132, 4, 4), Some(512));
+        assert_eq!(fused_grid(1000, 132, 4, 4), Some(63));
+        assert_eq!(fused_grid(1, 132, 4, 4), Some(1));
+        assert_eq!(fused_grid(0, 132, 4, 4), Some(1));
         // nothing co-resident: the three-launch path
-        assert_eq!(fused_grid(4096, 132, 0), None);
+        assert_eq!(fused_grid(4096, 132, 0, 4), None);
     }
 
     #[test]
