@@ -15,6 +15,9 @@
 #   compare   tandem compare of cpu, cuda, fpga-sim and auto on the default layer (fpga-sim from
 #             Verilator models built here: copy the build cache to .gpu/sim-cache)
 #   sysinfo   cores, memory, transparent huge pages (what first-touch copies depend on)
+#   fpga-model  the T4096 Mixtral-sized layer on the modelled card-sized FPGA builds
+#             (TANDEM_FPGA_SIM_PROFILE=u55c, TANDEM_FPGA_SIM_MODE=model): per-op projection and
+#             the modelled mode's wall time on that host's cores
 # Usage there, after `../shared/tools/gpu-bundle -p tandem -p tandem-tests` here:
 #   benches/peers/gpu_session.sh OUT_DIR PART...
 set -uo pipefail
@@ -66,6 +69,10 @@ for part in "$@"; do
     compare)
       TANDEM_SIM_CACHE_DIR=.gpu/sim-cache $T devices 2>&1 | tee "$out/devices.txt"
       TANDEM_SIM_CACHE_DIR=.gpu/sim-cache $T compare 2>&1 | tail -30 | tee "$out/compare.txt" ;;
+    fpga-model)
+      TANDEM_SIM_CACHE_DIR=.gpu/sim-cache TANDEM_FPGA_SIM_PROFILE=u55c TANDEM_FPGA_SIM_MODE=model \
+        /usr/bin/time -v $T run --backend fpga-sim $L --no-check --warmup 0 > "$out/fpga_model.txt" 2>&1
+      grep -vE '^\s+(Average|Major|Minor|Volun|Invol|Swaps|File|Socket|Signals|Page size|Exit)' "$out/fpga_model.txt" | tail -40 ;;
     sysinfo)
       { nproc; free -g; cat /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_hugepage/defrag; uname -r; } 2>&1 | tee "$out/sysinfo.txt" ;;
   esac
