@@ -70,9 +70,9 @@ for part in "$@"; do
       TANDEM_SIM_CACHE_DIR=.gpu/sim-cache $T devices 2>&1 | tee "$out/devices.txt"
       TANDEM_SIM_CACHE_DIR=.gpu/sim-cache $T compare 2>&1 | tail -30 | tee "$out/compare.txt" ;;
     fpga-model)
-      TANDEM_SIM_CACHE_DIR=.gpu/sim-cache TANDEM_FPGA_SIM_PROFILE=u55c TANDEM_FPGA_SIM_MODE=model \
-        /usr/bin/time -v $T run --backend fpga-sim $L --no-check --warmup 0 > "$out/fpga_model.txt" 2>&1
-      grep -vE '^\s+(Average|Major|Minor|Volun|Invol|Swaps|File|Socket|Signals|Page size|Exit)' "$out/fpga_model.txt" | tail -40 ;;
+      { time TANDEM_SIM_CACHE_DIR=.gpu/sim-cache TANDEM_FPGA_SIM_PROFILE=u55c TANDEM_FPGA_SIM_MODE=model \
+        $T run --backend fpga-sim $L --no-check --warmup 0; } > "$out/fpga_model.txt" 2>&1
+      tail -32 "$out/fpga_model.txt" ;;
     sysinfo)
       { nproc; free -g; cat /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_hugepage/defrag; uname -r; } 2>&1 | tee "$out/sysinfo.txt" ;;
   esac
