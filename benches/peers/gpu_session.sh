@@ -42,7 +42,9 @@ for part in "$@"; do
       $T run --backend cuda $L --no-check --warmup 0 --memory-limit cuda:0=1GiB 2>&1 | tail -4 | tee "$out/t4096_toosmall.txt" ;;
     route)
       ROUTE_KERNELS=${ROUTE_KERNELS:-fused fused-2 fused-memset} ONLY=route benches/peers/gpu_bench.sh > "$out/route.log" 2>&1
-      sed -n '/== summary/,$p' "$out/route.log"; grep -h '"kernel"' /tmp/tandem-bench/bf16/moe-route-*.json | sort | uniq -c ;;
+      sed -n '/== summary/,$p' "$out/route.log"; grep -h '"kernel"' /tmp/tandem-bench/bf16/moe-route-*.json | sort | uniq -c
+      mkdir -p "$out/route-json"; cp /tmp/tandem-bench/bf16/moe-route-*.json "$out/route-json/" 2>/dev/null
+      grep -h -E '"(name|median_s|median_ms|time_s|kernel)"' "$out"/route-json/*.json | paste - - - 2>/dev/null | head -20 ;;
     decode)
       D="--batch 64 --heads 32 --kv-heads 8 --context 8192 --head-dim 128 --new-tokens 1 --cuda-dtype bf16"
       $T bench attention-decode $D --json > "$out/dec_c.json" 2> "$out/dec_c.err"; tail -3 "$out/dec_c.err"

@@ -313,7 +313,8 @@ impl MoeTileSize {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum RouteKernel {
     /// One cooperative launch (`moe_route_fused_*_g`), its grid barriers on a self-resetting
-    /// module global (no memset before it), up to 4 blocks per multiprocessor.
+    /// module global (no memset before it), up to 4 blocks per multiprocessor (2 for the
+    /// widest build, E > 128).
     Fused,
     /// The same kernel with at most 2 blocks per multiprocessor (fewer blocks to synchronise
     /// and scan, fewer warps hiding phase 1's latency).

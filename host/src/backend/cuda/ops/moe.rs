@@ -75,6 +75,11 @@ const FUSED_VPL: [usize; 4] = [1, 2, 4, 8];
 /// the barriers and the per-block partial sums longer, for no gain: phase 1 is latency-bound
 /// and 32 warps per SM hide it); [`RouteKernel::Fused2`] takes 2.
 const FUSED_MAX_BLOCKS_PER_SM: u32 = 4;
+/// The same for the widest build (`_v8`, E > 128): its phase 1 is issue-bound, not
+/// latency-bound, so fewer, fuller blocks make the barriers and the column scan shorter
+/// (T8192 E256 k8 on an H200, 2026-11-24: 2 a multiprocessor 25 us, 3 a multiprocessor 27 us;
+/// the narrower builds were as fast or faster at 4).
+const FUSED_MAX_BLOCKS_PER_SM_WIDE: u32 = 2;
 /// Fewest tokens per block of the fused grid (2 per warp): small batches take fewer blocks.
 const FUSED_MIN_TOKENS_PER_BLOCK: usize = 16;
 
@@ -120,6 +125,7 @@ pub fn route(
     let self_reset = choice != RouteKernel::FusedMemset;
     let cap = match choice {
         RouteKernel::Fused2 => 2,
+        _ if e > 32 * FUSED_VPL[2] => FUSED_MAX_BLOCKS_PER_SM_WIDE,
         _ => FUSED_MAX_BLOCKS_PER_SM,
     };
     let fused = fused_kernel(phys, e, self_reset)?;
