@@ -345,13 +345,32 @@ pub fn quantize_per_row(x: &[f32], cols: usize) -> (Vec<i8>, Vec<f32>) {
     if cols == 0 {
         return (Vec::new(), Vec::new());
     }
-    let mut q = Vec::with_capacity(x.len());
-    let mut scales = Vec::with_capacity(x.len() / cols);
-    for row in x.chunks(cols) {
-        let s = scale_of(row);
-        scales.push(s);
-        q.extend(row.iter().map(|&v| quantize_value(v, s)));
-    }
+    let mut q = vec![0i8; x.len()];
+    let mut scales = vec![0f32; x.len().div_ceil(cols)];
+    // rows are independent: blocks of rows over threads for large matrices
+    let threads = if x.len() < 1 << 20 {
+        1
+    } else {
+        std::thread::available_parallelism().map_or(1, |t| t.get())
+    };
+    let per = scales.len().div_ceil(threads).max(1);
+    let rows = |xs: &[f32], qs: &mut [i8], ss: &mut [f32]| {
+        for ((row, qr), s) in xs.chunks(cols).zip(qs.chunks_mut(cols)).zip(ss) {
+            *s = scale_of(row);
+            for (d, &v) in qr.iter_mut().zip(row) {
+                *d = quantize_value(v, *s);
+            }
+        }
+    };
+    std::thread::scope(|sc| {
+        let blocks = x
+            .chunks(per * cols)
+            .zip(q.chunks_mut(per * cols))
+            .zip(scales.chunks_mut(per));
+        for ((xs, qs), ss) in blocks {
+            sc.spawn(move || rows(xs, qs, ss));
+        }
+    });
     (q, scales)
 }
 

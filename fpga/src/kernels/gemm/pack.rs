@@ -57,12 +57,36 @@ pub fn pack_w(w: &[i8], n: usize, k: usize) -> Vec<u64> {
 pub fn pack_w_lanes(w: &[i8], n: usize, k: usize, lanes: usize) -> Vec<u8> {
     let (np, kp) = (pad_lanes(n, lanes), pad_lanes(k, lanes));
     let mut out = vec![0u8; np * kp];
-    for row in 0..n {
-        let (tile, c) = (row / lanes, row % lanes);
-        for kk in 0..k {
-            out[(tile * kp + kk) * lanes + c] = w[row * k + kk] as u8;
-        }
+    let lanes = lanes.max(1);
+    let tile_bytes = kp * lanes;
+    if tile_bytes == 0 {
+        return out;
     }
+    // one tile of `lanes` rows of w -> `kp` beats; tiles over threads for large matrices
+    let tile = |t: usize, dst: &mut [u8]| {
+        for c in 0..lanes.min(n.saturating_sub(t * lanes)) {
+            let row = &w[(t * lanes + c) * k..(t * lanes + c + 1) * k];
+            for (kk, &v) in row.iter().enumerate() {
+                dst[kk * lanes + c] = v as u8;
+            }
+        }
+    };
+    let threads = if n * k < 1 << 20 {
+        1
+    } else {
+        std::thread::available_parallelism().map_or(1, |t| t.get())
+    };
+    let tiles = np / lanes;
+    let per = tiles.div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        for (b, block) in out.chunks_mut(per * tile_bytes).enumerate() {
+            s.spawn(move || {
+                for (i, dst) in block.chunks_exact_mut(tile_bytes).enumerate() {
+                    tile(b * per + i, dst);
+                }
+            });
+        }
+    });
     out
 }
 
