@@ -23,10 +23,9 @@ pub(crate) enum Source {
     Output,
 }
 
-/// One tensor of the graph.
+/// One tensor of the graph (its name is in [`SlotNames`]).
 #[derive(Debug, Clone)]
 pub(crate) struct Slot {
-    pub name: Arc<str>,
     pub source: Source,
 }
 
@@ -86,6 +85,7 @@ impl Prepared {
                 "the index given was made of another graph".into(),
             ));
         }
+        let names = Arc::new(SlotNames::new(graph, index)?);
         let mut slots = Vec::with_capacity(index.slots());
         for (name, t) in &graph.constants {
             let source = if graph.is_param(name) {
@@ -93,10 +93,7 @@ impl Prepared {
             } else {
                 Source::Input(t.clone())
             };
-            slots.push(Slot {
-                name: name.as_str().into(),
-                source,
-            });
+            slots.push(Slot { source });
         }
         let mut nodes = Vec::with_capacity(graph.nodes.len());
         // (dependency, dependent) pairs, then grouped by dependency.
@@ -104,12 +101,9 @@ impl Prepared {
         let mut roots = Vec::new();
         let mut deps: Vec<u32> = Vec::new();
         for (i, (node, placement)) in graph.nodes.iter().zip(&plan.placements).enumerate() {
-            for o in &node.outputs {
-                slots.push(Slot {
-                    name: o.as_str().into(),
-                    source: Source::Output,
-                });
-            }
+            slots.extend(node.outputs.iter().map(|_| Slot {
+                source: Source::Output,
+            }));
             deps.clear();
             deps.extend(index.inputs(i).iter().filter_map(|&s| index.producer(s)));
             if deps.len() > 1 {
@@ -141,10 +135,6 @@ impl Prepared {
             dependents[fill[d as usize] as usize] = j;
             fill[d as usize] += 1;
         }
-        let names = Arc::new(SlotNames {
-            names: slots.iter().map(|s| s.name.clone()).collect(),
-            order: OnceLock::new(),
-        });
         Ok(Self {
             names,
             index: index.clone(),
@@ -187,19 +177,57 @@ impl Prepared {
     }
 }
 
-/// The names of a prepared graph's tensors, by slot, and their name order.
+/// The names of a prepared graph's tensors, by slot, in one string (two allocations for all
+/// of them, where a name each cost an allocation and a free per tensor and per execution's
+/// reference count), and their name order.
 #[derive(Debug)]
 pub(crate) struct SlotNames {
-    pub names: Vec<Arc<str>>,
+    text: String,
+    /// Slot i's name is `text[ends[i - 1]..ends[i]]` (from 0 for slot 0).
+    ends: Vec<u32>,
     order: OnceLock<Vec<u32>>,
 }
 
 impl SlotNames {
+    /// The names of `graph`'s tensors, in the slot order of `index`.
+    fn new(graph: &Graph, index: &GraphIndex) -> Result<Self> {
+        let bytes: usize = index.slot_names(graph).map(String::len).sum();
+        if u32::try_from(bytes).is_err() {
+            return Err(Error::invalid(
+                "workload",
+                format!("the tensor names take {bytes} bytes, more than 2^32 - 1"),
+            ));
+        }
+        let mut text = String::with_capacity(bytes);
+        let mut ends = Vec::with_capacity(index.slots());
+        for n in index.slot_names(graph) {
+            text.push_str(n);
+            ends.push(text.len() as u32);
+        }
+        Ok(Self {
+            text,
+            ends,
+            order: OnceLock::new(),
+        })
+    }
+
+    /// The name of tensor `slot`.
+    pub fn name(&self, slot: u32) -> &str {
+        let i = slot as usize;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        &self.text[start..self.ends[i] as usize]
+    }
+
+    /// Number of names.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
     /// Slots in the order of their names; made at the first call.
     pub fn order(&self) -> &[u32] {
         self.order.get_or_init(|| {
-            let mut v: Vec<u32> = (0..self.names.len() as u32).collect();
-            v.sort_unstable_by(|&a, &b| self.names[a as usize].cmp(&self.names[b as usize]));
+            let mut v: Vec<u32> = (0..self.len() as u32).collect();
+            v.sort_unstable_by(|&a, &b| self.name(a).cmp(self.name(b)));
             v
         })
     }
