@@ -6,7 +6,8 @@
 
 use std::sync::Arc;
 
-use super::prepared::{Prepared, SlotNames, Source};
+use super::names::Names;
+use super::prepared::{Prepared, Source};
 use crate::memory::Buffer;
 use crate::resident::ResidentCache;
 
@@ -35,7 +36,7 @@ pub(crate) struct Slab {
     // Field order matters: `bufs` is dropped before `names`, whose text its own buffers
     // borrow as their names.
     bufs: Box<[SlotBuffer]>,
-    names: Arc<SlotNames>,
+    names: Arc<Names>,
 }
 
 impl Slab {

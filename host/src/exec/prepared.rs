@@ -3,7 +3,9 @@
 //! then does no name lookups and no graph analysis; a served request is prepared on the
 //! client's thread, so workers only run nodes.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+
+use super::names::Names;
 
 use crate::backend::DeviceId;
 use crate::error::{Error, Result};
@@ -29,10 +31,9 @@ pub(crate) struct Slot {
     pub source: Source,
 }
 
-/// One node, by slot and node index.
+/// One node, by slot and node index (its name is in `Prepared::node_names`).
 #[derive(Debug, Clone)]
 pub(crate) struct PNode {
-    pub name: Arc<str>,
     pub op: Op,
     /// Where the plan put it.
     pub device: DeviceId,
@@ -57,7 +58,9 @@ pub struct Prepared {
     /// The slots' names, shared with the executions' [`super::Buffers`] (which must not hold
     /// the prepared graph: it holds the host tensors, and so would keep replaced weights and
     /// their resident copies alive).
-    pub(crate) names: Arc<SlotNames>,
+    pub(crate) names: Arc<Names>,
+    /// The nodes' names, shared with the executions' node runs ([`super::NodeName`]).
+    pub(crate) node_names: Arc<Names>,
 }
 
 impl Prepared {
@@ -85,7 +88,8 @@ impl Prepared {
                 "the index given was made of another graph".into(),
             ));
         }
-        let names = Arc::new(SlotNames::new(graph, index)?);
+        let names = Arc::new(Names::new(index.slot_names(graph).map(String::as_str))?);
+        let node_names = Arc::new(Names::new(graph.nodes.iter().map(|n| n.name.as_str()))?);
         let mut slots = Vec::with_capacity(index.slots());
         for (name, t) in &graph.constants {
             let source = if graph.is_param(name) {
@@ -115,7 +119,6 @@ impl Prepared {
                 roots.push(i as u32);
             }
             nodes.push(PNode {
-                name: node.name.as_str().into(),
                 op: node.op.clone(),
                 device: placement.device,
                 deps: deps.len() as u32,
@@ -137,6 +140,7 @@ impl Prepared {
         }
         Ok(Self {
             names,
+            node_names,
             index: index.clone(),
             slots,
             dependents,
@@ -144,6 +148,11 @@ impl Prepared {
             nodes,
             roots,
         })
+    }
+
+    /// The name of node `i`.
+    pub(crate) fn node_name(&self, i: u32) -> &str {
+        self.node_names.name(i)
     }
 
     /// The slots node `i` reads.
@@ -174,61 +183,5 @@ impl Prepared {
     /// Whether the graph has no node.
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
-    }
-}
-
-/// The names of a prepared graph's tensors, by slot, in one string (two allocations for all
-/// of them, where a name each cost an allocation and a free per tensor and per execution's
-/// reference count), and their name order.
-#[derive(Debug)]
-pub(crate) struct SlotNames {
-    text: String,
-    /// Slot i's name is `text[ends[i - 1]..ends[i]]` (from 0 for slot 0).
-    ends: Vec<u32>,
-    order: OnceLock<Vec<u32>>,
-}
-
-impl SlotNames {
-    /// The names of `graph`'s tensors, in the slot order of `index`.
-    fn new(graph: &Graph, index: &GraphIndex) -> Result<Self> {
-        let bytes: usize = index.slot_names(graph).map(String::len).sum();
-        if u32::try_from(bytes).is_err() {
-            return Err(Error::invalid(
-                "workload",
-                format!("the tensor names take {bytes} bytes, more than 2^32 - 1"),
-            ));
-        }
-        let mut text = String::with_capacity(bytes);
-        let mut ends = Vec::with_capacity(index.slots());
-        for n in index.slot_names(graph) {
-            text.push_str(n);
-            ends.push(text.len() as u32);
-        }
-        Ok(Self {
-            text,
-            ends,
-            order: OnceLock::new(),
-        })
-    }
-
-    /// The name of tensor `slot`.
-    pub fn name(&self, slot: u32) -> &str {
-        let i = slot as usize;
-        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
-        &self.text[start..self.ends[i] as usize]
-    }
-
-    /// Number of names.
-    pub fn len(&self) -> usize {
-        self.ends.len()
-    }
-
-    /// Slots in the order of their names; made at the first call.
-    pub fn order(&self) -> &[u32] {
-        self.order.get_or_init(|| {
-            let mut v: Vec<u32> = (0..self.len() as u32).collect();
-            v.sort_unstable_by(|&a, &b| self.name(a).cmp(self.name(b)));
-            v
-        })
     }
 }

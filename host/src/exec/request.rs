@@ -15,7 +15,7 @@ use super::prepared::{Prepared, Source};
 use super::queue::Permit;
 use super::runs::{NodeRuns, RunSlots};
 use super::worker::Router;
-use super::{Buffers, ExecOptions, Execution, NodeRun};
+use super::{Buffers, ExecOptions, Execution, NodeName, NodeRun};
 use crate::backend::{Backend, DeviceId, DeviceRegistry, LaunchInfo};
 use crate::error::{Error, ErrorKind, Result};
 use crate::memory::Access;
@@ -215,7 +215,7 @@ impl RunState {
                     .unwrap_or_default();
                 Err(Error::Internal(format!(
                     "node '{}' panicked on {device}: {what}",
-                    self.prep.nodes[i as usize].name
+                    self.prep.node_name(i)
                 )))
             });
         match result {
@@ -271,7 +271,7 @@ impl RunState {
             let n = self.resident.forget_device(device);
             tracing::debug!(%device, replicas = n, "dropped resident weights");
         }
-        let name = &self.prep.nodes[i as usize].name;
+        let name = self.prep.node_name(i);
         if self.opts.fallback && recoverable(kind) && device != DeviceId::CPU {
             tracing::warn!(node = %name, %device, error = %e, "re-planning onto the CPU");
             {
@@ -304,7 +304,7 @@ impl RunState {
         if matches!(node.op, Op::Nop) {
             // Nothing to move, launch or write: the scheduling is the whole cost.
             return Ok(NodeRun {
-                node: node.name.clone(),
+                node: NodeName::of(&self.prep.node_names, i),
                 op: node.op.name(),
                 device,
                 launch: LaunchInfo::default(),
@@ -340,7 +340,11 @@ impl RunState {
         }
         let refs: Vec<_> = inputs.iter().collect();
         let t0 = Instant::now();
-        let what = format!("{} ({}) on {device}", node.name, node.op.name());
+        let what = format!(
+            "{} ({}) on {device}",
+            self.prep.node_name(i),
+            node.op.name()
+        );
         let deadline = Deadline::after(self.opts.timeout);
         let launch = backend
             .launch_within(&node.op, &refs, &deadline)
@@ -368,7 +372,7 @@ impl RunState {
         }
         let info = lock(&launch.info).clone();
         Ok(NodeRun {
-            node: node.name.clone(),
+            node: NodeName::of(&self.prep.node_names, i),
             op: node.op.name(),
             device,
             launch: info,
@@ -401,8 +405,9 @@ impl Ticket {
         if let Some(e) = lock(&run.trouble).error.take() {
             return Err(e);
         }
-        let runs = NodeRuns::complete(run.runs.clone())
-            .map_err(|i| Error::Internal(format!("node {} never ran", run.prep.nodes[i].name)))?;
+        let runs = NodeRuns::complete(run.runs.clone()).map_err(|i| {
+            Error::Internal(format!("node {} never ran", run.prep.node_name(i as u32)))
+        })?;
         let buffers = Buffers::new(run.buffers.clone());
         Ok(Execution {
             buffers,
