@@ -21,23 +21,17 @@ pub(crate) struct Names {
 }
 
 impl Names {
-    /// `names`, by their order (iterated twice: for the size, then the text).
-    pub fn new<'a, I>(names: I) -> Result<Self>
-    where
-        I: Iterator<Item = &'a str> + Clone,
-    {
-        let bytes: usize = names.clone().map(str::len).sum();
-        if u32::try_from(bytes).is_err() {
-            return Err(Error::invalid(
-                "workload",
-                format!("the tensor names take {bytes} bytes, more than 2^32 - 1"),
-            ));
-        }
-        let mut text = String::with_capacity(bytes);
+    /// `names`, by their order, in one pass over them (a second pass to size the text first
+    /// cost more: each name is its own allocation in the graph, a cache miss to reach).
+    pub fn new<'a>(names: impl Iterator<Item = &'a str>) -> Result<Self> {
+        let mut text = String::new();
         let mut ends = Vec::with_capacity(names.size_hint().0);
         for n in names {
             text.push_str(n);
-            ends.push(text.len() as u32);
+            let end = u32::try_from(text.len()).map_err(|_| {
+                Error::invalid("workload", "the names take more than 2^32 - 1 bytes")
+            })?;
+            ends.push(end);
         }
         Ok(Self {
             text,
