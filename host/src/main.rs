@@ -120,6 +120,7 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    keep_freed_heap();
     let log_warning = init_logging();
     let cli = Cli::parse();
     if let Some(w) = log_warning {
@@ -235,4 +236,20 @@ fn init_logging() -> Option<String> {
         .with(progress)
         .init();
     warning
+}
+
+/// glibc's allocator gives the top of its heap back to the system whenever more than twice
+/// the largest freed large block is free there, and maps blocks over a moving threshold
+/// afresh each time: planning and executing a graph allocates and frees tens of MB (per node:
+/// its placement, buffers, run record), so every execution page-faulted its memory in anew,
+/// which on a VM cost more than the runtime's own work (`tandem bench overhead`: 6x the page
+/// faults). Fixed thresholds instead: blocks over 32 MiB (tensors) are still mapped and given
+/// back when freed; up to 256 MiB of freed heap is kept for reuse.
+fn keep_freed_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `mallopt` only sets allocator parameters; called before any thread is started.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
+    }
 }

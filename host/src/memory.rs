@@ -14,7 +14,7 @@ mod budget;
 mod tests;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 pub use budget::{DeviceMemory, DeviceMemoryReport, DeviceUsage, Direction};
 
@@ -66,12 +66,52 @@ pub struct TransferStats {
     pub peer: u64,
 }
 
+/// A buffer's name: its own, or borrowed from the execution that holds the buffer (one
+/// string for all of an execution's tensors instead of an allocation per tensor).
+enum BufferName {
+    Own(Arc<str>),
+    /// Points into a string that outlives the buffer (see [`Buffer::with_borrowed_name`]).
+    Borrowed(std::ptr::NonNull<str>),
+}
+
+// SAFETY: a borrowed name points to immutable string data that outlives the buffer (the
+// contract of `Buffer::with_borrowed_name`); reading it from any thread is sound.
+unsafe impl Send for BufferName {}
+// SAFETY: as for `Send`: the data is never written while the buffer exists.
+unsafe impl Sync for BufferName {}
+
+impl BufferName {
+    fn as_str(&self) -> &str {
+        match self {
+            BufferName::Own(s) => s,
+            // SAFETY: the pointed-to string outlives the buffer that holds this name (the
+            // contract of `Buffer::with_borrowed_name`), and `&self` borrows that buffer.
+            BufferName::Borrowed(p) => unsafe { p.as_ref() },
+        }
+    }
+}
+
+impl std::fmt::Display for BufferName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::fmt::Debug for BufferName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
 /// One logical tensor, replicated across devices.
 #[derive(Debug)]
 pub struct Buffer {
-    name: Arc<str>,
+    name: BufferName,
     meta: TensorMeta,
-    state: Arc<Mutex<Replicas>>,
+    /// The replicas, made at the first use: a tensor nothing writes or reads (an empty op's
+    /// token) costs no allocation. Shared with the device accounts (`budget`), which hold it
+    /// weakly to evict replicas.
+    state: OnceLock<Arc<Mutex<Replicas>>>,
     stats: Mutex<TransferStats>,
 }
 
@@ -95,34 +135,66 @@ impl Buffer {
     pub fn from_shared(name: impl Into<Arc<str>>, tensor: Arc<Tensor>) -> Self {
         let meta = tensor.meta();
         let b = Self::empty(name, meta.clone());
-        {
-            let mut s = b.lock();
-            s.by_device.insert(
-                DeviceId::CPU,
-                Replica::uncharged(DeviceStorage::shared(DeviceId::CPU, meta, tensor)),
-            );
-            s.valid = vec![DeviceId::CPU];
-        }
+        b.hold_shared(meta, tensor);
         b
+    }
+
+    fn hold_shared(&self, meta: TensorMeta, tensor: Arc<Tensor>) {
+        let mut s = self.lock();
+        s.by_device.insert(
+            DeviceId::CPU,
+            Replica::uncharged(DeviceStorage::shared(DeviceId::CPU, meta, tensor)),
+        );
+        s.valid = vec![DeviceId::CPU];
     }
 
     /// A buffer with no data yet (an op's output before it runs).
     pub fn empty(name: impl Into<Arc<str>>, meta: TensorMeta) -> Self {
+        Self::named(BufferName::Own(name.into()), meta)
+    }
+
+    /// [`Buffer::empty`] under a name it does not own (no allocation, no reference count).
+    ///
+    /// # Safety
+    /// `name` must stay valid and unchanged for as long as the buffer exists: the caller keeps
+    /// the string alive beside the buffer and drops it after the buffer (the executor's slab
+    /// of an execution's tensors does, holding both).
+    pub(crate) unsafe fn with_borrowed_name(name: &str, meta: TensorMeta) -> Self {
+        Self::named(BufferName::Borrowed(std::ptr::NonNull::from(name)), meta)
+    }
+
+    /// [`Buffer::with_borrowed_name`] holding a shared host tensor ([`Buffer::from_shared`]).
+    ///
+    /// # Safety
+    /// As for [`Buffer::with_borrowed_name`].
+    pub(crate) unsafe fn shared_with_borrowed_name(name: &str, tensor: Arc<Tensor>) -> Self {
+        let meta = tensor.meta();
+        // SAFETY: the caller's guarantee is passed on.
+        let b = unsafe { Self::with_borrowed_name(name, meta.clone()) };
+        b.hold_shared(meta, tensor);
+        b
+    }
+
+    fn named(name: BufferName, meta: TensorMeta) -> Self {
         Self {
-            name: name.into(),
+            name,
             meta,
-            state: Arc::new(Mutex::new(Replicas::default())),
+            state: OnceLock::new(),
             stats: Mutex::new(TransferStats::default()),
         }
     }
 
+    fn state(&self) -> &Arc<Mutex<Replicas>> {
+        self.state.get_or_init(Default::default)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Replicas> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state().lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Name.
     pub fn name(&self) -> &str {
-        &self.name
+        self.name.as_str()
     }
 
     /// Logical shape and dtype.
@@ -132,6 +204,9 @@ impl Buffer {
 
     /// Devices holding current data.
     pub fn valid_on(&self) -> Vec<DeviceId> {
+        if self.state.get().is_none() {
+            return Vec::new();
+        }
         self.lock().valid.clone()
     }
 
@@ -188,7 +263,7 @@ impl Buffer {
         };
         let bytes = b.stored_bytes(&storage.meta);
         reg.memory()
-            .charge(dev, b.info().memory_bytes, bytes, &self.state, must_fit)
+            .charge(dev, b.info().memory_bytes, bytes, self.state(), must_fit)
             .map(Some)
     }
 
@@ -227,7 +302,7 @@ impl Buffer {
         }
         if s.valid.contains(&device) {
             if device != DeviceId::CPU {
-                reg.memory().touch(device, &self.state);
+                reg.memory().touch(device, self.state());
             }
         } else {
             // A stale replica goes first (its memory is given back before the new one is

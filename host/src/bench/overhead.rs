@@ -78,6 +78,45 @@ pub struct OverheadRow {
     pub execute_us_per_op: f64,
     /// Both, in microseconds.
     pub total_us_per_op: f64,
+    /// Each phase per op, in microseconds: the median over the repetitions.
+    pub phases: Phases,
+    /// Each phase per op, in microseconds: the minimum over the repetitions (the least noisy
+    /// figure on a busy machine).
+    pub phases_min: Phases,
+}
+
+/// Where the time of one planned and executed graph goes, per op, in microseconds. Plan =
+/// `index + place + prepare`; execute = `submit + wait + drop`.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Phases {
+    /// [`Graph::index`]: validation and numbering of the tensors.
+    pub index: f64,
+    /// [`plan_indexed`]: placement (cost model, memory accounts).
+    pub place: f64,
+    /// [`Prepared::with_index`]: dependency indexing for the executor.
+    pub prepare: f64,
+    /// [`Service::submit`]: the execution's buffers and counters, the ready nodes sent.
+    pub submit: f64,
+    /// [`crate::exec::Ticket::wait`]: the nodes run, the result collected.
+    pub wait: f64,
+    /// Dropping the result (buffers, node runs).
+    pub drop: f64,
+}
+
+impl Phases {
+    const N: usize = 6;
+
+    fn from_array(a: [f64; Self::N]) -> Self {
+        let [index, place, prepare, submit, wait, drop] = a;
+        Self {
+            index,
+            place,
+            prepare,
+            submit,
+            wait,
+            drop,
+        }
+    }
 }
 
 /// The overhead figures of both shapes.
@@ -136,10 +175,12 @@ pub fn measure(
     let exec = ExecOptions::default();
     let policy = PlacementPolicy::default();
     let (mut plans, mut execs) = (Vec::new(), Vec::new());
+    let mut phases: [Vec<Duration>; Phases::N] = Default::default();
     let mut ops_run = 0;
     for rep in 0..=opts.repeats {
-        let t0 = Instant::now();
+        let mut t = [Instant::now(); Phases::N + 1];
         let index = Arc::new(graph.index()?);
+        t[1] = Instant::now();
         let plan = plan_indexed(
             &graph,
             &index,
@@ -148,20 +189,33 @@ pub fn measure(
             None,
             &policy,
         )?;
+        t[2] = Instant::now();
         let prepared = Arc::new(Prepared::with_index(&graph, &index, &plan)?);
-        let t1 = Instant::now();
-        let execution = service.submit(prepared, &exec)?.wait()?;
+        t[3] = Instant::now();
+        let ticket = service.submit(prepared, &exec)?;
+        t[4] = Instant::now();
+        let execution = ticket.wait()?;
+        t[5] = Instant::now();
         ops_run = execution.runs.len();
         drop(execution);
-        let t2 = Instant::now();
+        t[6] = Instant::now();
         if rep > 0 {
-            plans.push(t1 - t0);
-            execs.push(t2 - t1);
+            plans.push(t[3] - t[0]);
+            execs.push(t[6] - t[3]);
+            for (k, v) in phases.iter_mut().enumerate() {
+                v.push(t[k + 1] - t[k]);
+            }
         }
     }
     let per_op = |d: Duration| d.as_secs_f64() * 1e6 / opts.ops as f64;
     let plan = per_op(median_of(&mut plans));
     let execute = per_op(median_of(&mut execs));
+    let median = Phases::from_array(phases.each_mut().map(|v| per_op(median_of(v))));
+    let min = Phases::from_array(
+        phases
+            .each_ref()
+            .map(|v| per_op(v.iter().min().copied().unwrap_or_default())),
+    );
     Ok(OverheadRow {
         shape,
         ops: opts.ops,
@@ -169,6 +223,8 @@ pub fn measure(
         plan_us_per_op: plan,
         execute_us_per_op: execute,
         total_us_per_op: plan + execute,
+        phases: median,
+        phases_min: min,
     })
 }
 

@@ -8,6 +8,7 @@
 //! many threads at once, each with its own [`Ticket`], through a bounded queue.
 //!
 //! - `prepared`: a graph and its plan, checked and indexed once ([`Prepared`])
+//! - `names`: its tensors' and nodes' names in one string each; [`NodeName`]
 //! - `request`: one execution's state; how a worker runs one of its nodes; [`Ticket`]
 //! - `runs`: the node runs of an execution, written in place by the workers ([`NodeRuns`])
 //! - `worker`: the per-device worker threads and the channels between them
@@ -15,6 +16,7 @@
 //! - `service`: [`Service`], the many-request front
 
 mod buffers;
+mod names;
 mod prepared;
 mod queue;
 mod request;
@@ -28,6 +30,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 pub use buffers::Buffers;
+pub use names::NodeName;
 pub use prepared::Prepared;
 pub use request::Ticket;
 pub use runs::NodeRuns;
@@ -62,7 +65,7 @@ impl Default for ExecOptions {
 #[derive(Debug, Clone, Serialize)]
 pub struct NodeRun {
     /// Node name.
-    pub node: Arc<str>,
+    pub node: NodeName,
     /// Op family.
     pub op: &'static str,
     /// Device it finally ran on.

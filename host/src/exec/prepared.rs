@@ -3,7 +3,9 @@
 //! then does no name lookups and no graph analysis; a served request is prepared on the
 //! client's thread, so workers only run nodes.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+
+use super::names::Names;
 
 use crate::backend::DeviceId;
 use crate::error::{Error, Result};
@@ -23,17 +25,15 @@ pub(crate) enum Source {
     Output,
 }
 
-/// One tensor of the graph.
+/// One tensor of the graph (its name is in [`SlotNames`]).
 #[derive(Debug, Clone)]
 pub(crate) struct Slot {
-    pub name: Arc<str>,
     pub source: Source,
 }
 
-/// One node, by slot and node index.
+/// One node, by slot and node index (its name is in `Prepared::node_names`).
 #[derive(Debug, Clone)]
 pub(crate) struct PNode {
-    pub name: Arc<str>,
     pub op: Op,
     /// Where the plan put it.
     pub device: DeviceId,
@@ -58,7 +58,9 @@ pub struct Prepared {
     /// The slots' names, shared with the executions' [`super::Buffers`] (which must not hold
     /// the prepared graph: it holds the host tensors, and so would keep replaced weights and
     /// their resident copies alive).
-    pub(crate) names: Arc<SlotNames>,
+    pub(crate) names: Arc<Names>,
+    /// The nodes' names, shared with the executions' node runs ([`super::NodeName`]).
+    pub(crate) node_names: Arc<Names>,
 }
 
 impl Prepared {
@@ -86,6 +88,8 @@ impl Prepared {
                 "the index given was made of another graph".into(),
             ));
         }
+        let names = Arc::new(Names::new(index.slot_names(graph).map(String::as_str))?);
+        let node_names = Arc::new(Names::new(graph.nodes.iter().map(|n| n.name.as_str()))?);
         let mut slots = Vec::with_capacity(index.slots());
         for (name, t) in &graph.constants {
             let source = if graph.is_param(name) {
@@ -93,10 +97,7 @@ impl Prepared {
             } else {
                 Source::Input(t.clone())
             };
-            slots.push(Slot {
-                name: name.as_str().into(),
-                source,
-            });
+            slots.push(Slot { source });
         }
         let mut nodes = Vec::with_capacity(graph.nodes.len());
         // (dependency, dependent) pairs, then grouped by dependency.
@@ -104,12 +105,9 @@ impl Prepared {
         let mut roots = Vec::new();
         let mut deps: Vec<u32> = Vec::new();
         for (i, (node, placement)) in graph.nodes.iter().zip(&plan.placements).enumerate() {
-            for o in &node.outputs {
-                slots.push(Slot {
-                    name: o.as_str().into(),
-                    source: Source::Output,
-                });
-            }
+            slots.extend(node.outputs.iter().map(|_| Slot {
+                source: Source::Output,
+            }));
             deps.clear();
             deps.extend(index.inputs(i).iter().filter_map(|&s| index.producer(s)));
             if deps.len() > 1 {
@@ -121,7 +119,6 @@ impl Prepared {
                 roots.push(i as u32);
             }
             nodes.push(PNode {
-                name: node.name.as_str().into(),
                 op: node.op.clone(),
                 device: placement.device,
                 deps: deps.len() as u32,
@@ -141,12 +138,9 @@ impl Prepared {
             dependents[fill[d as usize] as usize] = j;
             fill[d as usize] += 1;
         }
-        let names = Arc::new(SlotNames {
-            names: slots.iter().map(|s| s.name.clone()).collect(),
-            order: OnceLock::new(),
-        });
         Ok(Self {
             names,
+            node_names,
             index: index.clone(),
             slots,
             dependents,
@@ -154,6 +148,11 @@ impl Prepared {
             nodes,
             roots,
         })
+    }
+
+    /// The name of node `i`.
+    pub(crate) fn node_name(&self, i: u32) -> &str {
+        self.node_names.name(i)
     }
 
     /// The slots node `i` reads.
@@ -184,23 +183,5 @@ impl Prepared {
     /// Whether the graph has no node.
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
-    }
-}
-
-/// The names of a prepared graph's tensors, by slot, and their name order.
-#[derive(Debug)]
-pub(crate) struct SlotNames {
-    pub names: Vec<Arc<str>>,
-    order: OnceLock<Vec<u32>>,
-}
-
-impl SlotNames {
-    /// Slots in the order of their names; made at the first call.
-    pub fn order(&self) -> &[u32] {
-        self.order.get_or_init(|| {
-            let mut v: Vec<u32> = (0..self.names.len() as u32).collect();
-            v.sort_unstable_by(|&a, &b| self.names[a as usize].cmp(&self.names[b as usize]));
-            v
-        })
     }
 }

@@ -10,14 +10,15 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, bounded};
 
+use super::buffers::Slab;
 use super::prepared::{Prepared, Source};
 use super::queue::Permit;
 use super::runs::{NodeRuns, RunSlots};
 use super::worker::Router;
-use super::{Buffers, ExecOptions, Execution, NodeRun};
+use super::{Buffers, ExecOptions, Execution, NodeName, NodeRun};
 use crate::backend::{Backend, DeviceId, DeviceRegistry, LaunchInfo};
 use crate::error::{Error, ErrorKind, Result};
-use crate::memory::{Access, Buffer};
+use crate::memory::Access;
 use crate::ops::Op;
 use crate::resident::ResidentCache;
 use crate::sync::Deadline;
@@ -41,7 +42,7 @@ pub(crate) struct RunState {
     reg: Arc<DeviceRegistry>,
     opts: ExecOptions,
     resident: Arc<ResidentCache>,
-    buffers: Arc<[Arc<Buffer>]>,
+    buffers: Arc<Slab>,
     waiting: Vec<AtomicU32>,
     /// Nodes handed to a worker and not finished: the execution ends when it reaches 0.
     in_flight: AtomicUsize,
@@ -79,18 +80,7 @@ impl RunState {
         router: &Router,
         permit: Option<Permit>,
     ) -> Result<Ticket> {
-        let buffers = prep
-            .slots
-            .iter()
-            .enumerate()
-            .map(|(k, s)| match &s.source {
-                Source::Param(t) => resident.buffer(&s.name, t),
-                Source::Input(t) => Arc::new(Buffer::from_shared(s.name.clone(), t.clone())),
-                Source::Output => {
-                    Arc::new(Buffer::empty(s.name.clone(), prep.meta(k as u32).clone()))
-                }
-            })
-            .collect();
+        let buffers = Arc::new(Slab::new(&prep, &resident));
         let n = prep.nodes.len();
         let waiting = prep.nodes.iter().map(|p| AtomicU32::new(p.deps)).collect();
         let runs = Arc::new(RunSlots::new(n));
@@ -186,8 +176,22 @@ impl RunState {
         planned
     }
 
+    /// The worker ran through the nodes of one batch of this execution: `done` of the nodes
+    /// it held in flight (those it was sent and those it kept, see [`RunState::step`]) are
+    /// finished. One count change per batch, not per node.
+    pub fn batch_finished(&self, done: usize) {
+        if done > 0 && self.in_flight.fetch_sub(done, Ordering::AcqRel) == done {
+            self.finish();
+        }
+    }
+
     /// Runs node `i` on `device` (this worker's), then makes its dependents ready: those of
     /// this device go on `ready`, the others to their workers.
+    ///
+    /// `done` counts the nodes this worker holds in flight and has finished with; the worker
+    /// hands it to [`RunState::batch_finished`] once its ready list is empty. Deferring the
+    /// decrement is safe: the nodes this worker holds stay counted in `in_flight` until then,
+    /// so the count cannot reach zero while any of them (or a dependent it kept) is left.
     pub fn step(
         self: &Arc<Self>,
         i: u32,
@@ -195,9 +199,10 @@ impl RunState {
         backend: &dyn Backend,
         router: &Router,
         ready: &mut Vec<u32>,
+        done: &mut usize,
     ) {
         if self.aborted.load(Ordering::Acquire) {
-            self.node_finished();
+            *done += 1;
             return;
         }
         let start = self.t0.elapsed();
@@ -210,7 +215,7 @@ impl RunState {
                     .unwrap_or_default();
                 Err(Error::Internal(format!(
                     "node '{}' panicked on {device}: {what}",
-                    self.prep.nodes[i as usize].name
+                    self.prep.node_name(i)
                 )))
             });
         match result {
@@ -226,7 +231,8 @@ impl RunState {
                 // node's place in flight: one count change at the end (none for a chain),
                 // instead of an increment per dependent and a decrement for this node. A
                 // dependent sent to another worker is counted before it is sent, so the count
-                // cannot reach zero while that worker runs it.
+                // cannot reach zero while that worker runs it. The decrement for this node is
+                // left to the worker's batch (`done`).
                 let mut kept = 0usize;
                 for &j in self.prep.dependents(i) {
                     if self.waiting[j as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -244,7 +250,7 @@ impl RunState {
                     }
                 }
                 match kept {
-                    0 => self.node_finished(),
+                    0 => *done += 1,
                     1 => {}
                     k => {
                         self.in_flight.fetch_add(k - 1, Ordering::AcqRel);
@@ -265,7 +271,7 @@ impl RunState {
             let n = self.resident.forget_device(device);
             tracing::debug!(%device, replicas = n, "dropped resident weights");
         }
-        let name = &self.prep.nodes[i as usize].name;
+        let name = self.prep.node_name(i);
         if self.opts.fallback && recoverable(kind) && device != DeviceId::CPU {
             tracing::warn!(node = %name, %device, error = %e, "re-planning onto the CPU");
             {
@@ -298,7 +304,7 @@ impl RunState {
         if matches!(node.op, Op::Nop) {
             // Nothing to move, launch or write: the scheduling is the whole cost.
             return Ok(NodeRun {
-                node: node.name.clone(),
+                node: NodeName::of(&self.prep.node_names, i),
                 op: node.op.name(),
                 device,
                 launch: LaunchInfo::default(),
@@ -316,12 +322,12 @@ impl RunState {
         let mut inputs = Vec::with_capacity(self.prep.inputs(i).len());
         for &s in self.prep.inputs(i) {
             let slot = &self.prep.slots[s as usize];
+            let name = || self.prep.names.name(s);
             let t_in = Instant::now();
             let (st, moved) =
                 self.buffers[s as usize].acquire_counted(&self.reg, device, Access::Read)?;
-            let st = st.ok_or_else(|| {
-                Error::Internal(format!("'{}' has no data on {device}", slot.name))
-            })?;
+            let st =
+                st.ok_or_else(|| Error::Internal(format!("'{}' has no data on {device}", name())))?;
             if matches!(slot.source, Source::Param(_)) {
                 resident_transfer += t_in.elapsed();
                 resident_bytes += moved.uploaded + moved.peer + moved.downloaded;
@@ -334,7 +340,11 @@ impl RunState {
         }
         let refs: Vec<_> = inputs.iter().collect();
         let t0 = Instant::now();
-        let what = format!("{} ({}) on {device}", node.name, node.op.name());
+        let what = format!(
+            "{} ({}) on {device}",
+            self.prep.node_name(i),
+            node.op.name()
+        );
         let deadline = Deadline::after(self.opts.timeout);
         let launch = backend
             .launch_within(&node.op, &refs, &deadline)
@@ -362,7 +372,7 @@ impl RunState {
         }
         let info = lock(&launch.info).clone();
         Ok(NodeRun {
-            node: node.name.clone(),
+            node: NodeName::of(&self.prep.node_names, i),
             op: node.op.name(),
             device,
             launch: info,
@@ -395,9 +405,10 @@ impl Ticket {
         if let Some(e) = lock(&run.trouble).error.take() {
             return Err(e);
         }
-        let runs = NodeRuns::complete(run.runs.clone())
-            .map_err(|i| Error::Internal(format!("node {} never ran", run.prep.nodes[i].name)))?;
-        let buffers = Buffers::new(run.prep.names.clone(), run.buffers.clone());
+        let runs = NodeRuns::complete(run.runs.clone()).map_err(|i| {
+            Error::Internal(format!("node {} never ran", run.prep.node_name(i as u32)))
+        })?;
+        let buffers = Buffers::new(run.buffers.clone());
         Ok(Execution {
             buffers,
             runs,

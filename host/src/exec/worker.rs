@@ -102,8 +102,12 @@ fn work(backend: Arc<dyn Backend>, jobs: Receiver<Msg>, router: Arc<Router>) {
         // Last in, first out: a node's dependents run right after it.
         ready.clear();
         ready.extend(nodes.into_iter().rev());
+        // The nodes of this batch finished, counted off the execution's in-flight count
+        // once the batch is through (an atomic per batch, not per node).
+        let mut done = 0usize;
         while let Some(i) = ready.pop() {
-            run.step(i, device, &*backend, &router, &mut ready);
+            run.step(i, device, &*backend, &router, &mut ready, &mut done);
         }
+        run.batch_finished(done);
     }
 }

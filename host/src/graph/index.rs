@@ -223,7 +223,10 @@ impl GraphIndex {
     }
 
     /// The names of the slots, in slot order (from `graph`, the graph this index was made of).
-    pub fn slot_names<'g>(&self, graph: &'g Graph) -> impl Iterator<Item = &'g String> + 'g {
+    pub fn slot_names<'g>(
+        &self,
+        graph: &'g Graph,
+    ) -> impl Iterator<Item = &'g String> + Clone + 'g {
         graph
             .constants
             .keys()

@@ -36,9 +36,13 @@ pub struct PlannedMemory {
 /// `layers.12.moe.router`), if the name has one.
 pub fn layer_of(name: &str) -> Option<usize> {
     let mut rest = name;
-    // A byte search: `str::find` sets up a two-way searcher per call, a cost the planner
-    // paid for every node.
-    let find = |s: &str| s.as_bytes().windows(7).position(|w| w == b"layers.");
+    // A byte search for the `l` first, then the rest (`str::find` sets up a two-way searcher
+    // per call, and comparing every 7-byte window calls memcmp per byte position: costs the
+    // planner paid for every node).
+    let find = |s: &str| {
+        let b = s.as_bytes();
+        (0..b.len().saturating_sub(6)).find(|&i| b[i] == b'l' && &b[i..i + 7] == b"layers.")
+    };
     while let Some(i) = find(rest) {
         let after = &rest[i + "layers.".len()..];
         let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
@@ -79,6 +83,9 @@ pub(super) struct Accounts<'a> {
     node_layer: Vec<Option<usize>>,
     /// Layers kept off a device (their outputs do not fit beside what it holds).
     banned: BTreeSet<(usize, DeviceId)>,
+    /// The last [`Accounts::need`] asked for, `(node, device position, need)`: a node is
+    /// checked on a device, then placed on it, and its need is computed once.
+    last_need: Option<(usize, usize, (u64, u64, u64))>,
     /// Nodes placed off the device they would have gone to, because it was full: by device.
     pub spilled: BTreeMap<DeviceId, Vec<(String, DeviceId)>>,
 }
@@ -118,6 +125,7 @@ impl<'a> Accounts<'a> {
             layer_nodes,
             node_layer,
             banned: BTreeSet::new(),
+            last_need: None,
             spilled: BTreeMap::new(),
         }
     }
@@ -162,7 +170,18 @@ impl<'a> Accounts<'a> {
 
     /// (outputs, inputs to fetch, working set) of node `node` on the device at `pos`, bytes
     /// as it stores them.
-    fn need(&self, pos: usize, node: usize) -> (u64, u64, u64) {
+    fn need(&mut self, pos: usize, node: usize) -> (u64, u64, u64) {
+        if let Some((n, p, need)) = self.last_need
+            && (n, p) == (node, pos)
+        {
+            return need;
+        }
+        let need = self.compute_need(pos, node);
+        self.last_need = Some((node, pos, need));
+        need
+    }
+
+    fn compute_need(&self, pos: usize, node: usize) -> (u64, u64, u64) {
         let d = &self.devices[pos];
         let outs: u64 = self.index.outputs(node).map(|o| d.stored[o as usize]).sum();
         let ins = self.index.inputs(node);
