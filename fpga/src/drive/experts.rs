@@ -83,7 +83,7 @@ pub fn combine_tokens(vecops: &VecopsCore, k: usize) -> usize {
 /// vecops kernel (rows of 8-byte words) reads the same layouts whatever the GEMM's width.
 pub fn fits(gemm: &GemmCore, vecops: &VecopsCore, h: usize, k: usize) -> Result<(), String> {
     let l = lanes(gemm);
-    if gemm.lanes as usize % 8 != 0 {
+    if !gemm.lanes.is_multiple_of(8) {
         return Err(format!(
             "the experts sequence needs a GEMM of a multiple of 8 lanes (the vecops rows' \
              words); this build has {}",
