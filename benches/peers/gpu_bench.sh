@@ -9,7 +9,7 @@
 # (TANDEM_MOE_TILE: l, m, s, or default for the op's own choice). ONLY=route runs the four
 # routing shapes of issue 15 alone (T16384 E8 k2, T16384 E64 k8, T65536 E128 k8, T8192 E256 k8);
 # ROUTE_KERNELS (default "default": the op's own choice) lists TANDEM_ROUTE_KERNEL values to time
-# one after the other (fused, fused-2, fused-memset, three), e.g. ROUTE_KERNELS="default fused-2 fused-memset".
+# one after the other (fused, fused-2, fused-1, fused-memset, three), e.g. ROUTE_KERNELS="default fused-2 fused-memset".
 set -o pipefail
 T=${TANDEM:-.gpu/bin/tandem}
 DTYPE=${DTYPE:-bf16}

@@ -6,6 +6,12 @@
 #   route     moe_route shapes beside PyTorch (gpu_bench.sh ONLY=route), once per routing kernel
 #             in ROUTE_KERNELS (default "fused fused-2 fused-memset": TANDEM_ROUTE_KERNEL values)
 #   decode    attention_decode B64 Hq32 Hkv8 ctx 8192 d128 (contiguous, paged) beside SDPA
+#   decode-sweep  the same decode shape, contiguous and paged, once per TANDEM_DECODE_CHUNKS value
+#             in DECODE_CHUNKS (default "auto 8 16 32"), with the current kernel and, where
+#             .gpu/old-kernels/common/attention_decode.cu exists, that earlier one beside it
+#   two-gpu   on a machine with two GPUs: their link (nvidia-smi topo), the peer-copy test,
+#             tandem bench transfer (copy_peer each way) beside PyTorch's peer copy_, and the
+#             4-layer T4096 model split over both GPUs by --memory-limit
 #   calib     tandem calibrate on cuda at the T4096 sizes, then run --explain (predicted vs measured)
 #   model     a 4-layer T4096 model on cuda (tokens/s), and with --memory-limit forcing eviction
 #   serve     serve-bench on cpu, cuda, auto
@@ -53,6 +59,29 @@ for part in "$@"; do
         --new-tokens 1 --block-size 16 --dtype bf16 --peak-gbps "$peak" --tandem-json "$out/dec_c.json" \
         --tandem-paged-json "$out/dec_p.json" 2>&1 | tee "$out/decode_peer.txt"
       $T run --decode 4 --context 3000 --kv-block-size 16 --batch 4 --backend cuda 2>&1 | tail -12 | tee "$out/decode_run.txt" ;;
+    decode-sweep)
+      D="--batch 64 --heads 32 --kv-heads 8 --context 8192 --head-dim 128 --new-tokens 1 --cuda-dtype bf16"
+      kds=current; [ -f .gpu/old-kernels/common/attention_decode.cu ] && kds="current .gpu/old-kernels"
+      for kd in $kds; do
+        for ch in ${DECODE_CHUNKS:-auto 8 16 32}; do
+          for pg in contiguous paged; do
+            args=$D; [ $pg = paged ] && args="$D --block-size 16"
+            vars=(); [ "$kd" != current ] && vars+=("TANDEM_KERNEL_DIR=$kd")
+            [ "$ch" != auto ] && vars+=("TANDEM_DECODE_CHUNKS=$ch")
+            env "${vars[@]}" $T bench attention-decode $args --json > "$out/sweep.json" 2> "$out/sweep.err"
+            python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(f\"kernel={sys.argv[2]} chunks={sys.argv[3]} {sys.argv[4]}: {d['median_s']*1e6:.1f} us {d['gbps']:.0f} GB/s {100*d['gbps']/float(sys.argv[5]):.1f}% {d['kernel']}\")" \
+              "$out/sweep.json" "$kd" "$ch" "$pg" "$peak" 2>&1 | tee -a "$out/decode_sweep.txt" || tail -3 "$out/sweep.err"
+          done
+        done
+      done ;;
+    two-gpu)
+      nvidia-smi topo -m 2>&1 | head -6 | tee "$out/topo.txt"
+      TANDEM_REQUIRE_GPU=1 .gpu/run peer 2>&1 | grep -E "^test |test result" | tee "$out/peer_test.txt"
+      $T bench transfer 2>&1 | tee "$out/transfer2.txt"
+      python3 benches/peers/transfer_torch.py 2>&1 | tee "$out/transfer2_torch.txt"
+      $T run --backend cuda $L --layers 4 --no-check --warmup 1 2>&1 | tail -10 | tee "$out/model4_two.txt"
+      $T run --backend cuda $L --layers 4 --no-check --warmup 1 --memory-limit cuda:0=8GiB,cuda:1=8GiB 2>&1 \
+        | tail -14 | tee "$out/model4_split.txt" ;;
     calib)
       export TANDEM_CALIBRATION="$out/calibration.json"
       $T calibrate --backend cuda --iters 5 $L 2>&1 | tee "$out/calibrate.txt" | tail -20

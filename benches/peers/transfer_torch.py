@@ -2,7 +2,9 @@
 and pageable host tensors, each direction, raw bytes and f32 with the bf16 conversion done
 where PyTorch users do it (`x.to('cuda', non_blocking=True).to(torch.bfloat16)`: a raw f32 copy
 then a GPU cast; and the reverse). Wall clock to completion (torch.cuda.synchronize), 1 warm-up,
-median of --iters.
+median of --iters. With two or more GPUs, also the peer copy cuda:0 <-> cuda:1 (raw bytes,
+`copy_` into a tensor on the other GPU, both devices synchronised), beside tandem's
+`copy_peer` figures.
 
     python3 benches/peers/transfer_torch.py [--bytes 268435456] [--iters 10] [--json]
 """
@@ -21,6 +23,24 @@ def median_s(fn, iters):
         t = time.perf_counter()
         fn()
         torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def sync_all():
+    for i in range(torch.cuda.device_count()):
+        torch.cuda.synchronize(i)
+
+
+def median_all_s(fn, iters):
+    fn()
+    sync_all()
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        fn()
+        sync_all()
         times.append(time.perf_counter() - t)
     times.sort()
     return times[len(times) // 2]
@@ -61,6 +81,13 @@ def main():
         median_s(lambda: out.copy_(db.float(), non_blocking=True), a.iters))
     add("torch bf16 .cpu().float() (pageable)", "d2h", n, n // 2,
         median_s(lambda: db.cpu().float(), a.iters))
+    if torch.cuda.device_count() >= 2:
+        for s_, d_ in ((0, 1), (1, 0)):
+            src = torch.ones(n, dtype=torch.uint8, device=f"cuda:{s_}")
+            dst = torch.empty(n, dtype=torch.uint8, device=f"cuda:{d_}")
+            add(f"torch peer cuda:{s_} -> cuda:{d_} (copy_)", "p2p", n, n,
+                median_all_s(lambda: dst.copy_(src), a.iters))
+            del src, dst
     res = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
            "bytes": n, "iters": a.iters, "transfers": rows}
     if a.json:

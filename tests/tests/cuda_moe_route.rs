@@ -331,6 +331,9 @@ fn route_every_kernel_choice() {
                         "{kernel}"
                     );
                 }
+                if choice == RouteKernel::Fused1 {
+                    assert!(kernel.contains(", 1/SM)"), "{kernel}");
+                }
             }
         }
     }

@@ -9,7 +9,7 @@ use serde::Serialize;
 pub struct TransferFigure {
     /// What was copied and how (`raw pinned`, `tandem f32 -> bf16`, ...).
     pub path: String,
-    /// `h2d` or `d2h`.
+    /// `h2d`, `d2h`, or `p2p` (GPU to GPU).
     pub direction: &'static str,
     /// Bytes of the host side (a logical f32 tensor for tandem's paths).
     pub host_bytes: u64,

@@ -1,7 +1,8 @@
 //! `tandem bench transfer`: host<->device copy bandwidth of each CUDA device (tandem's upload
 //! and download, pinned staging and dtype conversion, beside the raw pinned and pageable
 //! copies) and of the simulated FPGA card (its buffer writes and reads, and the int8
-//! activation path, beside one memcpy), measured in the same run.
+//! activation path, beside one memcpy), measured in the same run. With two or more GPUs, also
+//! the direct copy between the first two (`copy_peer`, each direction).
 
 use tandem::DeviceRegistry;
 use tandem::backend::{Backend, DeviceKind};
@@ -80,14 +81,19 @@ pub fn run(
                     "path", "dir", "ms", "host GB/s", "link GB/s", "of raw"
                 );
                 for f in figures {
+                    let share = if f.of_pinned_ceiling.is_finite() {
+                        format!("{:.0}%", f.of_pinned_ceiling * 100.0)
+                    } else {
+                        "-".into()
+                    };
                     println!(
-                        "{:<44} {:>4} {:>10.3} {:>10.2} {:>10.2} {:>8.0}%",
+                        "{:<44} {:>4} {:>10.3} {:>10.2} {:>10.2} {:>9}",
                         f.path,
                         f.direction,
                         f.median_s * 1e3,
                         f.host_gbps,
                         f.link_gbps,
-                        f.of_pinned_ceiling * 100.0
+                        share
                     );
                 }
                 println!(
@@ -122,12 +128,61 @@ fn measure_cuda(
     if devices.is_empty() {
         skipped.push(format!("cuda: {}", why_missing(reg, DeviceKind::Cuda)));
     }
+    let mut opened = Vec::new();
     for d in devices {
         let be = CudaBackend::open(d.id().index, reg.options().cuda.clone())?;
         let figures = be.measure_transfers(bytes, iters)?;
         all.push((d.id().to_string(), d.info().name.clone(), figures));
+        opened.push(be);
+    }
+    match opened.as_slice() {
+        [a, b, ..] => {
+            for (src, dst) in [(a, b), (b, a)] {
+                match measure_peer(src, dst, bytes, iters)? {
+                    Some(f) => all.push((
+                        format!("{} -> {}", src.id(), dst.id()),
+                        format!("{} -> {}", src.info().name, dst.info().name),
+                        vec![f],
+                    )),
+                    None => skipped.push(format!(
+                        "peer copy {} -> {}: the two GPUs cannot access each other",
+                        src.id(),
+                        dst.id()
+                    )),
+                }
+            }
+        }
+        _ => skipped.push("peer copy: needs two GPUs".into()),
     }
     Ok(())
+}
+
+/// The direct copy of `bytes` bytes (an i32 tensor: stored as is, no conversion) from `src`
+/// to `dst` (`copy_peer`, which returns once the copy completed): median of `iters` after one
+/// untimed copy; `None` when the GPUs have no peer path. The figure's ceiling is unknown
+/// (no raw peer copy is timed apart from this one), so its share is NaN.
+#[cfg(feature = "cuda")]
+fn measure_peer(
+    src: &tandem::backend::cuda::CudaBackend,
+    dst: &tandem::backend::cuda::CudaBackend,
+    bytes: usize,
+    iters: usize,
+) -> anyhow::Result<Option<TransferFigure>> {
+    let n = (bytes / 4).max(1);
+    let t = tandem::Tensor::from_vec_i32(&[n], vec![7; n])?;
+    let st = src.upload(&t)?;
+    if dst.copy_peer(&st)?.is_none() {
+        return Ok(None);
+    }
+    let secs = tandem::bench::transfer::median_time(iters, || dst.copy_peer(&st).map(drop))?;
+    Ok(Some(TransferFigure::new(
+        "tandem copy_peer (cuMemcpyPeerAsync)",
+        "p2p",
+        n * 4,
+        n * 4,
+        secs,
+        f64::NAN,
+    )))
 }
 
 /// Without the `cuda` feature there is no GPU to measure.

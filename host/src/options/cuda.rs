@@ -7,7 +7,8 @@
 //! | `TANDEM_ATTN_VARIANT` | [`CudaOptions::attention_variant`] | `w4`, `w8`, `m2`, `m2n32`, `ws` (default: by arch) |
 //! | `TANDEM_MOE_EXPERTS` | [`CudaOptions::moe_experts`] | `blaslt`, `grouped` (default: by shape) |
 //! | `TANDEM_MOE_TILE` | [`CudaOptions::moe_tile`] | `l`, `m`, `s` (default: by shape) |
-//! | `TANDEM_ROUTE_KERNEL` | [`CudaOptions::route_kernel`] | `fused`, `fused-2`, `fused-memset`, `three` (default: `fused` where the grid fits) |
+//! | `TANDEM_ROUTE_KERNEL` | [`CudaOptions::route_kernel`] | `fused`, `fused-2`, `fused-1`, `fused-memset`, `three` (default: `fused` where the grid fits) |
+//! | `TANDEM_DECODE_CHUNKS` | [`CudaOptions::decode_chunks`] | 1 to 4096 (default: by shape and device) |
 //! | `TANDEM_KERNEL_DIR` | [`CudaOptions::kernel_dir`] | a folder laid out like `gpu-kernels/src/cuda/` |
 //! | `TANDEM_CACHE_DIR` | [`CudaOptions::cache_dir`] | a folder (`cuda/` in it holds the CUBINs) |
 //! | `CUDA_HOME`, `CUDA_PATH` | [`CudaOptions::toolkit_roots`] | CUDA toolkit folders |
@@ -31,6 +32,10 @@ pub const MOE_EXPERTS_VAR: &str = "TANDEM_MOE_EXPERTS";
 pub const MOE_TILE_VAR: &str = "TANDEM_MOE_TILE";
 /// `TANDEM_ROUTE_KERNEL`: the MoE routing kernel(s).
 pub const ROUTE_KERNEL_VAR: &str = "TANDEM_ROUTE_KERNEL";
+/// `TANDEM_DECODE_CHUNKS`: the KV chunks per sequence of decode attention.
+pub const DECODE_CHUNKS_VAR: &str = "TANDEM_DECODE_CHUNKS";
+/// The most KV chunks per sequence `TANDEM_DECODE_CHUNKS` accepts.
+pub const MAX_DECODE_CHUNKS: usize = 4096;
 /// `TANDEM_KERNEL_DIR`: a folder the kernel sources are read from at run time.
 pub const KERNEL_DIR_VAR: &str = "TANDEM_KERNEL_DIR";
 /// `TANDEM_CACHE_DIR`: the folder of compiled kernels (in its `cuda/`).
@@ -62,6 +67,9 @@ pub struct CudaOptions {
     /// The MoE routing kernel(s); `None`: the fused cooperative kernel where its grid fits
     /// the device, else three launches. `TANDEM_ROUTE_KERNEL` (comparisons).
     pub route_kernel: Option<RouteKernel>,
+    /// KV chunks per sequence for decode attention's split (at most the cache's keys / 64);
+    /// `None` picks by shape and device. `TANDEM_DECODE_CHUNKS` (comparisons).
+    pub decode_chunks: Option<usize>,
     /// A folder laid out like `gpu-kernels/src/cuda/` whose `.cu` files replace the embedded
     /// ones (kernel work without rebuilding the host; a file missing there is taken from the
     /// embedded sources). `TANDEM_KERNEL_DIR`.
@@ -89,6 +97,7 @@ impl Default for CudaOptions {
             moe_experts: None,
             moe_tile: None,
             route_kernel: None,
+            decode_chunks: None,
             kernel_dir: None,
             cache_dir: default_cache_dir(),
             toolkit_roots: Vec::new(),
@@ -144,6 +153,7 @@ impl CudaOptions {
             moe_experts: named(env, MOE_EXPERTS_VAR, MoeExpertsPath::parse_from)?,
             moe_tile: named(env, MOE_TILE_VAR, MoeTileSize::parse_from)?,
             route_kernel: named(env, ROUTE_KERNEL_VAR, RouteKernel::parse_from)?,
+            decode_chunks: named(env, DECODE_CHUNKS_VAR, parse_chunks)?,
             kernel_dir,
             ..Self::machine(env)
         })
@@ -157,6 +167,17 @@ fn named<T>(
     parse: impl Fn(&str, &str) -> Result<T>,
 ) -> Result<Option<T>> {
     env.text(var)?.map(|v| parse(&v, var)).transpose()
+}
+
+/// A chunk count for `TANDEM_DECODE_CHUNKS`: 1 to [`MAX_DECODE_CHUNKS`].
+fn parse_chunks(value: &str, var: &str) -> Result<usize> {
+    match value.trim().parse::<usize>() {
+        Ok(n) if (1..=MAX_DECODE_CHUNKS).contains(&n) => Ok(n),
+        _ => Err(Error::invalid(
+            var,
+            format!("'{value}' is not a chunk count (accepted: 1 to {MAX_DECODE_CHUNKS})"),
+        )),
+    }
 }
 
 /// An on/off variable: `1`, `on`, `true` or `0`, `off`, `false` (any case), if set.
@@ -319,6 +340,8 @@ pub enum RouteKernel {
     /// The same kernel with at most 2 blocks per multiprocessor (fewer blocks to synchronise
     /// and scan, fewer warps hiding phase 1's latency).
     Fused2,
+    /// The same kernel with one block per multiprocessor.
+    Fused1,
     /// One cooperative launch (`moe_route_fused_*`) after a 4-byte memset of its barrier
     /// counter, up to 4 blocks per multiprocessor (the 2026-11-23 build).
     FusedMemset,
@@ -328,9 +351,10 @@ pub enum RouteKernel {
 
 impl RouteKernel {
     /// Every choice.
-    pub const ALL: [RouteKernel; 4] = [
+    pub const ALL: [RouteKernel; 5] = [
         RouteKernel::Fused,
         RouteKernel::Fused2,
+        RouteKernel::Fused1,
         RouteKernel::FusedMemset,
         RouteKernel::Three,
     ];
@@ -340,6 +364,7 @@ impl RouteKernel {
         match self {
             RouteKernel::Fused => "fused",
             RouteKernel::Fused2 => "fused-2",
+            RouteKernel::Fused1 => "fused-1",
             RouteKernel::FusedMemset => "fused-memset",
             RouteKernel::Three => "three",
         }
@@ -407,9 +432,10 @@ mod tests {
                 d.attention_variant,
                 d.moe_experts,
                 d.moe_tile,
-                d.route_kernel
+                d.route_kernel,
+                d.decode_chunks
             ),
-            (None, None, None, None)
+            (None, None, None, None, None)
         );
         assert!(d.kernel_dir.is_none() && d.toolkit_roots.is_empty());
         assert!(d.python_prefix.is_none());
@@ -526,8 +552,17 @@ mod tests {
             &[(ROUTE_KERNEL_VAR, "fused-3")],
             ROUTE_KERNEL_VAR,
             "fused-3",
-            &["fused", "fused-2", "fused-memset", "three"],
+            &["fused", "fused-2", "fused-1", "fused-memset", "three"],
         );
+        let o = CudaOptions::from_source(&[(DECODE_CHUNKS_VAR, " 12 ")])?;
+        assert_eq!(o.decode_chunks, Some(12));
+        for bad in ["0", "4097", "-3", "many"] {
+            let e = CudaOptions::from_source(&[(DECODE_CHUNKS_VAR, bad)]).expect_err(bad);
+            assert_eq!(
+                e.to_string(),
+                format!("{DECODE_CHUNKS_VAR}: '{bad}' is not a chunk count (accepted: 1 to 4096)")
+            );
+        }
         let e = "xl".parse::<MoeTileSize>().expect_err("xl");
         assert_eq!(
             e.to_string(),

@@ -17,6 +17,8 @@ use crate::tensor::TensorMeta;
 const BLOCKS_PER_SM: usize = 32;
 /// Fewest keys a chunk takes (below this the merge costs more than it spreads).
 const MIN_CHUNK: usize = 256;
+/// Fewest keys a chunk takes when the chunk count is forced (`TANDEM_DECODE_CHUNKS`).
+pub const MIN_FORCED_CHUNK: usize = 64;
 
 /// How a decode problem is split over the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,8 +34,9 @@ pub struct DecodePlan {
 }
 
 impl DecodePlan {
-    /// The split for shape `s` on a device of `sms` multiprocessors.
-    pub fn new(s: &DecodeShape, sms: usize) -> Self {
+    /// The split for shape `s` on a device of `sms` multiprocessors; `chunks` forces the KV
+    /// chunk count (clamped to 1..= the cache's keys / [`MIN_FORCED_CHUNK`]).
+    pub fn new(s: &DecodeShape, sms: usize, chunks: Option<usize>) -> Self {
         let group = s.group_rows();
         let blocks = tandem_gpu_kernels::DECODE_ROW_BLOCKS;
         let rows = blocks
@@ -45,9 +48,12 @@ impl DecodePlan {
         let tile = tandem_gpu_kernels::decode_keys_per_tile(s.d, rows);
         let per_chunk = s.b * s.hkv * row_groups;
         let most = s.capacity.div_ceil(MIN_CHUNK).max(1);
-        let chunks = (sms.max(1) * BLOCKS_PER_SM)
-            .div_ceil(per_chunk)
-            .clamp(1, most);
+        let chunks = match chunks {
+            Some(n) => n.clamp(1, s.capacity.div_ceil(MIN_FORCED_CHUNK).max(1)),
+            None => (sms.max(1) * BLOCKS_PER_SM)
+                .div_ceil(per_chunk)
+                .clamp(1, most),
+        };
         let chunk_len = s.capacity.div_ceil(chunks).next_multiple_of(tile);
         Self {
             rows,
@@ -85,7 +91,7 @@ pub fn attention_decode(
 ) -> Result<String> {
     let s = p.shape(metas)?;
     let paged = p.block_size.is_some();
-    let plan = DecodePlan::new(&s, cx.sms() as usize);
+    let plan = DecodePlan::new(&s, cx.sms() as usize, cx.be.opts.decode_chunks);
     let partial = plan.kernel(s.d, paged, cx.dtype())?;
     let merge = merge_kernel(s.d, cx.dtype())?;
     let q = cx.half(ins[0], metas[0].numel())?;
@@ -171,17 +177,23 @@ mod tests {
     #[test]
     fn the_split_fits_the_group_and_fills_the_device() {
         // the target shape: 4 rows per kv head, enough chunks for 132 SMs
-        let p = DecodePlan::new(&shape(64, 32, 8, 1, 128, 8192), 132);
+        let p = DecodePlan::new(&shape(64, 32, 8, 1, 128, 8192), 132, None);
         assert_eq!((p.rows, p.row_groups), (4, 1));
         assert!(64 * 8 * p.chunks >= 132 * BLOCKS_PER_SM, "{p:?}");
         assert!(p.chunks * p.chunk_len >= 8192 && (p.chunks - 1) * p.chunk_len < 8192);
         // MQA with 16 new tokens: 512 rows in groups of 8
-        let p = DecodePlan::new(&shape(1, 32, 1, 16, 64, 100), 132);
+        let p = DecodePlan::new(&shape(1, 32, 1, 16, 64, 100), 132, None);
         assert_eq!((p.rows, p.row_groups, p.chunks), (8, 64, 1));
         // MHA, one token: one row per block
-        let p = DecodePlan::new(&shape(2, 4, 4, 1, 256, 5000), 132);
+        let p = DecodePlan::new(&shape(2, 4, 4, 1, 256, 5000), 132, None);
         assert_eq!(p.rows, 1);
         assert!(p.chunk_len >= MIN_CHUNK && p.chunks * p.chunk_len >= 5000);
+        // a forced count is kept where the cache has the keys, clamped where it has not
+        let f = DecodePlan::new(&shape(64, 32, 8, 1, 128, 8192), 132, Some(16));
+        assert_eq!((f.chunks, f.chunk_len), (16, 512));
+        let f = DecodePlan::new(&shape(64, 32, 8, 1, 128, 300), 132, Some(100));
+        assert_eq!(f.chunks, 300usize.div_ceil(MIN_FORCED_CHUNK));
+        assert!(f.chunks * f.chunk_len >= 300);
         for dt in CudaDType::ALL {
             for d in [64, 128, 256] {
                 for paged in [false, true] {

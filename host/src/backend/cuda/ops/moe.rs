@@ -125,6 +125,7 @@ pub fn route(
     let self_reset = choice != RouteKernel::FusedMemset;
     let cap = match choice {
         RouteKernel::Fused2 => 2,
+        RouteKernel::Fused1 => 1,
         _ if e > 32 * FUSED_VPL[2] => FUSED_MAX_BLOCKS_PER_SM_WIDE,
         _ => FUSED_MAX_BLOCKS_PER_SM,
     };
