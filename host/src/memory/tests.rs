@@ -63,19 +63,26 @@ impl Backend for HostDevice {
 }
 
 fn registry(limits: &str) -> Result<DeviceRegistry> {
+    registry_of(1, limits)
+}
+
+/// The CPU and `n` host devices (`fpga:0`, `fpga:1`, ...), with `limits`.
+fn registry_of(n: usize, limits: &str) -> Result<DeviceRegistry> {
     let mut r = DeviceRegistry::cpu_only();
-    r.add(Arc::new(HostDevice {
-        info: DeviceInfo {
-            id: DEV,
-            name: "host device".into(),
-            memory_bytes: 1 << 40,
-            peak_flops: 1e18,
-            peak_bandwidth: 1e15,
-            compute_dtype: DType::F32,
-            details: Vec::new(),
-        },
-        cpu: CpuBackend::new(),
-    }));
+    for index in 0..n {
+        r.add(Arc::new(HostDevice {
+            info: DeviceInfo {
+                id: DeviceId { index, ..DEV },
+                name: "host device".into(),
+                memory_bytes: 1 << 40,
+                peak_flops: 1e18,
+                peak_bandwidth: 1e15,
+                compute_dtype: DType::F32,
+                details: Vec::new(),
+            },
+            cpu: CpuBackend::new(),
+        }));
+    }
     r.set_memory_limits(MemoryLimits::parse(limits, "--memory-limit")?);
     Ok(r)
 }
@@ -101,8 +108,13 @@ const U: u64 = (N * N * 4) as u64;
 
 /// x [N, N] through `layers` linears `layers.{i}.lin` with weights [N, N].
 fn chain(layers: usize) -> Result<Graph> {
+    chain_rows(layers, N)
+}
+
+/// [`chain`] with `rows` tokens: activations of `rows x N`, weights of `N x N` (`U`).
+fn chain_rows(layers: usize, rows: usize) -> Result<Graph> {
     let mut g = Graph::default();
-    g.constant("x", Tensor::from_vec_f32(&[N, N], values(N * N, 1))?);
+    g.constant("x", Tensor::from_vec_f32(&[rows, N], values(rows * N, 1))?);
     let mut prev = "x".to_string();
     for i in 0..layers {
         let w = format!("model.layers.{i}.w");
@@ -224,6 +236,55 @@ fn a_model_too_big_for_one_device_is_split_by_layer() -> Result<()> {
     let e = Executor::new().execute(&g, &p, &reg, &ExecOptions::default())?;
     assert_eq!(bits(&fetch(&e, &reg, &g.outputs)?), want);
     assert!(reg.memory().usage(DEV).peak <= 7 * U / 2);
+    Ok(())
+}
+
+#[test]
+fn weights_that_would_evict_go_to_a_second_device_with_room() -> Result<()> {
+    // 16-token activations (U / 16) through 4 layers of U-byte weights; each device holds 2.5 U:
+    // two layers' weights stay resident on one, so layers 2 and 3 go to the second device
+    // instead of evicting layers 0 and 1 there on every run.
+    let g = chain_rows(4, 16)?;
+    let want = bits(&cpu_result(&g)?);
+    let dev1 = DeviceId { index: 1, ..DEV };
+    let limit = 5 * U / 2;
+    let reg = registry_of(2, &format!("fpga:0={limit},fpga:1={limit}"))?;
+    let only = BackendChoice::Only(DeviceKind::FpgaXrt);
+    let p = plan(&g, &reg, only)?;
+    let on: Vec<String> = p.placements.iter().map(|p| p.device.to_string()).collect();
+    assert_eq!(on, ["fpga:0", "fpga:0", "fpga:1", "fpga:1"]);
+    let why = p.placements[2].reason.to_string();
+    assert!(
+        why.contains("fpga:0: evicts (layer 2's weights (256.0 KiB) would not stay resident"),
+        "{why}"
+    );
+    assert!(
+        p.warnings
+            .iter()
+            .any(|w| w.contains("split across devices")),
+        "{:?}",
+        p.warnings
+    );
+    let ex = Executor::new();
+    for _ in 0..2 {
+        let e = ex.execute(&g, &p, &reg, &ExecOptions::default())?;
+        assert_eq!(bits(&fetch(&e, &reg, &g.outputs)?), want);
+    }
+    for d in [DEV, dev1] {
+        let u = reg.memory().usage(d);
+        assert_eq!(u.evictions, 0, "{d}: {u:?}");
+        assert!(u.peak <= limit, "{d}: {u:?}");
+    }
+    // One device of that kind: evicting is the only way, and the plan takes it.
+    let reg = registry_of(1, &format!("fpga:0={limit}"))?;
+    let p = plan(&g, &reg, only)?;
+    assert!(p.placements.iter().all(|p| p.device == DEV));
+    let ex = Executor::new();
+    for _ in 0..2 {
+        let e = ex.execute(&g, &p, &reg, &ExecOptions::default())?;
+        assert_eq!(bits(&fetch(&e, &reg, &g.outputs)?), want);
+    }
+    assert!(reg.memory().usage(DEV).evictions > 0);
     Ok(())
 }
 

@@ -10,6 +10,13 @@
 //! `layers.3.moe`) are kept together: a layer whose outputs would not fit beside what the
 //! device holds goes whole to another device, so a model that does not fit one device is
 //! split by layer.
+//!
+//! Weights stay resident on the device that uses them (the executor keeps them across runs
+//! and evicts the least recently used when a limit is reached), so they are counted too: a
+//! layer whose weights would not stay resident beside what the device already keeps is a
+//! [`NoRoom::Evicts`], which the planner weighs against the other devices by adding the time
+//! to fetch those weights again to that device's finish time. A second GPU with room wins
+//! over evicting; the CPU (seconds for a layer) loses to a GPU that re-fetches its weights.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -66,6 +73,14 @@ pub(super) enum NoRoom {
     },
     /// The device holds too much already (or its layer went elsewhere).
     Full(String),
+    /// The node's layer fits, but its weights would not stay resident beside the weights
+    /// and outputs the device keeps: each run would fetch `bytes` of weights again.
+    Evicts {
+        /// Bytes of the layer's weights not yet on the device.
+        bytes: u64,
+        /// What does not fit, for `plan --explain`.
+        why: String,
+    },
 }
 
 /// The accounts of one planning pass.
@@ -83,6 +98,13 @@ pub(super) struct Accounts<'a> {
     node_layer: Vec<Option<usize>>,
     /// Layers kept off a device (their outputs do not fit beside what it holds).
     banned: BTreeSet<(usize, DeviceId)>,
+    /// Layers placed on a device although their weights evict others there
+    /// ([`NoRoom::Evicts`] accepted): their later nodes are not asked again.
+    evicting: BTreeSet<(usize, DeviceId)>,
+    /// Parameter slots (weights) counted as resident, by device position.
+    resident_slots: BTreeSet<(usize, u32)>,
+    /// Whether each slot is a parameter ([`Graph::is_param`]: kept resident across runs).
+    param_slot: Vec<bool>,
     /// The last [`Accounts::need`] asked for, `(node, device position, need)`: a node is
     /// checked on a device, then placed on it, and its need is computed once.
     last_need: Option<(usize, usize, (u64, u64, u64))>,
@@ -99,6 +121,8 @@ struct DeviceAccount {
     stored: Vec<u64>,
     /// Outputs it holds until the run ends.
     held: u64,
+    /// Weights its nodes use, kept resident across runs.
+    resident: u64,
     peak: u64,
     /// Whether any node was placed here.
     used: bool,
@@ -125,6 +149,9 @@ impl<'a> Accounts<'a> {
             layer_nodes,
             node_layer,
             banned: BTreeSet::new(),
+            evicting: BTreeSet::new(),
+            resident_slots: BTreeSet::new(),
+            param_slot: index.slot_names(graph).map(|n| graph.is_param(n)).collect(),
             last_need: None,
             spilled: BTreeMap::new(),
         }
@@ -150,6 +177,7 @@ impl<'a> Accounts<'a> {
             limit_set: self.reg.memory().limits().limit_for(dev).is_some(),
             stored,
             held: 0,
+            resident: 0,
             peak: 0,
             used: false,
         });
@@ -238,6 +266,26 @@ impl<'a> Accounts<'a> {
                         human_bytes(limit)
                     )));
                 }
+                if !self.evicting.contains(&(l, dev)) {
+                    let weights = self.layer_weights_new(l, node, pos);
+                    let resident = self.devices[pos].resident;
+                    let total = held
+                        .saturating_add(resident)
+                        .saturating_add(layer_outs)
+                        .saturating_add(weights);
+                    if weights > 0 && total > limit {
+                        return Err(NoRoom::Evicts {
+                            bytes: weights,
+                            why: format!(
+                                "layer {l}'s weights ({}) would not stay resident beside the {} \
+                                 of weights and outputs {dev} keeps, over its limit of {}",
+                                human_bytes(weights),
+                                human_bytes(held + resident),
+                                human_bytes(limit)
+                            ),
+                        });
+                    }
+                }
             }
         }
         if held.saturating_add(outs).saturating_add(fetch) > limit {
@@ -249,6 +297,34 @@ impl<'a> Accounts<'a> {
             )));
         }
         Ok(())
+    }
+
+    /// Bytes of the parameter inputs (weights) of layer `l`'s nodes from `node` on that are
+    /// not yet counted as resident on the device at `pos`, each counted once.
+    fn layer_weights_new(&self, l: usize, node: usize, pos: usize) -> u64 {
+        let d = &self.devices[pos];
+        let mut seen: Vec<u32> = Vec::new();
+        let mut sum = 0u64;
+        for &j in self.layer_nodes[&l].iter().filter(|&&j| j >= node) {
+            for &i in self.index.inputs(j) {
+                if self.param_slot[i as usize]
+                    && !seen.contains(&i)
+                    && !self.resident_slots.contains(&(pos, i))
+                {
+                    seen.push(i);
+                    sum += d.stored[i as usize];
+                }
+            }
+        }
+        sum
+    }
+
+    /// Records that node `node`'s layer goes on `dev` although its weights evict others
+    /// there ([`NoRoom::Evicts`]): the layer's later nodes are not asked again.
+    pub fn accept_evicting(&mut self, node: usize, dev: DeviceId) {
+        if let Some(l) = self.node_layer[node] {
+            self.evicting.insert((l, dev));
+        }
     }
 
     /// The device position node `j` was placed on (through its first output).
@@ -265,8 +341,16 @@ impl<'a> Accounts<'a> {
     pub fn place(&mut self, node: usize, dev: DeviceId) {
         let pos = self.dev_pos(dev);
         let (outs, fetch, _) = self.need(pos, node);
+        // Its parameter inputs (weights) stay resident there from now on.
+        let mut weights = 0u64;
+        for &i in self.index.inputs(node) {
+            if self.param_slot[i as usize] && self.resident_slots.insert((pos, i)) {
+                weights += self.devices[pos].stored[i as usize];
+            }
+        }
         let d = &mut self.devices[pos];
         d.held += outs;
+        d.resident += weights;
         d.used = true;
         d.peak = d.peak.max(d.held + fetch);
         for o in self.index.outputs(node) {

@@ -293,7 +293,7 @@ pub fn plan_indexed(
     for (node_ix, node) in graph.nodes.iter().enumerate() {
         let ins = index.input_metas(node_ix);
         let in_slots = index.inputs(node_ix);
-        // (finish, estimate, history samples, device position, numerics, calibrated)
+        // (finish, estimate, history samples, device position, numerics, calibrated, evicts)
         type Best = (
             Duration,
             Duration,
@@ -301,6 +301,7 @@ pub fn plan_indexed(
             usize,
             Numerics,
             Option<&'static str>,
+            bool,
         );
         let mut best: Option<Best> = None;
         let mut considered = smallvec::SmallVec::<[Considered; 2]>::new();
@@ -357,7 +358,7 @@ pub fn plan_indexed(
                 .max()
                 .unwrap_or_default();
             let start = ready.max(device_free[pos]);
-            let finish = start.saturating_add(est);
+            let mut finish = start.saturating_add(est);
             considered.push(Considered::Timed {
                 device: dev,
                 op: est,
@@ -367,8 +368,26 @@ pub fn plan_indexed(
             if best_any.is_none_or(|(r, f, _)| (rank(dev), finish) < (r, f)) {
                 best_any = Some((rank(dev), finish, dev));
             }
+            let mut evicts = false;
             match mem.check(node_ix, dev) {
                 Ok(()) => {}
+                Err(memory::NoRoom::Evicts { bytes, why }) => {
+                    // Evicting is weighed, not refused: each run fetches those weights again.
+                    let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+                    let refetch = calibration
+                        .and_then(|c| c.transfer(bytes, DeviceId::CPU, dev))
+                        .unwrap_or_else(|| transfer_cost(bytes, DeviceId::CPU, dev));
+                    finish = finish.saturating_add(refetch);
+                    evicts = true;
+                    considered.push(Considered::Evicts(
+                        dev,
+                        format!(
+                            "{why}; {:.3} ms to fetch them again, done at {:.3} ms",
+                            refetch.as_secs_f64() * 1e3,
+                            finish.as_secs_f64() * 1e3
+                        ),
+                    ));
+                }
                 Err(memory::NoRoom::TooBig { need, limit }) => {
                     let why = format!(
                         "needs {} for inputs + outputs, over its memory {} of {}",
@@ -398,7 +417,7 @@ pub fn plan_indexed(
             }
             let better = match best {
                 None => true,
-                Some((bf, _, _, bp, _, _)) => (rank(dev), finish) < (rank(backends[bp].0), bf),
+                Some((bf, _, _, bp, ..)) => (rank(dev), finish) < (rank(backends[bp].0), bf),
             };
             if better {
                 best = Some((
@@ -408,6 +427,7 @@ pub fn plan_indexed(
                     pos,
                     numerics,
                     source.calibrated(),
+                    evicts,
                 ));
             }
         }
@@ -434,7 +454,7 @@ pub fn plan_indexed(
                 ),
             ));
         }
-        let (finish, est, samples, pos, numerics, calibrated) = match best {
+        let (finish, est, samples, pos, numerics, calibrated, evicts) = match best {
             Some(b) => b,
             None => (
                 Duration::ZERO,
@@ -443,6 +463,7 @@ pub fn plan_indexed(
                 usize::MAX,
                 Numerics::F32,
                 None,
+                false,
             ),
         };
         let dev = backends.get(pos).map_or(DeviceId::CPU, |b| b.0);
@@ -467,6 +488,9 @@ pub fn plan_indexed(
         }
         if let Some(free) = device_free.get_mut(pos) {
             *free = finish;
+        }
+        if evicts {
+            mem.accept_evicting(node_ix, dev);
         }
         mem.place(node_ix, dev);
         for o in index.outputs(node_ix) {

@@ -62,6 +62,9 @@ pub enum Considered {
     NotUsed(DeviceId, String),
     /// The device holds too much already.
     NoRoom(DeviceId, String),
+    /// The node fits, but its layer's weights would evict others there: the time to fetch
+    /// them again is added to its finish (the `Timed` entry before this one is without it).
+    Evicts(DeviceId, String),
     /// A candidate: its op time and when the node would be done there.
     Timed {
         /// The device.
@@ -81,6 +84,7 @@ impl fmt::Display for Considered {
             Considered::No(d, why) => write!(f, "{d}: no ({why})"),
             Considered::NotUsed(d, why) => write!(f, "{d}: not used ({why})"),
             Considered::NoRoom(d, why) => write!(f, "{d}: no room ({why})"),
+            Considered::Evicts(d, why) => write!(f, "{d}: evicts ({why})"),
             Considered::Timed {
                 device,
                 op,
