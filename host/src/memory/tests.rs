@@ -265,6 +265,13 @@ fn weights_that_would_evict_go_to_a_second_device_with_room() -> Result<()> {
         "{:?}",
         p.warnings
     );
+    assert!(
+        p.warnings
+            .iter()
+            .any(|w| w == "memory: layers by device: fpga:0 0-1, fpga:1 2-3"),
+        "{:?}",
+        p.warnings
+    );
     let ex = Executor::new();
     for _ in 0..2 {
         let e = ex.execute(&g, &p, &reg, &ExecOptions::default())?;

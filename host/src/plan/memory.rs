@@ -428,13 +428,62 @@ impl<'a> Accounts<'a> {
                     human_bytes(self.limit(*from))
                 )
             })
+            .chain(self.layers_by_device())
             .collect()
     }
+
+    /// `memory: layers by device: cuda:0 0-1, cuda:1 2-3` when the layers went to more than
+    /// one device (a node of a layer counts for the device it ran on).
+    fn layers_by_device(&self) -> Option<String> {
+        let mut by: BTreeMap<DeviceId, BTreeSet<usize>> = BTreeMap::new();
+        for (&l, nodes) in &self.layer_nodes {
+            for &j in nodes {
+                if let Some(pos) = self.placed_on(j) {
+                    by.entry(self.devices[pos].id).or_default().insert(l);
+                }
+            }
+        }
+        if by.len() < 2 || self.spilled.is_empty() {
+            return None;
+        }
+        let parts: Vec<String> = by
+            .iter()
+            .map(|(d, ls)| format!("{d} {}", ranges(ls)))
+            .collect();
+        Some(format!("memory: layers by device: {}", parts.join(", ")))
+    }
+}
+
+/// `0-3, 5, 7-8` for a set of numbers.
+fn ranges(v: &BTreeSet<usize>) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut it = v.iter().copied().peekable();
+    while let Some(a) = it.next() {
+        let mut b = a;
+        while it.peek() == Some(&(b + 1)) {
+            b += 1;
+            it.next();
+        }
+        out.push(if a == b {
+            a.to_string()
+        } else {
+            format!("{a}-{b}")
+        });
+    }
+    out.join(", ")
 }
 
 #[cfg(test)]
 mod tests {
-    use super::layer_of;
+    use super::{layer_of, ranges};
+
+    #[test]
+    fn number_ranges() {
+        let r = |v: &[usize]| ranges(&v.iter().copied().collect());
+        assert_eq!(r(&[]), "");
+        assert_eq!(r(&[3]), "3");
+        assert_eq!(r(&[0, 1, 2, 3, 5, 7, 8]), "0-3, 5, 7-8");
+    }
 
     #[test]
     fn layers_are_read_from_node_names() {
