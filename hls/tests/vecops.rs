@@ -1,7 +1,8 @@
 //! The HLS C++ vector ops (`src/vecops.cpp`) against `tandem_fpga::golden::vecops`, bit for
 //! bit: random shapes of every op (odd lengths, saturation, refused arguments), the LUT include
 //! files equal to the golden tables, and the csim testbench `tb/vecops_tb.cpp` over vectors the
-//! golden model writes (`TANDEM_BLESS=1` rewrites `tb/vecops_vectors.h`).
+//! golden model writes for every op, the int8 ones (silu_mul8, combine) included
+//! (`TANDEM_BLESS=1` rewrites `tb/vecops_vectors.h`).
 
 use std::fmt::Write as _;
 use std::process::Command;
@@ -165,8 +166,93 @@ fn lut_includes_equal_the_golden_tables() {
     assert_eq!(table("src/vecops_sigmoid_lut.inc"), gv::sigmoid_lut());
 }
 
+/// Cases of the int8 ops (silu_mul8, combine) in the csim vectors.
+const INT8_CASES: usize = 4;
+
+/// One int8-op case of the csim vectors, every buffer as the int16 words the testbench holds.
+struct Int8Case {
+    args: VecArgs,
+    a: Vec<i16>,
+    b: Vec<i16>,
+    p: Vec<i16>,
+    y: Vec<i16>,
+}
+
+/// Bytes as little-endian int16 words (a last odd byte padded with 0).
+fn pack16(bytes: impl IntoIterator<Item = u8>) -> Vec<i16> {
+    let v: Vec<u8> = bytes.into_iter().collect();
+    v.chunks(2)
+        .map(|c| i16::from_le_bytes([c[0], c.get(1).copied().unwrap_or(0)]))
+        .collect()
+}
+
+/// A random silu_mul8 (`silu`) or combine case, small enough for the header.
+fn int8_case(rng: &mut ChaCha8Rng, silu: bool) -> Int8Case {
+    let r8 = |rng: &mut ChaCha8Rng, len: usize| -> Vec<i8> {
+        (0..len)
+            .map(|_| rng.gen_range(-128i16..=127) as i8)
+            .collect()
+    };
+    let rows = rng.gen_range(1..=2usize);
+    let n = rng.gen_range(1..=200usize);
+    let np8 = gv::LANES8 * gv::words8(n);
+    let bytes = |v: &[i8]| v.iter().map(|&x| x as u8).collect::<Vec<u8>>();
+    if silu {
+        let args = VecArgs {
+            op: gv::OP_SILU_MUL8,
+            rows,
+            n,
+            shift: rng.gen_range(10..=34),
+            c0: rng.gen_range(1..=65535),
+            c1: (rng.gen_range(1u32..=65535) << 16) | rng.gen_range(6..=20),
+        };
+        let a = gv::pad_rows8(&r8(rng, rows * n), rows, n);
+        let b = gv::pad_rows8(&r8(rng, rows * n), rows, n);
+        let y = gv::silu_mul8(&args, N_MAX, &a, &b).expect("golden silu_mul8");
+        Int8Case {
+            args,
+            a: pack16(bytes(&a)),
+            b: pack16(bytes(&b)),
+            p: Vec::new(),
+            y: pack16(bytes(&y)),
+        }
+    } else {
+        let k = rng.gen_range(1..=4usize);
+        let yrows = rng.gen_range(1..=4usize);
+        let args = VecArgs {
+            op: gv::OP_COMBINE,
+            rows,
+            n,
+            shift: rng.gen_range(0..=16),
+            c0: k as u32,
+            c1: 0,
+        };
+        let y8 = r8(rng, yrows * np8);
+        let table: Vec<u64> = (0..rows * k)
+            .map(|_| {
+                gv::table_entry(
+                    rng.gen_range(0..yrows as u32),
+                    rng.gen_range(-32768i32..=32767) as i16,
+                )
+            })
+            .collect();
+        let y = gv::combine(&args, N_MAX, &y8, &table).expect("golden combine");
+        Int8Case {
+            args,
+            a: Vec::new(),
+            b: pack16(bytes(&y8)),
+            p: pack16(table.iter().flat_map(|w| w.to_le_bytes())),
+            y,
+        }
+    }
+}
+
 fn array<T: std::fmt::Display>(out: &mut String, ty: &str, name: &str, v: &[T]) {
-    let _ = write!(out, "static const {ty} {name}[{}] = {{", v.len().max(1));
+    let _ = write!(
+        out,
+        "alignas(8) static const {ty} {name}[{}] = {{",
+        v.len().max(1)
+    );
     for (i, x) in v.iter().enumerate() {
         if i % 16 == 0 {
             out.push_str("\n    ");
@@ -219,12 +305,51 @@ fn vectors() -> String {
         all_b.extend(b);
         all_p.extend(p);
     }
+    // The int8 ops: their int8 rows (and the combine's 64-bit table) packed little-endian
+    // into the int16 arrays the testbench passes (the kernel casts them back); y's segment is
+    // as long as a's, whose offset the testbench reads y's golden values at.
+    for i in 0..INT8_CASES {
+        let c = int8_case(&mut rng, i % 2 == 0);
+        // the table is read as 64-bit words: its offset a multiple of 4 int16 (the arrays are
+        // 8-byte aligned)
+        while all_p.len() % 4 != 0 {
+            all_p.push(0);
+        }
+        let len = c.a.len().max(c.y.len());
+        let mut a = c.a.clone();
+        a.resize(len, 0);
+        let mut y = c.y.clone();
+        y.resize(len, 0);
+        let row = [
+            i64::from(c.args.op),
+            c.args.rows as i64,
+            c.args.n as i64,
+            i64::from(c.args.shift),
+            i64::from(c.args.c0),
+            i64::from(c.args.c1),
+            all_a.len() as i64,
+            all_b.len() as i64,
+            all_p.len() as i64,
+            c.y.len() as i64,
+            0,
+        ];
+        for (col, v) in cols.iter_mut().zip(row) {
+            col.push(v);
+        }
+        max_len = max_len.max(len);
+        all_s.extend(std::iter::repeat_n(0, len));
+        all_y.extend(y);
+        all_a.extend(a);
+        all_b.extend(c.b);
+        all_p.extend(c.p);
+    }
     let mut s = String::from(
         "// Generated by hls/tests/vecops.rs from fpga::golden::vecops. Do not edit.\n",
     );
     let _ = writeln!(
         s,
-        "#define TB_CASES 10\n#define TB_N_MAX {N_MAX}\n#define TB_MAX_LEN {max_len}"
+        "#define TB_CASES {}\n#define TB_N_MAX {N_MAX}\n#define TB_MAX_LEN {max_len}",
+        10 + INT8_CASES
     );
     for (name, ty, c) in [
         ("tb_op", "int", 0),
@@ -290,5 +415,6 @@ fn csim_vecops_testbench() {
     let _ = std::fs::remove_dir_all(&dir);
     let out = String::from_utf8_lossy(&run.stdout);
     assert!(run.status.success(), "vecops_tb failed:\n{out}");
-    assert!(out.contains("0 mismatches over 10 cases"), "{out}");
+    let want = format!("0 mismatches over {} cases", 10 + INT8_CASES);
+    assert!(out.contains(&want), "{out}");
 }
