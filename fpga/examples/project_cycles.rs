@@ -3,8 +3,8 @@
 //! checks) for the U55C-sized builds: GEMM T4096 x 4096 x 4096 (the 64-bit build and the
 //! card-sized 512-bit one) and attention N 4096, d 128,
 //! causal and not, one head, and a GQA group of 4 heads, on the one-row build and the
-//! query-parallel card build (`AttentionCore::u55c_rows`). `cargo run -p tandem-fpga --example
-//! project_cycles`.
+//! query-parallel card build (`AttentionCore::u55c_rows`), the card GEMM on the U55C's HBM with
+//! W placed as the drivers place it. `cargo run -p tandem-fpga --example project_cycles`.
 
 use tandem_fpga::DEFAULT_CLOCK_MHZ;
 use tandem_fpga::kernels::attention::AttentionCore;
@@ -80,6 +80,29 @@ fn main() {
             c,
             2.0 * (m * n * kk) as f64,
         );
+    }
+    // what the drivers do on the U55C (`drive::w_stripe_banks`): x, the parameters and y in
+    // bank 0, W in a bank of its own (a card of two banks) or striped over banks 1 and 2
+    for (what, w_rate) in [
+        ("W in its own bank", bank),
+        ("W striped over two banks", 2.0 * bank),
+    ] {
+        let w = timing::WPlacement::OwnBank {
+            port_bytes_per_cycle: 64.0,
+            bank_bytes_per_cycle: w_rate,
+        };
+        for kk in [4096u64, 14336] {
+            let c = timing::gemm_split_cycles_placed(&wide, m, n, kk, &hbm, w);
+            let ideal = m.div_ceil(u64::from(wide.rows)) * n.div_ceil(u64::from(wide.lanes)) * kk;
+            line(
+                &format!(
+                    "GEMM {m}x{n}x{kk} on the card build, U55C HBM, {what} (array busy {:.1}%)",
+                    100.0 * ideal as f64 / c as f64
+                ),
+                c,
+                2.0 * (m * n * kk) as f64,
+            );
+        }
     }
     let (nq, d) = (4096u64, 128u64);
     for a in [AttentionCore::u55c(), AttentionCore::u55c_rows()] {

@@ -186,11 +186,22 @@ fn wide_gemm_model_matches_the_rtl() {
 #[test]
 fn wide_gemm_model_matches_the_rtl_on_u55c_banks() {
     // The same build on the U55C's HBM at 300 MHz: 32 banks of 48 bytes a cycle (a
-    // 512-bit beat every 4/3 cycles), 33 cycles of read latency; the driver puts the W
-    // stream in bank 1 (`drive::stream_bank`), the x rows, parameters and y in bank 0, so W
-    // runs at its bank's rate (`timing::gemm_cycles_w_own_bank`).
+    // 512-bit beat every 4/3 cycles), 33 cycles of read latency; the driver stripes the W
+    // stream over banks 1 and 2 (`drive::w_stripe_banks`: 4 KiB stripes through `w` and
+    // `w_odd`), the x rows, parameters and y in bank 0, so W runs at two banks' rate, above
+    // the port's (`timing::gemm_cycles_w_own_bank` at twice the bank rate).
     let mem = tandem_sim::MemConfig::for_platform(&tandem_fpga::platform::U55C, 300.0, 64);
     wide_gemm_on(mem, "wide gemm on u55c banks", 0x55c);
+}
+
+#[test]
+fn wide_gemm_model_matches_the_rtl_on_two_u55c_banks() {
+    // A card of two such banks: W whole in bank 1 (`drive::stream_bank`), at one bank's rate.
+    let mem = tandem_sim::MemConfig {
+        banks: 2,
+        ..tandem_sim::MemConfig::for_platform(&tandem_fpga::platform::U55C, 300.0, 64)
+    };
+    wide_gemm_on(mem, "wide gemm on two u55c banks", 0x55c2);
 }
 
 /// The 512-bit 8 x 64 build on memory `mem`, 32 random shapes (`name` in the report).

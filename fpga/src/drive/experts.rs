@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Scratch, bad, bytes_of, launch, read, u32_of, with_scratch, words};
+use super::{Scratch, WBufs, bad, bytes_of, read, u32_of, with_scratch, words};
 use crate::core::KernelCore;
 use crate::device::{DeviceBuffer, FpgaDevice, FpgaError, RunStats};
 use crate::golden::experts::{Expert8, Experts8};
@@ -147,13 +147,14 @@ impl Card<'_> {
     fn gemm(
         &mut self,
         dev: &mut dyn FpgaDevice,
-        bufs: [&DeviceBuffer; 5],
+        w: &WBufs,
+        bufs: [&DeviceBuffer; 4],
         m: usize,
         n: usize,
         k: usize,
         mode: u32,
     ) -> Result<(), FpgaError> {
-        let [x, w, p, y, part] = bufs;
+        let [x, p, y, part] = bufs;
         let scalars = [
             ("m", u32_of(KERNEL, "m", m)?),
             ("n", u32_of(KERNEL, "n", n)?),
@@ -161,8 +162,8 @@ impl Card<'_> {
             ("relu", 0),
             ("mode", mode),
         ];
-        let pointers = [("x", x), ("w", w), ("params", p), ("y", y), ("part", part)];
-        let st = launch(dev, &pointers, &scalars, self.left())?;
+        let pointers = [("x", x), ("params", p), ("y", y), ("part", part)];
+        let st = super::launch_gemm(dev, w, &pointers, &scalars, self.left())?;
         self.stats.add(&st, true);
         Ok(())
     }
@@ -186,7 +187,7 @@ impl Card<'_> {
             for (slot, lin) in pair.iter_mut().zip([&e.gate, &e.up]) {
                 let by = s.alloc(dev, m * ncl)?;
                 let w = pack_w_lanes(&lin.w[r.start * h..r.end * h], nc, h, l);
-                let bw = s.upload_stream(dev, &w)?;
+                let bw = s.upload_w(dev, &w)?;
                 let bp = s.upload(
                     dev,
                     &words(&pack_params_lanes(
@@ -195,8 +196,8 @@ impl Card<'_> {
                         l,
                     )),
                 )?;
-                self.gemm(dev, [&bx, &bw, &bp, &by, &by], m, ncl, pad_lanes(h, l), 0)?;
-                s.free_last(dev, 2)?;
+                self.gemm(dev, &bw, [&bx, &bp, &by, &by], m, ncl, pad_lanes(h, l), 0)?;
+                s.free_last(dev, 1 + bw.buffers())?;
                 *slot = by;
             }
             gu.push(pair);
@@ -237,10 +238,10 @@ impl Card<'_> {
             let (first, last) = (i == 0, i + 1 == chunks.len());
             let mode = if first { 0 } else { MODE_ACC_IN } | if last { 0 } else { MODE_PART_OUT };
             let ws = k_slice(&e.down.w, f, r.clone());
-            let bw = s.upload_stream(dev, &pack_w_lanes(&ws, h, r.len(), l))?;
+            let bw = s.upload_w(dev, &pack_w_lanes(&ws, h, r.len(), l))?;
             let kl = pad_lanes(r.len(), l);
-            self.gemm(dev, [a, &bw, &bp, y, &part], m, hl, kl, mode)?;
-            s.free_last(dev, 1)?;
+            self.gemm(dev, &bw, [a, &bp, y, &part], m, hl, kl, mode)?;
+            s.free_last(dev, bw.buffers())?;
         }
         Ok(())
     }

@@ -11,8 +11,8 @@
 
 use std::time::Duration;
 
-use super::{Scratch, bad, bytes_of, launch, read, u32_of, with_scratch, words};
-use crate::device::{FpgaDevice, FpgaError, RunStats};
+use super::{Scratch, WBufs, bad, bytes_of, launch, read, u32_of, with_scratch, words};
+use crate::device::{DeviceBuffer, FpgaDevice, FpgaError, RunStats};
 use crate::golden::gemm::k_slice;
 use crate::golden::gemm::{GemmDims, MAX_SHIFT, Requant};
 use crate::kernels::gemm::{
@@ -65,18 +65,12 @@ fn run_gemm_lanes(
     let ybytes = m * np;
     with_scratch(dev, |dev, s: &mut Scratch| {
         let bx = s.upload(dev, &bytes_of(&pad_x_lanes(x, m, k, lanes)))?;
-        let bw = s.upload_stream(dev, &pack_w_lanes(w, n, k, lanes))?;
+        let bw = s.upload_w(dev, &pack_w_lanes(w, n, k, lanes))?;
         let bp = s.upload(dev, &words(&pack_params_lanes(bias, rq, lanes)))?;
         let by = s.alloc(dev, ybytes)?;
         // mode 0 never touches `part`
-        let pointers = [
-            ("x", &bx),
-            ("w", &bw),
-            ("params", &bp),
-            ("y", &by),
-            ("part", &by),
-        ];
-        let stats = launch(dev, &pointers, &scalars, timeout)?;
+        let pointers = [("x", &bx), ("params", &bp), ("y", &by), ("part", &by)];
+        let stats = launch_gemm(dev, &bw, &pointers, &scalars, timeout)?;
         let y = read(dev, &by, ybytes)?;
         let out = y
             .chunks_exact(np)
@@ -84,6 +78,19 @@ fn run_gemm_lanes(
             .collect();
         Ok((out, stats))
     })
+}
+
+/// Launches the GEMM kernel with W in `w` (one buffer, or two of alternate stripes) and the
+/// other pointers and scalars as named.
+pub fn launch_gemm(
+    dev: &mut dyn FpgaDevice,
+    w: &WBufs,
+    pointers: &[(&str, &DeviceBuffer)],
+    scalars: &[(&str, u32)],
+    timeout: Duration,
+) -> Result<RunStats, FpgaError> {
+    w.set(dev)?;
+    launch(dev, pointers, scalars, timeout)
 }
 
 /// Checks the arguments of a GEMM driver call.
@@ -203,7 +210,7 @@ fn gemm_passes(
         let xs = k_slice(x, k, r.clone());
         let ws = k_slice(w, k, r.clone());
         let bx = s.upload(dev, &bytes_of(&pad_x_lanes(&xs, m, kc, lanes)))?;
-        let bw = s.upload_stream(dev, &pack_w_lanes(&ws, n, kc, lanes))?;
+        let bw = s.upload_w(dev, &pack_w_lanes(&ws, n, kc, lanes))?;
         let scalars = [
             ("m", u32_of(KERNEL, "m", m)?),
             ("n", u32_of(KERNEL, "n", np)?),
@@ -211,19 +218,13 @@ fn gemm_passes(
             ("relu", u32::from(relu)),
             ("mode", mode),
         ];
-        let pointers = [
-            ("x", &bx),
-            ("w", &bw),
-            ("params", &bp),
-            ("y", &by),
-            ("part", &bpart),
-        ];
-        let st = launch(dev, &pointers, &scalars, timeout)?;
+        let pointers = [("x", &bx), ("params", &bp), ("y", &by), ("part", &bpart)];
+        let st = launch_gemm(dev, &bw, &pointers, &scalars, timeout)?;
         total.cycles += st.cycles;
         total.total_cycles = st.total_cycles;
         total.wall += st.wall;
         // this pass's x and w are no longer needed: keep device memory to one pass's worth
-        s.free_last(dev, 2)?;
+        s.free_last(dev, 1 + bw.buffers())?;
     }
     let y = read(dev, &by, ybytes)?;
     let out = y

@@ -27,7 +27,7 @@ pub use attention::{
     AttentionDims, KvHead, QueryHead, run_attention, run_attention_head, run_attention_split,
 };
 pub use experts::{ExpertsStats, experts_cycles, experts_cycles_placed, run_experts};
-pub use gemm::{run_gemm, run_gemm_split};
+pub use gemm::{launch_gemm, run_gemm, run_gemm_split};
 pub use router::{run_router, run_router_with};
 pub use vecops::{launch_combine, launch_silu_mul8, run_combine, run_silu_mul8, run_vecops};
 
@@ -73,6 +73,31 @@ impl Scratch {
         self.upload_in(dev, bank, data)
     }
 
+    /// The GEMM's packed W stream (`packed`, [`crate::kernels::gemm::pack_w_lanes`]) on the
+    /// device: striped over banks 1 and 2 ([`crate::kernels::gemm::pack::stripe_w`]) where
+    /// [`w_stripe_banks`] allows, else whole in [`stream_bank`].
+    pub fn upload_w(
+        &mut self,
+        dev: &mut dyn FpgaDevice,
+        packed: &[u8],
+    ) -> Result<WBufs, FpgaError> {
+        match w_stripe_banks(dev) {
+            Some((a, b)) => {
+                let (even, odd) = crate::kernels::gemm::pack::stripe_w(packed);
+                let even = self.upload_in(dev, a, &even)?;
+                let odd = self.upload_in(dev, b, &odd)?;
+                Ok(WBufs {
+                    even,
+                    odd: Some(odd),
+                })
+            }
+            None => Ok(WBufs {
+                even: self.upload_stream(dev, packed)?,
+                odd: None,
+            }),
+        }
+    }
+
     /// Allocates a buffer holding `data` in `bank` and moves it to the device.
     pub fn upload_in(
         &mut self,
@@ -113,6 +138,53 @@ impl Scratch {
 /// that it does not share a bank's bandwidth with the activations in bank 0; else bank 0.
 pub fn stream_bank(dev: &dyn FpgaDevice) -> u32 {
     u32::from(dev.banks() > 1)
+}
+
+/// The banks a GEMM's W stream is striped over (even stripes, odd stripes), or `None` to keep
+/// it whole: banks 1 and 2 when the card has at least three and the loaded kernel takes a
+/// second W pointer (`w_odd`), so the stream reads two banks at once (on a U55C one HBM
+/// pseudo-channel gives 48 bytes a cycle at 300 MHz, the 512-bit port takes 64).
+pub fn w_stripe_banks(dev: &dyn FpgaDevice) -> Option<(u32, u32)> {
+    let takes = dev.kernel().is_some_and(|k| k.slot("w_odd").is_ok());
+    (takes && dev.banks() >= 3).then_some((1, 2))
+}
+
+/// A GEMM launch's W on the device: one buffer, or two holding alternate stripes.
+#[derive(Debug, Clone, Copy)]
+pub struct WBufs {
+    /// The whole stream, or its even stripes.
+    pub even: DeviceBuffer,
+    /// The odd stripes, when striped.
+    pub odd: Option<DeviceBuffer>,
+}
+
+impl WBufs {
+    /// Buffers allocated for it (what [`Scratch::free_last`] frees).
+    pub fn buffers(&self) -> usize {
+        1 + usize::from(self.odd.is_some())
+    }
+
+    /// Sets the kernel's `w` and `w_odd` (0 when not striped; left alone on a kernel without
+    /// `w_odd`).
+    pub fn set(&self, dev: &mut dyn FpgaDevice) -> Result<(), FpgaError> {
+        dev.set_pointer("w", &self.even)?;
+        match &self.odd {
+            Some(b) => dev.set_pointer("w_odd", b),
+            None => {
+                let slot = dev
+                    .kernel()
+                    .and_then(|k| k.slot("w_odd").ok())
+                    .map(|s| s.offset);
+                match slot {
+                    Some(off) => {
+                        dev.write_reg(off, 0)?;
+                        dev.write_reg(off + 4, 0)
+                    }
+                    None => Ok(()),
+                }
+            }
+        }
+    }
 }
 
 /// Runs `f` with a [`Scratch`], then frees every buffer it allocated (newest first), whatever

@@ -47,6 +47,17 @@ pub fn port_banks(
         .collect())
 }
 
+/// The bank range of a kernel whose one memory port also reads a W stream striped over two
+/// banks (an argument `w_odd`, [`crate::kernels::gemm::W_STRIPE_BYTES`]): `HBM[0:2]` on an
+/// HBM platform, so the port reaches banks 0..=2 (the drivers' `w_stripe_banks`); `None`
+/// otherwise (one bank per port).
+pub fn striped_w_range(kernel: &KernelMeta, platform: &Platform) -> Option<String> {
+    let one_port = kernel.memory_ports().count() == 1;
+    let takes = kernel.args.iter().any(|a| a.name == "w_odd");
+    (one_port && takes && platform.bank_prefix == "HBM" && platform.banks >= 3)
+        .then(|| format!("{}[0:2]", platform.bank_prefix))
+}
+
 /// The text of the link configuration file (`--config link.cfg`).
 pub fn link_config(kernel: &KernelMeta, platform: &Platform) -> Result<String, FlowError> {
     let banks = port_banks(kernel, platform)?;
@@ -65,8 +76,22 @@ pub fn link_config(kernel: &KernelMeta, platform: &Platform) -> Result<String, F
     );
     let _ = writeln!(s, "[connectivity]");
     let _ = writeln!(s, "nk={k}:1:{cu}");
+    let striped = striped_w_range(kernel, platform);
     for (port, bank) in &banks {
-        let _ = writeln!(s, "sp={cu}.{port}:{bank}");
+        match &striped {
+            Some(range) => {
+                let _ = writeln!(
+                    s,
+                    "# {port} reaches three pseudo-channels through the HBM switch: the \
+                     drivers put x, y and the parameters in the first, W's stripes in the \
+                     other two."
+                );
+                let _ = writeln!(s, "sp={cu}.{port}:{range}");
+            }
+            None => {
+                let _ = writeln!(s, "sp={cu}.{port}:{bank}");
+            }
+        }
     }
     let _ = writeln!(s);
     let _ = writeln!(s, "[vivado]");
@@ -121,6 +146,31 @@ mod tests {
              prop=run.impl_1.STEPS.OPT_DESIGN.ARGS.DIRECTIVE=Explore\n\
              prop=run.impl_1.STEPS.ROUTE_DESIGN.ARGS.DIRECTIVE=Explore\n"
         );
+    }
+
+    #[test]
+    fn a_striped_w_port_reaches_three_hbm_channels() {
+        use crate::xclbin::ArgMeta;
+        let mut k = kernel(&["m_axi_gmem"]);
+        assert!(
+            link_config(&k, &U55C)
+                .expect("cfg")
+                .contains("\nsp=gemm_1.m_axi_gmem:HBM[0]\n")
+        );
+        k.args.push(ArgMeta {
+            name: "w_odd".into(),
+            id: 10,
+            address_qualifier: 1,
+            port: "m_axi_gmem".into(),
+            size: 8,
+            offset: 0x60,
+            c_type: "char*".into(),
+        });
+        let cfg = link_config(&k, &U55C).expect("cfg");
+        assert!(cfg.contains("\nsp=gemm_1.m_axi_gmem:HBM[0:2]\n"), "{cfg}");
+        // DDR banks: one per port, striped or not
+        let cfg = link_config(&k, &U250).expect("cfg");
+        assert!(cfg.contains("\nsp=gemm_1.m_axi_gmem:DDR[0]\n"), "{cfg}");
     }
 
     #[test]

@@ -3,7 +3,9 @@
 
 use tandem_fpga::FpgaError;
 use tandem_fpga::golden::gemm::{MAX_SHIFT, Requant, postprocess};
-use tandem_fpga::kernels::gemm::{GemmCore, MODE_ACC_IN, MODE_PART_OUT};
+use tandem_fpga::kernels::gemm::{
+    GemmCore, MODE_ACC_IN, MODE_PART_OUT, W_STRIPE_BYTES, unstripe_w,
+};
 use tandem_fpga::regmap::KernelDesc;
 use tandem_fpga::timing::{self, MemTiming, WPlacement};
 
@@ -40,12 +42,25 @@ pub(super) fn run(
     // The packed stream: for each tile of `lanes` columns and each k, one beat whose byte c
     // is w[n0 + c][k].
     let lanes = l as usize;
-    let ww = super::sums::unpack_w(
-        card.view(card.pointer(desc, "w")?, np * kp)?,
-        lanes,
-        kp,
-        kp16,
-    );
+    // `w_odd` set: the stream's stripes alternate between the two buffers (the RTL's reads)
+    let w_odd = match desc.slot("w_odd") {
+        Ok(_) => card.pointer(desc, "w_odd")?,
+        Err(_) => 0,
+    };
+    let ww = if w_odd == 0 {
+        super::sums::unpack_w(
+            card.view(card.pointer(desc, "w")?, np * kp)?,
+            lanes,
+            kp,
+            kp16,
+        )
+    } else {
+        let len = np * kp;
+        let (ne, no) = stripe_lens(len);
+        let even = card.fetch(card.pointer(desc, "w")?, ne)?;
+        let odd = card.fetch(w_odd, no)?;
+        super::sums::unpack_w(&unstripe_w(&even, &odd, len), lanes, kp, kp16)
+    };
     let params = card.fetch(card.pointer(desc, "params")?, np * 8)?;
     let (mut bias, mut rq) = (Vec::with_capacity(np), Vec::with_capacity(np));
     for p in params.chunks_exact(8) {
@@ -93,19 +108,49 @@ pub(super) fn run(
     // partials of a PART_OUT pass) only when they are in one bank.
     let bank_of = |addr: u64| card.mem.locate(addr).map(|(b, _)| b);
     let w_bank = bank_of(card.pointer(desc, "w")?);
+    let odd_bank = if w_odd == 0 { w_bank } else { bank_of(w_odd) };
     let mut others = vec![card.pointer(desc, "x")?, card.pointer(desc, "params")?];
     others.push(card.pointer(desc, if part_out { "part" } else { "y" })?);
     if acc_in {
         others.push(card.pointer(desc, "part")?);
     }
     let (m, np, kp) = (m as u64, np as u64, kp as u64);
+    let alone = |b| others.iter().all(|&a| bank_of(a) != b);
     let placement = match card.cfg.mem.bank_bytes_per_cycle {
-        // the W stream has its bank to itself: the port at its own rate, W at the bank's
-        Some(bank) if others.iter().all(|&a| bank_of(a) != w_bank) => WPlacement::OwnBank {
+        // the W stream has its bank(s) to itself: the port at its own rate, W at the bank's,
+        // or at two banks' when its stripes alternate between two
+        Some(bank) if alone(w_bank) && alone(odd_bank) => WPlacement::OwnBank {
             port_bytes_per_cycle: card.cfg.mem.bytes_per_cycle,
-            bank_bytes_per_cycle: bank,
+            // (a stream of one stripe lies in the first buffer only)
+            bank_bytes_per_cycle: if odd_bank != w_bank && np * kp > W_STRIPE_BYTES as u64 {
+                2.0 * bank
+            } else {
+                bank
+            },
         },
         _ => WPlacement::Shared,
     };
     Ok(placement.gemm_cycles(c, (m, np, kp), mode, t))
+}
+
+/// Bytes of the even and the odd stripe buffers of a `len`-byte striped W stream.
+fn stripe_lens(len: usize) -> (usize, usize) {
+    let sb = W_STRIPE_BYTES;
+    let (full, rest) = (len / sb, len % sb);
+    let even = full.div_ceil(2) * sb + if full % 2 == 0 { rest } else { 0 };
+    let odd = full / 2 * sb + if full % 2 == 1 { rest } else { 0 };
+    (even, odd)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn stripe_lengths_match_the_packing() {
+        for len in [0, 1, 4095, 4096, 4097, 8192, 12288 + 5, 3 * 4096] {
+            let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+            let (e, o) = tandem_fpga::kernels::gemm::stripe_w(&data);
+            assert_eq!(super::stripe_lens(len), (e.len(), o.len()), "{len}");
+            assert_eq!(tandem_fpga::kernels::gemm::unstripe_w(&e, &o, len), data);
+        }
+    }
 }

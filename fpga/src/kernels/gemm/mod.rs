@@ -21,7 +21,9 @@
 //!
 //! Arguments: `x` (ptr0, int8 `[M][K]`), `w` (ptr1, packed), `params` (ptr2, packed), `y`
 //! (ptr3, int8 `[M][N]`), `m` (arg0), `n` (arg1, a multiple of L), `k` (arg2, a multiple of
-//! L), `relu` (arg3), `part` (ptr4), `mode` (arg4). The host pads N and K with zeros
+//! L), `relu` (arg3), `part` (ptr4), `mode` (arg4), `w_odd` (ptr5: 0, or W striped over
+//! two buffers, [`W_STRIPE_BYTES`] stripes alternating between `w` and `w_odd`, so the W
+//! stream reads two memory banks at once; [`pack::stripe_w`]). The host pads N and K with zeros
 //! ([`pack_w_lanes`], [`pad_x_lanes`]). Out-of-range sizes (m = 0, n or k not a positive
 //! multiple of L or beyond `n_max` / `k_max`) finish at once without touching memory.
 //!
@@ -39,6 +41,7 @@ pub mod pack;
 
 pub use pack::{
     pack_params, pack_params_lanes, pack_w, pack_w_lanes, pad_lanes, pad_x, pad_x_lanes, pad8,
+    stripe_w, unstripe_w,
 };
 
 /// `mode` bit 0, ACC_IN: the int32 partial sums in `part` (`[M][Np]`, row-major, little
@@ -48,6 +51,16 @@ pub const MODE_ACC_IN: u32 = 1;
 /// written to `part` instead of y; no bias, ReLU or requantisation (a pass that is not a
 /// K split's last).
 pub const MODE_PART_OUT: u32 = 2;
+
+/// Bytes of one W stripe when W is split over two buffers (`w_odd` set): the packed stream's
+/// stripes alternate between `w` (even) and `w_odd` (odd), so a W stream in two HBM
+/// pseudo-channels reads both at once ([`crate::kernels::gemm::pack::stripe_w`]).
+pub const W_STRIPE_BYTES: usize = 4096;
+
+/// Beats of one W stripe on a build of `lanes` lanes (a beat holds `lanes` bytes).
+pub fn w_stripe_beats(lanes: usize) -> usize {
+    W_STRIPE_BYTES / lanes.max(1)
+}
 
 /// Columns of the default (64-bit port) array: the 8 int8 weights of one 64-bit read word.
 /// A build's column count is its [`GemmCore::lanes`].
@@ -178,6 +191,7 @@ impl KernelCore for GemmCore {
                 ArgDesc::scalar("relu"),
                 ArgDesc::pointer("part", "int*"),
                 ArgDesc::scalar("mode"),
+                ArgDesc::pointer("w_odd", "char*"),
             ],
         }
     }
@@ -215,6 +229,8 @@ fn gemm_verilog(p: &GemmCore) -> String {
     let ppb = cols / 8; // parameter words per beat
     let ipb = cols / 4; // int32 partials per beat
     let ar = clog2(p.rows.max(2));
+    let stripe = w_stripe_beats(p.lanes as usize); // beats per W stripe (a power of two)
+    let lgs = stripe.trailing_zeros();
     let mut decl = String::new();
     let mut seq = String::new();
     let mut comb = String::new();
@@ -426,6 +442,7 @@ fn gemm_verilog(p: &GemmCore) -> String {
 localparam [31:0] ROWS = 32'd{rows};
 localparam [31:0] K_MAX = 32'd{k_max};
 localparam [31:0] N_MAX = 32'd{n_max};
+localparam [31:0] W_STRIPE = 32'd{stripe};
 localparam [2:0] P_PRM = 3'd0, P_X = 3'd1, P_W = 3'd2, P_FLUSH = 3'd3, P_END = 3'd4, P_PI = 3'd5, P_IDLE = 3'd7;
 localparam [1:0] W_IDLE = 2'd0, W_REQ = 2'd1, W_DAT = 2'd2;
 
@@ -433,7 +450,10 @@ localparam [1:0] W_IDLE = 2'd0, W_REQ = 2'd1, W_DAT = 2'd2;
 reg running;
 reg [31:0] m_q, n_q, k_q, nt_q, kw_q, pw_n_q;
 reg relu_q, acc_in_q, part_out_q;
-reg [63:0] px_q, pw_q, pp_q, py_q, pq_q;
+reg [63:0] px_q, pw_q, pp_q, py_q, pq_q, pwh_q;
+// W striped over two buffers (w_odd != 0): stripe s of W_STRIPE beats of the packed stream
+// lies in w (s even) or w_odd (s odd), at (s / 2) stripes from its start
+wire w_striped = pwh_q != 64'd0;
 assign busy = running;
 wire args_ok = (arg0 != 32'd0) && (arg1 != 32'd0) && (arg1[{lgh}:0] == {lg}'d0) && (arg1 <= N_MAX)
             && (arg2 != 32'd0) && (arg2[{lgh}:0] == {lg}'d0) && (arg2 <= K_MAX);
@@ -443,6 +463,12 @@ reg [2:0] g_ph;
 reg [31:0] g_m0, g_nt;
 reg [{arh}:0] g_r;
 reg [63:0] g_xa, g_wa, g_pa, g_prow;
+reg [31:0] g_wb, g_wrem;  // W beat of this M tile's stream, beats left in this N tile
+wire [31:0] g_woff = {{{spad}'d0, g_wb[{lgsh}:0]}};
+wire [31:0] g_wroom = W_STRIPE - g_woff;
+wire [31:0] g_wlen = !w_striped ? k_q : ((g_wrem < g_wroom) ? g_wrem : g_wroom);
+wire [63:0] g_wsa = (g_wb[{lgs}] ? pwh_q : pw_q) + {{{sapad}'d0, g_wb[31:{lgs1}], {lgsb}'d0}} + {{{opad}'d0, g_woff[{lgsh}:0], {lg}'d0}};
+wire g_wtile_end = !w_striped || g_wlen == g_wrem;
 always @* begin
     rd_req_valid = running && (g_ph == P_PRM || g_ph == P_X || g_ph == P_W || g_ph == P_PI);
     rd_req_addr = 64'd0;
@@ -450,7 +476,7 @@ always @* begin
     case (g_ph)
         P_PRM: begin rd_req_addr = pp_q; rd_req_len = pw_n_q; end
         P_X: begin rd_req_addr = g_xa; rd_req_len = kw_q; end
-        P_W: begin rd_req_addr = g_wa; rd_req_len = k_q; end
+        P_W: begin rd_req_addr = w_striped ? g_wsa : g_wa; rd_req_len = g_wlen; end
         P_PI: begin rd_req_addr = g_pa; rd_req_len = 32'd4; end
         default: ;
     endcase
@@ -534,7 +560,8 @@ always @(posedge clock) begin
                 m_q <= arg0; n_q <= arg1; k_q <= arg2; relu_q <= arg3[0];
                 acc_in_q <= arg4[0]; part_out_q <= arg4[1];
                 nt_q <= arg1 >> {lg}; kw_q <= arg2 >> {lg}; pw_n_q <= arg1 >> {lgp};
-                px_q <= ptr0; pw_q <= ptr1; pp_q <= ptr2; py_q <= ptr3; pq_q <= ptr4;
+                px_q <= ptr0; pw_q <= ptr1; pp_q <= ptr2; py_q <= ptr3; pq_q <= ptr4; pwh_q <= ptr5;
+                g_wb <= 32'd0; g_wrem <= arg2;
                 g_prow <= ptr4; c_prow <= ptr4; c_tpar <= 1'b0;
                 g_ph <= P_PRM; c_ph <= P_PRM;
                 g_m0 <= 32'd0; g_nt <= 32'd0; g_r <= 0; g_xa <= ptr0; g_wa <= ptr1;
@@ -554,6 +581,7 @@ always @(posedge clock) begin
                     g_xa <= g_xa + {{32'd0, k_q}};
                     if (g_last_row) begin
                         g_ph <= acc_in_q ? P_PI : P_W; g_nt <= 32'd0; g_wa <= pw_q;
+                        g_wb <= 32'd0; g_wrem <= k_q;
                         g_r <= 0; g_pa <= g_prow;
                     end
                     else g_r <= g_r + 1'b1;
@@ -564,16 +592,21 @@ always @(posedge clock) begin
                     else g_r <= g_r + 1'b1;
                 end
                 P_W: begin
-                    g_wa <= g_wa + {{{wpad}'d0, k_q, {lg}'d0}};
-                    g_r <= 0;
-                    if (g_nt + 32'd1 == nt_q) begin
-                        g_nt <= 32'd0;
-                        g_prow <= g_prow + {{30'd0, n_q, 2'd0}} * ROWS;
-                        if (g_m0 + ROWS >= m_q) g_ph <= P_END;
-                        else begin g_ph <= P_X; g_m0 <= g_m0 + ROWS; end
-                    end else begin
-                        g_nt <= g_nt + 32'd1;
-                        if (acc_in_q) begin g_ph <= P_PI; g_pa <= g_prow + {{{ppad}'d0, g_nt + 32'd1, {lg2}'d0}}; end
+                    // striped: one request per stripe piece, the tile's last one ends it
+                    g_wb <= g_wb + g_wlen;
+                    g_wrem <= g_wtile_end ? k_q : g_wrem - g_wlen;
+                    if (g_wtile_end) begin
+                        g_wa <= g_wa + {{{wpad}'d0, k_q, {lg}'d0}};
+                        g_r <= 0;
+                        if (g_nt + 32'd1 == nt_q) begin
+                            g_nt <= 32'd0;
+                            g_prow <= g_prow + {{30'd0, n_q, 2'd0}} * ROWS;
+                            if (g_m0 + ROWS >= m_q) g_ph <= P_END;
+                            else begin g_ph <= P_X; g_m0 <= g_m0 + ROWS; end
+                        end else begin
+                            g_nt <= g_nt + 32'd1;
+                            if (acc_in_q) begin g_ph <= P_PI; g_pa <= g_prow + {{{ppad}'d0, g_nt + 32'd1, {lg2}'d0}}; end
+                        end
                     end
                 end
                 default: ;
@@ -696,6 +729,14 @@ endmodule // gemm_core
         ppad = 30 - lg,
         k_max = p.k_max,
         n_max = p.n_max,
+        stripe = stripe,
+        lgs = lgs,
+        lgsh = lgs - 1,
+        lgs1 = lgs + 1,
+        lgsb = lgs + lg,
+        spad = 32 - lgs,
+        sapad = 33 - lg,
+        opad = 64 - lgs - lg,
         arh = ar - 1,
         pad = 32 - ar,
         flush = rows + cols + 2,
@@ -735,6 +776,7 @@ mod tests {
             ("relu", 0x48),
             ("part", 0x50),
             ("mode", 0x58),
+            ("w_odd", 0x60),
         ];
         assert_eq!(offs, want.map(|(n, o)| (n.to_string(), o)).to_vec());
     }

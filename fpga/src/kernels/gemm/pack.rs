@@ -161,3 +161,42 @@ mod tests {
         }
     }
 }
+
+/// The packed W stream (`packed`, [`pack_w_lanes`]) split into the two buffers of a striped
+/// launch (`w_odd` set): stripes of [`super::W_STRIPE_BYTES`] bytes alternate, the even ones
+/// (0, 2, ...) in the first buffer and the odd ones in the second, each buffer holding its
+/// stripes back to back (the last stripe may be short). The kernel reads stripe `s` at
+/// `(s / 2) * W_STRIPE_BYTES` into buffer `s % 2`.
+pub fn stripe_w(packed: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let sb = super::W_STRIPE_BYTES;
+    let mut even = Vec::with_capacity(packed.len().div_ceil(2) + sb);
+    let mut odd = Vec::with_capacity(packed.len() / 2 + sb);
+    for (i, chunk) in packed.chunks(sb).enumerate() {
+        if i % 2 == 0 {
+            even.extend_from_slice(chunk);
+        } else {
+            odd.extend_from_slice(chunk);
+        }
+    }
+    (even, odd)
+}
+
+/// The packed W stream again from its two stripe buffers ([`stripe_w`]'s inverse), `len`
+/// bytes in all.
+pub fn unstripe_w(even: &[u8], odd: &[u8], len: usize) -> Vec<u8> {
+    let sb = super::W_STRIPE_BYTES;
+    let mut out = Vec::with_capacity(len);
+    let (mut e, mut o) = (even.chunks(sb), odd.chunks(sb));
+    while out.len() < len {
+        let next = if (out.len() / sb) % 2 == 0 {
+            e.next()
+        } else {
+            o.next()
+        };
+        match next {
+            Some(c) => out.extend_from_slice(&c[..c.len().min(len - out.len())]),
+            None => break,
+        }
+    }
+    out
+}

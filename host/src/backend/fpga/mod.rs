@@ -343,14 +343,15 @@ impl FpgaBackend {
     /// `tandem_fpga::timing`).
     fn estimate_cycles(&self, op: &Op, inputs: &[TensorMeta]) -> Option<u64> {
         // the simulated card's memory (the u55c profile's HBM banks behind 64-byte beats,
-        // the GEMM's W stream in a bank of its own as the driver places it); a board: the
+        // the GEMM's W stream as the driver places it: striped over two banks of its own
+        // where the card has three, `drive::w_stripe_banks`, else in one); a board: the
         // default
         let (mem, w) = if self.info.id.kind == DeviceKind::FpgaSim {
             let m = sim_mem(&self.opts);
             let w = match m.bank_bytes_per_cycle {
                 Some(bank) if m.banks > 1 => WPlacement::OwnBank {
                     port_bytes_per_cycle: m.bytes_per_cycle,
-                    bank_bytes_per_cycle: bank,
+                    bank_bytes_per_cycle: if m.banks >= 3 { 2.0 * bank } else { bank },
                 },
                 _ => WPlacement::Shared,
             };
