@@ -110,6 +110,45 @@ pub fn pack_params_lanes(bias: &[i32], rq: &[Requant], lanes: usize) -> Vec<u64>
         .collect()
 }
 
+/// The packed W stream (`packed`, [`pack_w_lanes`]) split into the two buffers of a striped
+/// launch (`w_odd` set): stripes of [`super::W_STRIPE_BYTES`] bytes alternate, the even ones
+/// (0, 2, ...) in the first buffer and the odd ones in the second, each buffer holding its
+/// stripes back to back (the last stripe may be short). The kernel reads stripe `s` at
+/// `(s / 2) * W_STRIPE_BYTES` into buffer `s % 2`.
+pub fn stripe_w(packed: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let sb = super::W_STRIPE_BYTES;
+    let mut even = Vec::with_capacity(packed.len().div_ceil(2) + sb);
+    let mut odd = Vec::with_capacity(packed.len() / 2 + sb);
+    for (i, chunk) in packed.chunks(sb).enumerate() {
+        if i.is_multiple_of(2) {
+            even.extend_from_slice(chunk);
+        } else {
+            odd.extend_from_slice(chunk);
+        }
+    }
+    (even, odd)
+}
+
+/// The packed W stream again from its two stripe buffers ([`stripe_w`]'s inverse), `len`
+/// bytes in all.
+pub fn unstripe_w(even: &[u8], odd: &[u8], len: usize) -> Vec<u8> {
+    let sb = super::W_STRIPE_BYTES;
+    let mut out = Vec::with_capacity(len);
+    let (mut e, mut o) = (even.chunks(sb), odd.chunks(sb));
+    while out.len() < len {
+        let next = if (out.len() / sb).is_multiple_of(2) {
+            e.next()
+        } else {
+            o.next()
+        };
+        match next {
+            Some(c) => out.extend_from_slice(&c[..c.len().min(len - out.len())]),
+            None => break,
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,43 +199,18 @@ mod tests {
             assert_eq!(pad_x_lanes(&[1, 2], 1, 2, lanes).len(), lanes);
         }
     }
-}
 
-/// The packed W stream (`packed`, [`pack_w_lanes`]) split into the two buffers of a striped
-/// launch (`w_odd` set): stripes of [`super::W_STRIPE_BYTES`] bytes alternate, the even ones
-/// (0, 2, ...) in the first buffer and the odd ones in the second, each buffer holding its
-/// stripes back to back (the last stripe may be short). The kernel reads stripe `s` at
-/// `(s / 2) * W_STRIPE_BYTES` into buffer `s % 2`.
-pub fn stripe_w(packed: &[u8]) -> (Vec<u8>, Vec<u8>) {
-    let sb = super::W_STRIPE_BYTES;
-    let mut even = Vec::with_capacity(packed.len().div_ceil(2) + sb);
-    let mut odd = Vec::with_capacity(packed.len() / 2 + sb);
-    for (i, chunk) in packed.chunks(sb).enumerate() {
-        if i % 2 == 0 {
-            even.extend_from_slice(chunk);
-        } else {
-            odd.extend_from_slice(chunk);
-        }
+    #[test]
+    fn stripes_alternate_and_come_back() {
+        let sb = crate::kernels::gemm::W_STRIPE_BYTES;
+        let data: Vec<u8> = (0..3 * sb + 5).map(|i| (i % 251) as u8).collect();
+        let (even, odd) = stripe_w(&data);
+        assert_eq!(even.len(), 2 * sb + 5);
+        assert_eq!(odd.len(), sb);
+        assert_eq!(&even[..sb], &data[..sb]);
+        assert_eq!(&odd[..], &data[sb..2 * sb]);
+        assert_eq!(&even[sb..], &data[2 * sb..]);
+        assert_eq!(unstripe_w(&even, &odd, data.len()), data);
+        assert_eq!(stripe_w(&[]), (Vec::new(), Vec::new()));
     }
-    (even, odd)
-}
-
-/// The packed W stream again from its two stripe buffers ([`stripe_w`]'s inverse), `len`
-/// bytes in all.
-pub fn unstripe_w(even: &[u8], odd: &[u8], len: usize) -> Vec<u8> {
-    let sb = super::W_STRIPE_BYTES;
-    let mut out = Vec::with_capacity(len);
-    let (mut e, mut o) = (even.chunks(sb), odd.chunks(sb));
-    while out.len() < len {
-        let next = if (out.len() / sb) % 2 == 0 {
-            e.next()
-        } else {
-            o.next()
-        };
-        match next {
-            Some(c) => out.extend_from_slice(&c[..c.len().min(len - out.len())]),
-            None => break,
-        }
-    }
-    out
 }
