@@ -205,11 +205,12 @@ mod tests {
         let sb = crate::kernels::gemm::W_STRIPE_BYTES;
         let data: Vec<u8> = (0..3 * sb + 5).map(|i| (i % 251) as u8).collect();
         let (even, odd) = stripe_w(&data);
-        assert_eq!(even.len(), 2 * sb + 5);
-        assert_eq!(odd.len(), sb);
+        // stripes 0 and 2 in the first buffer, 1 and the short 3 in the second
+        assert_eq!((even.len(), odd.len()), (2 * sb, sb + 5));
         assert_eq!(&even[..sb], &data[..sb]);
-        assert_eq!(&odd[..], &data[sb..2 * sb]);
-        assert_eq!(&even[sb..], &data[2 * sb..]);
+        assert_eq!(&even[sb..], &data[2 * sb..3 * sb]);
+        assert_eq!(&odd[..sb], &data[sb..2 * sb]);
+        assert_eq!(&odd[sb..], &data[3 * sb..]);
         assert_eq!(unstripe_w(&even, &odd, data.len()), data);
         assert_eq!(stripe_w(&[]), (Vec::new(), Vec::new()));
     }
