@@ -80,26 +80,11 @@ fn hls_vecops_matches_golden() {
 #[test]
 fn hls_int8_ops_match_golden() {
     let mut rng = ChaCha8Rng::seed_from_u64(0x418);
-    let r8 = |rng: &mut ChaCha8Rng, len: usize| -> Vec<i8> {
-        (0..len)
-            .map(|_| rng.gen_range(-128i16..=127) as i8)
-            .collect()
-    };
     for i in 0..40 {
         let rows = rng.gen_range(1..=5usize);
         let n = rng.gen_range(1..=N_MAX);
-        let np8 = gv::LANES8 * gv::words8(n);
-        if i % 2 == 0 {
-            let args = VecArgs {
-                op: gv::OP_SILU_MUL8,
-                rows,
-                n,
-                shift: rng.gen_range(10..=34),
-                c0: rng.gen_range(1..=65535),
-                c1: (rng.gen_range(1u32..=65535) << 16) | rng.gen_range(6..=20),
-            };
-            let a = gv::pad_rows8(&r8(&mut rng, rows * n), rows, n);
-            let b = gv::pad_rows8(&r8(&mut rng, rows * n), rows, n);
+        let (args, a, b, table) = int8_inputs(&mut rng, i % 2 == 0, rows, n, 6);
+        if args.op == gv::OP_SILU_MUL8 {
             let want = gv::silu_mul8(&args, N_MAX, &a, &b).expect("golden");
             assert_eq!(
                 tandem_hls::silu_mul8(&args, N_MAX, &a, &b).expect("hls"),
@@ -107,28 +92,9 @@ fn hls_int8_ops_match_golden() {
                 "{args:?}"
             );
         } else {
-            let k = rng.gen_range(1..=4usize);
-            let yrows = rng.gen_range(1..=6usize);
-            let args = VecArgs {
-                op: gv::OP_COMBINE,
-                rows,
-                n,
-                shift: rng.gen_range(0..=16),
-                c0: k as u32,
-                c1: 0,
-            };
-            let y8 = r8(&mut rng, yrows * np8);
-            let table: Vec<u64> = (0..rows * k)
-                .map(|_| {
-                    gv::table_entry(
-                        rng.gen_range(0..yrows as u32),
-                        rng.gen_range(-32768i32..=32767) as i16,
-                    )
-                })
-                .collect();
-            let want = gv::combine(&args, N_MAX, &y8, &table).expect("golden");
+            let want = gv::combine(&args, N_MAX, &b, &table).expect("golden");
             assert_eq!(
-                tandem_hls::combine(&args, N_MAX, &y8, &table).expect("hls"),
+                tandem_hls::combine(&args, N_MAX, &b, &table).expect("hls"),
                 want,
                 "{args:?}"
             );
@@ -186,17 +152,21 @@ fn pack16(bytes: impl IntoIterator<Item = u8>) -> Vec<i16> {
         .collect()
 }
 
-/// A random silu_mul8 (`silu`) or combine case, small enough for the header.
-fn int8_case(rng: &mut ChaCha8Rng, silu: bool) -> Int8Case {
+/// Random arguments and inputs of silu_mul8 (`silu`: padded int8 rows `a` and `b`) or combine
+/// (`b`: 1..=`yrows_max` padded int8 rows the table's entries point into; `a` empty), as the
+/// golden model takes them.
+fn int8_inputs(
+    rng: &mut ChaCha8Rng,
+    silu: bool,
+    rows: usize,
+    n: usize,
+    yrows_max: usize,
+) -> (VecArgs, Vec<i8>, Vec<i8>, Vec<u64>) {
     let r8 = |rng: &mut ChaCha8Rng, len: usize| -> Vec<i8> {
         (0..len)
             .map(|_| rng.gen_range(-128i16..=127) as i8)
             .collect()
     };
-    let rows = rng.gen_range(1..=2usize);
-    let n = rng.gen_range(1..=200usize);
-    let np8 = gv::LANES8 * gv::words8(n);
-    let bytes = |v: &[i8]| v.iter().map(|&x| x as u8).collect::<Vec<u8>>();
     if silu {
         let args = VecArgs {
             op: gv::OP_SILU_MUL8,
@@ -208,17 +178,10 @@ fn int8_case(rng: &mut ChaCha8Rng, silu: bool) -> Int8Case {
         };
         let a = gv::pad_rows8(&r8(rng, rows * n), rows, n);
         let b = gv::pad_rows8(&r8(rng, rows * n), rows, n);
-        let y = gv::silu_mul8(&args, N_MAX, &a, &b).expect("golden silu_mul8");
-        Int8Case {
-            args,
-            a: pack16(bytes(&a)),
-            b: pack16(bytes(&b)),
-            p: Vec::new(),
-            y: pack16(bytes(&y)),
-        }
+        (args, a, b, Vec::new())
     } else {
         let k = rng.gen_range(1..=4usize);
-        let yrows = rng.gen_range(1..=4usize);
+        let yrows = rng.gen_range(1..=yrows_max);
         let args = VecArgs {
             op: gv::OP_COMBINE,
             rows,
@@ -227,7 +190,7 @@ fn int8_case(rng: &mut ChaCha8Rng, silu: bool) -> Int8Case {
             c0: k as u32,
             c1: 0,
         };
-        let y8 = r8(rng, yrows * np8);
+        let y8 = r8(rng, yrows * gv::LANES8 * gv::words8(n));
         let table: Vec<u64> = (0..rows * k)
             .map(|_| {
                 gv::table_entry(
@@ -236,14 +199,29 @@ fn int8_case(rng: &mut ChaCha8Rng, silu: bool) -> Int8Case {
                 )
             })
             .collect();
-        let y = gv::combine(&args, N_MAX, &y8, &table).expect("golden combine");
-        Int8Case {
-            args,
-            a: Vec::new(),
-            b: pack16(bytes(&y8)),
-            p: pack16(table.iter().flat_map(|w| w.to_le_bytes())),
-            y,
-        }
+        (args, Vec::new(), y8, table)
+    }
+}
+
+/// A random silu_mul8 (`silu`) or combine case, small enough for the header.
+fn int8_case(rng: &mut ChaCha8Rng, silu: bool) -> Int8Case {
+    let rows = rng.gen_range(1..=2usize);
+    let n = rng.gen_range(1..=200usize);
+    let (args, a, b, table) = int8_inputs(rng, silu, rows, n, 4);
+    let bytes = |v: &[i8]| v.iter().map(|&x| x as u8).collect::<Vec<u8>>();
+    let y = if silu {
+        pack16(bytes(
+            &gv::silu_mul8(&args, N_MAX, &a, &b).expect("golden silu_mul8"),
+        ))
+    } else {
+        gv::combine(&args, N_MAX, &b, &table).expect("golden combine")
+    };
+    Int8Case {
+        args,
+        a: pack16(bytes(&a)),
+        b: pack16(bytes(&b)),
+        p: pack16(table.iter().flat_map(|w| w.to_le_bytes())),
+        y,
     }
 }
 
