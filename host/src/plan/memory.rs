@@ -151,7 +151,7 @@ impl<'a> Accounts<'a> {
             banned: BTreeSet::new(),
             evicting: BTreeSet::new(),
             resident_slots: BTreeSet::new(),
-            param_slot: index.slot_names(graph).map(|n| graph.is_param(n)).collect(),
+            param_slot: param_slots(graph, index),
             last_need: None,
             spilled: BTreeMap::new(),
         }
@@ -452,6 +452,21 @@ impl<'a> Accounts<'a> {
             .collect();
         Some(format!("memory: layers by device: {}", parts.join(", ")))
     }
+}
+
+/// Whether each slot of `index` is a parameter of `graph` (looked up for constants only, and
+/// not at all in a graph without parameters: planning stays cheap for graphs of many nodes).
+fn param_slots(graph: &Graph, index: &GraphIndex) -> Vec<bool> {
+    let mut v = vec![false; index.slots()];
+    if graph.params.is_empty() {
+        return v;
+    }
+    for (i, name) in index.slot_names(graph).enumerate() {
+        if index.producer(i as u32).is_none() {
+            v[i] = graph.is_param(name);
+        }
+    }
+    v
 }
 
 /// `0-3, 5, 7-8` for a set of numbers.
