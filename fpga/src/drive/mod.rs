@@ -146,7 +146,13 @@ pub fn stream_bank(dev: &dyn FpgaDevice) -> u32 {
 /// pseudo-channel gives 48 bytes a cycle at 300 MHz, the 512-bit port takes 64).
 pub fn w_stripe_banks(dev: &dyn FpgaDevice) -> Option<(u32, u32)> {
     let takes = dev.kernel().is_some_and(|k| k.slot("w_odd").is_ok());
-    (takes && dev.banks() >= 3).then_some((1, 2))
+    (takes && stripes_w(dev.banks())).then_some((1, 2))
+}
+
+/// Whether a card of `banks` banks gets a GEMM's W striped over two of them (the rule of
+/// [`w_stripe_banks`], for estimates made before a kernel is loaded).
+pub fn stripes_w(banks: u32) -> bool {
+    banks >= 3
 }
 
 /// A GEMM launch's W on the device: one buffer, or two holding alternate stripes.

@@ -351,7 +351,11 @@ impl FpgaBackend {
             let w = match m.bank_bytes_per_cycle {
                 Some(bank) if m.banks > 1 => WPlacement::OwnBank {
                     port_bytes_per_cycle: m.bytes_per_cycle,
-                    bank_bytes_per_cycle: if m.banks >= 3 { 2.0 * bank } else { bank },
+                    bank_bytes_per_cycle: if tandem_fpga::drive::stripes_w(m.banks) {
+                        2.0 * bank
+                    } else {
+                        bank
+                    },
                 },
                 _ => WPlacement::Shared,
             };
