@@ -413,10 +413,14 @@ fn gemm_verilog(p: &GemmCore) -> String {
     for c in 0..cols {
         let _ = writeln!(
             decl,
-            "reg signed [31:0] v_{c}, vm_{c}, vs_{c}, vr_{c}, vw_{c}; reg signed [48:0] pm_{c}, rr_{c}; reg [7:0] y_{c};\n\
+            "reg signed [31:0] v_{c}, vm_{c}, vs_{c}, vr_{c}, vw_{c}; reg signed [48:0] pm_{c}; reg signed [49:0] rr_{c}; reg [7:0] y_{c};\n\
              wire signed [31:0] vb_{c} = shr_{c} + (part_out_q ? 32'd0 : prm_{c}[31:0]) + pin_{c};\n\
              wire [5:0] sf_{c} = prm_{c}[53:48];\n\
-             wire signed [48:0] rd_{c} = (sf_{c} == 6'd0) ? pm_{c} : ((pm_{c} + (49'sd1 <<< (sf_{c} - 6'd1))) >>> sf_{c});"
+             wire [5:0] sf1_{c} = sf_{c} - 6'd1;\n\
+             wire signed [49:0] rd_{c} = (sf_{c} == 6'd0) ? $signed({{pm_{c}, 1'b0}}) : ($signed({{pm_{c}[48], pm_{c}}}) >>> sf1_{c});\n\
+             wire ps_{c} = !rr_{c}[49] && ((|rr_{c}[48:8]) || (&rr_{c}[7:0]));\n\
+             wire ns_{c} = rr_{c}[49] && (!(&rr_{c}[48:9]) || (!rr_{c}[8] && !(&rr_{c}[7:0])));\n\
+             wire [8:0] ri_{c} = rr_{c}[8:0] + 9'd1;"
         );
         let _ = writeln!(
             lanes,
@@ -425,7 +429,7 @@ fn gemm_verilog(p: &GemmCore) -> String {
              \x20           if (wb_take) vw_{c} <= vr_{c};\n\
              \x20           if (pipe_adv) pm_{c} <= v_{c} * $signed({{1'b0, prm_{c}[47:32]}});\n\
              \x20           if (pipe_adv) rr_{c} <= rd_{c};\n\
-             \x20           if (pipe_adv) y_{c} <= (rr_{c} > 49'sd127) ? 8'd127 : ((rr_{c} < -49'sd128) ? 8'h80 : rr_{c}[7:0]);"
+             \x20           if (pipe_adv) y_{c} <= ps_{c} ? 8'd127 : (ns_{c} ? 8'h80 : ri_{c}[8:1]);"
         );
         ywords.push(format!("y_{c}"));
     }
@@ -447,49 +451,77 @@ localparam [2:0] P_PRM = 3'd0, P_X = 3'd1, P_W = 3'd2, P_FLUSH = 3'd3, P_END = 3
 localparam [1:0] W_IDLE = 2'd0, W_REQ = 2'd1, W_DAT = 2'd2;
 
 // ---- run control and arguments ----
+// Every compare and count the control needs each cycle is against a register prepared ahead
+// (`*m1_q` = value - 1, the `*mleft1` row counts, `*_lastm` flags), so no control register
+// sits behind an adder and a compare in one cycle (the 300 MHz logic depth, docs/FPGA.md).
 reg running;
 reg [31:0] m_q, n_q, k_q, nt_q, kw_q, pw_n_q;
+reg [31:0] ntm1_q, kwm1_q, km1_q, ntm2_q;
+reg nt1_q, kw1_q, k1_q;
+reg [63:0] rown_q, rown4_q;
 reg relu_q, acc_in_q, part_out_q;
 reg [63:0] px_q, pw_q, pp_q, py_q, pq_q, pwh_q;
 // W striped over two buffers (w_odd != 0): stripe s of W_STRIPE beats of the packed stream
 // lies in w (s even) or w_odd (s odd), at (s / 2) stripes from its start
-wire w_striped = pwh_q != 64'd0;
+reg w_striped;
 assign busy = running;
-wire args_ok = (arg0 != 32'd0) && (arg1 != 32'd0) && (arg1[{lgh}:0] == {lg}'d0) && (arg1 <= N_MAX)
+// the arguments are checked a cycle ahead: the host writes them before `ap_start`
+reg args_ok;
+always @(posedge clock) begin
+    args_ok <= (arg0 != 32'd0) && (arg1 != 32'd0) && (arg1[{lgh}:0] == {lg}'d0) && (arg1 <= N_MAX)
             && (arg2 != 32'd0) && (arg2[{lgh}:0] == {lg}'d0) && (arg2 <= K_MAX);
+    rown_q <= {{32'd0, n_q}} * ROWS;
+    rown4_q <= {{30'd0, n_q, 2'd0}} * ROWS;
+    ntm2_q <= nt_q - 32'd2; nt1_q <= nt_q == 32'd1; kw1_q <= kw_q == 32'd1; k1_q <= k_q == 32'd1;
+end
 
 // ---- read request generator: params; per M tile the x rows, then one W stream per N tile ----
+// Two steps per request: `g_st` 0 works the request out of the generator's registers into
+// `q_*`, 1 offers it (`rd_req_*` come straight from registers) and, once taken, moves the
+// generator on using the flags worked out with it. The shell takes a request at most every
+// second cycle (it is busy for at least the cycle that sends the address), so this costs
+// nothing.
 reg [2:0] g_ph;
-reg [31:0] g_m0, g_nt;
+reg g_st;
+reg [31:0] g_nt, g_mleft1;  // N tile; rows of the launch from this M tile's first, less one
+reg g_lastm;                // this M tile is the last (g_mleft1 < ROWS)
 reg [{arh}:0] g_r;
 reg [63:0] g_xa, g_wa, g_pa, g_prow;
 reg [31:0] g_wb, g_wrem;  // W beat of this M tile's stream, beats left in this N tile
+reg q_valid, q_lastrow, q_tend, q_lastnt;
+reg [63:0] q_addr, q_pnext;
+reg [31:0] q_len;
 wire [31:0] g_woff = {{{spad}'d0, g_wb[{lgsh}:0]}};
 wire [31:0] g_wroom = W_STRIPE - g_woff;
-wire [31:0] g_wlen = !w_striped ? k_q : ((g_wrem < g_wroom) ? g_wrem : g_wroom);
+wire g_wfits = g_wrem <= g_wroom;  // the tile's rest ends in this stripe
 wire [63:0] g_wsa = (g_wb[{lgs}] ? pwh_q : pw_q) + {{{sapad}'d0, g_wb[31:{lgs1}], {lgsb}'d0}} + {{{opad}'d0, g_woff[{lgsh}:0], {lg}'d0}};
-wire g_wtile_end = !w_striped || g_wlen == g_wrem;
+wire g_last_row = g_lastm ? (g_r == g_mleft1[{arh}:0]) : (g_r == {ar}'d{rlast});
 always @* begin
-    rd_req_valid = running && (g_ph == P_PRM || g_ph == P_X || g_ph == P_W || g_ph == P_PI);
-    rd_req_addr = 64'd0;
-    rd_req_len = 32'd1;
-    case (g_ph)
-        P_PRM: begin rd_req_addr = pp_q; rd_req_len = pw_n_q; end
-        P_X: begin rd_req_addr = g_xa; rd_req_len = kw_q; end
-        P_W: begin rd_req_addr = w_striped ? g_wsa : g_wa; rd_req_len = g_wlen; end
-        P_PI: begin rd_req_addr = g_pa; rd_req_len = 32'd4; end
-        default: ;
-    endcase
+    rd_req_valid = q_valid;
+    rd_req_addr = q_addr;
+    rd_req_len = q_len;
 end
-wire g_last_row = ({{{pad}'d0, g_r}} + 32'd1 == ROWS) || (g_m0 + {{{pad}'d0, g_r}} + 32'd1 >= m_q);
 
 // ---- data consumer ----
 reg [2:0] c_ph;
-reg [31:0] c_m0, c_nt, c_widx;
+// The beat count `c_widx` (an index into the banks) runs beside a down-count `c_left` of the
+// beats after this one, and the ends are flags kept a cycle ahead: `c_end` (c_left == 0),
+// `c_ntlast` (the last N tile), `c_lrow` (the M tile's last row).
+reg [31:0] c_nt, c_widx, c_mleft1, c_left;
+reg c_w0;     // c_widx == 0
+reg c_end, c_ntlast, c_lrow;
+reg c_lastm;  // this M tile is the last (c_mleft1 < ROWS)
 reg [{arh}:0] c_r;
 reg [63:0] c_yrow, c_prow;
 reg c_tpar;
-wire c_last_row = ({{{pad}'d0, c_r}} + 32'd1 == ROWS) || (c_m0 + {{{pad}'d0, c_r}} + 32'd1 >= m_q);
+// the index of this M tile's last row, whether it is row 0, whether the next row is the last
+wire [{arh}:0] c_rlast = c_lastm ? c_mleft1[{arh}:0] : {ar}'d{rlast};
+wire c_rlast0 = c_lastm ? (c_mleft1[{arh}:0] == {ar}'d0) : ({ar}'d{rlast} == {ar}'d0);
+wire c_next_last = c_r + 1'b1 == c_rlast;
+// the same for the next M tile
+wire c_nlastm = c_mleft1 < 2 * ROWS;
+wire [31:0] c_nmleft1 = c_mleft1 - ROWS;
+wire c_nrlast0 = c_nlastm ? (c_nmleft1[{arh}:0] == {ar}'d0) : ({ar}'d{rlast} == {ar}'d0);
 wire xb_we = running && c_ph == P_X && rd_data_valid;
 wire pb_we = running && c_ph == P_PRM && rd_data_valid;
 // the first k of a tile (and the flush step) carries the flag; it waits until the previous
@@ -498,13 +530,40 @@ reg cap_pending, ro_busy;
 wire flag_ok = !cap_pending && !ro_busy;
 reg fl_sent;
 reg [7:0] fl_cnt;
-wire w_take = running && c_ph == P_W && rd_data_valid && (c_widx != 32'd0 || flag_ok);
+wire w_take = running && c_ph == P_W && rd_data_valid && (!c_w0 || flag_ok);
 wire fl_step = running && c_ph == P_FLUSH && (fl_sent || flag_ok) && (fl_cnt != 8'd0 || !fl_sent);
 // a tile shorter than the array's depth: zero steps move the pending flag on (x * 0 adds 0)
-wire bubble = running && cap_pending && ((c_ph == P_W && c_widx == 32'd0) || c_ph == P_PI || (c_ph == P_FLUSH && !fl_sent));
+wire bubble = running && cap_pending && ((c_ph == P_W && c_w0) || c_ph == P_PI || (c_ph == P_FLUSH && !fl_sent));
 wire adv = w_take || fl_step || bubble;
-wire flag_now = (w_take && c_widx == 32'd0) || (fl_step && !fl_sent);
-always @* rd_data_ready = running && (c_ph == P_PRM || c_ph == P_X || (c_ph == P_PI && pi_ok) || (c_ph == P_W && (c_widx != 32'd0 || flag_ok)));
+wire flag_now = (w_take && c_w0) || (fl_step && !fl_sent);
+always @* rd_data_ready = running && (c_ph == P_PRM || c_ph == P_X || (c_ph == P_PI && pi_ok) || (c_ph == P_W && (!c_w0 || flag_ok)));
+
+// the down-count of beats and its end flag, flat: one select after the beat
+wire c_beat = running && (((c_ph == P_PRM || c_ph == P_X) && rd_data_valid) || (c_ph == P_PI && pi_we) || (c_ph == P_W && w_take));
+reg [31:0] c_lload;
+reg c_eload;
+always @* begin
+    case (c_ph)
+        P_PRM: begin c_lload = kwm1_q; c_eload = kw1_q; end
+        P_X: begin
+            c_lload = !c_lrow ? kwm1_q : (acc_in_q ? 32'd3 : km1_q);
+            c_eload = !c_lrow ? kw1_q : (!acc_in_q && k1_q);
+        end
+        P_PI: begin c_lload = c_lrow ? km1_q : 32'd3; c_eload = c_lrow && k1_q; end
+        default: begin
+            c_lload = c_ntlast ? kwm1_q : (acc_in_q ? 32'd3 : km1_q);
+            c_eload = c_ntlast ? kw1_q : (!acc_in_q && k1_q);
+        end
+    endcase
+end
+always @(posedge clock) begin
+    if (start && !running) begin
+        c_left <= (arg1 >> {lgp}) - 32'd1; c_end <= (arg1 >> {lgp}) == 32'd1;
+    end else if (c_beat) begin
+        if (c_end) begin c_left <= c_lload; c_end <= c_eload; end
+        else begin c_left <= c_left - 32'd1; c_end <= c_left == 32'd1; end
+    end
+end
 
 // partials of the next tile may not overwrite a buffer whose read-out is pending or running
 wire pi_ok = !(ro_busy && ro_par == c_tpar) && !(cap_pending && cap_has && cap_par == c_tpar);
@@ -516,14 +575,16 @@ reg [{lgh}:0] s0_sel;
 
 // the capture in flight: which tile the flag's wavefront is collecting
 reg has_prev, cap_has, prev_par, cap_par;
-reg [31:0] prev_m0, prev_nt, cap_m0, cap_nt;
+reg [31:0] prev_nt, cap_nt;
+reg [{arh}:0] prev_rlast, cap_rlast;
 reg [63:0] prev_ybase, cap_ybase, prev_pbase, cap_pbase;
 
 // ---- read-out ----
 // rows flow through add -> multiply -> round/shift -> saturate (one row per stage), then a one-word writer
 reg ro_prm, ro_iss, ro_par;
 reg [{arh}:0] ro_r;
-reg [31:0] ro_m0, ro_nt;
+reg [31:0] ro_nt;
+reg [{arh}:0] ro_rlast;
 reg [63:0] ro_addr, ro_paddr, a_addr, m_addr, s_addr, r_addr, w_addr;
 reg a_v, m_v, s_v, r_v;
 reg [1:0] w_st, w_b;
@@ -532,7 +593,7 @@ wire w_lastb = !part_out_q || w_b == 2'd3;
 wire wb_take = r_v && (w_st == W_IDLE || (w_st == W_DAT && wr_data_ready && w_lastb));
 wire pipe_adv = !r_v || wb_take;
 wire ro_issue = ro_busy && !ro_prm && ro_iss && pipe_adv;
-wire ro_last = ({{{pad}'d0, ro_r}} + 32'd1 == ROWS) || (ro_m0 + {{{pad}'d0, ro_r}} + 32'd1 >= m_q);
+wire ro_last = ro_r == ro_rlast;
 
 {decl}
 {comb}
@@ -550,7 +611,7 @@ always @(posedge clock) begin
     done <= 1'b0;
     if (reset) begin
         running <= 1'b0;
-        g_ph <= P_IDLE; c_ph <= P_IDLE; ro_prm <= 1'b0; ro_iss <= 1'b0;
+        g_ph <= P_IDLE; c_ph <= P_IDLE; ro_prm <= 1'b0; ro_iss <= 1'b0; g_st <= 1'b0; q_valid <= 1'b0;
         cap_pending <= 1'b0; ro_busy <= 1'b0; has_prev <= 1'b0; cap_has <= 1'b0;
         a_v <= 1'b0; m_v <= 1'b0; s_v <= 1'b0; r_v <= 1'b0; w_st <= W_IDLE;
     end else begin
@@ -560,12 +621,17 @@ always @(posedge clock) begin
                 m_q <= arg0; n_q <= arg1; k_q <= arg2; relu_q <= arg3[0];
                 acc_in_q <= arg4[0]; part_out_q <= arg4[1];
                 nt_q <= arg1 >> {lg}; kw_q <= arg2 >> {lg}; pw_n_q <= arg1 >> {lgp};
+                ntm1_q <= (arg1 >> {lg}) - 32'd1; kwm1_q <= (arg2 >> {lg}) - 32'd1;
+                km1_q <= arg2 - 32'd1;
                 px_q <= ptr0; pw_q <= ptr1; pp_q <= ptr2; py_q <= ptr3; pq_q <= ptr4; pwh_q <= ptr5;
+                w_striped <= ptr5 != 64'd0;
                 g_wb <= 32'd0; g_wrem <= arg2;
                 g_prow <= ptr4; c_prow <= ptr4; c_tpar <= 1'b0;
-                g_ph <= P_PRM; c_ph <= P_PRM;
-                g_m0 <= 32'd0; g_nt <= 32'd0; g_r <= 0; g_xa <= ptr0; g_wa <= ptr1;
-                c_m0 <= 32'd0; c_nt <= 32'd0; c_r <= 0; c_widx <= 32'd0; c_yrow <= ptr3;
+                g_ph <= P_PRM; c_ph <= P_PRM; g_st <= 1'b0; q_valid <= 1'b0;
+                g_mleft1 <= arg0 - 32'd1; g_lastm <= arg0 <= ROWS;
+                g_nt <= 32'd0; g_r <= 0; g_xa <= ptr0; g_wa <= ptr1;
+                c_mleft1 <= arg0 - 32'd1; c_lastm <= arg0 <= ROWS;
+                c_nt <= 32'd0; c_r <= 0; c_widx <= 32'd0; c_w0 <= 1'b1; c_yrow <= ptr3;
                 cap_pending <= 1'b0; ro_busy <= 1'b0; has_prev <= 1'b0; cap_has <= 1'b0;
                 fl_sent <= 1'b0; fl_cnt <= 8'd0; ro_prm <= 1'b0; ro_iss <= 1'b0;
                 a_v <= 1'b0; m_v <= 1'b0; s_v <= 1'b0; r_v <= 1'b0; w_st <= W_IDLE;
@@ -573,13 +639,31 @@ always @(posedge clock) begin
                 done <= 1'b1;
             end
         end
-        // request generator
-        if (rd_req_valid && rd_req_ready) begin
+        // request generator, step 0: the next request and the flags that move on after it
+        if (running && !g_st && (g_ph == P_PRM || g_ph == P_X || g_ph == P_W || g_ph == P_PI)) begin
+            g_st <= 1'b1; q_valid <= 1'b1;
+            q_lastrow <= g_last_row; q_lastnt <= g_nt == ntm1_q;
+            q_tend <= !w_striped || g_wfits;
+            q_pnext <= g_prow + {{{ppad}'d0, g_nt + 32'd1, {lg2}'d0}};
+            case (g_ph)
+                P_PRM: begin q_addr <= pp_q; q_len <= pw_n_q; end
+                P_X: begin q_addr <= g_xa; q_len <= kw_q; end
+                P_PI: begin q_addr <= g_pa; q_len <= 32'd4; end
+                // striped: one request per stripe piece, the tile's last one ends it
+                default: begin
+                    q_addr <= w_striped ? g_wsa : g_wa;
+                    q_len <= !w_striped ? k_q : (g_wfits ? g_wrem : g_wroom);
+                end
+            endcase
+        end
+        // step 1: the request taken, the generator moves on
+        if (q_valid && rd_req_ready) begin
+            q_valid <= 1'b0; g_st <= 1'b0;
             case (g_ph)
                 P_PRM: g_ph <= P_X;
                 P_X: begin
                     g_xa <= g_xa + {{32'd0, k_q}};
-                    if (g_last_row) begin
+                    if (q_lastrow) begin
                         g_ph <= acc_in_q ? P_PI : P_W; g_nt <= 32'd0; g_wa <= pw_q;
                         g_wb <= 32'd0; g_wrem <= k_q;
                         g_r <= 0; g_pa <= g_prow;
@@ -588,24 +672,25 @@ always @(posedge clock) begin
                 end
                 P_PI: begin
                     g_pa <= g_pa + {{30'd0, n_q, 2'd0}};
-                    if (g_last_row) begin g_ph <= P_W; g_r <= 0; end
+                    if (q_lastrow) begin g_ph <= P_W; g_r <= 0; end
                     else g_r <= g_r + 1'b1;
                 end
                 P_W: begin
-                    // striped: one request per stripe piece, the tile's last one ends it
-                    g_wb <= g_wb + g_wlen;
-                    g_wrem <= g_wtile_end ? k_q : g_wrem - g_wlen;
-                    if (g_wtile_end) begin
+                    g_wb <= g_wb + q_len;
+                    g_wrem <= q_tend ? k_q : g_wrem - q_len;
+                    if (q_tend) begin
                         g_wa <= g_wa + {{{wpad}'d0, k_q, {lg}'d0}};
                         g_r <= 0;
-                        if (g_nt + 32'd1 == nt_q) begin
+                        if (q_lastnt) begin
                             g_nt <= 32'd0;
-                            g_prow <= g_prow + {{30'd0, n_q, 2'd0}} * ROWS;
-                            if (g_m0 + ROWS >= m_q) g_ph <= P_END;
-                            else begin g_ph <= P_X; g_m0 <= g_m0 + ROWS; end
+                            g_prow <= g_prow + rown4_q;
+                            if (g_lastm) g_ph <= P_END;
+                            else begin
+                                g_ph <= P_X; g_mleft1 <= g_mleft1 - ROWS; g_lastm <= g_mleft1 < 2 * ROWS;
+                            end
                         end else begin
                             g_nt <= g_nt + 32'd1;
-                            if (acc_in_q) begin g_ph <= P_PI; g_pa <= g_prow + {{{ppad}'d0, g_nt + 32'd1, {lg2}'d0}}; end
+                            if (acc_in_q) begin g_ph <= P_PI; g_pa <= q_pnext; end
                         end
                     end
                 end
@@ -615,39 +700,56 @@ always @(posedge clock) begin
         // data consumer
         if (running) case (c_ph)
             P_PRM: if (rd_data_valid) begin
-                if (c_widx + 32'd1 == pw_n_q) begin c_widx <= 32'd0; c_ph <= P_X; c_r <= 0; end
-                else c_widx <= c_widx + 32'd1;
+                if (c_end) begin
+                    c_widx <= 32'd0; c_w0 <= 1'b1; c_ph <= P_X; c_r <= 0; c_lrow <= c_rlast0;
+                end else begin
+                    c_widx <= c_widx + 32'd1; c_w0 <= 1'b0;
+                end
             end
             P_X: if (rd_data_valid) begin
-                if (c_widx + 32'd1 == kw_q) begin
-                    c_widx <= 32'd0;
-                    if (c_last_row) begin c_ph <= acc_in_q ? P_PI : P_W; c_nt <= 32'd0; c_r <= 0; end
-                    else c_r <= c_r + 1'b1;
-                end else c_widx <= c_widx + 32'd1;
+                if (c_end) begin
+                    c_widx <= 32'd0; c_w0 <= 1'b1;
+                    if (c_lrow) begin
+                        c_ph <= acc_in_q ? P_PI : P_W; c_nt <= 32'd0; c_ntlast <= nt1_q;
+                        c_r <= 0; c_lrow <= c_rlast0;
+                    end else begin
+                        c_r <= c_r + 1'b1; c_lrow <= c_next_last;
+                    end
+                end else begin
+                    c_widx <= c_widx + 32'd1; c_w0 <= 1'b0;
+                end
             end
             P_PI: if (pi_we) begin
-                if (c_widx[1:0] == 2'd3) begin
-                    c_widx <= 32'd0;
-                    if (c_last_row) begin c_ph <= P_W; c_r <= 0; end
-                    else c_r <= c_r + 1'b1;
-                end else c_widx <= c_widx + 32'd1;
+                if (c_end) begin
+                    c_widx <= 32'd0; c_w0 <= 1'b1;
+                    if (c_lrow) begin
+                        c_ph <= P_W; c_r <= 0; c_lrow <= c_rlast0;
+                    end else begin
+                        c_r <= c_r + 1'b1; c_lrow <= c_next_last;
+                    end
+                end else begin
+                    c_widx <= c_widx + 32'd1; c_w0 <= 1'b0;
+                end
             end
             P_W: if (w_take) begin
-                if (c_widx + 32'd1 == k_q) begin
-                    c_widx <= 32'd0;
+                if (c_end) begin
+                    c_widx <= 32'd0; c_w0 <= 1'b1;
                     c_tpar <= !c_tpar;
-                    if (c_nt + 32'd1 == nt_q) begin
-                        c_nt <= 32'd0; c_r <= 0;
-                        if (c_m0 + ROWS >= m_q) begin c_ph <= P_FLUSH; fl_sent <= 1'b0; fl_cnt <= 8'd0; end
+                    if (c_ntlast) begin
+                        c_nt <= 32'd0; c_ntlast <= nt1_q; c_r <= 0;
+                        if (c_lastm) begin c_ph <= P_FLUSH; fl_sent <= 1'b0; fl_cnt <= 8'd0; end
                         else begin
-                            c_ph <= P_X; c_m0 <= c_m0 + ROWS; c_yrow <= c_yrow + ROWS * n_q;
-                            c_prow <= c_prow + {{30'd0, n_q, 2'd0}} * ROWS;
+                            c_ph <= P_X; c_mleft1 <= c_nmleft1; c_lastm <= c_nlastm; c_lrow <= c_nrlast0;
+                           
+                            c_yrow <= c_yrow + rown_q; c_prow <= c_prow + rown4_q;
                         end
                     end else begin
-                        c_nt <= c_nt + 32'd1;
+                        c_nt <= c_nt + 32'd1; c_ntlast <= c_nt == ntm2_q;
                         if (acc_in_q) c_ph <= P_PI;
                     end
-                end else c_widx <= c_widx + 32'd1;
+                end else begin
+                    c_widx <= c_widx + 32'd1; c_w0 <= 1'b0;
+                end
             end
             P_FLUSH: begin
                 if (fl_step) begin
@@ -664,17 +766,17 @@ always @(posedge clock) begin
         // flag bookkeeping: a flag collects the tile fed before it
         if (adv && flag_now) begin
             cap_pending <= 1'b1;
-            cap_has <= has_prev; cap_m0 <= prev_m0; cap_nt <= prev_nt; cap_ybase <= prev_ybase;
+            cap_has <= has_prev; cap_rlast <= prev_rlast; cap_nt <= prev_nt; cap_ybase <= prev_ybase;
             cap_par <= prev_par; cap_pbase <= prev_pbase;
             has_prev <= (c_ph == P_W);
-            prev_m0 <= c_m0; prev_nt <= c_nt; prev_ybase <= c_yrow + {{{wpad}'d0, c_nt, {lg}'d0}};
+            prev_rlast <= c_rlast; prev_nt <= c_nt; prev_ybase <= c_yrow + {{{wpad}'d0, c_nt, {lg}'d0}};
             prev_par <= c_tpar; prev_pbase <= c_prow + {{{ppad}'d0, c_nt, {lg2}'d0}};
         end
         if (adv && {last_flag}) begin
             cap_pending <= 1'b0;
             if (cap_has) begin
                 ro_busy <= 1'b1; ro_prm <= 1'b1; ro_iss <= 1'b1; ro_r <= 0;
-                ro_m0 <= cap_m0; ro_nt <= cap_nt; ro_addr <= cap_ybase;
+                ro_rlast <= cap_rlast; ro_nt <= cap_nt; ro_addr <= cap_ybase;
                 ro_paddr <= cap_pbase; ro_par <= cap_par;
             end
         end
@@ -738,9 +840,9 @@ endmodule // gemm_core
         sapad = 33 - lg,
         opad = 64 - lgs - lg,
         arh = ar - 1,
-        pad = 32 - ar,
         flush = rows + cols + 2,
         last_flag = last_flag,
+        rlast = rows - 1,
         pmux = pmux,
     )
 }
