@@ -40,10 +40,9 @@ pub(super) fn run(
         return Ok(timing::REFUSED_RUN_CYCLES);
     }
     let (nq, nkv, dp, g) = (nq as usize, nkv as usize, dp as usize, g as usize);
-    let int8 = |b: Vec<u8>| -> Vec<i8> { b.into_iter().map(|v| v as i8).collect() };
-    let qall = int8(card.fetch(card.pointer(desc, "q")?, g * nq * dp)?);
-    let k = int8(card.fetch(card.pointer(desc, "k")?, nkv * dp)?);
-    let v = int8(card.fetch(card.pointer(desc, "v")?, nkv * dp)?);
+    let qall = card.fetch(card.pointer(desc, "q")?, g * nq * dp)?;
+    let k = card.fetch(card.pointer(desc, "k")?, nkv * dp)?;
+    let v = card.fetch(card.pointer(desc, "v")?, nkv * dp)?;
     let cfg = AttentionConfig {
         nq,
         nkv,
@@ -53,13 +52,31 @@ pub(super) fn run(
         score_mult: mult as u16,
         score_shift: shift as u8,
     };
-    let (mut o, mut stats) = (Vec::new(), Vec::new());
-    for q in qall.chunks_exact(nq * dp) {
-        let out =
-            attention_skip(q, &k, &v, &cfg, kv_skip as usize).map_err(|err| FpgaError::Device {
-                device: card.name_of(),
-                msg: err.to_string(),
-            })?;
+    // every head at once with AVX-512 VNNI (the same bits), else head by head
+    let outs = match super::attn_fast::attention_group(&qall, &k, &v, &cfg, kv_skip as usize, g) {
+        Some(outs) => outs,
+        None => {
+            let int8 = |b: &[u8]| -> Vec<i8> { b.iter().map(|&v| v as i8).collect() };
+            let (k, v) = (int8(&k), int8(&v));
+            let mut outs = Vec::with_capacity(g);
+            for q in qall.chunks_exact(nq * dp) {
+                outs.push(
+                    attention_skip(&int8(q), &k, &v, &cfg, kv_skip as usize).map_err(|err| {
+                        FpgaError::Device {
+                            device: card.name_of(),
+                            msg: err.to_string(),
+                        }
+                    })?,
+                );
+            }
+            outs
+        }
+    };
+    let (mut o, mut stats) = (
+        Vec::with_capacity(g * nq * dp * 2),
+        Vec::with_capacity(g * nq * 8),
+    );
+    for out in &outs {
         o.extend(out.o.iter().flat_map(|x| x.to_le_bytes()));
         stats.extend(
             out.e

@@ -36,31 +36,59 @@ pub(super) fn run(
         return Ok(timing::REFUSED_RUN_CYCLES);
     }
     let (m, np, kp) = (m as usize, np as usize, kp as usize);
-    // x and the unpacked W as int16 rows of `kp16` (the sums' layout), read in place
-    let kp16 = super::sums::row_len(kp);
-    let xw = super::sums::widen(card.view(card.pointer(desc, "x")?, m * kp)?, m, kp, kp16);
-    // The packed stream: for each tile of `lanes` columns and each k, one beat whose byte c
-    // is w[n0 + c][k].
     let lanes = l as usize;
+    let (x_addr, w_addr) = (card.pointer(desc, "x")?, card.pointer(desc, "w")?);
     // `w_odd` set: the stream's stripes alternate between the two buffers (the RTL's reads)
     let w_odd = match desc.slot("w_odd") {
         Ok(_) => card.pointer(desc, "w_odd")?,
         Err(_) => 0,
     };
-    let ww = if w_odd == 0 {
-        super::sums::unpack_w(
-            card.view(card.pointer(desc, "w")?, np * kp)?,
+    let mut sc = std::mem::take(&mut card.scratch);
+    let vnni = super::sums::has_vnni();
+    // the old int16 path's widened operands (x, W), or the VNNI path's packed W in `sc.w`
+    let mut wide = None;
+    if vnni {
+        // x is read in place below; W packed for vpdpbusd (no copy of an unstriped stream)
+        card.view(x_addr, m * kp)?;
+        let stream = |even, odd| super::sums::WStream {
+            even,
+            odd,
+            stripe: W_STRIPE_BYTES,
             lanes,
+            np,
             kp,
-            kp16,
-        )
+        };
+        if w_odd == 0 {
+            let w = card.view(w_addr, np * kp)?;
+            super::sums::pack_stream(&mut sc.w, &stream(w, None));
+        } else {
+            let (ne, no) = stripe_lens(np * kp);
+            card.fetch_into(w_odd, no, &mut sc.odd)?;
+            let even = card.view(w_addr, ne)?;
+            if W_STRIPE_BYTES.is_multiple_of(lanes) {
+                super::sums::pack_stream(&mut sc.w, &stream(even, Some(&sc.odd)));
+            } else {
+                let whole = unstripe_w(even, &sc.odd, np * kp);
+                super::sums::pack_stream(&mut sc.w, &stream(&whole, None));
+            }
+        }
     } else {
-        let len = np * kp;
-        let (ne, no) = stripe_lens(len);
-        let even = card.fetch(card.pointer(desc, "w")?, ne)?;
-        let odd = card.fetch(w_odd, no)?;
-        super::sums::unpack_w(&unstripe_w(&even, &odd, len), lanes, kp, kp16)
-    };
+        // x and the unpacked W as int16 rows of `kp16` (the sums' layout), read in place
+        let kp16 = super::sums::row_len(kp);
+        let xw = super::sums::widen(card.view(x_addr, m * kp)?, m, kp, kp16);
+        // The packed stream: for each tile of `lanes` columns and each k, one beat whose
+        // byte c is w[n0 + c][k].
+        let ww = if w_odd == 0 {
+            super::sums::unpack_w(card.view(w_addr, np * kp)?, lanes, kp, kp16)
+        } else {
+            let len = np * kp;
+            let (ne, no) = stripe_lens(len);
+            let even = card.fetch(w_addr, ne)?;
+            let odd = card.fetch(w_odd, no)?;
+            super::sums::unpack_w(&unstripe_w(&even, &odd, len), lanes, kp, kp16)
+        };
+        wide = Some((xw, ww));
+    }
     let params = card.fetch(card.pointer(desc, "params")?, np * 8)?;
     let (mut bias, mut rq) = (Vec::with_capacity(np), Vec::with_capacity(np));
     for p in params.chunks_exact(8) {
@@ -77,33 +105,87 @@ pub(super) fn run(
             msg: format!("column {col}: requant shift {} > {MAX_SHIFT}", r.shift),
         });
     }
-    let part_in: Option<Vec<i32>> = if acc_in {
-        let raw = card.fetch(card.pointer(desc, "part")?, m * np * 4)?;
-        Some(
-            raw.chunks_exact(4)
-                .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-        )
+    let part_addr = if acc_in || part_out {
+        card.pointer(desc, "part")?
     } else {
-        None
+        0
     };
     let dims = (m, np, kp);
-    if part_out {
-        let sums = super::sums::sums_wide(&xw, &ww, part_in.as_deref(), dims);
-        let bytes: Vec<u8> = sums.iter().flat_map(|v| v.to_le_bytes()).collect();
-        card.store(card.pointer(desc, "part")?, &bytes)?;
-    } else {
-        let sums = super::sums::sums_wide(&xw, &ww, part_in.as_deref(), dims);
-        let bytes: Vec<u8> = sums
-            .iter()
-            .enumerate()
-            .map(|(i, &a)| {
-                let j = i % np;
-                postprocess(a, bias[j], relu, rq[j]) as u8
-            })
-            .collect();
-        card.store(card.pointer(desc, "y")?, &bytes)?;
+    match wide {
+        None => {
+            // x in place where its rows are whole quads, else padded into `sc.x`
+            let k4 = super::sums::quad_len(kp);
+            let stride = if kp == k4 {
+                kp
+            } else {
+                let x = card.view(x_addr, m * kp)?;
+                sc.x.clear();
+                sc.x.resize(m * k4, 0);
+                for (d, s) in sc.x.chunks_exact_mut(k4).zip(x.chunks_exact(kp)) {
+                    d[..kp].copy_from_slice(s);
+                }
+                k4
+            };
+            let rs = if stride == kp {
+                super::sums::row_sums(card.view(x_addr, m * kp)?, kp, m, kp)
+            } else {
+                super::sums::row_sums(&sc.x, stride, m, kp)
+            };
+            let part = if acc_in {
+                Some(card.view(part_addr, m * np * 4)?)
+            } else {
+                None
+            };
+            super::sums::start_y(&mut sc.y, part, &rs, np);
+            let x = if stride == kp {
+                card.view(x_addr, m * kp)?
+            } else {
+                &sc.x
+            };
+            if !super::sums::sums_packed(x, stride, &sc.w, &mut sc.y, dims) {
+                return Err(FpgaError::Device {
+                    device: card.name_of(),
+                    msg: "the VNNI sums ran on a CPU without AVX-512 VNNI".into(),
+                });
+            }
+        }
+        Some((xw, ww)) => {
+            let part_in: Option<Vec<i32>> = if acc_in {
+                let raw = card.view(part_addr, m * np * 4)?;
+                Some(
+                    raw.chunks_exact(4)
+                        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                        .collect(),
+                )
+            } else {
+                None
+            };
+            sc.y = super::sums::sums_wide(&xw, &ww, part_in.as_deref(), dims);
+        }
     }
+    if part_out {
+        let out = card.view_mut(part_addr, m * np * 4)?;
+        for (o, v) in out.chunks_exact_mut(4).zip(&sc.y) {
+            o.copy_from_slice(&v.to_le_bytes());
+        }
+    } else {
+        let out = card.view_mut(card.pointer(desc, "y")?, m * np)?;
+        let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+        let rows = m.div_ceil(threads).max(1);
+        let (bias, rq) = (&bias, &rq);
+        std::thread::scope(|s| {
+            for (o, y) in out.chunks_mut(rows * np).zip(sc.y.chunks(rows * np)) {
+                s.spawn(move || {
+                    for (orow, yrow) in o.chunks_exact_mut(np).zip(y.chunks_exact(np)) {
+                        for (j, (ov, &a)) in orow.iter_mut().zip(yrow).enumerate() {
+                            *ov = postprocess(a, bias[j], relu, rq[j]) as u8;
+                        }
+                    }
+                });
+            }
+        });
+    }
+    card.scratch = sc;
     // The cycle model's shared bank: the W stream shares its bank with the writes (y, or the
     // partials of a PART_OUT pass) only when they are in one bank.
     let bank_of = |addr: u64| card.mem.locate(addr).map(|(b, _)| b);

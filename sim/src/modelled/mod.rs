@@ -11,6 +11,7 @@
 //! clock; the wall time is what the golden models took on the host.
 
 mod attention;
+mod attn_fast;
 mod gemm;
 mod router;
 mod sums;
@@ -51,6 +52,8 @@ pub struct ModelCard {
     last_run: u64,
     total_cycles: u64,
     wall: Duration,
+    /// The GEMM's buffers, kept between launches.
+    scratch: sums::Scratch,
 }
 
 impl ModelCard {
@@ -65,6 +68,7 @@ impl ModelCard {
             last_run: 0,
             total_cycles: 0,
             wall: Duration::ZERO,
+            scratch: sums::Scratch::default(),
         }
     }
 
@@ -126,6 +130,26 @@ impl ModelCard {
             .ok_or_else(|| FpgaError::Device {
                 device: dev,
                 msg: format!("kernel read outside device memory at {addr:#x} ({len} bytes)"),
+            })
+    }
+
+    /// [`ModelCard::fetch`] into `out` (resized to `len`; its capacity kept between runs).
+    fn fetch_into(&mut self, addr: u64, len: usize, out: &mut Vec<u8>) -> Result<(), FpgaError> {
+        let src = self.view(addr, len)?;
+        out.clear();
+        out.extend_from_slice(src);
+        Ok(())
+    }
+
+    /// `len` bytes of device memory at `addr` to write in place, as the kernel's write port
+    /// would ([`ModelCard::store`] without a staging buffer).
+    fn view_mut(&mut self, addr: u64, len: usize) -> Result<&mut [u8], FpgaError> {
+        let dev = self.name_of();
+        self.mem
+            .bytes_mut(addr, len as u64)
+            .ok_or_else(|| FpgaError::Device {
+                device: dev,
+                msg: format!("kernel write outside device memory at {addr:#x} ({len} bytes)"),
             })
     }
 

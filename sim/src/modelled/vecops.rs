@@ -14,8 +14,52 @@ fn elems(b: &[u8]) -> Vec<i16> {
         .collect()
 }
 
-fn bytes(v: &[i16]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+/// `v` into `out` as little-endian int16.
+fn put(out: &mut [u8], v: &[i16]) {
+    for (o, x) in out.chunks_exact_mut(2).zip(v) {
+        o.copy_from_slice(&x.to_le_bytes());
+    }
+}
+
+/// Rows per thread for `rows` rows: whole periods of `period` rows (rope's table), so that
+/// each chunk's rows see the rows of the table the whole run's would.
+fn chunk_rows(rows: usize, period: usize) -> usize {
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+    let period = period.max(1);
+    rows.div_ceil(threads).div_ceil(period).max(1) * period
+}
+
+/// `f` over chunks of `chunk` rows (of `a_row` elements of `a` and `b`, `b` empty where the
+/// op reads none) on threads, the outputs in row order; the first error wins.
+fn over_rows<T: Send, A: Sync, E: Send>(
+    a: &[A],
+    b: &[A],
+    (rows, chunk, a_row): (usize, usize, usize),
+    f: impl Fn(usize, &[A], &[A]) -> Result<T, E> + Sync,
+) -> Result<Vec<T>, E> {
+    let f = &f;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..rows)
+            .step_by(chunk.max(1))
+            .map(|r0| {
+                let r1 = (r0 + chunk).min(rows);
+                let ac = &a[r0 * a_row..r1 * a_row];
+                let bc = if b.is_empty() {
+                    b
+                } else {
+                    &b[r0 * a_row..r1 * a_row]
+                };
+                s.spawn(move || f(r1 - r0, ac, bc))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| match h.join() {
+                Ok(r) => r,
+                Err(p) => std::panic::resume_unwind(p),
+            })
+            .collect()
+    })
 }
 
 pub(super) fn run(
@@ -41,21 +85,42 @@ pub(super) fn run(
         vecops::OP_COMBINE => return combine(card, c, desc, t, &args),
         _ => {}
     }
-    let row = LANES * words(args.n) * 2;
-    let a = elems(&card.fetch(card.pointer(desc, "a")?, args.rows * row)?);
+    let np = LANES * words(args.n);
+    let a = elems(card.view(card.pointer(desc, "a")?, args.rows * np * 2)?);
     let b = if args.reads_b() {
-        elems(&card.fetch(card.pointer(desc, "b")?, args.rows * row)?)
+        elems(card.view(card.pointer(desc, "b")?, args.rows * np * 2)?)
     } else {
         Vec::new()
     };
-    let p = elems(&card.fetch(card.pointer(desc, "p")?, args.p_rows() * row)?);
-    let out = vecops::run(&args, c.n_max as usize, &a, &b, &p).map_err(|e| FpgaError::Device {
-        device: card.name_of(),
-        msg: e.to_string(),
-    })?;
-    card.store(card.pointer(desc, "y")?, &bytes(&out.y))?;
+    let p = elems(card.view(card.pointer(desc, "p")?, args.p_rows() * np * 2)?);
+    // rows are independent (rope's row r reads table row r mod c0): chunks of rows over
+    // threads, each run by the golden model
+    let period = if args.op == vecops::OP_ROPE {
+        args.c0 as usize
+    } else {
+        1
+    };
+    let n_max = c.n_max as usize;
+    let outs = over_rows(
+        &a,
+        &b,
+        (args.rows, chunk_rows(args.rows, period), np),
+        |rows, ac, bc| vecops::run(&VecArgs { rows, ..args }, n_max, ac, bc, &p),
+    )
+    .map_err(|e| dev_err(card, e))?;
+    let y = card.view_mut(card.pointer(desc, "y")?, args.rows * np * 2)?;
+    let mut at = 0;
+    for o in &outs {
+        put(&mut y[at..at + o.y.len() * 2], &o.y);
+        at += o.y.len() * 2;
+    }
     if args.writes_s() {
-        card.store(card.pointer(desc, "s")?, &bytes(&out.s))?;
+        let s = card.view_mut(card.pointer(desc, "s")?, args.rows * np * 2)?;
+        let mut at = 0;
+        for o in &outs {
+            put(&mut s[at..at + o.s.len() * 2], &o.s);
+            at += o.s.len() * 2;
+        }
     }
     Ok(timing::vecops_cycles(c, &args, t))
 }
@@ -75,13 +140,23 @@ fn silu_mul8(
     t: &MemTiming,
     args: &VecArgs,
 ) -> Result<u64, FpgaError> {
-    let len = args.rows * vecops::LANES8 * vecops::words8(args.n);
-    let i8s = |b: Vec<u8>| -> Vec<i8> { b.into_iter().map(|v| v as i8).collect() };
-    let a = i8s(card.fetch(card.pointer(desc, "a")?, len)?);
-    let b = i8s(card.fetch(card.pointer(desc, "b")?, len)?);
-    let y = vecops::silu_mul8(args, c.n_max as usize, &a, &b).map_err(|e| dev_err(card, e))?;
-    let out: Vec<u8> = y.iter().map(|&v| v as u8).collect();
-    card.store(card.pointer(desc, "y")?, &out)?;
+    let np8 = vecops::LANES8 * vecops::words8(args.n);
+    let len = args.rows * np8;
+    let i8s = |b: &[u8]| -> Vec<i8> { b.iter().map(|&v| v as i8).collect() };
+    let a = i8s(card.view(card.pointer(desc, "a")?, len)?);
+    let b = i8s(card.view(card.pointer(desc, "b")?, len)?);
+    let n_max = c.n_max as usize;
+    let outs = over_rows(
+        &a,
+        &b,
+        (args.rows, chunk_rows(args.rows, 1), np8),
+        |rows, ac, bc| vecops::silu_mul8(&VecArgs { rows, ..*args }, n_max, ac, bc),
+    )
+    .map_err(|e| dev_err(card, e))?;
+    let y = card.view_mut(card.pointer(desc, "y")?, len)?;
+    for (o, v) in y.iter_mut().zip(outs.iter().flatten()) {
+        *o = *v as u8;
+    }
     Ok(timing::vecops_cycles(c, args, t))
 }
 
@@ -111,12 +186,11 @@ fn combine(
                 device: card.name_of(),
                 msg: format!("combine: table row {row} lies past the address space"),
             })?;
-        let bytes = card.fetch(addr, np8)?;
-        rows.extend(bytes.into_iter().map(|v| v as i8));
+        rows.extend(card.view(addr, np8)?.iter().map(|&v| v as i8));
         compact.push((e & !0xffff_ffff) | i as u64);
     }
     let y =
         vecops::combine(args, c.n_max as usize, &rows, &compact).map_err(|e| dev_err(card, e))?;
-    card.store(card.pointer(desc, "y")?, &bytes(&y))?;
+    put(card.view_mut(card.pointer(desc, "y")?, y.len() * 2)?, &y);
     Ok(timing::vecops_cycles(c, args, t))
 }
