@@ -223,10 +223,11 @@ fn attention_verilog(p: &AttentionCore) -> String {
             "reg signed [15:0] sp_{l};\nwire signed [7:0] ql_{l} = qc_{b}[{o} +: 8];\nwire signed [7:0] kl_{l} = kr_{b}[{o} +: 8];\n\
              reg signed [7:0] pv_v_{l};\nwire signed [7:0] vl_{l} = vr_{b}[{o} +: 8];\n\
              reg signed [47:0] acc_{l}, fa_{l};\n\
-             wire signed [47:0] rs_{l} = (p1_sh == 6'd0) ? acc_{l} : ((p1_sh >= 6'd40) ? 48'sd0 : ((acc_{l} + (48'sd1 <<< (p1_sh - 6'd1))) >>> p1_sh));\n\
-             wire signed [47:0] base_{l} = p1_reset ? 48'sd0 : rs_{l};\n\
+             wire [63:0] ax_{l} = {{{{16{{acc_{l}[47]}}}}, acc_{l}}};\n\
+             wire rb_{l} = !p1_reset && (p1_sh != 6'd0) && (p1_sh < 6'd40) && ax_{l}[p1_sh - 6'd1];\n\
+             wire signed [47:0] base_{l} = (p1_reset || p1_sh >= 6'd40) ? 48'sd0 : (acc_{l} >>> p1_sh);\n\
              wire signed [24:0] pp_{l} = $signed({{1'b0, p1_p}}) * pv_v_{l};\n\
-             wire signed [47:0] an_{l} = base_{l} + {{{{23{{pp_{l}[24]}}}}, pp_{l}}};\n\
+             wire signed [47:0] an_{l} = base_{l} + {{{{23{{pp_{l}[24]}}}}, pp_{l}}} + {{47'd0, rb_{l}}};\n\
              reg fneg_{l}, fsat_{l};\nreg [50:0] frem_{l};\nreg [16:0] fq_{l};\nreg [15:0] fo_{l};\n\
              wire signed [50:0] fnum_{l} = {{fa_{l}, 9'd0}} + {{19'd0, f_l}};\n\
              wire [50:0] fden_sh_{l} = {{18'd0, f_l, 1'b0}} << f_bit;"
@@ -360,7 +361,9 @@ reg [5:0] sa_f, sb_f, sc_f, sd_f;  // flags: 0 tfirst, 1 tlast, 2 rowfirst, 3 ro
 reg [31:0] sa_j, sb_j, sc_j, sd_j, sa_i, sb_i, sc_i, sd_i;
 reg signed [31:0] sc_s;
 reg signed [48:0] sd_m;
-wire signed [48:0] sd_t = (shift_q == 6'd0) ? sd_m : ((sd_m + (49'sd1 <<< (shift_q - 6'd1))) >>> shift_q);
+wire [63:0] sx = {{{{15{{sd_m[48]}}}}, sd_m}};
+wire signed [48:0] sd_q = sd_m >>> shift_q;
+wire signed [48:0] sd_t = sd_q + {{48'd0, (shift_q != 6'd0) && sx[shift_q - 6'd1]}};
 reg signed [47:0] tmax;
 wire signed [47:0] sd_t48 = sd_t[47:0]; // (a part-select is unsigned: compare through a signed wire)
 wire signed [47:0] tmax_n = sd_f[0] ? sd_t48 : ((sd_t48 > tmax) ? sd_t48 : tmax);
@@ -401,9 +404,10 @@ wire signed [47:0] e_new = (tf_f[0] && (tf_f[2] || tf_f[4])) ? xf_h : ((tf_f[0] 
 wire signed [47:0] e_diff = e_new - e_run;
 wire [5:0] sh_new = (tf_f[0] && !(tf_f[2] || tf_f[4])) ? ((e_diff >= 48'sd40) ? 6'd40 : e_diff[5:0]) : 6'd0;
 wire signed [48:0] u_new = {{e_new[47], e_new}} * 49'sd256 - {{tf_th[47], tf_th}};
-wire [32:0] l_rnd = {{1'b0, l_run}} + (33'd1 << (p1_sh - 6'd1));
-wire [31:0] l_base = p1_reset ? 32'd0 : ((p1_sh == 6'd0) ? l_run : ((p1_sh >= 6'd40) ? 32'd0 : (l_rnd >> p1_sh)));
-wire [31:0] l_next = l_base + {{16'd0, p1_p}};
+wire [63:0] lx = {{32'd0, l_run}};
+wire lb = !p1_reset && (p1_sh != 6'd0) && (p1_sh < 6'd40) && lx[p1_sh - 6'd1];
+wire [31:0] l_base = (p1_reset || p1_sh >= 6'd40) ? 32'd0 : (l_run >> p1_sh);
+wire [31:0] l_next = l_base + {{16'd0, p1_p}} + {{31'd0, lb}};
 
 // ---- finaliser ----
 reg [31:0] f_l, f_i;

@@ -85,10 +85,11 @@ pub(super) fn attention_rows_verilog(p: &AttentionCore) -> String {
                 lane_decl,
                 "reg signed [15:0] sp_{r}_{l};\nwire signed [7:0] ql_{r}_{l} = qc_{r}_{b}[{o} +: 8];\n\
                  reg signed [47:0] acc_{r}_{l}, fa_{r}_{l};\n\
-                 wire signed [47:0] rs_{r}_{l} = (p1_sh_{r} == 6'd0) ? acc_{r}_{l} : ((p1_sh_{r} >= 6'd40) ? 48'sd0 : ((acc_{r}_{l} + (48'sd1 <<< (p1_sh_{r} - 6'd1))) >>> p1_sh_{r}));\n\
-                 wire signed [47:0] base_{r}_{l} = p1_reset_{r} ? 48'sd0 : rs_{r}_{l};\n\
+                 wire [63:0] ax_{r}_{l} = {{{{16{{acc_{r}_{l}[47]}}}}, acc_{r}_{l}}};\n\
+                 wire rb_{r}_{l} = !p1_reset_{r} && (p1_sh_{r} != 6'd0) && (p1_sh_{r} < 6'd40) && ax_{r}_{l}[p1_sh_{r} - 6'd1];\n\
+                 wire signed [47:0] base_{r}_{l} = (p1_reset_{r} || p1_sh_{r} >= 6'd40) ? 48'sd0 : (acc_{r}_{l} >>> p1_sh_{r});\n\
                  wire signed [24:0] pp_{r}_{l} = $signed({{1'b0, p1_p_{r}}}) * pv_v_{l};\n\
-                 wire signed [47:0] an_{r}_{l} = base_{r}_{l} + {{{{23{{pp_{r}_{l}[24]}}}}, pp_{r}_{l}}};"
+                 wire signed [47:0] an_{r}_{l} = base_{r}_{l} + {{{{23{{pp_{r}_{l}[24]}}}}, pp_{r}_{l}}} + {{47'd0, rb_{r}_{l}}};"
             );
             let _ = writeln!(
                 st,
@@ -110,7 +111,9 @@ wire s_rl_{r} = s_em_{r} || (s_jcur + 32'd1 == s_je_{r});
 reg [2:0] sa_g_{r}, sb_g_{r}, sc_g_{r}, sd_g_{r};
 reg signed [31:0] sc_s_{r};
 reg signed [48:0] sd_m_{r};
-wire signed [48:0] sd_t_{r} = (shift_q == 6'd0) ? sd_m_{r} : ((sd_m_{r} + (49'sd1 <<< (shift_q - 6'd1))) >>> shift_q);
+wire [63:0] sx_{r} = {{{{15{{sd_m_{r}[48]}}}}, sd_m_{r}}};
+wire signed [48:0] sd_q_{r} = sd_m_{r} >>> shift_q;
+wire signed [48:0] sd_t_{r} = sd_q_{r} + {{48'd0, (shift_q != 6'd0) && sx_{r}[shift_q - 6'd1]}};
 wire signed [47:0] sd_t48_{r} = sd_t_{r}[47:0];
 reg signed [47:0] tmax_{r};
 wire signed [47:0] tmax_n_{r} = sd_g_{r}[0] ? (sd_f[0] ? sd_t48_{r} : ((sd_t48_{r} > tmax_{r}) ? sd_t48_{r} : tmax_{r})) : tmax_{r};
@@ -143,9 +146,10 @@ wire signed [47:0] e_new_{r} = (tf_f[0] && rst_{r}) ? xf_h_{r} : ((tf_f[0] && xf
 wire signed [47:0] e_diff_{r} = e_new_{r} - e_run_{r};
 wire [5:0] sh_new_{r} = (tf_f[0] && !rst_{r}) ? ((e_diff_{r} >= 48'sd40) ? 6'd40 : e_diff_{r}[5:0]) : 6'd0;
 wire signed [48:0] u_new_{r} = {{e_new_{r}[47], e_new_{r}}} * 49'sd256 - {{tf_th_{r}[47], tf_th_{r}}};
-wire [32:0] l_rnd_{r} = {{1'b0, l_run_{r}}} + (33'd1 << (p1_sh_{r} - 6'd1));
-wire [31:0] l_base_{r} = p1_reset_{r} ? 32'd0 : ((p1_sh_{r} == 6'd0) ? l_run_{r} : ((p1_sh_{r} >= 6'd40) ? 32'd0 : (l_rnd_{r} >> p1_sh_{r})));
-wire [31:0] l_next_{r} = l_base_{r} + {{16'd0, p1_p_{r}}};
+wire [63:0] lx_{r} = {{32'd0, l_run_{r}}};
+wire lb_{r} = !p1_reset_{r} && (p1_sh_{r} != 6'd0) && (p1_sh_{r} < 6'd40) && lx_{r}[p1_sh_{r} - 6'd1];
+wire [31:0] l_base_{r} = (p1_reset_{r} || p1_sh_{r} >= 6'd40) ? 32'd0 : (l_run_{r} >> p1_sh_{r});
+wire [31:0] l_next_{r} = l_base_{r} + {{16'd0, p1_p_{r}}} + {{31'd0, lb_{r}}};
 // row {r}: hold for the finaliser
 reg fp_{r};
 reg [31:0] fl_{r}, fi_{r};
