@@ -38,6 +38,7 @@ pub(super) fn attention_group(
 ) -> Option<Vec<AttentionOut>> {
     let (nq, nkv, d) = (cfg.nq, cfg.nkv, cfg.d);
     if !sums::has_vnni()
+        || !has_dq_vl()
         || cfg.kv_tile == 0
         || !cfg.kv_tile.is_multiple_of(4)
         || d == 0
@@ -110,7 +111,8 @@ pub(super) fn attention_group(
                             break;
                         }
                         let (h, b) = order(i);
-                        mine.push((h, b, ctx.block(h, b, &mut scratch)));
+                        // SAFETY: the CPU has AVX-512 F/BW/DQ/VL and VNNI (checked on entry).
+                        mine.push((h, b, unsafe { ctx.block_avx512(h, b, &mut scratch) }));
                     }
                     mine
                 })
@@ -135,6 +137,19 @@ pub(super) fn attention_group(
     (seen == items).then_some(outs)
 }
 
+/// AVX-512 DQ and VL (besides [`sums::has_vnni`]'s), for [`Ctx::block_avx512`].
+fn has_dq_vl() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512dq")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// One block's rows: o, e, l.
 #[derive(Debug, Default)]
 struct Block {
@@ -149,6 +164,7 @@ struct Scratch {
     s: Vec<i32>,
     rs: Vec<i32>,
     t: Vec<i64>,
+    p: Vec<u32>,
     words: Vec<(u32, u32)>,
     lo: Vec<i32>,
     hi: Vec<i32>,
@@ -179,7 +195,27 @@ impl Ctx<'_> {
         }
     }
 
+    /// [`Ctx::block`] compiled for AVX-512 (the row loops vectorise).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F, BW, DQ, VL and VNNI.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+    unsafe fn block_avx512(&self, h: usize, b: usize, sc: &mut Scratch) -> Block {
+        self.block(h, b, sc)
+    }
+
+    /// [`Ctx::block`] (no AVX-512 off x86-64; not reached: [`sums::has_vnni`] is false).
+    ///
+    /// # Safety
+    /// None needed.
+    #[cfg(not(target_arch = "x86_64"))]
+    unsafe fn block_avx512(&self, h: usize, b: usize, sc: &mut Scratch) -> Block {
+        self.block(h, b, sc)
+    }
+
     /// Rows `b ROWS..` of head `h`.
+    #[inline(always)]
     fn block(&self, h: usize, b: usize, sc: &mut Scratch) -> Block {
         let (nq, nkv, d) = (self.cfg.nq, self.cfg.nkv, self.cfg.d);
         let r0 = b * ROWS;
@@ -221,6 +257,7 @@ impl Ctx<'_> {
     }
 
     /// One row over its visible scores `s`: (e, l), `sc.acc` left holding its accumulators.
+    #[inline(always)]
     fn row(&self, s: &[i32], sc: &mut Scratch) -> Option<(i32, u32)> {
         let cfg = self.cfg;
         let (d16, tile) = (self.d16, cfg.kv_tile);
@@ -230,17 +267,18 @@ impl Ctx<'_> {
         sc.lo.resize(d16, 0);
         sc.hi.clear();
         sc.hi.resize(d16, 0);
-        sc.t.resize(tile, 0);
+        // every visible key's log2-domain logit (the golden model's `logit`), in one loop
+        sc.t.clear();
+        sc.t.extend(
+            s.iter()
+                .map(|&sj| logit(sj, cfg.score_mult, cfg.score_shift)),
+        );
         let mut pending = 0usize;
         let mut e: Option<i64> = None;
         let mut l: u32 = 0;
         for j0 in (0..s.len()).step_by(tile) {
             let j1 = (j0 + tile).min(s.len());
-            let mut tmax = i64::MIN;
-            for (t, &sj) in sc.t.iter_mut().zip(&s[j0..j1]) {
-                *t = logit(sj, cfg.score_mult, cfg.score_shift);
-                tmax = tmax.max(*t);
-            }
+            let tmax = sc.t[j0..j1].iter().copied().fold(i64::MIN, i64::max);
             let et = (tmax + 255) >> FRAC;
             match e {
                 None => e = Some(et),
@@ -260,25 +298,22 @@ impl Ctx<'_> {
             }
             pending += j1 - j0;
             let ecur = e.unwrap_or(et);
-            // the tile's weights, 4 keys (j0 is a multiple of 4) a word: low and high bytes
+            // the tile's weights (zero past its end, to a whole quad: j0 is a multiple of 4),
+            // then 4 keys a word: low and high bytes
+            sc.p.clear();
+            sc.p.extend(
+                sc.t[j0..j1]
+                    .iter()
+                    .map(|&t| weight((ecur << FRAC) - t, self.lut)),
+            );
+            l += sc.p.iter().sum::<u32>();
+            sc.p.resize((j1 - j0).div_ceil(4) * 4, 0);
             sc.words.clear();
-            let mut wl = [0u8; 4];
-            let mut wh = [0u8; 4];
-            for (i, &t) in sc.t[..j1 - j0].iter().enumerate() {
-                let p = weight((ecur << FRAC) - t, self.lut);
-                l += p;
-                wl[i % 4] = p as u8;
-                wh[i % 4] = (p >> 8) as u8;
-                if i % 4 == 3 {
-                    sc.words
-                        .push((u32::from_le_bytes(wl), u32::from_le_bytes(wh)));
-                    (wl, wh) = ([0; 4], [0; 4]);
-                }
-            }
-            if !(j1 - j0).is_multiple_of(4) {
-                sc.words
-                    .push((u32::from_le_bytes(wl), u32::from_le_bytes(wh)));
-            }
+            sc.words.extend(sc.p.chunks_exact(4).map(|q| {
+                let lo = (q[0] & 255) | (q[1] & 255) << 8 | (q[2] & 255) << 16 | (q[3] & 255) << 24;
+                let hi = (q[0] >> 8) | (q[1] >> 8) << 8 | (q[2] >> 8) << 16 | (q[3] >> 8) << 24;
+                (lo, hi)
+            }));
             let vq = &self.vp[j0 / 4 * d16 * 4..];
             pv(&mut sc.lo, &mut sc.hi, &sc.words, vq, d16);
         }

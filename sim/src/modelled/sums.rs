@@ -473,22 +473,34 @@ pub(super) fn sums_packed(
     if m == 0 || n == 0 || kp == 0 {
         return true;
     }
-    // rows over threads, MR rows a block
+    // chunks of rows (whole MR blocks, about 4 a thread) taken by whichever thread is free:
+    // a thread that the OS holds back (another process on the core) takes fewer
     let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
-    let rows = m.div_ceil(threads).div_ceil(MR).max(1) * MR;
+    let rows = m.div_ceil(threads * 4).max(96).div_ceil(MR) * MR;
+    let chunks = std::sync::Mutex::new(y[..m * n].chunks_mut(rows * n).enumerate());
     std::thread::scope(|s| {
-        for (t, ys) in y[..m * n].chunks_mut(rows * n).enumerate() {
-            let xs = &x[t * rows * xstride..];
+        for _ in 0..threads.min(m.div_ceil(rows)) {
+            let chunks = &chunks;
             s.spawn(move || {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: the CPU has AVX-512 F, BW and VNNI (has_vnni above); `xs` holds the
-                // chunk's rows of `xstride` (>= k4) bytes, `wp` the packed panels, `ys` the
-                // chunk's rows of `n` (the assert above).
-                unsafe {
-                    vnni::add_rows(xs, xstride, wp, ys, n, k4)
-                };
-                #[cfg(not(target_arch = "x86_64"))]
-                let _ = (xs, ys);
+                loop {
+                    let next = match chunks.lock() {
+                        Ok(mut it) => it.next(),
+                        Err(_) => None,
+                    };
+                    let Some((t, ys)) = next else {
+                        break;
+                    };
+                    let xs = &x[t * rows * xstride..];
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: the CPU has AVX-512 F, BW and VNNI (has_vnni above); `xs` holds
+                    // the chunk's rows of `xstride` (>= k4) bytes, `wp` the packed panels,
+                    // `ys` the chunk's rows of `n` (the assert above).
+                    unsafe {
+                        vnni::add_rows(xs, xstride, wp, ys, n, k4)
+                    };
+                    #[cfg(not(target_arch = "x86_64"))]
+                    let _ = (xs, ys);
+                }
             });
         }
     });
