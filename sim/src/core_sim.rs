@@ -293,6 +293,8 @@ int main(int argc, char **argv) {
         top->arg4 = a[4]; top->arg5 = a[5]; top->arg6 = a[6]; top->arg7 = a[7];
         top->ptr0 = p[0]; top->ptr1 = p[1]; top->ptr2 = p[2]; top->ptr3 = p[3];
         top->ptr4 = p[4]; top->ptr5 = p[5]; top->ptr6 = p[6]; top->ptr7 = p[7];
+        // the arguments are stable a cycle before start, as the shell's registers are
+        tick(false, false);
         cycle = 0;
         tick(true, false);
         bool done = top->done;

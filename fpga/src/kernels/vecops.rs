@@ -219,12 +219,16 @@ wire [31:0] n8_arg = (arg2 + 32'd7) >> 3;
 wire [63:0] tl_arg = {{32'd0, arg1}} * {{32'd0, arg4}};
 wire op_norm = (arg0 == 32'd1) || (arg0 == 32'd2);
 wire op_tab = (arg0 == 32'd6);
-wire args_ok = (arg0 <= 32'd6) && (arg1 != 32'd0) && (arg2 != 32'd0) && (arg2 <= N_MAX)
+wire args_ok_w = (arg0 <= 32'd6) && (arg1 != 32'd0) && (arg2 != 32'd0) && (arg2 <= N_MAX)
             && (!op_norm || (arg3 >= 32'd1 && arg3 <= 32'd47))
             && (arg0 != 32'd3 || (arg2[2:0] == 3'd0 && arg4 != 32'd0))
             && (arg0 != 32'd4 || (arg3 <= 32'd47 && arg5 <= 32'd47))
             && (arg0 != 32'd5 || (arg3 <= 32'd47 && arg5[15:0] <= 16'd47))
             && (arg0 != 32'd6 || (arg3 <= 32'd47 && arg4 != 32'd0 && tl_arg <= {{32'd0, N_MAX >> 2}}));
+// registered (as the router's): the arguments are written before the transaction that sets
+// ap_start, so the checks stay out of the run-start path
+reg args_ok;
+always @(posedge clock) args_ok <= !reset && args_ok_w;
 wire q_norm = (op_q == 3'd1) || (op_q == 3'd2);
 wire q_has_b = (op_q != 3'd1);  // a second stream per row: b, or the rope table
 wire q_tab = (op_q == 3'd6);    // combine: the table, then k gathered int8 rows per row
