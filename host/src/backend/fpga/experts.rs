@@ -100,21 +100,32 @@ pub(super) fn estimate_cycles(
     ))
 }
 
-/// f64 `x [m, k] w^T` for `w [n, k]` (rows of y over the rayon threads; each dot product in
-/// eight partial sums, which vectorise).
+/// f64 `x [m, k] w^T` for `w [n, k]`: blocks of W's rows over the rayon threads, each W row
+/// read once for all `m` rows of x (W is the large operand: a row of x at a time would stream
+/// all of W from memory `m` times); each dot product in eight partial sums, which vectorise.
 fn matmul(x: &[f64], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f64> {
-    let mut y = vec![0f64; m * n];
-    if k == 0 {
-        return y;
+    if k == 0 || m == 0 || n == 0 {
+        return vec![0f64; m * n];
     }
-    y.par_chunks_mut(n.max(1))
-        .zip(x.par_chunks(k))
-        .take(m)
-        .for_each(|(yr, xr)| {
-            for (o, wr) in yr.iter_mut().zip(w.chunks_exact(k)) {
-                *o = dot(xr, wr);
+    /// W rows per task.
+    const ROWS: usize = 16;
+    // y^T [n, m], then transposed
+    let mut yt = vec![0f64; n * m];
+    yt.par_chunks_mut(ROWS * m)
+        .zip(w.par_chunks(ROWS * k))
+        .for_each(|(yc, wc)| {
+            for (yr, wr) in yc.chunks_exact_mut(m).zip(wc.chunks_exact(k)) {
+                for (o, xr) in yr.iter_mut().zip(x.chunks_exact(k)) {
+                    *o = dot(xr, wr);
+                }
             }
         });
+    let mut y = vec![0f64; m * n];
+    for (j, col) in yt.chunks_exact(m).enumerate() {
+        for (i, &v) in col.iter().enumerate() {
+            y[i * n + j] = v;
+        }
+    }
     y
 }
 
@@ -327,5 +338,41 @@ impl ExpertsJob {
             .flat_map(|r| r[..h].iter().map(|&q| (f64::from(q) * self.s_out) as f32))
             .collect();
         Tensor::from_vec_f32(&self.out.shape, v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matmul_equals_the_plain_loop_on_odd_shapes() {
+        for (m, n, k) in [
+            (1, 1, 1),
+            (3, 37, 19),
+            (16, 40, 9),
+            (5, 17, 33),
+            (2, 0, 4),
+            (0, 3, 4),
+        ] {
+            let x: Vec<f64> = (0..m * k)
+                .map(|i| ((i * 7919) % 97) as f64 - 48.5)
+                .collect();
+            let w: Vec<f32> = (0..n * k)
+                .map(|i| ((i * 104_729) % 89) as f32 * 0.25 - 11.0)
+                .collect();
+            let y = matmul(&x, &w, m, n, k);
+            assert_eq!(y.len(), m * n);
+            for i in 0..m {
+                for j in 0..n {
+                    let want = dot(&x[i * k..(i + 1) * k], &w[j * k..(j + 1) * k]);
+                    assert_eq!(
+                        y[i * n + j].to_bits(),
+                        want.to_bits(),
+                        "{m}x{n}x{k} at {i},{j}"
+                    );
+                }
+            }
+        }
     }
 }
