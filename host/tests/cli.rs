@@ -573,3 +573,37 @@ fn cuda_dtype_environment_is_checked_and_the_flag_wins() {
         );
     }
 }
+
+#[test]
+fn the_modelled_card_runs_without_verilator() {
+    // No simulator on PATH and no prebuilt models: the RTL card is unavailable with its
+    // reason, but `--fpga-sim-mode model` needs no simulator and runs every op.
+    let empty = tempfile::tempdir().expect("temp dir");
+    let dir = empty.path().to_string_lossy().into_owned();
+    let env = [
+        ("PATH", dir.as_str()),
+        ("TANDEM_SIM_CACHE_DIR", dir.as_str()),
+    ];
+    let o = tandem_env(&["run", "--backend", "fpga-sim", "--no-check"], &env);
+    let (_, err) = text(&o);
+    assert!(!o.status.success(), "ran without a simulator:\n{err}");
+    assert!(err.contains("verilator not found"), "{err}");
+    let mut env = env.to_vec();
+    env.push(("TANDEM_FPGA_SIM_MODE", "model"));
+    let o = tandem_env(&["run", "--backend", "fpga-sim", "--no-check"], &env);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("Alveo (modelled)"), "{out}");
+    assert!(out.contains("(modelled)"), "{out}");
+    // every row of the op table ran on the card
+    let rows: Vec<&str> = out
+        .lines()
+        .skip_while(|l| !l.starts_with("----"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("total:"))
+        .collect();
+    assert!(rows.len() >= 10, "{out}");
+    for r in rows {
+        assert!(r.contains("fpga-sim:0"), "an op ran elsewhere: {r}\n{out}");
+    }
+}

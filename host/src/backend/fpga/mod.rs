@@ -90,22 +90,43 @@ pub fn discover(opts: &FpgaOptions) -> (Vec<Arc<dyn Backend>>, Vec<Missing>) {
 }
 
 /// The simulated card's backend (`fpga-sim:0`: Verilator-simulated cards, and the modelled
-/// card), or why there is none (no usable Verilator).
+/// card), or why there is none (no usable Verilator, unless `--fpga-sim-mode model` asks for
+/// the modelled card only, which needs no simulator).
 pub fn simulated(opts: &FpgaOptions) -> std::result::Result<FpgaBackend, String> {
     let toolchain = tandem_sim::Toolchain {
         cache_dir: opts.sim_cache.clone(),
         cxx: opts.cxx.clone(),
     };
-    let version = tandem_sim::available_with(&toolchain).map_err(|e| e.to_string())?;
     let mem = sim_mem(opts);
+    let memory_bytes = u64::from(mem.banks) * mem.bank_bytes;
+    let (name, simulator, open) = match tandem_sim::available_with(&toolchain) {
+        Ok(version) => ("Alveo (Verilator-simulated)", version, sim_factory()),
+        Err(e) if opts.sim_mode == SimMode::Model => {
+            // every launch runs on the modelled card; an RTL card cannot be opened
+            let reason = e.to_string();
+            let why = reason.clone();
+            let open: OpenDevice = Box::new(move |_: &FpgaOptions| {
+                Err(FpgaError::Unavailable {
+                    device: "fpga-sim".into(),
+                    reason: why.clone(),
+                })
+            });
+            (
+                "Alveo (modelled)",
+                format!("none, modelled card only ({reason})"),
+                open,
+            )
+        }
+        Err(e) => return Err(e.to_string()),
+    };
     let card = CardInfo {
         kind: DeviceKind::FpgaSim,
         index: 0,
-        name: "Alveo (Verilator-simulated)".into(),
-        memory_bytes: u64::from(mem.banks) * mem.bank_bytes,
-        details: vec![("simulator".into(), version)],
+        name: name.into(),
+        memory_bytes,
+        details: vec![("simulator".into(), simulator)],
     };
-    Ok(FpgaBackend::new(card, opts.clone(), sim_factory()).with_model(model_factory()))
+    Ok(FpgaBackend::new(card, opts.clone(), open).with_model(model_factory()))
 }
 
 pub use xrt::xrt_factory;
