@@ -449,22 +449,7 @@ mod vnni_pv {
 mod tests {
     use tandem_fpga::golden::attention::{AttentionConfig, attention_skip};
 
-    /// A deterministic stream of int8 values (xorshift) with extremes.
-    fn values(len: usize, seed: u64) -> Vec<i8> {
-        let mut s = seed | 1;
-        (0..len)
-            .map(|i| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                match i % 37 {
-                    0 => -128,
-                    1 => 127,
-                    _ => (s >> 24) as i8,
-                }
-            })
-            .collect()
-    }
+    use crate::modelled::sums::tests::values;
 
     fn bytes(a: &[i8]) -> Vec<u8> {
         a.iter().map(|&v| v as u8).collect()

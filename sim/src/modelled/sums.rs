@@ -447,6 +447,27 @@ pub(super) fn pack_stream(dst: &mut Vec<u8>, s: &WStream<'_>) {
     });
 }
 
+/// The operand lengths [`sums_packed`] and [`sums_packed_serial`] need (a caller's bug
+/// otherwise: the card's own buffers are sized by the launch).
+fn check_packed(
+    what: &str,
+    x: &[u8],
+    xstride: usize,
+    wp: &[u8],
+    y: &[i32],
+    (m, n, kp): (usize, usize, usize),
+) {
+    let k4 = quad_len(kp);
+    assert!(
+        xstride.is_multiple_of(4)
+            && xstride >= k4
+            && x.len() >= m.saturating_sub(1) * xstride + k4
+            && wp.len() >= packed_len(n, kp)
+            && y.len() >= m * n,
+        "{what}: operands too short"
+    );
+}
+
 /// `y += x w^T` over W packed by [`pack_stream`] (`n` columns, `kp` values each): `x` holds
 /// `m` rows of `xstride` bytes (int8, `kp` values then anything, `xstride` a multiple of 4
 /// and at least [`quad_len`]`(kp)`, the bytes from `kp` to `quad_len(kp)` zero), `y` `m` rows
@@ -461,15 +482,8 @@ pub(super) fn sums_packed(
     if !has_vnni() {
         return false;
     }
+    check_packed("sums_packed", x, xstride, wp, y, (m, n, kp));
     let k4 = quad_len(kp);
-    assert!(
-        xstride.is_multiple_of(4)
-            && xstride >= k4
-            && x.len() >= m.saturating_sub(1) * xstride + k4
-            && wp.len() >= packed_len(n, kp)
-            && y.len() >= m * n,
-        "sums_packed: operands too short"
-    );
     if m == 0 || n == 0 || kp == 0 {
         return true;
     }
@@ -520,15 +534,8 @@ pub(super) fn sums_packed_serial(
     if !has_vnni() {
         return false;
     }
+    check_packed("sums_packed_serial", x, xstride, wp, y, (m, n, kp));
     let k4 = quad_len(kp);
-    assert!(
-        xstride.is_multiple_of(4)
-            && xstride >= k4
-            && x.len() >= m.saturating_sub(1) * xstride + k4
-            && wp.len() >= packed_len(n, kp)
-            && y.len() >= m * n,
-        "sums_packed_serial: operands too short"
-    );
     if m == 0 || n == 0 || kp == 0 {
         return true;
     }
@@ -710,7 +717,7 @@ mod vnni {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     fn reference(
@@ -732,8 +739,9 @@ mod tests {
         y
     }
 
-    /// A deterministic stream of int8 values (xorshift), extremes included.
-    fn values(len: usize, seed: u64) -> Vec<i8> {
+    /// A deterministic stream of int8 values (xorshift), extremes included (the attention
+    /// tests use it too).
+    pub(in crate::modelled) fn values(len: usize, seed: u64) -> Vec<i8> {
         let mut s = seed | 1;
         (0..len)
             .map(|i| {
