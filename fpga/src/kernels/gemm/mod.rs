@@ -538,7 +538,7 @@ wire adv = w_take || fl_step || bubble;
 wire flag_now = (w_take && c_w0) || (fl_step && !fl_sent);
 always @* rd_data_ready = running && (c_ph == P_PRM || c_ph == P_X || (c_ph == P_PI && pi_ok) || (c_ph == P_W && (!c_w0 || flag_ok)));
 
-// the down-count of beats and its end flag, flat: one select after the beat
+// the beat index, the down-count of beats and its end flag, flat: one select after the beat
 wire c_beat = running && (((c_ph == P_PRM || c_ph == P_X) && rd_data_valid) || (c_ph == P_PI && pi_we) || (c_ph == P_W && w_take));
 reg [31:0] c_lload;
 reg c_eload;
@@ -559,9 +559,13 @@ end
 always @(posedge clock) begin
     if (start && !running) begin
         c_left <= (arg1 >> {lgp}) - 32'd1; c_end <= (arg1 >> {lgp}) == 32'd1;
+        c_widx <= 32'd0; c_w0 <= 1'b1;
     end else if (c_beat) begin
-        if (c_end) begin c_left <= c_lload; c_end <= c_eload; end
-        else begin c_left <= c_left - 32'd1; c_end <= c_left == 32'd1; end
+        // the beat index restarts after a run's last beat, whatever the phase
+        if (c_end) begin c_left <= c_lload; c_end <= c_eload; c_widx <= 32'd0; c_w0 <= 1'b1; end
+        else begin
+            c_left <= c_left - 32'd1; c_end <= c_left == 32'd1; c_widx <= c_widx + 32'd1; c_w0 <= 1'b0;
+        end
     end
 end
 
@@ -631,7 +635,7 @@ always @(posedge clock) begin
                 g_mleft1 <= arg0 - 32'd1; g_lastm <= arg0 <= ROWS;
                 g_nt <= 32'd0; g_r <= 0; g_xa <= ptr0; g_wa <= ptr1;
                 c_mleft1 <= arg0 - 32'd1; c_lastm <= arg0 <= ROWS;
-                c_nt <= 32'd0; c_r <= 0; c_widx <= 32'd0; c_w0 <= 1'b1; c_yrow <= ptr3;
+                c_nt <= 32'd0; c_r <= 0; c_yrow <= ptr3;
                 cap_pending <= 1'b0; ro_busy <= 1'b0; has_prev <= 1'b0; cap_has <= 1'b0;
                 fl_sent <= 1'b0; fl_cnt <= 8'd0; ro_prm <= 1'b0; ro_iss <= 1'b0;
                 a_v <= 1'b0; m_v <= 1'b0; s_v <= 1'b0; r_v <= 1'b0; w_st <= W_IDLE;
@@ -701,39 +705,30 @@ always @(posedge clock) begin
         if (running) case (c_ph)
             P_PRM: if (rd_data_valid) begin
                 if (c_end) begin
-                    c_widx <= 32'd0; c_w0 <= 1'b1; c_ph <= P_X; c_r <= 0; c_lrow <= c_rlast0;
-                end else begin
-                    c_widx <= c_widx + 32'd1; c_w0 <= 1'b0;
+                    c_ph <= P_X; c_r <= 0; c_lrow <= c_rlast0;
                 end
             end
             P_X: if (rd_data_valid) begin
                 if (c_end) begin
-                    c_widx <= 32'd0; c_w0 <= 1'b1;
                     if (c_lrow) begin
                         c_ph <= acc_in_q ? P_PI : P_W; c_nt <= 32'd0; c_ntlast <= nt1_q;
                         c_r <= 0; c_lrow <= c_rlast0;
                     end else begin
                         c_r <= c_r + 1'b1; c_lrow <= c_next_last;
                     end
-                end else begin
-                    c_widx <= c_widx + 32'd1; c_w0 <= 1'b0;
                 end
             end
             P_PI: if (pi_we) begin
                 if (c_end) begin
-                    c_widx <= 32'd0; c_w0 <= 1'b1;
                     if (c_lrow) begin
                         c_ph <= P_W; c_r <= 0; c_lrow <= c_rlast0;
                     end else begin
                         c_r <= c_r + 1'b1; c_lrow <= c_next_last;
                     end
-                end else begin
-                    c_widx <= c_widx + 32'd1; c_w0 <= 1'b0;
                 end
             end
             P_W: if (w_take) begin
                 if (c_end) begin
-                    c_widx <= 32'd0; c_w0 <= 1'b1;
                     c_tpar <= !c_tpar;
                     if (c_ntlast) begin
                         c_nt <= 32'd0; c_ntlast <= nt1_q; c_r <= 0;
@@ -747,8 +742,6 @@ always @(posedge clock) begin
                         c_nt <= c_nt + 32'd1; c_ntlast <= c_nt == ntm2_q;
                         if (acc_in_q) c_ph <= P_PI;
                     end
-                end else begin
-                    c_widx <= c_widx + 32'd1; c_w0 <= 1'b0;
                 end
             end
             P_FLUSH: begin
