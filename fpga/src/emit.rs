@@ -141,7 +141,8 @@ pub fn emit(core: &dyn KernelCore, cfg: ShellConfig, dir: &Path) -> Result<Emitt
     let verilog = dir.join(&manifest.verilog);
     write_atomic(&verilog, v.as_bytes()).map_err(io(&verilog))?;
     let kernel_xml = dir.join("kernel.xml");
-    write_atomic(&kernel_xml, desc.kernel_xml()?.as_bytes()).map_err(io(&kernel_xml))?;
+    write_atomic(&kernel_xml, desc.kernel_xml(core.data_bits())?.as_bytes())
+        .map_err(io(&kernel_xml))?;
     let manifest_path = dir.join(Manifest::FILE);
     let json = serde_json::to_string_pretty(&manifest).unwrap_or_default();
     write_atomic(&manifest_path, json.as_bytes()).map_err(io(&manifest_path))?;

@@ -51,7 +51,8 @@ pub const CTRL_ADDR_BITS: u32 = 12;
 pub enum ArgKind {
     /// A 32-bit scalar (`uint`).
     Scalar,
-    /// A 64-bit device address of a buffer read and/or written through `m_axi_gmem`.
+    /// A 64-bit device address of a buffer read and/or written through one of the kernel's
+    /// AXI4 masters (`m_axi_gmem`, or a read-only `m_axi_gmem1`, `m_axi_gmem2`: [`ArgDesc::port`]).
     Pointer,
 }
 
@@ -64,6 +65,28 @@ pub struct ArgDesc {
     pub kind: ArgKind,
     /// C type written to kernel.xml (`uint`, `short*`, `int*` ...).
     pub c_type: String,
+    /// The AXI4 master a pointer argument's buffer is reached through: 0 is `m_axi_gmem`
+    /// (read and write), `i > 0` the read-only `m_axi_gmem{i}` (a stream with a memory bank
+    /// of its own, bound by its own `sp=` in the link). Always 0 for scalars.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub port: u8,
+}
+
+fn is_zero(p: &u8) -> bool {
+    *p == 0
+}
+
+/// Most AXI4 masters a kernel may have: `m_axi_gmem` and the read-only `m_axi_gmem1`,
+/// `m_axi_gmem2`.
+pub const MAX_AXI_PORTS: u8 = 3;
+
+/// The Vitis name of AXI4 master `port` (`m_axi_gmem`, `m_axi_gmem1`, ...).
+pub fn axi_port_name(port: u8) -> String {
+    if port == 0 {
+        "m_axi_gmem".into()
+    } else {
+        format!("m_axi_gmem{port}")
+    }
 }
 
 impl ArgDesc {
@@ -73,6 +96,7 @@ impl ArgDesc {
             name: name.into(),
             kind: ArgKind::Scalar,
             c_type: "uint".into(),
+            port: 0,
         }
     }
 
@@ -82,7 +106,14 @@ impl ArgDesc {
             name: name.into(),
             kind: ArgKind::Pointer,
             c_type: c_type.into(),
+            port: 0,
         }
+    }
+
+    /// The same pointer argument reached through the read-only AXI4 master `port` (1 or 2).
+    pub fn on_port(mut self, port: u8) -> Self {
+        self.port = port;
+        self
     }
 }
 
@@ -133,6 +164,12 @@ impl KernelDesc {
             if self.args[..i].iter().any(|b| b.name == a.name) {
                 return Err(err(format!("argument `{}` appears twice", a.name)));
             }
+            if a.port >= MAX_AXI_PORTS || (a.port > 0 && a.kind == ArgKind::Scalar) {
+                return Err(err(format!(
+                    "argument `{}`: port {} (a pointer may use ports 0..{MAX_AXI_PORTS}, a scalar none)",
+                    a.name, a.port
+                )));
+            }
             let (port, size) = match a.kind {
                 ArgKind::Scalar => {
                     s += 1;
@@ -175,8 +212,14 @@ impl KernelDesc {
             })
     }
 
-    /// The `kernel.xml` Vitis needs to package the RTL as a kernel (`package_xo`).
-    pub fn kernel_xml(&self) -> Result<String, DescError> {
+    /// How many AXI4 masters the kernel has: one more than the highest [`ArgDesc::port`].
+    pub fn axi_ports(&self) -> u8 {
+        self.args.iter().map(|a| a.port).max().unwrap_or(0) + 1
+    }
+
+    /// The `kernel.xml` Vitis needs to package the RTL as a kernel (`package_xo`), with
+    /// `data_bits`-bit AXI4 masters.
+    pub fn kernel_xml(&self, data_bits: u32) -> Result<String, DescError> {
         let slots = self.slots()?;
         let mut x = String::new();
         let n = &self.name;
@@ -192,16 +235,19 @@ impl KernelDesc {
             r#"      <port name="s_axi_control" mode="slave" range="0x{:X}" dataWidth="32" portType="addressable" base="0x0"/>"#,
             1u32 << CTRL_ADDR_BITS
         );
-        let _ = writeln!(
-            x,
-            r#"      <port name="m_axi_gmem" mode="master" range="0xFFFFFFFFFFFFFFFF" dataWidth="64" portType="addressable" base="0x0"/>"#
-        );
+        for p in 0..self.axi_ports() {
+            let _ = writeln!(
+                x,
+                r#"      <port name="{}" mode="master" range="0xFFFFFFFFFFFFFFFF" dataWidth="{data_bits}" portType="addressable" base="0x0"/>"#,
+                axi_port_name(p)
+            );
+        }
         let _ = writeln!(x, "    </ports>");
         let _ = writeln!(x, "    <args>");
         for s in &slots {
             let (port, addr_q, host_size) = match s.arg.kind {
-                ArgKind::Scalar => ("s_axi_control", 0, 4),
-                ArgKind::Pointer => ("m_axi_gmem", 1, 8),
+                ArgKind::Scalar => ("s_axi_control".to_string(), 0, 4),
+                ArgKind::Pointer => (axi_port_name(s.arg.port), 1, 8),
             };
             let _ = writeln!(
                 x,
@@ -255,11 +301,38 @@ mod tests {
 
     #[test]
     fn kernel_xml_has_the_same_offsets() {
-        let x = desc().kernel_xml().expect("xml");
+        let x = desc().kernel_xml(64).expect("xml");
         assert!(x.contains(r#"name="n" addressQualifier="0" id="1" port="s_axi_control" size="0x4" offset="0x18""#), "{x}");
         assert!(x.contains(
             r#"name="b" addressQualifier="1" id="2" port="m_axi_gmem" size="0x8" offset="0x20""#
         ));
+        assert!(!x.contains("m_axi_gmem1"), "{x}");
+    }
+
+    #[test]
+    fn streams_on_their_own_ports_get_their_own_masters() {
+        let mut d = desc();
+        d.args[2] = ArgDesc::pointer("b", "int*").on_port(2);
+        assert_eq!(d.axi_ports(), 3);
+        let x = d.kernel_xml(512).expect("xml");
+        for p in ["m_axi_gmem", "m_axi_gmem1", "m_axi_gmem2"] {
+            assert!(
+                x.contains(&format!(
+                    r#"<port name="{p}" mode="master" range="0xFFFFFFFFFFFFFFFF" dataWidth="512""#
+                )),
+                "{p}: {x}"
+            );
+        }
+        assert!(
+            x.contains(r#"name="b" addressQualifier="1" id="2" port="m_axi_gmem2""#),
+            "{x}"
+        );
+        d.args[2].port = 3;
+        assert!(d.slots().is_err());
+        d.args[2].port = 0;
+        d.args[1].port = 1;
+        let e = d.slots().expect_err("a scalar on a master");
+        assert!(e.to_string().contains("`n`"), "{e}");
     }
 
     #[test]

@@ -106,6 +106,7 @@ fn wide_gemm_builds_lint_clean() {
             k_max: 2 * lanes,
             n_max: 2 * lanes,
             lanes,
+            w_ports: false,
         };
         let d = tempfile::tempdir().expect("tempdir");
         let e =
@@ -143,6 +144,7 @@ fn wide_port_limits_the_burst() {
         k_max: 128,
         n_max: 128,
         lanes: 64,
+        w_ports: false,
     };
     let err = tandem_fpga::shell::kernel_verilog(&core, ShellConfig { max_burst: 128 })
         .expect_err("128 beats of 64 bytes cross 4 KiB");

@@ -45,6 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             k_max: 4096,
             n_max: 4096,
             lanes: 8,
+            w_ports: false,
         };
         c.load_core(&core, ShellConfig::default())?;
         for &m in &[1usize, 8, 13, 40] {

@@ -119,6 +119,13 @@ impl SimCard {
         self.mem.reset_bank_counters();
     }
 
+    /// Read bursts the kernel issued on each AXI4 master (`m_axi_gmem`, `m_axi_gmem1`,
+    /// `m_axi_gmem2`; the last two are 0 for a kernel with one master) since the card was
+    /// opened or [`SimCard::reset_bank_counters`].
+    pub fn port_read_bursts(&self) -> [u64; 3] {
+        self.mem.port_read_bursts()
+    }
+
     /// Wall-clock time spent simulating since the card was opened.
     pub fn sim_wall(&self) -> Duration {
         self.sim_wall

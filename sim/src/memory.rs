@@ -15,6 +15,11 @@
 //! while the port delivers one bank's burst, the next burst's bank fetches in parallel. `bank_bytes_per_cycle = None` (the default, the `ci` profile) leaves the
 //! banks unlimited: the port alone sets the pace, as before banks were modelled.
 //! [`BankCounters`] count each bank's traffic and the cycles requests waited for it.
+//!
+//! A kernel with three AXI4 masters (`m_axi_gmem` and the read-only `m_axi_gmem1`,
+//! `m_axi_gmem2`) gets a slave per master: each read port has its own read buffer, its own
+//! `bytes_per_cycle` and `max_outstanding`, and its own in-order delivery; the banks are
+//! shared, and fetch the accepted bursts of all ports oldest first.
 
 use std::collections::VecDeque;
 
@@ -124,6 +129,8 @@ struct Burst {
     bank: Option<usize>,
     /// Beats its bank has fetched (a read burst).
     fetched: u64,
+    /// Order of acceptance over every read port (banks fetch oldest first).
+    seq: u64,
     /// The cycle each fetched beat left its bank (limited banks only): a beat reaches the
     /// port `latency` cycles after that.
     fetched_at: Vec<u64>,
@@ -141,6 +148,27 @@ impl Burst {
     }
 }
 
+/// Read ports a kernel may have: `m_axi_gmem` and the read-only `m_axi_gmem1`, `m_axi_gmem2`.
+pub const READ_PORTS: usize = 3;
+
+/// One read port's slave state: its accepted bursts in order and its bandwidth credit.
+#[derive(Debug, Default)]
+struct ReadPort {
+    reads: VecDeque<Burst>,
+    credit: f64,
+}
+
+/// One cycle's read-port pins, whichever master they belong to.
+#[derive(Debug, Clone, Copy, Default)]
+struct ReadPins {
+    arvalid: u64,
+    araddr: u64,
+    arlen: u64,
+    rready: u64,
+    arready: u64,
+    rvalid: u64,
+}
+
 /// Banks and the AXI slave state.
 #[derive(Debug)]
 pub struct Memory {
@@ -150,10 +178,12 @@ pub struct Memory {
     /// Bump pointer of each bank (bytes).
     pub tops: Vec<u64>,
     bank_state: Vec<BankState>,
-    reads: VecDeque<Burst>,
+    rports: [ReadPort; READ_PORTS],
+    /// Read bursts accepted on each read port since the last [`Memory::reset_bank_counters`].
+    port_bursts: [u64; READ_PORTS],
+    seq: u64,
     writes: VecDeque<Burst>,
     bresp: VecDeque<u64>,
-    credit: f64,
     /// Bytes of one beat of the kernel's data bus (8 for a 64-bit `m_axi_gmem`, up to 64 for
     /// a 512-bit one): set from the loaded kernel's manifest.
     pub beat_bytes: u64,
@@ -169,10 +199,11 @@ impl Memory {
             banks: (0..cfg.banks).map(|_| Vec::new()).collect(),
             tops: vec![0; cfg.banks as usize],
             bank_state: vec![BankState::default(); cfg.banks as usize],
-            reads: VecDeque::new(),
+            rports: Default::default(),
+            port_bursts: [0; READ_PORTS],
+            seq: 0,
             writes: VecDeque::new(),
             bresp: VecDeque::new(),
-            credit: 0.0,
             beat_bytes: 8,
             fault: None,
         }
@@ -180,10 +211,12 @@ impl Memory {
 
     /// Drops in-flight transactions (reset).
     pub fn reset_port(&mut self) {
-        self.reads.clear();
+        for p in &mut self.rports {
+            p.reads.clear();
+            p.credit = 0.0;
+        }
         self.writes.clear();
         self.bresp.clear();
-        self.credit = 0.0;
         for b in &mut self.bank_state {
             b.credit = 0.0;
         }
@@ -194,8 +227,14 @@ impl Memory {
         self.bank_state.iter().map(|b| b.counters).collect()
     }
 
-    /// Zeroes the bank counters.
+    /// Read bursts accepted on each read port (`m_axi_gmem`, `m_axi_gmem1`, `m_axi_gmem2`).
+    pub fn port_read_bursts(&self) -> [u64; READ_PORTS] {
+        self.port_bursts
+    }
+
+    /// Zeroes the bank counters (and the per-port burst counts).
     pub fn reset_bank_counters(&mut self) {
+        self.port_bursts = [0; READ_PORTS];
         for b in &mut self.bank_state {
             b.counters = BankCounters::default();
         }
@@ -213,7 +252,18 @@ impl Memory {
     /// oldest burst first; `hold`: a bank whose write waits and fetches nothing.
     fn fetch(&mut self, now: u64, hold: Option<usize>) {
         let beat = self.beat_bytes as f64;
-        for r in self.reads.iter_mut() {
+        let [p0, p1, p2] = &mut self.rports;
+        let multi = !p1.reads.is_empty() || !p2.reads.is_empty();
+        let mut all: Vec<&mut Burst> = p0
+            .reads
+            .iter_mut()
+            .chain(p1.reads.iter_mut())
+            .chain(p2.reads.iter_mut())
+            .collect();
+        if multi {
+            all.sort_by_key(|r| r.seq);
+        }
+        for r in all {
             let Some(b) = r.bank.filter(|&b| Some(b) != hold) else {
                 continue;
             };
@@ -363,8 +413,6 @@ impl Memory {
     /// Sets the slave's outputs for cycle `now`.
     pub fn drive(&mut self, now: u64, i: &mut PinsIn) {
         let beat = self.beat_bytes as f64;
-        self.credit = (self.credit + self.cfg.bytes_per_cycle).min(64.0f64.max(beat));
-        i.m_arready = u64::from(self.reads.len() < self.cfg.max_outstanding);
         i.m_awready = u64::from(self.writes.len() < self.cfg.max_outstanding);
         if let Some(bpc) = self.cfg.bank_bytes_per_cycle {
             for b in &mut self.bank_state {
@@ -372,27 +420,95 @@ impl Memory {
             }
         }
         i.m_wready = u64::from(self.writes.front().is_some_and(|w| self.bank_free(w.bank)));
-        i.m_rvalid = 0;
-        i.m_rlast = 0;
-        i.m_rresp = 0;
-        if let Some(r) = self.reads.front()
-            && r.next_ready(now, self.cfg.read_latency)
-            && self.credit >= beat
-        {
+        for p in 0..READ_PORTS {
+            let (arready, rvalid, data, last) = self.drive_read(now, p);
+            if p == 0 {
+                i.m_arready = arready;
+                i.m_rvalid = rvalid;
+                i.m_rlast = last;
+                i.m_rresp = 0;
+                if let Some(d) = data {
+                    i.m_rdata_w = d;
+                    i.m_rdata = d[0];
+                }
+            } else {
+                i.x_arready[p - 1] = arready;
+                i.x_rvalid[p - 1] = rvalid;
+                i.x_rlast[p - 1] = last;
+                i.x_rresp[p - 1] = 0;
+                if let Some(d) = data {
+                    i.x_rdata_w[p - 1] = d;
+                }
+            }
+        }
+        i.m_bvalid = u64::from(self.bresp.front().is_some_and(|&t| t <= now));
+        i.m_bresp = 0;
+    }
+
+    /// Read port `p`'s outputs for cycle `now`: arready, rvalid, the beat offered, rlast.
+    fn drive_read(&mut self, now: u64, p: usize) -> (u64, u64, Option<[u64; 8]>, u64) {
+        let beat = self.beat_bytes as f64;
+        let latency = self.cfg.read_latency;
+        let port = &mut self.rports[p];
+        port.credit = (port.credit + self.cfg.bytes_per_cycle).min(64.0f64.max(beat));
+        let arready = u64::from(port.reads.len() < self.cfg.max_outstanding);
+        let Some(r) = port.reads.front() else {
+            return (arready, 0, None, 0);
+        };
+        if r.next_ready(now, latency) && port.credit >= beat {
             let (addr, last) = (r.addr + self.beat_bytes * r.done, r.done + 1 == r.beats);
-            i.m_rvalid = 1;
-            i.m_rdata_w = self.read_beat(addr);
-            i.m_rdata = i.m_rdata_w[0];
-            i.m_rlast = u64::from(last);
-        } else if let Some(r) = self.reads.front()
-            && r.ready_at <= now
-            && !r.next_ready(now, self.cfg.read_latency)
+            let d = self.read_beat(addr);
+            return (arready, 1, Some(d), u64::from(last));
+        }
+        if r.ready_at <= now
+            && !r.next_ready(now, latency)
             && let Some(st) = r.bank.and_then(|b| self.bank_state.get_mut(b))
         {
             st.counters.wait_cycles += 1;
         }
-        i.m_bvalid = u64::from(self.bresp.front().is_some_and(|&t| t <= now));
-        i.m_bresp = 0;
+        (arready, 0, None, 0)
+    }
+
+    /// Read port `p`'s handshakes of cycle `now`.
+    fn commit_read(&mut self, now: u64, p: usize, pins: ReadPins) {
+        if pins.arvalid == 1 && pins.arready == 1 {
+            let beats = pins.arlen + 1;
+            let bank = self.locate(pins.araddr).map(|(b, _)| b);
+            if let Some(st) = bank.and_then(|b| self.bank_state.get_mut(b)) {
+                st.counters.read_bursts += 1;
+            }
+            self.seq += 1;
+            self.port_bursts[p] += 1;
+            self.rports[p].reads.push_back(Burst {
+                addr: pins.araddr,
+                beats,
+                done: 0,
+                ready_at: now + self.cfg.read_latency,
+                bank,
+                // unlimited banks have the whole burst at once
+                fetched: if self.cfg.bank_bytes_per_cycle.is_some() {
+                    0
+                } else {
+                    beats
+                },
+                seq: self.seq,
+                fetched_at: Vec::new(),
+            });
+        }
+        if pins.rvalid == 1 && pins.rready == 1 {
+            let beat = self.beat_bytes;
+            let port = &mut self.rports[p];
+            port.credit -= beat as f64;
+            if let Some(r) = port.reads.front_mut() {
+                if let Some(st) = r.bank.and_then(|b| self.bank_state.get_mut(b)) {
+                    st.counters.bytes_read += beat;
+                }
+                r.done += 1;
+                if r.done == r.beats {
+                    port.reads.pop_front();
+                }
+            }
+        }
     }
 
     /// Applies the handshakes of cycle `now` (inputs `i`, outputs `o`).
@@ -419,39 +535,27 @@ impl Memory {
             }
             self.fetch(now, hold);
         }
-        if o.m_arvalid == 1 && i.m_arready == 1 {
-            let beats = o.m_arlen + 1;
-            let bank = self.locate(o.m_araddr).map(|(b, _)| b);
-            if let Some(st) = bank.and_then(|b| self.bank_state.get_mut(b)) {
-                st.counters.read_bursts += 1;
-            }
-            self.reads.push_back(Burst {
-                addr: o.m_araddr,
-                beats,
-                done: 0,
-                ready_at: now + self.cfg.read_latency,
-                bank,
-                // unlimited banks have the whole burst at once
-                fetched: if self.cfg.bank_bytes_per_cycle.is_some() {
-                    0
-                } else {
-                    beats
-                },
-                fetched_at: Vec::new(),
-            });
-        }
-        if i.m_rvalid == 1 && o.m_rready == 1 {
-            self.credit -= self.beat_bytes as f64;
-            let beat = self.beat_bytes;
-            if let Some(r) = self.reads.front_mut() {
-                if let Some(st) = r.bank.and_then(|b| self.bank_state.get_mut(b)) {
-                    st.counters.bytes_read += beat;
+        for p in 0..READ_PORTS {
+            let pins = if p == 0 {
+                ReadPins {
+                    arvalid: o.m_arvalid,
+                    araddr: o.m_araddr,
+                    arlen: o.m_arlen,
+                    rready: o.m_rready,
+                    arready: i.m_arready,
+                    rvalid: i.m_rvalid,
                 }
-                r.done += 1;
-                if r.done == r.beats {
-                    self.reads.pop_front();
+            } else {
+                ReadPins {
+                    arvalid: o.x_arvalid[p - 1],
+                    araddr: o.x_araddr[p - 1],
+                    arlen: o.x_arlen[p - 1],
+                    rready: o.x_rready[p - 1],
+                    arready: i.x_arready[p - 1],
+                    rvalid: i.x_rvalid[p - 1],
                 }
-            }
+            };
+            self.commit_read(now, p, pins);
         }
         if o.m_wvalid == 1 && i.m_wready == 1 {
             let (addr, done, beats, bank) = match self.writes.front() {
@@ -493,6 +597,7 @@ impl Memory {
                 ready_at: now,
                 bank: self.locate(o.m_awaddr).map(|(b, _)| b),
                 fetched: 0,
+                seq: 0,
                 fetched_at: Vec::new(),
             });
         }

@@ -58,6 +58,17 @@ pub struct PinsIn {
     /// m_axi_gmem rdata, the whole beat: 64 bits a word, word 0 first (a 64-bit bus reads
     /// word 0 only; up to 512 bits).
     pub m_rdata_w: [u64; 8],
+    /// arready of the read-only `m_axi_gmem1` and `m_axi_gmem2` (a kernel with three
+    /// masters; ignored otherwise).
+    pub x_arready: [u64; 2],
+    /// Their rvalid.
+    pub x_rvalid: [u64; 2],
+    /// Their rlast.
+    pub x_rlast: [u64; 2],
+    /// Their rresp.
+    pub x_rresp: [u64; 2],
+    /// Their rdata, 64 bits a word as `m_rdata_w`.
+    pub x_rdata_w: [[u64; 8]; 2],
 }
 
 /// Outputs of the model.
@@ -109,6 +120,14 @@ pub struct PinsOut {
     /// m_axi_gmem wdata, the whole beat: 64 bits a word, word 0 first (`m_wdata` is word 0;
     /// up to 512 bits).
     pub m_wdata_w: [u64; 8],
+    /// arvalid of the read-only `m_axi_gmem1` and `m_axi_gmem2` (0 on a one-master kernel).
+    pub x_arvalid: [u64; 2],
+    /// Their araddr.
+    pub x_araddr: [u64; 2],
+    /// Their arlen.
+    pub x_arlen: [u64; 2],
+    /// Their rready.
+    pub x_rready: [u64; 2],
 }
 
 type NewFn = unsafe extern "C" fn(*const c_char) -> *mut c_void;
@@ -155,9 +174,12 @@ pub fn build(tc: &Toolchain, verilog: &Path, top: &str) -> Result<PathBuf, SimEr
         let shim = tmp.join("shim.cpp");
         std::fs::write(&shim, SHIM_CPP).map_err(io(&shim))?;
         let root = tc.verilator_root();
+        // a kernel with the read-only masters m_axi_gmem1/2 gets them wired in the shim
+        let multi = String::from_utf8_lossy(&src).contains("m_axi_gmem1_arvalid");
         run(
             tc.cxx()
                 .args(["-shared", "-fPIC", "-O2", "-std=c++17"])
+                .args(multi.then_some("-DTSIM_MULTI"))
                 .arg(format!("-I{}", obj.display()))
                 .arg(format!("-I{root}/include"))
                 .arg(format!("-I{root}/include/vltstd"))

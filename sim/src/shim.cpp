@@ -29,6 +29,9 @@ struct TsimIn {
     uint64_t s_awvalid, s_awaddr, s_wvalid, s_wdata, s_wstrb, s_bready, s_arvalid, s_araddr, s_rready;
     uint64_t m_awready, m_wready, m_bvalid, m_bresp, m_arready, m_rvalid, m_rdata, m_rlast, m_rresp;
     uint64_t m_rdata_w[8];  // the whole R beat, 64 bits a word (up to 512 bits)
+    // the read-only m_axi_gmem1 and m_axi_gmem2 (index 0 and 1) of a three-master kernel
+    uint64_t x_arready[2], x_rvalid[2], x_rlast[2], x_rresp[2];
+    uint64_t x_rdata_w[2][8];
 };
 
 struct TsimOut {
@@ -37,6 +40,7 @@ struct TsimOut {
     uint64_t m_arvalid, m_araddr, m_arlen, m_rready;
     uint64_t interrupt;
     uint64_t m_wdata_w[8];  // the whole W beat, 64 bits a word (up to 512 bits)
+    uint64_t x_arvalid[2], x_araddr[2], x_arlen[2], x_rready[2];
 };
 
 struct Tsim {
@@ -46,7 +50,7 @@ struct Tsim {
     uint64_t time = 0;
 };
 
-uint32_t tsim_abi_version() { return 2; }
+uint32_t tsim_abi_version() { return 3; }
 
 void* tsim_new(const char* vcd_path) {
     Tsim* s = new Tsim();
@@ -93,6 +97,18 @@ void tsim_eval(void* h, const TsimIn* i, TsimOut* o) {
     set_bus(t->m_axi_gmem_rdata, i->m_rdata_w);
     t->m_axi_gmem_rlast = i->m_rlast;
     t->m_axi_gmem_rresp = i->m_rresp;
+#ifdef TSIM_MULTI  // built for a kernel with m_axi_gmem1 and m_axi_gmem2
+    t->m_axi_gmem1_arready = i->x_arready[0];
+    t->m_axi_gmem1_rvalid = i->x_rvalid[0];
+    set_bus(t->m_axi_gmem1_rdata, i->x_rdata_w[0]);
+    t->m_axi_gmem1_rlast = i->x_rlast[0];
+    t->m_axi_gmem1_rresp = i->x_rresp[0];
+    t->m_axi_gmem2_arready = i->x_arready[1];
+    t->m_axi_gmem2_rvalid = i->x_rvalid[1];
+    set_bus(t->m_axi_gmem2_rdata, i->x_rdata_w[1]);
+    t->m_axi_gmem2_rlast = i->x_rlast[1];
+    t->m_axi_gmem2_rresp = i->x_rresp[1];
+#endif
     t->eval();
     if (s->vcd) s->vcd->dump(s->time);
     o->s_awready = t->s_axi_control_awready;
@@ -116,6 +132,18 @@ void tsim_eval(void* h, const TsimIn* i, TsimOut* o) {
     o->m_araddr = t->m_axi_gmem_araddr;
     o->m_arlen = t->m_axi_gmem_arlen;
     o->m_rready = t->m_axi_gmem_rready;
+#ifdef TSIM_MULTI
+    o->x_arvalid[0] = t->m_axi_gmem1_arvalid;
+    o->x_araddr[0] = t->m_axi_gmem1_araddr;
+    o->x_arlen[0] = t->m_axi_gmem1_arlen;
+    o->x_rready[0] = t->m_axi_gmem1_rready;
+    o->x_arvalid[1] = t->m_axi_gmem2_arvalid;
+    o->x_araddr[1] = t->m_axi_gmem2_araddr;
+    o->x_arlen[1] = t->m_axi_gmem2_arlen;
+    o->x_rready[1] = t->m_axi_gmem2_rready;
+#else
+    for (int p = 0; p < 2; p++) o->x_arvalid[p] = o->x_araddr[p] = o->x_arlen[p] = o->x_rready[p] = 0;
+#endif
     o->interrupt = t->__SYM__interrupt;  // Verilator renames the C++ word `interrupt`
 }
 

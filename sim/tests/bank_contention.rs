@@ -101,6 +101,7 @@ fn streams_in_one_bank_contend_and_in_separate_banks_do_not() {
         k_max: 64,
         n_max: 64,
         lanes: 8,
+        w_ports: false,
     };
     c.load_core(&core, ShellConfig::default())
         .expect("load gemm");

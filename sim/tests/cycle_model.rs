@@ -151,6 +151,7 @@ fn gemm_model_matches_the_rtl() {
         k_max: 4096,
         n_max: 4096,
         lanes: 8,
+        w_ports: false,
     };
     let Some((mut rtl, mut model)) = cards(&core) else {
         return;
@@ -180,7 +181,7 @@ fn wide_gemm_model_matches_the_rtl() {
         bytes_per_cycle: 64.0,
         ..tandem_sim::MemConfig::default()
     };
-    wide_gemm_on(mem, "wide gemm", 0x6464);
+    wide_gemm_on(mem, false, "wide gemm", 0x6464);
 }
 
 #[test]
@@ -191,7 +192,22 @@ fn wide_gemm_model_matches_the_rtl_on_u55c_banks() {
     // `w_odd`), the x rows, parameters and y in bank 0, so W runs at two banks' rate, above
     // the port's (`timing::gemm_cycles_w_own_bank` at twice the bank rate).
     let mem = tandem_sim::MemConfig::for_platform(&tandem_fpga::platform::U55C, 300.0, 64);
-    wide_gemm_on(mem, "wide gemm on u55c banks", 0x55c);
+    wide_gemm_on(mem, false, "wide gemm on u55c banks", 0x55c);
+}
+
+#[test]
+fn wide_gemm_with_w_on_its_own_masters_matches_the_model_on_u55c_banks() {
+    // The card build's memory system: W's two stripe buffers read through the read-only
+    // `m_axi_gmem1` and `m_axi_gmem2` (banks 1 and 2), x, parameters and y through `m_axi_gmem`
+    // (bank 0); the same model, which already times W at two banks' rate, on the same 32
+    // shapes as the one-master build above (same seed).
+    let mem = tandem_sim::MemConfig::for_platform(&tandem_fpga::platform::U55C, 300.0, 64);
+    wide_gemm_on(
+        mem,
+        true,
+        "wide gemm, W on its own masters, u55c banks",
+        0x55c,
+    );
 }
 
 #[test]
@@ -201,16 +217,18 @@ fn wide_gemm_model_matches_the_rtl_on_two_u55c_banks() {
         banks: 2,
         ..tandem_sim::MemConfig::for_platform(&tandem_fpga::platform::U55C, 300.0, 64)
     };
-    wide_gemm_on(mem, "wide gemm on two u55c banks", 0x55c2);
+    wide_gemm_on(mem, false, "wide gemm on two u55c banks", 0x55c2);
 }
 
-/// The 512-bit 8 x 64 build on memory `mem`, 32 random shapes (`name` in the report).
-fn wide_gemm_on(mem: tandem_sim::MemConfig, name: &str, seed: u64) {
+/// The 512-bit 8 x 64 build (W on masters of its own with `w_ports`) on memory `mem`, 32
+/// random shapes (`name` in the report).
+fn wide_gemm_on(mem: tandem_sim::MemConfig, w_ports: bool, name: &str, seed: u64) {
     let core = GemmCore {
         rows: 8,
         k_max: 512,
         n_max: 512,
         lanes: 64,
+        w_ports,
     };
     let Some((mut rtl, mut model)) = cards_with(&core, mem) else {
         return;
@@ -292,6 +310,7 @@ fn gemm_split_model_matches_the_rtl() {
         k_max: 64,
         n_max: 64,
         lanes: 8,
+        w_ports: false,
     };
     let Some((mut rtl, mut model)) = cards(&core) else {
         return;
@@ -480,6 +499,7 @@ fn both_cards_refuse_the_same_arguments_alike() {
         k_max: 4096,
         n_max: 4096,
         lanes: 8,
+        w_ports: false,
     };
     let Some((mut rtl, mut model)) = cards(&core) else {
         return;

@@ -98,6 +98,7 @@ fn gemm_4state_matches_golden_under_stalls() {
         k_max: 64,
         n_max: 32,
         lanes: 8,
+        w_ports: false,
     };
     let Some(mut c) = card(&core, 22) else {
         return;

@@ -29,6 +29,7 @@ const GEMM: GemmCore = GemmCore {
     k_max: 256,
     n_max: 64,
     lanes: 8,
+    w_ports: false,
 };
 const VECOPS: VecopsCore = VecopsCore { n_max: 256 };
 
@@ -176,12 +177,14 @@ fn wide_gemm_builds_give_the_golden_bits() {
             k_max: 256,
             n_max: 128,
             lanes: 16,
+            w_ports: false,
         },
         GemmCore {
             rows: 2,
             k_max: 256,
             n_max: 128,
             lanes: 64,
+            w_ports: false,
         },
     ];
     let cases: [(usize, usize, usize, usize, &[usize]); 4] = [

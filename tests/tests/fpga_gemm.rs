@@ -18,6 +18,7 @@ const CORE: GemmCore = GemmCore {
     k_max: 256,
     n_max: 64,
     lanes: 8,
+    w_ports: false,
 };
 
 fn sim() -> Option<&'static CoreSim> {
@@ -279,6 +280,7 @@ fn gemm_core_lints_and_synthesizes() {
         k_max: 64,
         n_max: 16,
         lanes: 8,
+        w_ports: false,
     };
     let verilog = small.core_verilog().expect("verilog");
     if let Some(r) =

@@ -28,6 +28,7 @@ fn gemm_16x8_array_utilisation() {
         k_max: 1024,
         n_max: 512,
         lanes: 8,
+        w_ports: false,
     };
     gemm_utilisation(core, &[(64, 512, 512)], 0.90);
 }

@@ -38,6 +38,7 @@ fn gemm_through_the_shell_matches_golden() {
         k_max: 256,
         n_max: 64,
         lanes: 8,
+        w_ports: false,
     };
     let Some(mut c) = card(&core) else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(31);
@@ -103,6 +104,7 @@ fn gemm_k_and_n_split_through_the_shell_matches_golden() {
         k_max: 32,
         n_max: 16,
         lanes: 8,
+        w_ports: false,
     };
     let Some(mut c) = card(&core) else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(33);

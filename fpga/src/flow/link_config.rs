@@ -189,4 +189,31 @@ mod tests {
         );
         assert!(link_config(&kernel(&[]), &U55C).is_err());
     }
+
+    #[test]
+    fn the_card_gemm_binds_each_master_to_its_own_pseudo_channel() {
+        use crate::core::KernelCore;
+        let core = crate::kernels::gemm::GemmCore::u55c_wide();
+        let xml = core
+            .desc()
+            .kernel_xml(core.data_bits())
+            .expect("kernel.xml");
+        let ks = crate::xclbin::metadata::parse_kernels(xml.as_bytes()).expect("parse");
+        let cfg = link_config(&ks[0], &U55C).expect("cfg");
+        for line in [
+            "\nsp=gemm_1.m_axi_gmem:HBM[0]\n",
+            "\nsp=gemm_1.m_axi_gmem1:HBM[1]\n",
+            "\nsp=gemm_1.m_axi_gmem2:HBM[2]\n",
+        ] {
+            assert!(cfg.contains(line), "{line}: {cfg}");
+        }
+        assert!(!cfg.contains("HBM[0:2]"), "{cfg}");
+        assert!(
+            ks[0]
+                .ports
+                .iter()
+                .all(|p| p.mode != "master" || p.data_width == Some(512)),
+            "{xml}"
+        );
+    }
 }

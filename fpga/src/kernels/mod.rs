@@ -92,13 +92,27 @@ impl Build {
                 })
             }
             "gemm" => {
-                let m = take(name, params, &["rows", "k_max", "n_max", "lanes"])?;
+                let m = take(
+                    name,
+                    params,
+                    &["rows", "k_max", "n_max", "lanes", "w_ports"],
+                )?;
                 let d = gemm::GemmCore::default();
                 Build::Gemm(gemm::GemmCore {
                     rows: get_u32(name, &m, "rows", d.rows)?,
                     k_max: get_u32(name, &m, "k_max", d.k_max)?,
                     n_max: get_u32(name, &m, "n_max", d.n_max)?,
                     lanes: get_u32(name, &m, "lanes", d.lanes)?,
+                    w_ports: match get_u32(name, &m, "w_ports", u32::from(d.w_ports))? {
+                        0 => false,
+                        1 => true,
+                        v => {
+                            return Err(CoreError::Param {
+                                kernel: name.into(),
+                                msg: format!("w_ports = {v} must be 0 or 1"),
+                            });
+                        }
+                    },
                 })
             }
             "attention" => {

@@ -203,7 +203,7 @@ mod tests {
             name: "k".into(),
             args: vec![ArgDesc::pointer("a", "short*"), ArgDesc::scalar("n")],
         };
-        let xml = d.kernel_xml().expect("xml");
+        let xml = d.kernel_xml(64).expect("xml");
         let ks = parse_kernels(xml.as_bytes()).expect("parse");
         assert_eq!(ks.len(), 1);
         let k = &ks[0];

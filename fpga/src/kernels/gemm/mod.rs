@@ -84,6 +84,11 @@ pub struct GemmCore {
     /// `n_max` are multiples of `lanes`. MACs per cycle: `rows * lanes`, packed two per
     /// multiplier ([`crate::golden::gemm::mul2_packed`]).
     pub lanes: u32,
+    /// W streams through AXI4 masters of its own: `w` through the read-only `m_axi_gmem1`,
+    /// `w_odd` through `m_axi_gmem2` (each bound to its own memory bank in the link), x, the
+    /// parameters, the partials and y through `m_axi_gmem`. `false`: everything through
+    /// `m_axi_gmem`.
+    pub w_ports: bool,
 }
 
 impl Default for GemmCore {
@@ -93,6 +98,7 @@ impl Default for GemmCore {
             k_max: 512,
             n_max: 256,
             lanes: 8,
+            w_ports: false,
         }
     }
 }
@@ -106,18 +112,20 @@ impl GemmCore {
             k_max: 4096,
             n_max: 4096,
             lanes: 8,
+            w_ports: false,
         }
     }
 
-    /// The card-sized configuration of a 512-bit port (Vitis' default `m_axi` width):
+    /// The card-sized configuration of 512-bit ports (Vitis' default `m_axi` width):
     /// 64 rows x 64 lanes = 4,096 int8 MACs per cycle on 2,048 packed multipliers
-    /// (2.46 TOPS at 300 MHz), K and N up to 4096.
+    /// (2.46 TOPS at 300 MHz), K and N up to 4096, the two W stripes on masters of their own.
     pub fn u55c_wide() -> Self {
         Self {
             rows: 64,
             k_max: 4096,
             n_max: 4096,
             lanes: 64,
+            w_ports: true,
         }
     }
 
@@ -165,6 +173,12 @@ impl GemmCore {
         Ok(())
     }
 
+    /// The AXI4 master of W stripe buffer `port` (1: `w`, 2: `w_odd`): that master with
+    /// [`GemmCore::w_ports`], else `m_axi_gmem` (0).
+    pub fn w_port(&self, port: u8) -> u8 {
+        if self.w_ports { port } else { 0 }
+    }
+
     /// Array cycles of an ideal run: one k step per cycle per (M tile, N tile).
     pub fn ideal_cycles(&self, m: usize, n_padded: usize, k_padded: usize) -> u64 {
         let tiles_m = m.div_ceil(self.rows as usize) as u64;
@@ -182,7 +196,7 @@ impl KernelCore for GemmCore {
             name: "gemm".into(),
             args: vec![
                 ArgDesc::pointer("x", "char*"),
-                ArgDesc::pointer("w", "char*"),
+                ArgDesc::pointer("w", "char*").on_port(self.w_port(1)),
                 ArgDesc::pointer("params", "ulong*"),
                 ArgDesc::pointer("y", "char*"),
                 ArgDesc::scalar("m"),
@@ -191,7 +205,7 @@ impl KernelCore for GemmCore {
                 ArgDesc::scalar("relu"),
                 ArgDesc::pointer("part", "int*"),
                 ArgDesc::scalar("mode"),
-                ArgDesc::pointer("w_odd", "char*"),
+                ArgDesc::pointer("w_odd", "char*").on_port(self.w_port(2)),
             ],
         }
     }
@@ -202,6 +216,7 @@ impl KernelCore for GemmCore {
             ("k_max".into(), i64::from(self.k_max)),
             ("n_max".into(), i64::from(self.n_max)),
             ("lanes".into(), i64::from(self.lanes)),
+            ("w_ports".into(), i64::from(self.w_ports)),
         ]
     }
 
@@ -218,6 +233,16 @@ impl KernelCore for GemmCore {
 /// Emits the Verilog of `gemm_core` for `p`.
 fn gemm_verilog(p: &GemmCore) -> String {
     let rows = p.rows as usize;
+    // a W request's address; with W on masters of its own, bits 63:62 name the master (1: the
+    // even stripes or the whole stream, 2: the odd stripes), as the shell's fan-out expects
+    let w_addr = if p.w_ports {
+        format!(
+            "{{(w_striped && g_wb[{lgs}]) ? 2'd2 : 2'd1, (w_striped ? g_wsa[61:0] : g_wa[61:0])}}",
+            lgs = w_stripe_beats(p.lanes as usize).trailing_zeros()
+        )
+    } else {
+        "w_striped ? g_wsa : g_wa".to_string()
+    };
     let cols = p.lanes as usize; // lanes = int8 per beat
     let pairs = cols / 2; // PEs per row, two lanes on one multiplier each
     let lg = p.lanes.trailing_zeros(); // log2 bytes per beat
@@ -655,7 +680,7 @@ always @(posedge clock) begin
                 P_PI: begin q_addr <= g_pa; q_len <= 32'd4; end
                 // striped: one request per stripe piece, the tile's last one ends it
                 default: begin
-                    q_addr <= w_striped ? g_wsa : g_wa;
+                    q_addr <= {w_addr};
                     q_len <= !w_striped ? k_q : (g_wfits ? g_wrem : g_wroom);
                 end
             endcase
@@ -816,6 +841,7 @@ endmodule // gemm_core
 /* verilator lint_on UNUSED */
 "#,
         header = core_header_w("gemm_core", &["busy"], dw),
+        w_addr = w_addr,
         dh = dw - 1,
         lgh = lg - 1,
         lgp = lg - 3,

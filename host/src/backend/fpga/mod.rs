@@ -226,6 +226,7 @@ pub fn gemm_build() -> GemmCore {
         k_max: 4096,
         n_max: 4096,
         lanes: 8,
+        w_ports: false,
     }
 }
 
