@@ -117,6 +117,10 @@ pub struct IcarusConfig {
     /// Cycles per polling step of [`FpgaDevice::run_until_done`] (the wall-clock timeout is
     /// checked between steps).
     pub poll_cycles: u64,
+    /// Banks the memory is split into (equal parts, bank 0 first; 1..=8): with three or more
+    /// the drivers stripe a GEMM's W over banks 1 and 2, which a kernel with W on masters of
+    /// its own reads through `m_axi_gmem1` and `m_axi_gmem2`.
+    pub banks: u32,
 }
 
 impl Default for IcarusConfig {
@@ -128,6 +132,7 @@ impl Default for IcarusConfig {
             stall_percent: 30,
             seed: 1,
             poll_cycles: 20_000,
+            banks: 1,
         }
     }
 }
@@ -273,7 +278,7 @@ impl Drop for Vvp {
 }
 
 /// A card whose kernel runs in Icarus Verilog: 4-state, random AXI stalls, AXI rule checks.
-/// One bank of [`IcarusConfig::mem_bytes`] at [`MEM_BASE`].
+/// [`IcarusConfig::mem_bytes`] at [`MEM_BASE`], in [`IcarusConfig::banks`] equal banks.
 pub struct IcarusCard {
     cfg: IcarusConfig,
     vvp: Option<Vvp>,
@@ -350,8 +355,12 @@ impl IcarusCard {
             std::process::id(),
             unique()
         ));
+        // a kernel with the read-only masters m_axi_gmem1/2 gets the testbench's slaves for them
+        let multi = std::fs::read_to_string(dir.join(&manifest.verilog))
+            .is_ok_and(|v| v.contains("m_axi_gmem1_arvalid"));
         let res = Command::new("iverilog")
             .arg("-g2012")
+            .args(multi.then_some("-DMULTI"))
             .arg(format!("-DKERNEL={}", manifest.kernel))
             .arg(format!("-DMEM_WORDS={words}"))
             .arg("-o")
@@ -469,15 +478,18 @@ impl FpgaDevice for IcarusCard {
     }
 
     fn banks(&self) -> u32 {
-        1
+        self.cfg.banks.clamp(1, 8)
     }
 
     fn alloc(&mut self, bank: u32, bytes: u64) -> Result<DeviceBuffer, FpgaError> {
-        if bank != 0 {
+        let banks = self.banks();
+        if bank >= banks {
             return Err(FpgaError::OutOfRange {
-                msg: format!("bank {bank}: the Icarus card has one bank (0)"),
+                msg: format!("bank {bank}: the Icarus card has {banks} bank(s) (0..{banks})"),
             });
         }
+        let size = self.cfg.mem_bytes / u64::from(banks) / ALIGN * ALIGN;
+        let (lo_bank, hi_bank) = (u64::from(bank) * size, u64::from(bank + 1) * size);
         let need = bytes.max(8).div_ceil(ALIGN) * ALIGN;
         let mut taken: Vec<(u64, u64)> = self
             .bufs
@@ -486,20 +498,21 @@ impl FpgaDevice for IcarusCard {
                 let off = s.buf.addr - MEM_BASE;
                 (off, off + s.buf.len.max(8).div_ceil(ALIGN) * ALIGN)
             })
+            .filter(|&(lo, _)| (lo_bank..hi_bank).contains(&lo))
             .collect();
         taken.sort_unstable();
-        let mut at = 0u64;
+        let mut at = lo_bank;
         for (lo, hi) in taken {
             if at + need <= lo {
                 break;
             }
             at = at.max(hi);
         }
-        if at + need > self.cfg.mem_bytes {
+        if at + need > hi_bank {
             return Err(FpgaError::OutOfMemory {
                 bank,
                 bytes,
-                free: self.cfg.mem_bytes.saturating_sub(at),
+                free: hi_bank.saturating_sub(at),
             });
         }
         let buf = DeviceBuffer {

@@ -30,6 +30,10 @@
 //               -> OK <1 if done> <cycles run> <cycles of the last run, ap_start write to done>
 //   V 0 0       -> OK <violations so far> <cycle>
 //   Q 0 0       end the simulation
+//
+// With `MULTI` defined (a kernel with the read-only masters `m_axi_gmem1`, `m_axi_gmem2`),
+// each of those is served from the same memory by its own `rd_slave` below, with the same
+// stalls and the same checks as `m_axi_gmem`'s read channels.
 `timescale 1ns/1ps
 `ifndef KERNEL
 `define KERNEL router
@@ -95,8 +99,42 @@ module axi_tb;
         .m_axi_gmem_arsize(m_arsize), .m_axi_gmem_arburst(m_arburst),
         .m_axi_gmem_rvalid(m_rvalid), .m_axi_gmem_rready(m_rready),
         .m_axi_gmem_rdata(m_rdata), .m_axi_gmem_rlast(m_rlast), .m_axi_gmem_rresp(m_rresp),
+`ifdef MULTI
+        .m_axi_gmem1_arvalid(x1_arvalid), .m_axi_gmem1_arready(x1_arready),
+        .m_axi_gmem1_araddr(x1_araddr), .m_axi_gmem1_arlen(x1_arlen),
+        .m_axi_gmem1_arsize(x1_arsize), .m_axi_gmem1_arburst(x1_arburst),
+        .m_axi_gmem1_rvalid(x1_rvalid), .m_axi_gmem1_rready(x1_rready),
+        .m_axi_gmem1_rdata(x1_rdata), .m_axi_gmem1_rlast(x1_rlast), .m_axi_gmem1_rresp(x1_rresp),
+        .m_axi_gmem2_arvalid(x2_arvalid), .m_axi_gmem2_arready(x2_arready),
+        .m_axi_gmem2_araddr(x2_araddr), .m_axi_gmem2_arlen(x2_arlen),
+        .m_axi_gmem2_arsize(x2_arsize), .m_axi_gmem2_arburst(x2_arburst),
+        .m_axi_gmem2_rvalid(x2_rvalid), .m_axi_gmem2_rready(x2_rready),
+        .m_axi_gmem2_rdata(x2_rdata), .m_axi_gmem2_rlast(x2_rlast), .m_axi_gmem2_rresp(x2_rresp),
+`endif
         .interrupt(irq)
     );
+
+`ifdef MULTI
+    // ---- the read-only masters m_axi_gmem1 and m_axi_gmem2 ----
+    wire x1_arvalid, x1_rready, x2_arvalid, x2_rready;
+    wire [63:0] x1_araddr, x2_araddr, x1_rdata, x2_rdata;
+    wire [7:0] x1_arlen, x2_arlen;
+    wire [2:0] x1_arsize, x2_arsize;
+    wire [1:0] x1_arburst, x2_arburst, x1_rresp, x2_rresp;
+    wire x1_arready, x1_rvalid, x1_rlast, x2_arready, x2_rvalid, x2_rlast;
+    rd_slave gmem1 (
+        .clk(ap_clk), .rst_n(ap_rst_n),
+        .arvalid(x1_arvalid), .arready(x1_arready), .araddr(x1_araddr), .arlen(x1_arlen),
+        .arsize(x1_arsize), .arburst(x1_arburst),
+        .rvalid(x1_rvalid), .rready(x1_rready), .rdata(x1_rdata), .rlast(x1_rlast), .rresp(x1_rresp)
+    );
+    rd_slave gmem2 (
+        .clk(ap_clk), .rst_n(ap_rst_n),
+        .arvalid(x2_arvalid), .arready(x2_arready), .araddr(x2_araddr), .arlen(x2_arlen),
+        .arsize(x2_arsize), .arburst(x2_arburst),
+        .rvalid(x2_rvalid), .rready(x2_rready), .rdata(x2_rdata), .rlast(x2_rlast), .rresp(x2_rresp)
+    );
+`endif
 
     // ---- state ----
     reg [63:0] mem [0:MEM_WORDS-1];
@@ -373,3 +411,71 @@ module axi_tb;
         end
     end
 endmodule
+
+`ifdef MULTI
+// A read-only AXI4 slave over axi_tb's memory: what axi_tb does for m_axi_gmem's AR and R
+// channels (queued bursts, beats in order with rlast, random stalls, the same rule checks),
+// for one read-only master.
+module rd_slave (
+    input wire clk, input wire rst_n,
+    input wire arvalid, output reg arready, input wire [63:0] araddr, input wire [7:0] arlen,
+    input wire [2:0] arsize, input wire [1:0] arburst,
+    output reg rvalid, input wire rready, output reg [63:0] rdata, output reg rlast,
+    output wire [1:0] rresp
+);
+    localparam integer QD = 64;
+    assign rresp = 2'd0;
+    reg [63:0] q_a [0:QD-1];
+    reg [8:0] q_n [0:QD-1];
+    integer wp = 0, rp = 0, left = 0;
+    reg [63:0] a;
+    reg held = 1'b0;
+    reg [63:0] held_a;
+    reg [7:0] held_l;
+    initial begin arready = 1'b0; rvalid = 1'b0; rlast = 1'b0; rdata = 64'd0; end
+    always @(posedge clk) if (axi_tb.checking) begin
+        if (^{arvalid, rready} === 1'bx)
+            axi_tb.violation("X on a read-only master's arvalid/rready");
+        if (arvalid === 1'b1 && ^{araddr, arlen, arsize, arburst} === 1'bx)
+            axi_tb.violation("X on a read-only master's AR payload while arvalid");
+        if (held && (arvalid !== 1'b1 || araddr !== held_a || arlen !== held_l))
+            axi_tb.violation("a read-only master's AR changed or dropped while stalled");
+        held = arvalid === 1'b1 && !arready;
+        held_a = araddr; held_l = arlen;
+    end
+    always @(posedge clk) begin
+        if (!rst_n) begin
+            arready <= 1'b0; rvalid <= 1'b0; rlast <= 1'b0;
+            wp = 0; rp = 0; left = 0;
+        end else begin
+            if (arvalid === 1'b1 && arready) begin
+                if (!axi_tb.burst_ok(araddr, arlen, arsize, arburst))
+                    axi_tb.violation("AR burst of a read-only master not INCR of aligned 8-byte beats within one 4 KiB page");
+                if (!axi_tb.in_mem(araddr, {1'b0, arlen} + 9'd1))
+                    axi_tb.violation("AR burst of a read-only master outside device memory");
+                q_a[wp % QD] = araddr;
+                q_n[wp % QD] = {1'b0, arlen} + 9'd1;
+                wp = wp + 1;
+            end
+            arready <= (wp - rp < QD - 1) && axi_tb.go(0);
+            if (!rvalid || rready === 1'b1) begin
+                if (left == 0 && rp != wp) begin
+                    a = q_a[rp % QD];
+                    left = q_n[rp % QD];
+                    rp = rp + 1;
+                end
+                if (left > 0 && axi_tb.go(0)) begin
+                    rvalid <= 1'b1;
+                    rdata <= axi_tb.in_mem(a, 9'd1) ? axi_tb.mem[(a - axi_tb.BASE) >> 3] : {64{1'bx}};
+                    rlast <= (left == 1);
+                    a = a + 64'd8;
+                    left = left - 1;
+                end else begin
+                    rvalid <= 1'b0;
+                    rlast <= 1'b0;
+                end
+            end
+        end
+    end
+endmodule
+`endif
