@@ -154,7 +154,7 @@ fn shipped_router_build_rtl_golden_hls_agree() {
             let lanes = core.lanes as usize;
             let hls = tandem_hls::router_with(&x, t, e, k, rn, lanes).expect("hls");
             assert_eq!(hls, want, "T {t} E {e} k {k} rn {rn}: HLS vs golden");
-            let (rtl, st) = drive::run_router_with(&mut c, &x, t, e, k, rn, T).expect("rtl");
+            let (rtl, st) = drive::run_router_with(&mut c, &core, &x, t, e, k, rn, T).expect("rtl");
             assert_eq!(rtl, want, "T {t} E {e} k {k} rn {rn}: RTL vs golden");
             println!(
                 "router T {t} E {e} k {k} renormalize {rn}: bit-exact, {} cycles",

@@ -83,12 +83,21 @@ impl Build {
     pub fn parse(name: &str, params: &[(String, i64)]) -> Result<Self, CoreError> {
         let b = match name {
             "router" => {
-                let m = take(name, params, &["e_max", "k_max", "lanes"])?;
+                let m = take(name, params, &["e_max", "k_max", "lanes", "data_bits"])?;
                 let d = router::RouterCore::default();
+                let lanes = get_u32(name, &m, "lanes", d.lanes)?;
+                // without data_bits: the default build's port, or the narrowest that holds
+                // the lanes asked for
+                let bits = if m.contains_key("lanes") {
+                    router::RouterCore::data_bits_for(lanes)
+                } else {
+                    d.data_bits
+                };
                 Build::Router(router::RouterCore {
                     e_max: get_u32(name, &m, "e_max", d.e_max)?,
                     k_max: get_u32(name, &m, "k_max", d.k_max)?,
-                    lanes: get_u32(name, &m, "lanes", d.lanes)?,
+                    lanes,
+                    data_bits: get_u32(name, &m, "data_bits", bits)?,
                 })
             }
             "gemm" => {

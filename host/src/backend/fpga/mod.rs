@@ -626,7 +626,7 @@ impl Backend for FpgaBackend {
                 let job = route::RouteJob::new(p, tensors[0])?;
                 let ((out, st), clock) =
                     self.with_card("router", &self.router, modelled, |dev| {
-                        job.run(dev, deadline.remaining())
+                        job.run(dev, &self.router, deadline.remaining())
                     })?;
                 (job.outputs(out)?, st.cycles, clock, ROUTER_KERNEL)
             }
