@@ -118,6 +118,8 @@ fn lanes_and_renormalize_match_golden() {
                 check_core(&mut c, &core, &x, t, e, k, rn);
             }
         }
+        // zero tokens: the histogram is written, all zero
+        check_core(&mut c, &core, &[], 0, 10, 2, true);
         println!(
             "lanes {lanes} ({bits} bits): {} shapes bit-exact, both modes",
             shapes.len()

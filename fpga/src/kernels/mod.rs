@@ -180,6 +180,21 @@ mod tests {
         assert!(core_for("router", &p).is_ok());
         assert!(core_for("router", &parse_params("lanes=2").expect("parse")).is_ok());
         assert!(core_for("router", &parse_params("lanes=3").expect("parse")).is_err());
+        // lanes alone: the narrowest port that holds them; a port too narrow is refused
+        let r = |p: &str| Build::parse("router", &parse_params(p).expect("parse"));
+        assert!(matches!(
+            r("lanes=4"),
+            Ok(Build::Router(c)) if c.data_bits == 64
+        ));
+        assert!(matches!(
+            r("e_max=64"),
+            Ok(Build::Router(c)) if (c.lanes, c.data_bits) == (8, 128)
+        ));
+        assert!(matches!(
+            r("lanes=4,data_bits=128"),
+            Ok(Build::Router(c)) if c.data_bits == 128
+        ));
+        assert!(r("lanes=8,data_bits=64").is_err());
         assert!(core_for("router", &parse_params("width=2").expect("parse")).is_err());
         assert!(parse_params("e_max").is_err());
         assert!(core_for("nope", &[]).is_err());

@@ -2,28 +2,38 @@
 //! in one register insertion network per lane, merges the lanes' lists, computes a
 //! fixed-point softmax (over the k selected, or over every expert with `renormalize = 0`)
 //! in a fully pipelined datapath, and writes (id, weight) routes and the per-expert
-//! histogram. Semantics: [`crate::golden::router`] (they do not depend on the lane count).
+//! histogram. Semantics: [`crate::golden::router`] (they do not depend on the lane count or
+//! the port width).
 //!
 //! Pipeline (`L = lanes` logits per cycle in steady state; one token per
 //! `max(ceil(E/L), k, ceil(k/2) + 1)` cycles):
-//! 1. *stream*: one 64-bit word holds 4 logits; `L` (1, 2 or 4) of them per cycle, the next
-//!    word accepted in the cycle the current one is used up; lane `l` takes the logits
-//!    `l, l + L, ...` of a row into its own `k_max`-entry insertion network (a newcomer goes
-//!    after every entry `>=` itself, so equal values keep the lower index first); a running
-//!    row maximum; the words of a row also go to a two-bank row buffer (for the sum over all
+//! 1. *stream*: one `data_bits`-bit word holds `P = data_bits / 16` logits (4, 8 or 16);
+//!    `L` (1, 2, 4, 8 or 16, at most `P`) of them per cycle, the next word accepted in the
+//!    cycle the current one is used up; lane `l` takes the logits `l, l + L, ...` of a row
+//!    into its own `k_max`-entry insertion network (a newcomer goes after every entry `>=`
+//!    itself, so equal values keep the lower index first); a running row maximum (up to 4
+//!    lanes); the words of a row also go to a two-bank row buffer (for the sum over all
 //!    experts);
 //! 2. *merge* (L > 1): the lanes' lists handed over at the row's end and merged, one entry
 //!    per cycle (the best lane head: larger value, then lower index), k cycles; with one lane
-//!    the list is already merged;
+//!    the list is already merged. Up to 4 lanes a tournament of the lane heads picks it; from
+//!    8 lanes a registered matrix of the heads' pairwise compares does (the winner's row is
+//!    all ones; a pop replaces the winner's row and column by the compares of its next
+//!    entry, made beside the pick), so the pick stays one AND and one one-hot mux deep; those
+//!    builds hand the lists over in the cycle after the row's last group (the matrix starts
+//!    from the compares of the lane registers), while the lanes start on the next row, and
+//!    take the row's maximum from the first entry merged;
 //! 3. *all-expert sum* (`renormalize = 0` only), beside the merge: the row read back from the
 //!    row buffer `L` logits per cycle, `exp(-(m - q))` of each (subtract, multiply, LUT and
 //!    shift, accumulate: 4 pipeline stages), the row's sum queued for the softmax;
 //! 4. *softmax*, one token per cycle: copy, `d = m - q_j`, `d * log2 e`, LUT + shift (all k
 //!    slots in parallel), the sum (or the queued all-expert sum), then a restoring divider
 //!    `2^30 / S` of 8 stages, 2 quotient bits each (no variable shifts);
-//! 5. *normalise*, two slots per cycle: `(e_j r + 2^14) >> 15`, one output word, two histogram
-//!    increments into a queue that a one-port LUTRAM histogram drains;
-//! 6. *write-out*: routes as they are produced, then the histogram.
+//! 5. *normalise*, two slots per cycle: `(e_j r + 2^14) >> 15`, one pair of output slots
+//!    (`data_bits / 64` pairs fill an output word; a token's last pair closes it), two
+//!    histogram increments into a queue that a one-port LUTRAM histogram drains;
+//! 6. *write-out*: routes as they are produced, then the histogram (`data_bits / 32` counts
+//!    a word).
 //!
 //! Arguments: `logits` (ptr0), `routes` (ptr1), `hist` (ptr2), `tokens` (arg0),
 //! `experts` (arg1), `top_k` (arg2), `renormalize` (arg3: 1 over the k chosen, 0 over all
@@ -1269,13 +1279,9 @@ mod tests {
 
     #[test]
     fn verilog_has_the_contract_ports() {
-        let v = RouterCore {
-            e_max: 16,
-            k_max: 4,
-            lanes: 2,
-        }
-        .core_verilog()
-        .expect("verilog");
+        let v = RouterCore::with_lanes(16, 4, 2)
+            .core_verilog()
+            .expect("verilog");
         crate::core::check_core_ports(&v, "router_core").expect("ports");
         assert!(v.contains("assign nv_1_3"));
         let narrow = v.replace("output reg [7:0] wr_strb", "output reg [3:0] wr_strb");
@@ -1283,40 +1289,58 @@ mod tests {
     }
 
     #[test]
+    fn default_build_is_eight_lanes_on_a_128_bit_port() {
+        let c = RouterCore::default();
+        assert_eq!((c.lanes, c.data_bits), (8, 128));
+        assert_eq!(c.data_bits(), 128);
+        assert!(c.matrix_merge());
+        let v = c.core_verilog().expect("verilog");
+        crate::core::check_core_ports_w(&v, "router_core", 128).expect("128-bit ports");
+        assert!(crate::core::check_core_ports(&v, "router_core").is_err());
+        // the matrix merge: one compare register per pair of lanes
+        assert!(v.contains("reg c_6_7;") && !v.contains("reg c_7_8;"));
+        for (lanes, bits) in [(1, 64), (4, 64), (8, 128), (16, 256)] {
+            assert_eq!(RouterCore::data_bits_for(lanes), bits);
+        }
+        let p = RouterCore::with_lanes(256, 8, 16);
+        let v = p.core_verilog().expect("verilog");
+        crate::core::check_core_ports_w(&v, "router_core", 256).expect("256-bit ports");
+    }
+
+    #[test]
     fn bad_params_are_rejected() {
-        assert!(
-            RouterCore {
-                e_max: 12,
-                k_max: 4,
-                lanes: 1
-            }
-            .validate()
-            .is_err()
-        );
-        assert!(
-            RouterCore {
-                e_max: 16,
-                k_max: 0,
-                lanes: 1
-            }
-            .validate()
-            .is_err()
-        );
-        assert!(
-            RouterCore {
-                e_max: 4,
-                k_max: 8,
-                lanes: 1
-            }
-            .validate()
-            .is_err()
-        );
-        for lanes in [0, 3, 8] {
+        assert!(RouterCore::with_lanes(12, 4, 1).validate().is_err());
+        assert!(RouterCore::with_lanes(16, 0, 1).validate().is_err());
+        assert!(RouterCore::with_lanes(4, 8, 1).validate().is_err());
+        for lanes in [0, 3, 6, 16, 32] {
             let c = RouterCore {
                 lanes,
                 ..RouterCore::default()
             };
             assert!(c.validate().is_err(), "lanes = {lanes}");
+        }
+        // more lanes than the logits of a word; a width the router does not build
+        for (lanes, data_bits) in [(8, 64), (16, 128), (4, 512), (4, 32)] {
+            let c = RouterCore {
+                lanes,
+                data_bits,
+                ..RouterCore::default()
+            };
+            assert!(
+                c.validate().is_err(),
+                "lanes = {lanes}, data_bits = {data_bits}"
+            );
+        }
+        for (lanes, data_bits) in [(8, 128), (4, 128), (16, 256), (1, 256)] {
+            let c = RouterCore {
+                lanes,
+                data_bits,
+                ..RouterCore::default()
+            };
+            assert!(
+                c.validate().is_ok(),
+                "lanes = {lanes}, data_bits = {data_bits}"
+            );
         }
     }
 }

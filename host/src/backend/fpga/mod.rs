@@ -283,12 +283,13 @@ impl FpgaBackend {
             (
                 "kernels".into(),
                 format!(
-                    "router (e_max={}, k_max={}, lanes={}), gemm (rows={}, lanes={}, k_max={}, n_max={}), \
+                    "router (e_max={}, k_max={}, lanes={}, data_bits={}), gemm (rows={}, lanes={}, k_max={}, n_max={}), \
                      attention (d_max={}, {} and {}, nkv_max={} per launch, kv_tile={}{}), \
                      vecops (n_max={})",
                     router.e_max,
                     router.k_max,
                     router.lanes,
+                    router.data_bits,
                     gemm.rows,
                     gemm.lanes,
                     gemm.k_max,
