@@ -76,7 +76,8 @@ fn verdict(kernel: &str, mut diffs: Vec<(f64, String)>) {
     assert!(bad.is_empty(), "{kernel}: beyond 5%: {bad:?}");
 }
 
-/// Every lane count of the router (1, 2, 4), 32 shapes each, renormalize on and off.
+/// Every lane count of the router (1, 2, 4 on 64 bits, 8 on 128, 16 on 256), 32 shapes
+/// each, renormalize on and off.
 #[test]
 fn router_model_matches_the_rtl() {
     for lanes in tandem_fpga::kernels::router::ROUTER_LANES {
