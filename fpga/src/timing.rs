@@ -79,14 +79,17 @@ pub fn router_cycles(c: &RouterCore, tokens: u64, experts: u64, k: u64, m: &MemT
 }
 
 /// The router with `L = c.lanes` lanes: one token per `max(ceil(E/L), merge, ceil(k/2) + 1)`
-/// cycles (the row streamed `L` logits per cycle; the lanes' lists merged one entry per cycle,
+/// cycles (the row streamed `L` logits per cycle, no faster than the port delivers its words
+/// of `data_bits / 16` logits; the lanes' lists merged one entry per cycle,
 /// `k` cycles with more than one lane; the normalise stage's two slots per cycle and its
 /// hand-off), the words of the logits no faster than the memory delivers them, then the fill
 /// and drain of the pipeline (merge, 5 softmax stages, 8 divider stages, normalise) but no
 /// sooner than the histogram's clear (`E` cycles), the histogram write-out (`E` cycles) and
 /// the memory latencies. With `renormalize = false` the
 /// last row's all-expert sum (`ceil(E/L)` + 4 stages after its hand-off) may hold the last
-/// token back. Fitted to the simulated builds (e_max 256, k_max 8, lanes 1 / 2 / 4).
+/// token back; the matrix merge of 8 or more lanes hands the lists over one cycle later.
+/// Fitted to the simulated builds (e_max 256, k_max 8, lanes 1 / 2 / 4 on 64 bits, 8 on
+/// 128).
 pub fn router_cycles_with(
     c: &RouterCore,
     tokens: u64,
@@ -100,8 +103,13 @@ pub fn router_cycles_with(
     let merge = if lanes > 1 { k } else { 1 };
     let norm = k.div_ceil(2) + 1;
     let per_token = groups.max(merge).max(norm);
-    let words = tokens * experts.div_ceil(4);
-    let stream = m.bound(tokens * per_token, words);
+    // the logits' words, `data_bits / 16` logits each, no faster than the port moves them
+    let per_word = u64::from(c.logits_per_word()).max(1);
+    let words = tokens * experts.div_ceil(per_word);
+    let beat = u64::from(c.data_bits / 8).max(8);
+    let stream = (tokens * per_token).max(m.stream_beats(words, beat));
+    // the matrix merge (8 or more lanes) takes the lists a cycle after the row's last group
+    let hand = u64::from(c.matrix_merge());
     // the last token: its merge, the softmax pipeline and the divider, its words out
     let fill = if tokens == 0 {
         0
@@ -111,7 +119,7 @@ pub fn router_cycles_with(
         } else {
             (groups + 8).saturating_sub(merge + 6)
         };
-        merge + 14 + k.div_ceil(2) + wait
+        hand + merge + 14 + k.div_ceil(2) + wait
     };
     // the histogram is cleared (E cycles) before the first increment lands
     let body = (m.read_latency + stream + fill).max(experts);

@@ -12,14 +12,19 @@ fn have(tool: &str) -> bool {
 }
 
 fn emit_router(dir: &std::path::Path) -> tandem_fpga::emit::Emitted {
-    emit_router_lanes(dir, 4)
+    emit_router_lanes(dir, 4, 64)
 }
 
-fn emit_router_lanes(dir: &std::path::Path, lanes: u32) -> tandem_fpga::emit::Emitted {
+fn emit_router_lanes(
+    dir: &std::path::Path,
+    lanes: u32,
+    data_bits: u32,
+) -> tandem_fpga::emit::Emitted {
     let core = RouterCore {
         e_max: 16,
         k_max: 4,
         lanes,
+        data_bits,
     };
     tandem_fpga::emit::emit(&core, ShellConfig { max_burst: 16 }, dir).expect("emit")
 }
@@ -60,9 +65,20 @@ fn verilator_lint_is_clean() {
         println!("skipped: verilator not found (apt-get install verilator)");
         return;
     }
-    for lanes in tandem_fpga::kernels::router::ROUTER_LANES {
+    // every lane count on its narrowest port, and narrower lane counts on the wider ports
+    // (a word then holds several groups)
+    let builds = tandem_fpga::kernels::router::ROUTER_LANES
+        .iter()
+        .map(|&l| (l, RouterCore::data_bits_for(l)))
+        .chain([(4, 128), (1, 128), (8, 256), (2, 256)]);
+    for (lanes, bits) in builds {
         let d = tempfile::tempdir().expect("tempdir");
-        let e = emit_router_lanes(d.path(), lanes);
+        let e = emit_router_lanes(d.path(), lanes, bits);
+        let v = std::fs::read_to_string(&e.verilog).expect("verilog");
+        assert!(
+            v.contains(&format!("input wire [{}:0] rd_data", bits - 1)),
+            "lanes {lanes}, {bits} bits: the core's read port"
+        );
         let out = Command::new("verilator")
             .args(["--lint-only", "-Wall"])
             .args(LINT_WAIVERS)
@@ -73,7 +89,7 @@ fn verilator_lint_is_clean() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
             out.status.success() && !err.contains("%Warning"),
-            "lanes {lanes}: {err}"
+            "lanes {lanes}, {bits} bits: {err}"
         );
     }
 }

@@ -32,7 +32,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         continue;
                     }
                     let logits: Vec<i16> = (0..t * e).map(|_| rng.gen_range(-3000..3000)).collect();
-                    let (_, st) = run_router(&mut c, &logits, t, e, k, T)?;
+                    let (_, st) = run_router(&mut c, &RouterCore::default(), &logits, t, e, k, T)?;
                     println!("router,{t},{e},{k},0,{}", st.cycles);
                 }
             }

@@ -76,14 +76,14 @@ fn verdict(kernel: &str, mut diffs: Vec<(f64, String)>) {
     assert!(bad.is_empty(), "{kernel}: beyond 5%: {bad:?}");
 }
 
-/// Every lane count of the router (1, 2, 4), 32 shapes each, renormalize on and off.
+/// Every lane count of the router (1, 2, 4 on 64 bits, 8 on 128, 16 on 256), 32 shapes
+/// each, renormalize on and off.
 #[test]
 fn router_model_matches_the_rtl() {
     for lanes in tandem_fpga::kernels::router::ROUTER_LANES {
-        let core = RouterCore {
-            lanes,
-            ..RouterCore::default()
-        };
+        // each lane count on the narrowest port that holds it (1, 2, 4: 64 bits; 8: 128; 16:
+        // 256)
+        let core = RouterCore::with_lanes(256, 8, lanes);
         let Some((mut rtl, mut model)) = cards(&core) else {
             return;
         };
@@ -108,8 +108,10 @@ fn router_model_matches_the_rtl() {
             };
             let rn = i % 2 == 0;
             let logits: Vec<i16> = (0..t * e).map(|_| rng.gen_range(-3000..3000)).collect();
-            let (a, sa) = run_router_with(&mut rtl, &logits, t, e, k, rn, T).expect("RTL run");
-            let (b, sb) = run_router_with(&mut model, &logits, t, e, k, rn, T).expect("model run");
+            let (a, sa) =
+                run_router_with(&mut rtl, &core, &logits, t, e, k, rn, T).expect("RTL run");
+            let (b, sb) =
+                run_router_with(&mut model, &core, &logits, t, e, k, rn, T).expect("model run");
             let what = format!("router lanes {lanes} T={t} E={e} k={k} renormalize={rn}");
             assert_eq!(a, b, "{what}: outputs differ");
             compare(&what, &sa, &sb, &mut diffs);

@@ -67,6 +67,16 @@ fn ops(rng: &mut rand_chacha::ChaCha8Rng) -> Vec<(Op, Vec<Tensor>)> {
             vec![random(rng, &[96, 8])],
         ),
         (
+            // the default router build's 8 lanes: E off a multiple of 8, k = k_max, the
+            // softmax over all experts
+            Op::MoeRoute(MoeRouteParams {
+                top_k: 8,
+                renormalize: false,
+                block_size: 16,
+            }),
+            vec![random(rng, &[33, 70])],
+        ),
+        (
             Op::Linear(LinearParams {
                 act: Activation::Relu,
                 bias: true,

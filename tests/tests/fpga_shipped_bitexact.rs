@@ -146,7 +146,8 @@ fn shipped_router_build_rtl_golden_hls_agree() {
     let core = RouterCore::default();
     let Some(mut c) = card(&core) else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(5);
-    for (t, e, k) in [(33, 64, 4), (7, 8, 8), (12, 200, 2)] {
+    // E off a multiple of the lanes and of a word's logits, k = k_max, T = 1
+    for (t, e, k) in [(33, 64, 4), (7, 8, 8), (12, 200, 2), (1, 13, 8), (5, 99, 8)] {
         // Small integers: many ties, which must break to the lower index everywhere.
         let x: Vec<i16> = (0..t * e).map(|_| rng.gen_range(-8..8) * 64).collect();
         for rn in [true, false] {
@@ -154,7 +155,7 @@ fn shipped_router_build_rtl_golden_hls_agree() {
             let lanes = core.lanes as usize;
             let hls = tandem_hls::router_with(&x, t, e, k, rn, lanes).expect("hls");
             assert_eq!(hls, want, "T {t} E {e} k {k} rn {rn}: HLS vs golden");
-            let (rtl, st) = drive::run_router_with(&mut c, &x, t, e, k, rn, T).expect("rtl");
+            let (rtl, st) = drive::run_router_with(&mut c, &core, &x, t, e, k, rn, T).expect("rtl");
             assert_eq!(rtl, want, "T {t} E {e} k {k} rn {rn}: RTL vs golden");
             println!(
                 "router T {t} E {e} k {k} renormalize {rn}: bit-exact, {} cycles",

@@ -18,11 +18,13 @@
 //! 4. Histogram: `hist[id] += 1` for every selected id of every token (u32).
 //!
 //! Memory layout the kernel reads and writes (little endian):
-//! - logits: int16 `[T, Epad]`, `Epad = ceil(E/4)*4` (each row starts on a 64-bit word;
+//! in words of the build's data port, `W` = 64 (the default of [`logit_row_words`] and its
+//! siblings), 128 or 256 bits ([`logit_row_beats`], [`route_row_beats`], [`hist_beats`]):
+//! - logits: int16 `[T, Epad]`, `Epad = ceil(E/(W/16))*(W/16)` (each row starts on a word;
 //!   padding is ignored);
-//! - routes: u32 `[T, Kpad]`, `Kpad = ceil(k/2)*2`, slot `j` = `weight_q15 << 16 | id`
-//!   (padding slots are 0);
-//! - hist: u32 `[Hpad]`, `Hpad = ceil(E/2)*2` (padding 0).
+//! - routes: u32 `[T, Kpad]`, `Kpad = ceil(k/(W/32))*(W/32)`, slot `j` =
+//!   `weight_q15 << 16 | id` (padding slots are 0);
+//! - hist: u32 `[Hpad]`, `Hpad = ceil(E/(W/32))*(W/32)` (padding 0).
 
 /// Fractional bits of the int16 logits.
 pub const LOGIT_FRAC_BITS: u32 = 8;
@@ -147,24 +149,61 @@ pub fn route_with(
     Ok(out)
 }
 
-/// Words (64-bit) per logits row.
+/// Data-port widths (bits) a router build may read and write with: the words of every
+/// layout below are this wide.
+pub const ROUTER_DATA_BITS: [u32; 3] = [64, 128, 256];
+
+/// int16 logits in one `data_bits`-bit word (4, 8 or 16).
+pub fn logits_per_word(data_bits: u32) -> usize {
+    (data_bits / 16).max(1) as usize
+}
+
+/// u32 slots (routes or histogram counts) in one `data_bits`-bit word (2, 4 or 8).
+pub fn slots_per_word(data_bits: u32) -> usize {
+    (data_bits / 32).max(1) as usize
+}
+
+/// `data_bits`-bit words per logits row: `ceil(E / (data_bits / 16))` (each row starts on a
+/// word; the padding logits are ignored).
+pub fn logit_row_beats(experts: usize, data_bits: u32) -> usize {
+    experts.div_ceil(logits_per_word(data_bits))
+}
+
+/// `data_bits`-bit words per token of the routes output: `ceil(k / (data_bits / 32))` (each
+/// token's row starts on a word; the padding slots are 0).
+pub fn route_row_beats(k: usize, data_bits: u32) -> usize {
+    k.div_ceil(slots_per_word(data_bits))
+}
+
+/// `data_bits`-bit words of the histogram output: `ceil(E / (data_bits / 32))` (padding 0).
+pub fn hist_beats(experts: usize, data_bits: u32) -> usize {
+    experts.div_ceil(slots_per_word(data_bits))
+}
+
+/// Words (64-bit) per logits row ([`logit_row_beats`] at 64 bits).
 pub fn logit_row_words(experts: usize) -> usize {
-    experts.div_ceil(4)
+    logit_row_beats(experts, 64)
 }
 
-/// Words (64-bit) per token of the routes output.
+/// Words (64-bit) per token of the routes output ([`route_row_beats`] at 64 bits).
 pub fn route_row_words(k: usize) -> usize {
-    k.div_ceil(2)
+    route_row_beats(k, 64)
 }
 
-/// Words (64-bit) of the histogram output.
+/// Words (64-bit) of the histogram output ([`hist_beats`] at 64 bits).
 pub fn hist_words(experts: usize) -> usize {
-    experts.div_ceil(2)
+    hist_beats(experts, 64)
 }
 
 /// Lays logits out as the kernel reads them (rows padded to 64-bit words).
 pub fn pack_logits(logits: &[i16], tokens: usize, experts: usize) -> Vec<u8> {
-    let row = logit_row_words(experts) * 8;
+    pack_logits_w(logits, tokens, experts, 64)
+}
+
+/// Lays logits out as a kernel with `data_bits`-bit ports reads them (rows padded to whole
+/// words of [`logit_row_beats`]).
+pub fn pack_logits_w(logits: &[i16], tokens: usize, experts: usize, data_bits: u32) -> Vec<u8> {
+    let row = logit_row_beats(experts, data_bits) * (data_bits as usize / 8);
     let mut b = vec![0u8; tokens * row];
     for (t, r) in logits.chunks(experts).enumerate().take(tokens) {
         for (i, v) in r.iter().enumerate() {
@@ -176,7 +215,18 @@ pub fn pack_logits(logits: &[i16], tokens: usize, experts: usize) -> Vec<u8> {
 
 /// Reads the kernel's routes output back into ids and weights (`[T, k]`).
 pub fn unpack_routes(bytes: &[u8], tokens: usize, k: usize) -> (Vec<u16>, Vec<u16>) {
-    let row = route_row_words(k) * 8;
+    unpack_routes_w(bytes, tokens, k, 64)
+}
+
+/// Reads the routes output of a kernel with `data_bits`-bit ports (rows of
+/// [`route_row_beats`] words) back into ids and weights (`[T, k]`).
+pub fn unpack_routes_w(
+    bytes: &[u8],
+    tokens: usize,
+    k: usize,
+    data_bits: u32,
+) -> (Vec<u16>, Vec<u16>) {
+    let row = route_row_beats(k, data_bits) * (data_bits as usize / 8);
     let mut ids = Vec::with_capacity(tokens * k);
     let mut w = Vec::with_capacity(tokens * k);
     for t in 0..tokens {
@@ -191,6 +241,23 @@ pub fn unpack_routes(bytes: &[u8], tokens: usize, k: usize) -> (Vec<u16>, Vec<u1
         }
     }
     (ids, w)
+}
+
+/// Lays routes out as a kernel with `data_bits`-bit ports writes them (the modelled card's
+/// output): rows of [`route_row_beats`] words, slot `j` = `weight << 16 | id`.
+pub fn pack_routes_w(out: &RouterOut, tokens: usize, k: usize, data_bits: u32) -> Vec<u8> {
+    let row = route_row_beats(k, data_bits) * (data_bits as usize / 8);
+    let mut b = vec![0u8; tokens * row];
+    for (t, (ids, ws)) in out.ids.chunks(k).zip(out.weights.chunks(k)).enumerate() {
+        for (j, (&id, &w)) in ids.iter().zip(ws).enumerate() {
+            let v = u32::from(w) << 16 | u32::from(id);
+            let o = t * row + 4 * j;
+            if let Some(s) = b.get_mut(o..o + 4) {
+                s.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+    }
+    b
 }
 
 /// Reads the kernel's histogram output (`[E]`).
@@ -315,5 +382,28 @@ mod tests {
         let mut r = vec![0u8; 8];
         r[..4].copy_from_slice(&(7u32 | (100 << 16)).to_le_bytes());
         assert_eq!(unpack_routes(&r, 1, 1), (vec![7], vec![100]));
+    }
+
+    #[test]
+    fn wide_layouts_pad_rows_to_whole_words() {
+        assert_eq!(logit_row_beats(9, 128), 2);
+        assert_eq!(logit_row_beats(8, 128), 1);
+        assert_eq!(logit_row_beats(17, 256), 2);
+        assert_eq!(route_row_beats(5, 128), 2);
+        assert_eq!(route_row_beats(2, 128), 1);
+        assert_eq!(hist_beats(6, 128), 2);
+        assert_eq!(hist_beats(6, 64), 3);
+        let x: Vec<i16> = (1..=18).collect();
+        let b = pack_logits_w(&x, 2, 9, 128);
+        assert_eq!(b.len(), 64);
+        // the second row starts at the third 16-byte word
+        assert_eq!(i16::from_le_bytes([b[32], b[33]]), 10);
+        assert_eq!(i16::from_le_bytes([b[16], b[17]]), 9);
+        assert_eq!(i16::from_le_bytes([b[18], b[19]]), 0);
+        let out = route(&x, 2, 9, 3).expect("route");
+        let r = pack_routes_w(&out, 2, 3, 128);
+        assert_eq!(r.len(), 32);
+        assert_eq!(unpack_routes_w(&r, 2, 3, 128), (out.ids, out.weights));
+        assert_eq!(u32::from_le_bytes([r[12], r[13], r[14], r[15]]), 0);
     }
 }

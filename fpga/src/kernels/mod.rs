@@ -83,12 +83,21 @@ impl Build {
     pub fn parse(name: &str, params: &[(String, i64)]) -> Result<Self, CoreError> {
         let b = match name {
             "router" => {
-                let m = take(name, params, &["e_max", "k_max", "lanes"])?;
+                let m = take(name, params, &["e_max", "k_max", "lanes", "data_bits"])?;
                 let d = router::RouterCore::default();
+                let lanes = get_u32(name, &m, "lanes", d.lanes)?;
+                // without data_bits: the default build's port, or the narrowest that holds
+                // the lanes asked for
+                let bits = if m.contains_key("lanes") {
+                    router::RouterCore::data_bits_for(lanes)
+                } else {
+                    d.data_bits
+                };
                 Build::Router(router::RouterCore {
                     e_max: get_u32(name, &m, "e_max", d.e_max)?,
                     k_max: get_u32(name, &m, "k_max", d.k_max)?,
-                    lanes: get_u32(name, &m, "lanes", d.lanes)?,
+                    lanes,
+                    data_bits: get_u32(name, &m, "data_bits", bits)?,
                 })
             }
             "gemm" => {
@@ -185,6 +194,21 @@ mod tests {
         assert!(core_for("router", &p).is_ok());
         assert!(core_for("router", &parse_params("lanes=2").expect("parse")).is_ok());
         assert!(core_for("router", &parse_params("lanes=3").expect("parse")).is_err());
+        // lanes alone: the narrowest port that holds them; a port too narrow is refused
+        let r = |p: &str| Build::parse("router", &parse_params(p).expect("parse"));
+        assert!(matches!(
+            r("lanes=4"),
+            Ok(Build::Router(c)) if c.data_bits == 64
+        ));
+        assert!(matches!(
+            r("e_max=64"),
+            Ok(Build::Router(c)) if (c.lanes, c.data_bits) == (8, 128)
+        ));
+        assert!(matches!(
+            r("lanes=4,data_bits=128"),
+            Ok(Build::Router(c)) if c.data_bits == 128
+        ));
+        assert!(r("lanes=8,data_bits=64").is_err());
         assert!(core_for("router", &parse_params("width=2").expect("parse")).is_err());
         assert!(parse_params("e_max").is_err());
         assert!(core_for("nope", &[]).is_err());

@@ -2,28 +2,38 @@
 //! in one register insertion network per lane, merges the lanes' lists, computes a
 //! fixed-point softmax (over the k selected, or over every expert with `renormalize = 0`)
 //! in a fully pipelined datapath, and writes (id, weight) routes and the per-expert
-//! histogram. Semantics: [`crate::golden::router`] (they do not depend on the lane count).
+//! histogram. Semantics: [`crate::golden::router`] (they do not depend on the lane count or
+//! the port width).
 //!
 //! Pipeline (`L = lanes` logits per cycle in steady state; one token per
 //! `max(ceil(E/L), k, ceil(k/2) + 1)` cycles):
-//! 1. *stream*: one 64-bit word holds 4 logits; `L` (1, 2 or 4) of them per cycle, the next
-//!    word accepted in the cycle the current one is used up; lane `l` takes the logits
-//!    `l, l + L, ...` of a row into its own `k_max`-entry insertion network (a newcomer goes
-//!    after every entry `>=` itself, so equal values keep the lower index first); a running
-//!    row maximum; the words of a row also go to a two-bank row buffer (for the sum over all
+//! 1. *stream*: one `data_bits`-bit word holds `P = data_bits / 16` logits (4, 8 or 16);
+//!    `L` (1, 2, 4, 8 or 16, at most `P`) of them per cycle, the next word accepted in the
+//!    cycle the current one is used up; lane `l` takes the logits `l, l + L, ...` of a row
+//!    into its own `k_max`-entry insertion network (a newcomer goes after every entry `>=`
+//!    itself, so equal values keep the lower index first); a running row maximum (up to 4
+//!    lanes); the words of a row also go to a two-bank row buffer (for the sum over all
 //!    experts);
 //! 2. *merge* (L > 1): the lanes' lists handed over at the row's end and merged, one entry
 //!    per cycle (the best lane head: larger value, then lower index), k cycles; with one lane
-//!    the list is already merged;
+//!    the list is already merged. Up to 4 lanes a tournament of the lane heads picks it; from
+//!    8 lanes a registered matrix of the heads' pairwise compares does (the winner's row is
+//!    all ones; a pop replaces the winner's row and column by the compares of its next
+//!    entry, made beside the pick), so the pick stays one AND and one one-hot mux deep; those
+//!    builds hand the lists over in the cycle after the row's last group (the matrix starts
+//!    from the compares of the lane registers), while the lanes start on the next row, and
+//!    take the row's maximum from the first entry merged;
 //! 3. *all-expert sum* (`renormalize = 0` only), beside the merge: the row read back from the
 //!    row buffer `L` logits per cycle, `exp(-(m - q))` of each (subtract, multiply, LUT and
 //!    shift, accumulate: 4 pipeline stages), the row's sum queued for the softmax;
 //! 4. *softmax*, one token per cycle: copy, `d = m - q_j`, `d * log2 e`, LUT + shift (all k
 //!    slots in parallel), the sum (or the queued all-expert sum), then a restoring divider
 //!    `2^30 / S` of 8 stages, 2 quotient bits each (no variable shifts);
-//! 5. *normalise*, two slots per cycle: `(e_j r + 2^14) >> 15`, one output word, two histogram
-//!    increments into a queue that a one-port LUTRAM histogram drains;
-//! 6. *write-out*: routes as they are produced, then the histogram.
+//! 5. *normalise*, two slots per cycle: `(e_j r + 2^14) >> 15`, one pair of output slots
+//!    (`data_bits / 64` pairs fill an output word; a token's last pair closes it), two
+//!    histogram increments into a queue that a one-port LUTRAM histogram drains;
+//! 6. *write-out*: routes as they are produced, then the histogram (`data_bits / 32` counts
+//!    a word).
 //!
 //! Arguments: `logits` (ptr0), `routes` (ptr1), `hist` (ptr2), `tokens` (arg0),
 //! `experts` (arg1), `top_k` (arg2), `renormalize` (arg3: 1 over the k chosen, 0 over all
@@ -36,9 +46,9 @@ use crate::core::{CoreError, KernelCore};
 use crate::golden::router::{LOG2E_Q14, exp2_lut};
 use crate::regmap::{ArgDesc, KernelDesc};
 
-/// Lane counts a router build may have: the logits of one 64-bit word (4) split evenly.
-/// More lanes need a wider read port than the shell's 64 bits.
-pub const ROUTER_LANES: [u32; 3] = [1, 2, 4];
+/// Lane counts a router build may have: the logits of one data word (4 at 64 bits, 8 at 128,
+/// 16 at 256) split evenly, so a lane count must not exceed the logits of one word.
+pub const ROUTER_LANES: [u32; 5] = [1, 2, 4, 8, 16];
 
 /// Build parameters of the router.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,23 +57,57 @@ pub struct RouterCore {
     pub e_max: u32,
     /// Most experts selected per token (1..=32): size of each lane's insertion network.
     pub k_max: u32,
-    /// Logits taken per cycle (one of [`ROUTER_LANES`]).
+    /// Logits taken per cycle (one of [`ROUTER_LANES`], at most `data_bits / 16`).
     pub lanes: u32,
+    /// Width of the read and write ports in bits (one of
+    /// [`crate::golden::router::ROUTER_DATA_BITS`]): a word holds `data_bits / 16` logits,
+    /// and every memory layout is in words of this width
+    /// ([`crate::golden::router::logit_row_beats`] and its siblings).
+    pub data_bits: u32,
 }
 
 impl Default for RouterCore {
-    /// The card-sized build: DeepSeek-V3's 256 experts, top-8, and 4 lanes, which take a
-    /// whole 64-bit word of logits per cycle (all the shell's read port delivers).
+    /// The card-sized build: DeepSeek-V3's 256 experts, top-8, and 8 lanes on a 128-bit port,
+    /// which take a whole word of 8 logits per cycle.
     fn default() -> Self {
         Self {
             e_max: 256,
             k_max: 8,
-            lanes: 4,
+            lanes: 8,
+            data_bits: 128,
         }
     }
 }
 
 impl RouterCore {
+    /// The narrowest data port that holds `lanes` logits in a word (64 bits up to 4 lanes,
+    /// 128 for 8, 256 for 16): the width a build takes when only its lanes are given.
+    pub fn data_bits_for(lanes: u32) -> u32 {
+        (lanes.saturating_mul(16)).next_power_of_two().max(64)
+    }
+
+    /// A build with `lanes` lanes on the narrowest port that holds them
+    /// ([`RouterCore::data_bits_for`]).
+    pub fn with_lanes(e_max: u32, k_max: u32, lanes: u32) -> Self {
+        Self {
+            e_max,
+            k_max,
+            lanes,
+            data_bits: Self::data_bits_for(lanes),
+        }
+    }
+
+    /// Logits in one data word (`data_bits / 16`).
+    pub fn logits_per_word(&self) -> u32 {
+        self.data_bits / 16
+    }
+
+    /// Whether the lanes' lists are merged through the registered comparison matrix (8 or
+    /// more lanes) instead of a tournament of the lane heads (2 or 4 lanes).
+    pub fn matrix_merge(&self) -> bool {
+        self.lanes >= 8
+    }
+
     /// Checks the parameters.
     pub fn validate(&self) -> Result<(), CoreError> {
         let bad = |msg: String| {
@@ -84,10 +128,20 @@ impl RouterCore {
                 self.k_max
             ));
         }
-        if !ROUTER_LANES.contains(&self.lanes) {
+        if !crate::golden::router::ROUTER_DATA_BITS.contains(&self.data_bits) {
             return bad(format!(
-                "lanes = {} must be one of {ROUTER_LANES:?} (a 64-bit word holds 4 logits)",
-                self.lanes
+                "data_bits = {} must be one of {:?}",
+                self.data_bits,
+                crate::golden::router::ROUTER_DATA_BITS
+            ));
+        }
+        if !ROUTER_LANES.contains(&self.lanes) || self.lanes > self.logits_per_word() {
+            return bad(format!(
+                "lanes = {} must be one of {ROUTER_LANES:?} and at most the {} logits of a \
+                 {}-bit word",
+                self.lanes,
+                self.logits_per_word(),
+                self.data_bits
             ));
         }
         Ok(())
@@ -119,12 +173,17 @@ impl KernelCore for RouterCore {
             ("e_max".into(), i64::from(self.e_max)),
             ("k_max".into(), i64::from(self.k_max)),
             ("lanes".into(), i64::from(self.lanes)),
+            ("data_bits".into(), i64::from(self.data_bits)),
         ]
     }
 
     fn core_verilog(&self) -> Result<String, CoreError> {
         self.validate()?;
         Ok(router_verilog(self))
+    }
+
+    fn data_bits(&self) -> u32 {
+        self.data_bits
     }
 }
 
@@ -170,10 +229,18 @@ fn shifted_sum(s: &str, sw: usize, b: usize) -> (String, String) {
 fn router_verilog(p: &RouterCore) -> String {
     let km = p.k_max as usize;
     let nl = p.lanes as usize;
+    let mx = p.matrix_merge();
+    let db = p.data_bits as usize;
+    // logits per word (4, 8, 16) and the bits of a logit offset inside a word
+    let lpw = db / 16;
+    let pw = lpw.trailing_zeros() as usize;
+    // u32 slots per output word (routes, histogram counts) and 64-bit pairs per output word
+    let spw = db / 32;
+    let npw = db / 64;
     let iw = p.e_max.trailing_zeros() as usize;
     let sw = iw + 16;
     // row buffer: words per row (at least 2 addresses), two banks
-    let rwb = ((p.e_max as usize).div_ceil(4))
+    let rwb = ((p.e_max as usize).div_ceil(lpw))
         .next_power_of_two()
         .trailing_zeros()
         .max(1) as usize;
@@ -183,43 +250,87 @@ fn router_verilog(p: &RouterCore) -> String {
     let mut v = String::new(); // declarations + combinational logic
     let mut rst = String::new(); // reset and run start
     let mut unused: Vec<String> = Vec::new();
+    if mx {
+        v.push_str("reg hpend;\n");
+        // lane 0 always has a logit in a group
+        unused.push("ok_0".into());
+    }
 
     // ---------------- stream: lanes, insertion networks, row max, row buffer ----------------
     for l in 0..nl {
-        let _ = writeln!(
-            v,
-            "reg signed [15:0] v_in_{l};\nalways @(*) begin\n    case (pos)"
-        );
-        let mut pp = 0;
-        while pp < 4 {
-            let s = pp + l;
+        if lpw == nl {
             let _ = writeln!(
                 v,
-                "        2'd{pp}: v_in_{l} = w_q[{}:{}];",
-                16 * s + 15,
-                16 * s
+                "wire signed [15:0] v_in_{l} = w_q[{}:{}];",
+                16 * l + 15,
+                16 * l
             );
-            pp += nl;
+        } else {
+            let _ = writeln!(
+                v,
+                "reg signed [15:0] v_in_{l};\nalways @(*) begin\n    case (pos)"
+            );
+            let mut pp = 0;
+            while pp < lpw {
+                let s = pp + l;
+                let _ = writeln!(
+                    v,
+                    "        {pw}'d{pp}: v_in_{l} = w_q[{}:{}];",
+                    16 * s + 15,
+                    16 * s
+                );
+                pp += nl;
+            }
+            let _ = writeln!(v, "        default: v_in_{l} = 16'sd0;\n    endcase\nend");
         }
-        let _ = writeln!(v, "        default: v_in_{l} = 16'sd0;\n    endcase\nend");
         let _ = writeln!(
             v,
             "wire [15:0] ix_{l} = eidx + 16'd{l};\nwire ok_{l} = (left > 16'd{l});\n\
-             wire [IW-1:0] i_in_{l} = ix_{l}[IW-1:0];\n\
-             wire signed [15:0] vv_{l} = ok_{l} ? v_in_{l} : v_in_0;"
+             wire [IW-1:0] i_in_{l} = ix_{l}[IW-1:0];"
         );
+        if !mx {
+            let _ = writeln!(v, "wire signed [15:0] vv_{l} = ok_{l} ? v_in_{l} : v_in_0;");
+        }
         unused.push(format!("ix_{l}[15:IW]"));
         for j in 0..km {
             let _ = writeln!(
                 v,
                 "reg signed [15:0] tv_{l}_{j}; reg [IW-1:0] ti_{l}_{j}; reg tk_{l}_{j};\n\
-                 wire signed [15:0] nv_{l}_{j}; wire [IW-1:0] ni_{l}_{j}; wire nk_{l}_{j};\n\
-                 wire ge_{l}_{j} = tk_{l}_{j} && (tv_{l}_{j} >= v_in_{l});"
+                 wire signed [15:0] nv_{l}_{j}; wire [IW-1:0] ni_{l}_{j}; wire nk_{l}_{j};"
             );
+            // The tournament build hands the lists over with the row's last group; the
+            // matrix build hands them over one cycle later (`hpend`) and its lanes start the
+            // next row in that cycle, with the old entries masked (`tkm`); a lane with no
+            // logit in the group (`!ok`) keeps its list as it is.
+            let (tkj, tkq) = if mx {
+                let _ = writeln!(v, "wire tkm_{l}_{j} = tk_{l}_{j} && !hpend;");
+                let skip = if l == 0 {
+                    String::new()
+                } else {
+                    format!(" || !ok_{l}")
+                };
+                let _ = writeln!(
+                    v,
+                    "wire ge_{l}_{j} = (tkm_{l}_{j} && (tv_{l}_{j} >= v_in_{l})){skip};"
+                );
+                (
+                    format!("tkm_{l}_{j}"),
+                    format!("tkm_{l}_{}", j.saturating_sub(1)),
+                )
+            } else {
+                let _ = writeln!(
+                    v,
+                    "wire ge_{l}_{j} = tk_{l}_{j} && (tv_{l}_{j} >= v_in_{l});"
+                );
+                (
+                    format!("tk_{l}_{j}"),
+                    format!("tk_{l}_{}", j.saturating_sub(1)),
+                )
+            };
             if j == 0 {
                 let _ = writeln!(
                     v,
-                    "assign nv_{l}_0 = ge_{l}_0 ? tv_{l}_0 : v_in_{l};\nassign ni_{l}_0 = ge_{l}_0 ? ti_{l}_0 : i_in_{l};\nassign nk_{l}_0 = ge_{l}_0 ? tk_{l}_0 : 1'b1;"
+                    "assign nv_{l}_0 = ge_{l}_0 ? tv_{l}_0 : v_in_{l};\nassign ni_{l}_0 = ge_{l}_0 ? ti_{l}_0 : i_in_{l};\nassign nk_{l}_0 = ge_{l}_0 ? {tkj} : 1'b1;"
                 );
             } else {
                 let q = j - 1;
@@ -227,7 +338,7 @@ fn router_verilog(p: &RouterCore) -> String {
                     v,
                     "assign nv_{l}_{j} = ge_{l}_{j} ? tv_{l}_{j} : (ge_{l}_{q} ? v_in_{l} : tv_{l}_{q});\n\
                      assign ni_{l}_{j} = ge_{l}_{j} ? ti_{l}_{j} : (ge_{l}_{q} ? i_in_{l} : ti_{l}_{q});\n\
-                     assign nk_{l}_{j} = ge_{l}_{j} ? tk_{l}_{j} : (ge_{l}_{q} ? 1'b1 : tk_{l}_{q});"
+                     assign nk_{l}_{j} = ge_{l}_{j} ? {tkj} : (ge_{l}_{q} ? 1'b1 : {tkq});"
                 );
             }
             let _ = writeln!(
@@ -236,8 +347,10 @@ fn router_verilog(p: &RouterCore) -> String {
             );
         }
     }
-    // group maximum (invalid lanes stand in as lane 0)
+    // group maximum (invalid lanes stand in as lane 0); the matrix build takes the row's
+    // maximum from its first merged entry instead
     match nl {
+        _ if mx => {}
         1 => v.push_str("wire signed [15:0] gmax = vv_0;\n"),
         2 => v.push_str("wire signed [15:0] gmax = (vv_1 > vv_0) ? vv_1 : vv_0;\n"),
         _ => v.push_str(
@@ -261,6 +374,11 @@ fn router_verilog(p: &RouterCore) -> String {
                 let _ = writeln!(
                     hand,
                     "                    sv_{j} <= nv_0_{j}; si_{j} <= ni_0_{j};"
+                );
+            } else if mx {
+                let _ = writeln!(
+                    hand,
+                    "                mv_{l}_{j} <= tv_{l}_{j}; mi_{l}_{j} <= ti_{l}_{j}; mk_{l}_{j} <= tk_{l}_{j};"
                 );
             } else {
                 let _ = writeln!(
@@ -286,6 +404,129 @@ fn router_verilog(p: &RouterCore) -> String {
                 "wire signed [15:0] xv_{j} = sv_{j}; wire [IW-1:0] xi_{j} = si_{j};"
             );
         }
+    } else if mx {
+        // Matrix merge: `c_a_b` (a < b) holds "lane a's head beats lane b's head" (valid,
+        // larger value, then lower id); the winner is the lane whose row of the matrix is all
+        // ones (exactly one while a valid entry is left). At a pop the winner's row and
+        // column take the compares of its next entry against the other heads (`x_a_b`,
+        // computed from registers beside the pick), so a pop is one AND and one one-hot
+        // mux deep whatever the lane count; at the hand-off the matrix starts from the
+        // compares of the lists' heads, made from the lane networks' registers.
+        let key = |val: &str, id: &str, k: &str| format!("{{{k}, ~{val}[15], {val}[14:0], ~{id}}}");
+        for l in 0..nl {
+            for j in 0..km {
+                let _ = writeln!(
+                    v,
+                    "reg signed [15:0] mv_{l}_{j}; reg [IW-1:0] mi_{l}_{j}; reg mk_{l}_{j};"
+                );
+                let _ = writeln!(
+                    rst,
+                    "        mv_{l}_{j} <= 16'sd0; mi_{l}_{j} <= {{IW{{1'b0}}}}; mk_{l}_{j} <= 1'b0;"
+                );
+            }
+            let _ = writeln!(
+                v,
+                "wire [16+IW:0] hkey_{l} = {};\nwire [16+IW:0] tkey_{l} = {};",
+                key(
+                    &format!("mv_{l}_0"),
+                    &format!("mi_{l}_0"),
+                    &format!("mk_{l}_0")
+                ),
+                key(
+                    &format!("tv_{l}_0"),
+                    &format!("ti_{l}_0"),
+                    &format!("tk_{l}_0")
+                )
+            );
+            if km > 1 {
+                let _ = writeln!(
+                    v,
+                    "wire [16+IW:0] nkey_{l} = {};",
+                    key(
+                        &format!("mv_{l}_1"),
+                        &format!("mi_{l}_1"),
+                        &format!("mk_{l}_1")
+                    )
+                );
+            } else {
+                let _ = writeln!(v, "wire [16+IW:0] nkey_{l} = {{(17+IW){{1'b0}}}};");
+            }
+        }
+        let beat = |a: usize, b: usize| {
+            if a < b {
+                format!("c_{a}_{b}")
+            } else {
+                format!("!c_{b}_{a}")
+            }
+        };
+        let mut cpop = String::new();
+        let mut chand = String::new();
+        for a in 0..nl {
+            for b in 0..nl {
+                if a != b {
+                    let _ = writeln!(v, "wire x_{a}_{b} = nkey_{a} > hkey_{b};");
+                }
+                if a < b {
+                    let _ = writeln!(v, "reg c_{a}_{b};");
+                    let _ = writeln!(rst, "        c_{a}_{b} <= 1'b0;");
+                    let _ = writeln!(
+                        cpop,
+                        "                c_{a}_{b} <= win_{a} ? x_{a}_{b} : (win_{b} ? !x_{b}_{a} : c_{a}_{b});"
+                    );
+                    let _ = writeln!(chand, "                c_{a}_{b} <= tkey_{a} > tkey_{b};");
+                }
+            }
+            let row: Vec<String> = (0..nl).filter(|&b| b != a).map(|b| beat(a, b)).collect();
+            let _ = writeln!(v, "wire win_{a} = {};", row.join(" && "));
+        }
+        let hv: Vec<String> = (0..nl)
+            .map(|l| format!("({{16{{win_{l}}}}} & mv_{l}_0)"))
+            .collect();
+        let hi: Vec<String> = (0..nl)
+            .map(|l| format!("({{IW{{win_{l}}}}} & mi_{l}_0)"))
+            .collect();
+        let _ = writeln!(
+            v,
+            "wire signed [15:0] hv_w = {};\nwire [IW-1:0] hi_w = {};",
+            hv.join(" | "),
+            hi.join(" | ")
+        );
+        v.push_str(
+            "wire pop = mfull && (mcnt < k_q);\n\
+             wire m_ready = mfull && ((mcnt + 6'd1 == k_q) || (mcnt == k_q));\n",
+        );
+        for j in 0..km {
+            let _ = writeln!(
+                v,
+                "wire xsel_{j} = pop && (mcnt == 6'd{j});\n\
+                 wire signed [15:0] xv_{j} = xsel_{j} ? hv_w : sv_{j}; wire [IW-1:0] xi_{j} = xsel_{j} ? hi_w : si_{j};"
+            );
+            let _ = writeln!(
+                mrg,
+                "                if (xsel_{j}) begin sv_{j} <= hv_w; si_{j} <= hi_w; end"
+            );
+        }
+        // the row's maximum (the all-expert sum's m) is the first entry merged
+        mrg.push_str("                if (mcnt == 6'd0) s_m <= hv_w;\n");
+        mrg.push_str(&cpop);
+        for l in 0..nl {
+            let _ = writeln!(mrg, "                if (win_{l}) begin");
+            for j in 0..km {
+                if j + 1 < km {
+                    let _ = writeln!(
+                        mrg,
+                        "                    mv_{l}_{j} <= mv_{l}_{}; mi_{l}_{j} <= mi_{l}_{}; mk_{l}_{j} <= mk_{l}_{};",
+                        j + 1,
+                        j + 1,
+                        j + 1
+                    );
+                } else {
+                    let _ = writeln!(mrg, "                    mk_{l}_{j} <= 1'b0;");
+                }
+            }
+            let _ = writeln!(mrg, "                end");
+        }
+        hand.push_str(&chand);
     } else {
         for l in 0..nl {
             for j in 0..km {
@@ -500,22 +741,31 @@ fn router_verilog(p: &RouterCore) -> String {
     let mut ssel = String::new();
     let mut sstg = String::new();
     for l in 0..nl {
-        let _ = writeln!(
-            ssel,
-            "reg signed [15:0] sx_{l};\nalways @(*) begin\n    case (s_pos)"
-        );
-        let mut pp = 0;
-        while pp < 4 {
-            let s = pp + l;
+        if lpw == nl {
             let _ = writeln!(
                 ssel,
-                "        2'd{pp}: sx_{l} = s_word[{}:{}];",
-                16 * s + 15,
-                16 * s
+                "wire signed [15:0] sx_{l} = s_word[{}:{}];",
+                16 * l + 15,
+                16 * l
             );
-            pp += nl;
+        } else {
+            let _ = writeln!(
+                ssel,
+                "reg signed [15:0] sx_{l};\nalways @(*) begin\n    case (s_pos)"
+            );
+            let mut pp = 0;
+            while pp < lpw {
+                let s = pp + l;
+                let _ = writeln!(
+                    ssel,
+                    "        {pw}'d{pp}: sx_{l} = s_word[{}:{}];",
+                    16 * s + 15,
+                    16 * s
+                );
+                pp += nl;
+            }
+            let _ = writeln!(ssel, "        default: sx_{l} = 16'sd0;\n    endcase\nend");
         }
-        let _ = writeln!(ssel, "        default: sx_{l} = 16'sd0;\n    endcase\nend");
         let _ = writeln!(
             ssel,
             "wire sok_{l} = (s_left > 16'd{l});\n\
@@ -566,10 +816,130 @@ fn router_verilog(p: &RouterCore) -> String {
     let unused_list = unused.join(", ");
     let group_last = format!("(left <= 16'd{nl})");
     let s_group_last = format!("(s_left <= 16'd{nl})");
-    let word_end = 4 - nl;
+    let word_end = lpw - nl;
+    let pos_t = |x: usize| format!("{pw}'d{x}");
+    // the row maximum: a group maximum registered, then merged (tournament builds); the
+    // matrix build takes it from the merge's first entry
+    let (rowmax_decl, rowmax_rst, rowmax_upd) = if mx {
+        (String::new(), String::new(), String::new())
+    } else {
+        (
+            "// the row maximum, one cycle behind the stream: the group maximum registered, then merged\n\
+             reg signed [15:0] rmax;\n\
+             reg gq_v;\n\
+             reg signed [15:0] gq;\n\
+             reg gq_first, gq_last;\n\
+             wire signed [15:0] rmax_nx = gq_first ? gq : ((gq > rmax) ? gq : rmax);\n"
+                .to_string(),
+            " gq_v <= 1'b0; rmax <= 16'sd0; gq <= 16'sd0; gq_first <= 1'b0; gq_last <= 1'b0;".to_string(),
+            "            gq_v <= elem_fire; gq <= gmax; gq_first <= (eidx == 16'd0); gq_last <= last_in_row;\n\
+             \x20           if (gq_v) begin\n\
+             \x20               rmax <= rmax_nx;\n\
+             \x20               if (gq_last) s_m <= rmax_nx;\n\
+             \x20           end\n"
+                .to_string(),
+        )
+    };
+    // stream hand-shake and the lists' hand-off: with the row's last group (tournament), or
+    // in a cycle of its own after it (matrix: `hpend`), in which the lanes may take the
+    // next row's first group
+    let (fire_decl, stream_upd) = if mx {
+        (
+            "wire hand = hpend && hand_ok;\nwire elem_fire = w_valid && (!hpend || hand_ok);\n"
+                .to_string(),
+            format!(
+                "            if (hand) begin\n\
+                 \x20               hpend <= 1'b0; mfull <= 1'b1; mcnt <= 6'd0;\n\
+                 \x20               if (!rn_q) begin\n\
+                 \x20                   s_busy <= 1'b1; s_bank <= !wbank; s_idx <= 16'd0; s_pos <= {p0}; s_left <= e_q;\n\
+                 \x20               end\n\
+                 {hand}            end\n\
+                 \x20           if (elem_fire) begin\n\
+                 \x20               pos <= pos + {pl};\n\
+                 \x20               eidx <= last_in_row ? 16'd0 : eidx + 16'd{nl};\n\
+                 \x20               left <= last_in_row ? e_q : left - 16'd{nl};\n\
+                 \x20               if (last_in_row) begin\n\
+                 \x20                   hpend <= 1'b1; wbank <= !wbank;\n\
+                 \x20               end\n\
+                 {ins}            end else if (hand) begin\n\
+                 {clear_net}            end\n",
+                p0 = pos_t(0),
+                pl = pos_t(nl % lpw),
+            ),
+        )
+    } else {
+        (
+            "wire elem_fire = w_valid && (!last_in_row || hand_ok);\n".to_string(),
+            format!(
+                "            if (elem_fire) begin\n\
+                 \x20               pos <= pos + {pl};\n\
+                 \x20               eidx <= last_in_row ? 16'd0 : eidx + 16'd{nl};\n\
+                 \x20               left <= last_in_row ? e_q : left - 16'd{nl};\n\
+                 \x20               if (last_in_row) begin\n\
+                 \x20                   mfull <= 1'b1; mcnt <= 6'd0; wbank <= !wbank;\n\
+                 \x20                   if (!rn_q) begin\n\
+                 \x20                       s_busy <= 1'b1; s_bank <= wbank; s_idx <= 16'd0; s_pos <= {p0}; s_left <= e_q;\n\
+                 \x20                   end\n\
+                 {hand}{clear_net}                end else begin\n\
+                 {ins}                end\n\
+                 \x20           end\n",
+                p0 = pos_t(0),
+                pl = pos_t(nl % lpw),
+            ),
+        )
+    };
+    // the output word: `npw` pairs of route slots filled one per normalise step (a token's
+    // last pair closes the word), or `spw` histogram counts
+    let (out_decl, out_rst, out_pair) = if npw == 1 {
+        (
+            String::new(),
+            String::new(),
+            "                ow <= {rec_b, rec_a};\n                ow_valid <= 1'b1;\n"
+                .to_string(),
+        )
+    } else {
+        let ob = npw.trailing_zeros() as usize;
+        let mut fill = String::new();
+        for s in 0..npw {
+            let _ = writeln!(
+                fill,
+                "                ow[{hi}:{lo}] <= (opi == {ob}'d{s}) ? {{rec_b, rec_a}} : ((opi == {ob}'d0) ? 64'd0 : ow[{hi}:{lo}]);",
+                hi = 64 * s + 63,
+                lo = 64 * s
+            );
+        }
+        let _ = write!(
+            fill,
+            "                if (last_pair || opi == {ob}'d{last}) begin\n\
+             \x20                   ow_valid <= 1'b1; opi <= {ob}'d0;\n\
+             \x20               end else opi <= opi + {ob}'d1;\n",
+            last = npw - 1
+        );
+        (
+            format!("reg [{}:0] opi;\n", ob - 1),
+            format!(" opi <= {ob}'d0;"),
+            fill,
+        )
+    };
+    let hb = spw.trailing_zeros() as usize;
+    let mut h_decl = String::new();
+    let mut h_store = String::new();
+    let mut h_rst = String::new();
+    for s in 0..spw - 1 {
+        let _ = writeln!(h_decl, "reg [31:0] h_b{s};");
+        let _ = write!(h_rst, " h_b{s} <= 32'd0;");
+        let _ = writeln!(
+            h_store,
+            "                    if (hsel == {hb}'d{s}) h_b{s} <= h_val;"
+        );
+    }
+    let h_cat: Vec<String> = std::iter::once("h_val".to_string())
+        .chain((0..spw - 1).rev().map(|s| format!("h_b{s}")))
+        .collect();
+    let h_cat = h_cat.join(", ");
     format!(
         r#"
-// MoE router core (tandem-fpga): e_max = {e_max}, k_max = {km}, lanes = {nl}. Semantics: fpga::golden::router.
+// MoE router core (tandem-fpga): e_max = {e_max}, k_max = {km}, lanes = {nl}, data_bits = {db}. Semantics: fpga::golden::router.
 module router_core(
     input wire clock, input wire reset, input wire start,
     output reg done, output reg busy,
@@ -578,9 +948,9 @@ module router_core(
     input wire [63:0] ptr0, input wire [63:0] ptr1, input wire [63:0] ptr2, input wire [63:0] ptr3,
     input wire [63:0] ptr4, input wire [63:0] ptr5, input wire [63:0] ptr6, input wire [63:0] ptr7,
     output reg rd_req_valid, input wire rd_req_ready, output reg [63:0] rd_req_addr, output reg [31:0] rd_req_len,
-    input wire rd_data_valid, output reg rd_data_ready, input wire [63:0] rd_data,
+    input wire rd_data_valid, output reg rd_data_ready, input wire [{dm}:0] rd_data,
     output reg wr_req_valid, input wire wr_req_ready, output reg [63:0] wr_req_addr, output reg [31:0] wr_req_len,
-    output reg wr_data_valid, input wire wr_data_ready, output reg [63:0] wr_data, output reg [7:0] wr_strb
+    output reg wr_data_valid, input wire wr_data_ready, output reg [{dm}:0] wr_data, output reg [{sm}:0] wr_strb
 );
 localparam integer IW = {iw};
 localparam integer SW = {sw};
@@ -621,18 +991,17 @@ wire args_ok_w = (arg1 != 32'd0) && (arg1 <= E_MAX) && (arg2 != 32'd0) && (arg2 
 // out of the run-start clear of every pipeline register
 reg args_ok;
 always @(posedge clock) args_ok <= !reset && args_ok_w;
-wire [31:0] wpr = (arg1 + 32'd3) >> 2;
-wire [31:0] opt = (arg2 + 32'd1) >> 1;
+wire [31:0] wpr = (arg1 + 32'd{lpw_m1}) >> {pw};
+wire [31:0] opt = (arg2 + 32'd{spw_m1}) >> {hb};
 wire [63:0] rd_len_w = arg0 * wpr;
 wire [63:0] rt_len_w = arg0 * opt;
 
 // ---- stream ----
 reg w_valid;
-reg [63:0] w_q;
-reg [1:0] pos;
+reg [{dm}:0] w_q;
+reg [{pw_m1}:0] pos;
 reg [15:0] eidx;
 reg wbank;
-reg signed [15:0] rmax;
 reg [15:0] left;
 reg mfull;
 reg [5:0] mcnt;
@@ -641,25 +1010,21 @@ reg [SW-1:0] p6s;
 reg nfull;
 {v}
 wire last_in_row = {group_last};
-wire last_in_word = (pos == 2'd{word_end}) || last_in_row;
-// the row maximum, one cycle behind the stream: the group maximum registered, then merged
-reg signed [15:0] gq;
-reg gq_v, gq_first, gq_last;
-wire signed [15:0] rmax_nx = gq_first ? gq : ((gq > rmax) ? gq : rmax);
-// ---- all-expert sum: row buffer (two banks), L exps per cycle ----
-reg [63:0] rowbuf [0:{rb_last}];
+wire last_in_word = (pos == {pw}'d{word_end}) || last_in_row;
+{rowmax_decl}// ---- all-expert sum: row buffer (two banks), L exps per cycle ----
+reg [{dm}:0] rowbuf [0:{rb_last}];
 reg s_busy;
 reg s_bank;
 reg signed [15:0] s_m;
 reg [15:0] s_idx;
-reg [1:0] s_pos;
+reg [{pw_m1}:0] s_pos;
 reg s0v, s0_last, sdv, sd_last, suv, su_last, slv, sl_last, sev, se_last;
 reg [SW-1:0] s_acc;
 reg [SW-1:0] sfifo [0:7];
 reg [3:0] s_wp, s_rp;
 wire [3:0] s_cnt = s_wp - s_rp;
 wire s_empty = (s_cnt == 4'd0);
-wire [63:0] s_word = rowbuf[{{s_bank, s_idx[RWB+1:2]}}];
+wire [{dm}:0] s_word = rowbuf[{{s_bank, s_idx[RWB+{pw_m1}:{pw}]}}];
 reg [15:0] s_left;
 wire s_last_group = s_busy && {s_group_last};
 wire s_free = !s_busy || s_last_group;
@@ -680,8 +1045,7 @@ wire a1 = !p1v || a2;
 wire m_leave = m_ready && !p1v;
 wire m_free = !mfull || m_leave;
 wire hand_ok = m_free && (rn_q || s_free);
-wire elem_fire = w_valid && (!last_in_row || hand_ok);
-wire rd_fire = rd_data_valid && rd_data_ready;
+{fire_decl}wire rd_fire = rd_data_valid && rd_data_ready;
 wire n_take = d{dl}v && !nfull;
 
 // ---- normalise: two slots per cycle ----
@@ -701,8 +1065,9 @@ wire [31:0] wpa = {{16'd0, sa_e}} * {{16'd0, nr}} + 32'd16384;
 wire [31:0] wpb = {{16'd0, sb_e}} * {{16'd0, nr}} + 32'd16384;
 wire [31:0] rec_a = {{wpa[30:15], {{(16-IW){{1'b0}}}}, sa_i}};
 wire [31:0] rec_b = b_ok ? {{wpb[30:15], {{(16-IW){{1'b0}}}}, sb_i}} : 32'd0;
-reg [63:0] ow;
+reg [{dm}:0] ow;
 reg ow_valid;
+{out_decl}
 wire wr_fire = ow_valid && wr_data_ready;
 wire ow_free = !ow_valid || wr_fire;
 
@@ -710,8 +1075,8 @@ wire ow_free = !ow_valid || wr_fire;
 localparam integer QW = {qw};
 reg [31:0] hist [0:{e_last}];
 reg [16:0] hidx;
-reg hsel;
-reg [31:0] h_lo_q;
+reg [{hb_m1}:0] hsel;
+{h_decl}
 reg [IW-1:0] pq [0:{q_last}];
 reg [QW:0] q_wp, q_rp;
 wire [QW:0] q_cnt = q_wp - q_rp;
@@ -736,7 +1101,7 @@ always @(posedge clock) begin
 end
 wire [31:0] h_val = ({{15'd0, hidx}} < {{16'd0, e_q}}) ? h_rd : 32'd0;
 always @(posedge clock) begin
-    if (running && !rn_q && elem_fire && last_in_word) rowbuf[{{wbank, eidx[RWB+1:2]}}] <= w_q;
+    if (running && !rn_q && elem_fire && last_in_word) rowbuf[{{wbank, eidx[RWB+{pw_m1}:{pw}]}}] <= w_q;
 end
 
 always @(*) begin
@@ -749,27 +1114,27 @@ always @(*) begin
     wr_req_len = (wph == W_ROUTES) ? rt_len_q : h_len_q;
     wr_data_valid = ow_valid;
     wr_data = ow;
-    wr_strb = 8'hff;
+    wr_strb = {{{strb_n}{{1'b1}}}};
     busy = running;
 end
 
 always @(posedge clock) begin
     if (reset || (start && !running && args_ok)) begin
-        w_valid <= 1'b0; pos <= 2'd0; eidx <= 16'd0; wbank <= 1'b0; rmax <= 16'sd0; left <= arg1[15:0];
-        gq <= 16'sd0; gq_v <= 1'b0; gq_first <= 1'b0; gq_last <= 1'b0; s_left <= 16'd0;
+        w_valid <= 1'b0; pos <= {pw}'d0; eidx <= 16'd0; wbank <= 1'b0; left <= arg1[15:0];
+       {rowmax_rst} s_left <= 16'd0;{hpend_rst}
         mfull <= 1'b0; mcnt <= 6'd0;
-        s_busy <= 1'b0; s_bank <= 1'b0; s_m <= 16'sd0; s_idx <= 16'd0; s_pos <= 2'd0;
+        s_busy <= 1'b0; s_bank <= 1'b0; s_m <= 16'sd0; s_idx <= 16'd0; s_pos <= {pw}'d0;
         s0v <= 1'b0; s0_last <= 1'b0; sdv <= 1'b0; sd_last <= 1'b0; suv <= 1'b0; su_last <= 1'b0;
         slv <= 1'b0; sl_last <= 1'b0; sev <= 1'b0; se_last <= 1'b0;
         s_acc <= {{SW{{1'b0}}}}; s_wp <= 4'd0; s_rp <= 4'd0;
         p1v <= 1'b0; p2v <= 1'b0; p3v <= 1'b0; p4v <= 1'b0; p5v <= 1'b0; p6v <= 1'b0; p6s <= {{SW{{1'b0}}}};
         nfull <= 1'b0; nr <= 16'd0; nsj <= 6'd0;
-        ow <= 64'd0; ow_valid <= 1'b0; hidx <= 17'd0; hsel <= 1'b0; h_lo_q <= 32'd0;
+        ow <= {db}'d0; ow_valid <= 1'b0; hidx <= 17'd0; hsel <= {hb}'d0;{h_rst}{out_rst}
         q_wp <= {{(QW+1){{1'b0}}}}; q_rp <= {{(QW+1){{1'b0}}}};
 {rst}{pst}    end
     if (reset) begin
         running <= 1'b0; done <= 1'b0;
-        t_q <= 32'd0; e_q <= 16'd0; k_q <= 6'd0; rn_q <= 1'b0; w_q <= 64'd0;
+        t_q <= 32'd0; e_q <= 16'd0; k_q <= 6'd0; rn_q <= 1'b0; w_q <= {db}'d0;
         rd_len_q <= 32'd0; rt_len_q <= 32'd0; h_len_q <= 32'd0;
         rd_pend <= 1'b0; wr_pend <= 1'b0; wph <= W_ROUTES; tout <= 32'd0;
         clr_idx <= 16'd0; clr_done <= 1'b0;
@@ -780,7 +1145,7 @@ always @(posedge clock) begin
                 running <= 1'b1;
                 t_q <= arg0; e_q <= arg1[15:0]; k_q <= arg2[5:0]; rn_q <= arg3[0];
 {kmask}
-                rd_len_q <= rd_len_w[31:0]; rt_len_q <= rt_len_w[31:0]; h_len_q <= (arg1 + 32'd1) >> 1;
+                rd_len_q <= rd_len_w[31:0]; rt_len_q <= rt_len_w[31:0]; h_len_q <= (arg1 + 32'd{spw_m1}) >> {hb};
                 rd_pend <= (arg0 != 32'd0); wr_pend <= (arg0 != 32'd0);
                 wph <= W_ROUTES; tout <= 32'd0; clr_idx <= 16'd0; clr_done <= 1'b0;
             end else begin
@@ -800,7 +1165,7 @@ always @(posedge clock) begin
             if (m_leave) mfull <= 1'b0;
             // ---- all-expert sum ----
             if (s_busy) begin
-                s_idx <= s_idx + 16'd{nl}; s_pos <= s_pos + 2'd{nl_mod}; s_left <= s_left - 16'd{nl};
+                s_idx <= s_idx + 16'd{nl}; s_pos <= s_pos + {pw}'d{nl_mod}; s_left <= s_left - 16'd{nl};
                 if ({s_group_last}) s_busy <= 1'b0;
             end
             s0v <= s_busy; s0_last <= s_last_group;
@@ -814,25 +1179,8 @@ always @(posedge clock) begin
                 end else s_acc <= s_acc + se_sum;
             end
             // ---- stream: unpack, insert, hand a finished row over ----
-            gq_v <= elem_fire; gq <= gmax; gq_first <= (eidx == 16'd0); gq_last <= last_in_row;
-            if (gq_v) begin
-                rmax <= rmax_nx;
-                if (gq_last) s_m <= rmax_nx;
-            end
-            if (elem_fire) begin
-                pos <= pos + 2'd{nl_mod};
-                eidx <= last_in_row ? 16'd0 : eidx + 16'd{nl};
-                left <= last_in_row ? e_q : left - 16'd{nl};
-                if (last_in_row) begin
-                    mfull <= 1'b1; mcnt <= 6'd0; wbank <= !wbank;
-                    if (!rn_q) begin
-                        s_busy <= 1'b1; s_bank <= wbank; s_idx <= 16'd0; s_pos <= 2'd0; s_left <= e_q;
-                    end
-{hand}{clear_net}                end else begin
-{ins}                end
-            end
-            if (rd_fire) begin
-                w_q <= rd_data; w_valid <= 1'b1; pos <= 2'd0;
+{rowmax_upd}{stream_upd}            if (rd_fire) begin
+                w_q <= rd_data; w_valid <= 1'b1; pos <= {pw}'d0;
             end else if (elem_fire && last_in_word) begin
                 w_valid <= 1'b0;
             end
@@ -861,9 +1209,7 @@ always @(posedge clock) begin
             if (n_take) begin
                 nfull <= 1'b1; nsj <= 6'd0; nr <= d{dl}q;
 {nload}            end else if (n_fire) begin
-                ow <= {{rec_b, rec_a}};
-                ow_valid <= 1'b1;
-                pq[q_wp[QW-1:0]] <= sa_i;
+{out_pair}                pq[q_wp[QW-1:0]] <= sa_i;
                 if (b_ok) pq[q_wp1] <= sb_i;
                 q_wp <= q_wp + (b_ok ? {{{{(QW-1){{1'b0}}}}, 2'd2}} : {{{{QW{{1'b0}}}}, 1'b1}});
                 if (last_pair) begin
@@ -876,14 +1222,14 @@ always @(posedge clock) begin
                     wph <= W_HREQ; wr_pend <= 1'b1;
                 end else if (wr_pend && wr_req_ready) wr_pend <= 1'b0;
                 W_HREQ: if (wr_req_ready) begin
-                    wr_pend <= 1'b0; wph <= W_HDATA; hidx <= 17'd0; hsel <= 1'b0;
+                    wr_pend <= 1'b0; wph <= W_HDATA; hidx <= 17'd0; hsel <= {hb}'d0;
                 end
-                W_HDATA: if (!hsel) begin
-                    h_lo_q <= h_val; hidx <= hidx + 17'd1; hsel <= 1'b1;
+                W_HDATA: if (hsel != {hb}'d{spw_m1}) begin
+{h_store}                    hidx <= hidx + 17'd1; hsel <= hsel + {hb}'d1;
                 end else if (ow_free) begin
-                    ow <= {{h_val, h_lo_q}};
+                    ow <= {{{h_cat}}};
                     ow_valid <= 1'b1;
-                    hidx <= hidx + 17'd1; hsel <= 1'b0;
+                    hidx <= hidx + 17'd1; hsel <= {hb}'d0;
                     if ({{15'd0, hidx}} + 32'd1 >= {{16'd0, e_q}}) wph <= W_END;
                 end
                 default: if (!ow_valid || wr_fire) begin
@@ -902,7 +1248,15 @@ endmodule // router_core
         e_last = p.e_max - 1,
         rb_last = (2usize << rwb) - 1,
         q_last = (1usize << qw) - 1,
-        nl_mod = nl % 4,
+        nl_mod = nl % lpw,
+        dm = db - 1,
+        sm = db / 8 - 1,
+        strb_n = db / 8,
+        lpw_m1 = lpw - 1,
+        spw_m1 = spw - 1,
+        pw_m1 = pw - 1,
+        hb_m1 = hb - 1,
+        hpend_rst = if mx { " hpend <= 1'b0;" } else { "" },
         pipe1 = pipe[0],
         pipe2 = pipe[1],
         pipe3 = pipe[2],
@@ -925,13 +1279,9 @@ mod tests {
 
     #[test]
     fn verilog_has_the_contract_ports() {
-        let v = RouterCore {
-            e_max: 16,
-            k_max: 4,
-            lanes: 2,
-        }
-        .core_verilog()
-        .expect("verilog");
+        let v = RouterCore::with_lanes(16, 4, 2)
+            .core_verilog()
+            .expect("verilog");
         crate::core::check_core_ports(&v, "router_core").expect("ports");
         assert!(v.contains("assign nv_1_3"));
         let narrow = v.replace("output reg [7:0] wr_strb", "output reg [3:0] wr_strb");
@@ -939,40 +1289,58 @@ mod tests {
     }
 
     #[test]
+    fn default_build_is_eight_lanes_on_a_128_bit_port() {
+        let c = RouterCore::default();
+        assert_eq!((c.lanes, c.data_bits), (8, 128));
+        assert_eq!(c.data_bits(), 128);
+        assert!(c.matrix_merge());
+        let v = c.core_verilog().expect("verilog");
+        crate::core::check_core_ports_w(&v, "router_core", 128).expect("128-bit ports");
+        assert!(crate::core::check_core_ports(&v, "router_core").is_err());
+        // the matrix merge: one compare register per pair of lanes
+        assert!(v.contains("reg c_6_7;") && !v.contains("reg c_7_8;"));
+        for (lanes, bits) in [(1, 64), (4, 64), (8, 128), (16, 256)] {
+            assert_eq!(RouterCore::data_bits_for(lanes), bits);
+        }
+        let p = RouterCore::with_lanes(256, 8, 16);
+        let v = p.core_verilog().expect("verilog");
+        crate::core::check_core_ports_w(&v, "router_core", 256).expect("256-bit ports");
+    }
+
+    #[test]
     fn bad_params_are_rejected() {
-        assert!(
-            RouterCore {
-                e_max: 12,
-                k_max: 4,
-                lanes: 1
-            }
-            .validate()
-            .is_err()
-        );
-        assert!(
-            RouterCore {
-                e_max: 16,
-                k_max: 0,
-                lanes: 1
-            }
-            .validate()
-            .is_err()
-        );
-        assert!(
-            RouterCore {
-                e_max: 4,
-                k_max: 8,
-                lanes: 1
-            }
-            .validate()
-            .is_err()
-        );
-        for lanes in [0, 3, 8] {
+        assert!(RouterCore::with_lanes(12, 4, 1).validate().is_err());
+        assert!(RouterCore::with_lanes(16, 0, 1).validate().is_err());
+        assert!(RouterCore::with_lanes(4, 8, 1).validate().is_err());
+        for lanes in [0, 3, 6, 16, 32] {
             let c = RouterCore {
                 lanes,
                 ..RouterCore::default()
             };
             assert!(c.validate().is_err(), "lanes = {lanes}");
+        }
+        // more lanes than the logits of a word; a width the router does not build
+        for (lanes, data_bits) in [(8, 64), (16, 128), (4, 512), (4, 32)] {
+            let c = RouterCore {
+                lanes,
+                data_bits,
+                ..RouterCore::default()
+            };
+            assert!(
+                c.validate().is_err(),
+                "lanes = {lanes}, data_bits = {data_bits}"
+            );
+        }
+        for (lanes, data_bits) in [(8, 128), (4, 128), (16, 256), (1, 256)] {
+            let c = RouterCore {
+                lanes,
+                data_bits,
+                ..RouterCore::default()
+            };
+            assert!(
+                c.validate().is_ok(),
+                "lanes = {lanes}, data_bits = {data_bits}"
+            );
         }
     }
 }

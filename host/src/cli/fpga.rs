@@ -16,7 +16,8 @@ use rand_chacha::ChaCha8Rng;
 use tandem::options::FpgaOptions;
 use tandem_fpga::core::KernelCore;
 use tandem_fpga::kernels::gemm::pad8;
-use tandem_fpga::kernels::{core_for, parse_params};
+use tandem_fpga::kernels::router::RouterCore;
+use tandem_fpga::kernels::{Build, core_for, parse_params};
 use tandem_fpga::shell::ShellConfig;
 use tandem_fpga::xclbin::{Summary, Xclbin};
 use tandem_fpga::{FpgaDevice, drive, flow, golden};
@@ -27,7 +28,7 @@ pub struct KernelArgs {
     /// Kernel: router, gemm or attention.
     #[arg(long)]
     pub kernel: String,
-    /// Build parameters, `key=value,...` (router: e_max, k_max).
+    /// Build parameters, `key=value,...` (router: e_max, k_max, lanes, data_bits).
     #[arg(long, default_value = "")]
     pub params: String,
     /// Longest AXI burst in beats (power of two, 2..=256).
@@ -256,7 +257,12 @@ pub fn run(cmd: &FpgaCmd, fpga_opts: &FpgaOptions) -> anyhow::Result<()> {
             let limit = Duration::from_secs(*timeout);
             let dev = dev.as_mut();
             let out = match core.name() {
-                "router" => sim_router(dev, &mut rng, *tokens, *experts, *top_k, limit)?,
+                "router" => {
+                    let Build::Router(c) = Build::of(core.as_ref())? else {
+                        bail!("the router build's parameters did not parse as a router's");
+                    };
+                    sim_router(dev, &c, &mut rng, *tokens, *experts, *top_k, limit)?
+                }
                 "gemm" => sim_gemm(
                     dev,
                     &mut rng,
@@ -469,7 +475,6 @@ fn fits_build(
     k: usize,
     shape: Option<&str>,
 ) -> anyhow::Result<()> {
-    use tandem_fpga::kernels::Build;
     let too_big = |what: &str, v: usize, limit: u32, param: &str| -> anyhow::Result<()> {
         if v > limit as usize {
             bail!(
@@ -501,6 +506,7 @@ fn fits_build(
 
 fn sim_router(
     dev: &mut dyn FpgaDevice,
+    core: &RouterCore,
     rng: &mut ChaCha8Rng,
     t: usize,
     e: usize,
@@ -510,7 +516,7 @@ fn sim_router(
     let x: Vec<i16> = (0..t * e).map(|_| rng.gen_range(-2048..2048)).collect();
     let want = golden::router::route(&x, t, e, k)?;
     let ((got, st), sim_cycles, sim_wall) =
-        timed(dev, |d| drive::run_router(d, &x, t, e, k, limit))?;
+        timed(dev, |d| drive::run_router(d, core, &x, t, e, k, limit))?;
     Ok(SimOutcome {
         label: format!("router T={t} E={e} k={k}"),
         bit_exact: got == want,

@@ -1,7 +1,7 @@
 //! The router on the modelled card: int16 logit rows in, routes and histogram out.
 
 use tandem_fpga::FpgaError;
-use tandem_fpga::golden::router::{hist_words, logit_row_words, route_row_words, route_with};
+use tandem_fpga::golden::router::{hist_beats, logit_row_beats, pack_routes_w, route_with};
 use tandem_fpga::kernels::router::RouterCore;
 use tandem_fpga::regmap::KernelDesc;
 use tandem_fpga::timing::{self, MemTiming};
@@ -24,7 +24,10 @@ pub(super) fn run(
         return Ok(timing::REFUSED_RUN_CYCLES);
     }
     let (e, k) = (experts as usize, k as usize);
-    let row = logit_row_words(e) * 8;
+    // the build's memory layouts: rows and outputs in words of its data port
+    let bits = c.data_bits;
+    let beat = bits as usize / 8;
+    let row = logit_row_beats(e, bits) * beat;
     let bytes = card.fetch(card.pointer(desc, "logits")?, tokens * row)?;
     let logits: Vec<i16> = bytes
         .chunks_exact(row)
@@ -39,17 +42,9 @@ pub(super) fn run(
             device: card.name_of(),
             msg: err.to_string(),
         })?;
-    let rrow = route_row_words(k) * 8;
-    let mut routes = vec![0u8; tokens * rrow];
-    for (tk, (ids, ws)) in out.ids.chunks(k).zip(out.weights.chunks(k)).enumerate() {
-        for (j, (&id, &w)) in ids.iter().zip(ws).enumerate() {
-            let v = u32::from(w) << 16 | u32::from(id);
-            let o = tk * rrow + 4 * j;
-            routes[o..o + 4].copy_from_slice(&v.to_le_bytes());
-        }
-    }
+    let routes = pack_routes_w(&out, tokens, k, bits);
     card.store(card.pointer(desc, "routes")?, &routes)?;
-    let mut hist = vec![0u8; hist_words(e) * 8];
+    let mut hist = vec![0u8; hist_beats(e, bits) * beat];
     for (i, h) in out.hist.iter().enumerate() {
         hist[4 * i..4 * i + 4].copy_from_slice(&h.to_le_bytes());
     }

@@ -284,12 +284,13 @@ impl FpgaBackend {
             (
                 "kernels".into(),
                 format!(
-                    "router (e_max={}, k_max={}, lanes={}), gemm (rows={}, lanes={}, k_max={}, n_max={}), \
+                    "router (e_max={}, k_max={}, lanes={}, data_bits={}), gemm (rows={}, lanes={}, k_max={}, n_max={}), \
                      attention (d_max={}, {} and {}, nkv_max={} per launch, kv_tile={}{}), \
                      vecops (n_max={})",
                     router.e_max,
                     router.k_max,
                     router.lanes,
+                    router.data_bits,
                     gemm.rows,
                     gemm.lanes,
                     gemm.k_max,
@@ -627,7 +628,7 @@ impl Backend for FpgaBackend {
                 let job = route::RouteJob::new(p, tensors[0])?;
                 let ((out, st), clock) =
                     self.with_card("router", &self.router, modelled, |dev| {
-                        job.run(dev, deadline.remaining())
+                        job.run(dev, &self.router, deadline.remaining())
                     })?;
                 (job.outputs(out)?, st.cycles, clock, ROUTER_KERNEL)
             }

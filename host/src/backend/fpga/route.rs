@@ -71,14 +71,16 @@ impl RouteJob {
         })
     }
 
-    /// Runs the router on `dev`.
+    /// Runs the router on `dev`, which has the build `core` loaded.
     pub(super) fn run(
         &self,
         dev: &mut dyn FpgaDevice,
+        core: &RouterCore,
         timeout: Duration,
     ) -> std::result::Result<(RouterOut, RunStats), FpgaError> {
         drive::run_router_with(
             dev,
+            core,
             &self.q,
             self.t,
             self.e,
