@@ -253,14 +253,17 @@ fn adder_tree(decl: &mut String, name: &str, mut terms: Vec<(String, u32)>) -> (
 /// shared register `f_den` (`2 l << f_bit`, one bit lower every step), the quotient shifts in
 /// from the bottom: a step is a compare and a subtract, no barrel shift or bit decode. The
 /// fix-up of a negative quotient, `-(q + (rem != 0))` saturated at -32768, is written without
-/// the adder in front of the compare: `q + 1 > 32768` is a test of `q`'s top bits and
-/// `-(q + 1)` is `~q`.
+/// the adder in front of the compare (`q + 1 > 32768` is a test of `q`'s top bits and
+/// `-(q + 1)` is `~q`), and takes two cycles that were there already: `F_FIX` registers the
+/// remainder's test for zero in 6-bit parts, `F_WREQ` (waiting for the write request's
+/// handshake, before the first word goes out) computes the int16 output.
 fn divider_lane(decl: &mut String, st: &mut String, l: usize, num: &str) {
     let _ = writeln!(
         decl,
         "reg fneg_{l}, fsat_{l};\nreg [50:0] frem_{l};\nreg [16:0] fq_{l};\nreg [15:0] fo_{l};\n\
          wire signed [50:0] fnum_{l} = {{{num}, 9'd0}} + {{19'd0, f_l}};\n\
-         wire fnz_{l} = (frem_{l} != 51'd0);\n\
+         reg [8:0] fnzp_{l};\n\
+         wire fnz_{l} = (fnzp_{l} != 9'd0);\n\
          wire fovn_{l} = fq_{l}[16] || (fq_{l}[15] && (fnz_{l} || (fq_{l}[14:0] != 15'd0)));\n\
          wire [15:0] fnv_{l} = fnz_{l} ? ~fq_{l}[15:0] : (16'd0 - fq_{l}[15:0]);"
     );
@@ -278,7 +281,8 @@ fn divider_lane(decl: &mut String, st: &mut String, l: usize, num: &str) {
          \x20               if (frem_{l} >= f_den) frem_{l} <= frem_{l} - f_den;\n\
          \x20           end\n\
          \x20       end\n\
-         \x20       if (f_st == F_FIX) begin\n\
+         \x20       if (f_st == F_FIX) fnzp_{l} <= {{|frem_{l}[50:48], |frem_{l}[47:42], |frem_{l}[41:36], |frem_{l}[35:30], |frem_{l}[29:24], |frem_{l}[23:18], |frem_{l}[17:12], |frem_{l}[11:6], |frem_{l}[5:0]}};\n\
+         \x20       if (f_st == F_WREQ) begin\n\
          \x20           if (f_l == 32'd0) fo_{l} <= 16'd0;\n\
          \x20           else if (fsat_{l}) fo_{l} <= fneg_{l} ? 16'h8000 : 16'h7fff;\n\
          \x20           else if (fneg_{l}) fo_{l} <= fovn_{l} ? 16'h8000 : fnv_{l};\n\

@@ -102,13 +102,16 @@ pub(super) fn attention_rows_verilog(p: &AttentionCore) -> String {
         let _ = writeln!(
             decl,
             r#"// row {r}: key count, slot flags (0 pushed, 1 empty row, 2 last key of the row)
+// (in the group, registered as the slot advances: g_em the row has no key, g_lt slot s_j is
+// below its key count, g_eq slot s_j is its last key)
 reg [31:0] qn_jend_{r}, g_jend_{r};
-reg qn_val_{r}, g_val_{r};
-wire [31:0] s_je_{r} = s_rowstart ? qn_jend_{r} : g_jend_{r};
-wire s_va_{r} = s_rowstart ? qn_val_{r} : g_val_{r};
-wire s_em_{r} = (s_je_{r} == 32'd0);
-wire s_push_{r} = s_va_{r} && (s_em_{r} ? s_rowstart : (s_jcur < s_je_{r}));
-wire s_rl_{r} = s_em_{r} || (s_jcur + 32'd1 == s_je_{r});
+reg qn_val_{r}, g_val_{r}, g_em_{r}, g_lt_{r}, g_eq_{r};
+wire s_em_{r} = s_rowstart ? (qn_jend_{r} == 32'd0) : g_em_{r};
+wire s_push_{r} = s_rowstart ? qn_val_{r} : (g_val_{r} && !g_em_{r} && g_lt_{r});
+wire s_rl_{r} = s_rowstart ? (qn_jend_{r} <= 32'd1) : (g_em_{r} || g_eq_{r});
+// the same tests for the next slot (s_jcur + 1)
+wire s_lt_n_{r} = s_rowstart ? (qn_jend_{r} > 32'd1) : (s_j + 32'd1 < g_jend_{r});
+wire s_eq_n_{r} = s_rowstart ? (qn_jend_{r} == 32'd2) : (s_j + 32'd2 == g_jend_{r});
 reg [2:0] sa_g_{r}, sb_g_{r}, sc_g_{r}, sd_g_{r}, se_g_{r}, sf_g_{r};
 reg signed [48:0] se_m_{r};
 wire [63:0] sx_{r} = {{{{15{{se_m_{r}[48]}}}}, se_m_{r}}};
@@ -162,7 +165,8 @@ reg signed [47:0] fe_{r};
         let _ = writeln!(
             st,
             r#"        if (s_issue) begin
-            if (s_rowstart) begin g_jend_{r} <= qn_jend_{r}; g_val_{r} <= qn_val_{r}; qn_val_{r} <= 1'b0; end
+            if (s_rowstart) begin g_jend_{r} <= qn_jend_{r}; g_val_{r} <= qn_val_{r}; qn_val_{r} <= 1'b0; g_em_{r} <= (qn_jend_{r} == 32'd0); end
+            if (!s_last) begin g_lt_{r} <= s_lt_n_{r}; g_eq_{r} <= s_eq_n_{r}; end
             sa_g_{r} <= {{s_rl_{r}, s_em_{r}, s_push_{r}}};
         end
         if (q_we && q_rowdone && c_qr == 8'd{r}) begin qn_jend_{r} <= jend_q; qn_val_{r} <= 1'b1; end
