@@ -710,6 +710,35 @@ mod tests {
     }
 
     #[test]
+    fn adder_tree_is_balanced_and_widens() {
+        let mut decl = String::new();
+        let terms = (0..16).map(|i| (format!("x{i}"), 16)).collect();
+        let (root, w) = adder_tree(&mut decl, "t", terms);
+        // 16 terms: 4 levels of two-input adders (15 of them), 16 + 4 bits
+        assert_eq!((root.as_str(), w), ("t_3_0", 20));
+        assert_eq!(decl.lines().count(), 15);
+        assert!(decl.contains("wire [16:0] t_0_0 = {{1{x0[15]}}, x0} + {{1{x1[15]}}, x1};"));
+        // an odd count passes the last term up a level
+        let mut decl = String::new();
+        let terms = (0..3).map(|i| (format!("y{i}"), 19)).collect();
+        let (root, w) = adder_tree(&mut decl, "u", terms);
+        assert_eq!((root.as_str(), w), ("u_1_0", 21));
+        assert!(decl.contains("wire [20:0] u_1_0 = {{1{u_0_0[19]}}, u_0_0} + {{2{y2[18]}}, y2};"));
+    }
+
+    #[test]
+    fn lutn_is_the_table_at_minus_the_index() {
+        let cases = lutn_cases();
+        let lut = exp2_lut();
+        // u & 255 = (-t) & 255: t's low byte 0 is LUT[0], 1 is LUT[255], 128 is LUT[128]
+        for (f, want) in [(0, lut[0]), (1, lut[255]), (128, lut[128]), (255, lut[1])] {
+            let line = format!("8'd{f}: lutn = 16'd{want};");
+            assert!(cases.contains(&line), "{line}");
+        }
+        assert_eq!(cases.lines().count(), 256);
+    }
+
+    #[test]
     fn card_build_has_2048_macs() {
         let c = AttentionCore::u55c_rows();
         assert_eq!(c.macs(), 2048);
