@@ -506,8 +506,10 @@ reg [2:0] f_st;
 wire p_pop = running && tf_ne && (!tf_f[0] || xf_ne) && (!tf_f[3] || (f_st == F_IDLE && !row_in_flight));
 // exponent update at the first slot of a tile
 wire signed [47:0] e_new = (tf_f[0] && (tf_f[2] || tf_f[4])) ? xf_h : ((tf_f[0] && xf_h > e_run) ? xf_h : e_run);
-wire signed [47:0] e_diff = e_new - e_run;
-wire [5:0] sh_new = (tf_f[0] && !(tf_f[2] || tf_f[4])) ? ((e_diff >= 48'sd40) ? 6'd40 : e_diff[5:0]) : 6'd0;
+// rescale shift at a tile start: e_new - e_run = max(xf_h - e_run, 0), capped at 40 (one
+// subtract in front of the compares, not the exponent's select)
+wire signed [48:0] e_up = {{xf_h[47], xf_h}} - {{e_run[47], e_run}};
+wire [5:0] sh_new = (tf_f[0] && !(tf_f[2] || tf_f[4]) && e_up > 49'sd0) ? ((e_up >= 49'sd40) ? 6'd40 : e_up[5:0]) : 6'd0;
 wire signed [48:0] u_new = {{e_new[47], e_new}} * 49'sd256 - {{tf_th[47], tf_th}};
 wire [63:0] lx = {{32'd0, l_run}};
 wire lb = !p1_reset && (p1_sh != 6'd0) && (p1_sh < 6'd40) && lx[p1_sh - 6'd1];

@@ -146,8 +146,10 @@ wire p1_reset_{r} = p1_f[2] || p1_g_{r}[1];
 wire row_busy_{r} = (p0_v_{r} && p0_g_{r}[2]) || (p1_v_{r} && p1_g_{r}[2]);
 wire rst_{r} = tf_f[2] || tf_g_{r}[1];
 wire signed [47:0] e_new_{r} = (tf_f[0] && rst_{r}) ? xf_h_{r} : ((tf_f[0] && xf_h_{r} > e_run_{r}) ? xf_h_{r} : e_run_{r});
-wire signed [47:0] e_diff_{r} = e_new_{r} - e_run_{r};
-wire [5:0] sh_new_{r} = (tf_f[0] && !rst_{r}) ? ((e_diff_{r} >= 48'sd40) ? 6'd40 : e_diff_{r}[5:0]) : 6'd0;
+// rescale shift at a tile start: e_new - e_run = max(xf_h - e_run, 0), capped at 40 (one
+// subtract in front of the compares, not the exponent's select)
+wire signed [48:0] e_up_{r} = {{xf_h_{r}[47], xf_h_{r}}} - {{e_run_{r}[47], e_run_{r}}};
+wire [5:0] sh_new_{r} = (tf_f[0] && !rst_{r} && e_up_{r} > 49'sd0) ? ((e_up_{r} >= 49'sd40) ? 6'd40 : e_up_{r}[5:0]) : 6'd0;
 wire signed [48:0] u_new_{r} = {{e_new_{r}[47], e_new_{r}}} * 49'sd256 - {{tf_th_{r}[47], tf_th_{r}}};
 wire [63:0] lx_{r} = {{32'd0, l_run_{r}}};
 wire lb_{r} = !p1_reset_{r} && (p1_sh_{r} != 6'd0) && (p1_sh_{r} < 6'd40) && lx_{r}[p1_sh_{r} - 6'd1];
