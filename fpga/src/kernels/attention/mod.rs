@@ -15,14 +15,14 @@
 //!   `d_max` 8x8 multipliers, C an adder tree per bank of 8 lanes, D the tree over the banks
 //!   (int32 score), E the 32x16 score multiplier, F the round-half-up shift (the log2-domain
 //!   logit `t`, 48 bit), G the tile maximum and the push of `t` into a FIFO; at the end of
-//!   each KV tile the tile's exponent `ceil(max t / 256)` goes into a tile FIFO. Causal rows stop at their last visible key;
-//!   rows without one pass as a single empty slot.
+//!   each KV tile the tile's exponent `ceil(max t / 256)` goes into a tile FIFO. Causal rows
+//!   stop at their last visible key; rows without one pass as a single empty slot.
 //! - *softmax/PV stage*, one tile behind: once a tile's exponent is known its logits become
 //!   Q1.15 weights (`LUT[u & 255] >> (u >> 8)`, `u = 256 e - t`; `u & 255 = (-t) & 255`, so
-//!   the table is read from the popped logit as `e` is updated, and shifted a cycle later), the running sum
-//!   and the 48-bit accumulators are rescaled by an exact power of two when the exponent
-//!   grows, and each weight meets the V row in `d_max` 16x8 multipliers. The two stages
-//!   overlap, one key per cycle each.
+//!   the table is read from the popped logit as `e` is updated, and shifted a cycle later),
+//!   the running sum and the 48-bit accumulators are rescaled by an exact power of two when
+//!   the exponent grows, and each weight meets the V row in `d_max` 16x8 multipliers. The two
+//!   stages overlap, one key per cycle each.
 //! - *finaliser*, overlapping the next rows: `d_max` restoring dividers compute
 //!   `floor((512 acc + l) / 2l)` in 17 steps (the shifted divisor a register, the quotient
 //!   shifting in); the int16 row and the row's (e, l) are written.
