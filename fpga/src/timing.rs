@@ -344,6 +344,13 @@ pub fn gemm_split_cycles_placed(
     total
 }
 
+/// Cycles the attention cores' score pipeline gained when its adder tree (bank sums, then the
+/// sum over banks) and its logit round (then the tile maximum) were split into two register
+/// stages each for a 300 MHz clock: a run's first logit reaches the FIFO, and its last one
+/// the softmax stage, that much later (2026-11-27; the fill and drain constants before were
+/// fitted without them).
+const ATT_SCORE_SPLIT: u64 = 2;
+
 /// (query, key) pairs a head sees: all, or the bottom-right causal ones.
 pub fn visible_pairs(causal: bool, nq: u64, nkv: u64) -> u64 {
     if !causal {
@@ -398,7 +405,13 @@ pub fn attention_group_cycles(
     } else {
         row(0) + (1..rows_total).map(|i| row(i).max(fin)).sum::<u64>()
     };
-    load + m.bound(rows, rows_total * dp / 8) + fin + 12 + nkv.min(14) + dp / 16 + overhead(m)
+    load + m.bound(rows, rows_total * dp / 8)
+        + fin
+        + 12
+        + ATT_SCORE_SPLIT
+        + nkv.min(14)
+        + dp / 16
+        + overhead(m)
 }
 
 /// The query-parallel core (`q_rows = R > 1`, [`crate::kernels::attention`]'s `rows`): the
@@ -493,7 +506,12 @@ pub fn attention_rows_cycles(
         step(&mut pending, &mut fin_free, &mut free);
     }
     let run = fin_free.max(t);
-    load + m.bound(run, rows_total * dp / 8) + 10 + nkv.min(14) + dp / 16 + overhead(m)
+    load + m.bound(run, rows_total * dp / 8)
+        + 10
+        + ATT_SCORE_SPLIT
+        + nkv.min(14)
+        + dp / 16
+        + overhead(m)
 }
 
 /// An attention op's heads as [`crate::drive::run_attention_split`] runs them: `groups`
@@ -548,7 +566,13 @@ pub fn attention_cycles(
         // the ramp is long.
         row(0) + (1..nq).map(|i| row(i).max(fin)).sum::<u64>()
     };
-    load + m.bound(rows, nq * dp / 8) + fin + 12 + nkv.min(14) + dp / 16 + overhead(m)
+    load + m.bound(rows, nq * dp / 8)
+        + fin
+        + 12
+        + ATT_SCORE_SPLIT
+        + nkv.min(14)
+        + dp / 16
+        + overhead(m)
 }
 
 /// The vecops kernel (one 64-bit word of 4 elements per cycle, rows one after another): the

@@ -10,18 +10,24 @@
 //!   loads only the first `d / 8` banks; the others read as zero (`bank_on`), not as what the
 //!   RAM held, so no unknown value reaches a score (in a 4-state simulator an unloaded lane
 //!   is X, and X x 0 is X).
-//! - *score stage*: one key per cycle for the current query row: the K row meets the Q row in
-//!   `d_max` 8x8 multipliers and an adder tree (int32 score), then the 32x16 score multiplier
-//!   and the round-half-up shift give the log2-domain logit `t` (48 bit). Logits go into a
-//!   FIFO; at the end of each KV tile the tile's exponent `ceil(max t / 256)` goes into a
-//!   tile FIFO. Causal rows stop at their last visible key; rows without one pass as a single
-//!   empty slot.
+//! - *score stage*: one key per cycle for the current query row, pipelined so that no
+//!   register is fed by more than a few LUT levels (for a 300 MHz clock): A the bank read, B
+//!   `d_max` 8x8 multipliers, C an adder tree per bank of 8 lanes, D the tree over the banks
+//!   (int32 score), E the 32x16 score multiplier, F the round-half-up shift (the log2-domain
+//!   logit `t`, 48 bit), G the tile maximum and the push of `t` into a FIFO; at the end of
+//!   each KV tile the tile's exponent `ceil(max t / 256)` goes into a tile FIFO. Causal rows
+//!   stop at their last visible key; rows without one pass as a single empty slot.
 //! - *softmax/PV stage*, one tile behind: once a tile's exponent is known its logits become
-//!   Q1.15 weights (`LUT[u & 255] >> (u >> 8)`), the running sum and the 48-bit accumulators
-//!   are rescaled by an exact power of two when the exponent grows, and each weight meets the
-//!   V row in `d_max` 16x8 multipliers. The two stages overlap, one key per cycle each.
+//!   Q1.15 weights (`LUT[u & 255] >> (u >> 8)`, `u = 256 e - t`; `u & 255 = (-t) & 255`, so
+//!   the table is read from the popped logit as `e` is updated, and shifted a cycle later),
+//!   the running sum and the 48-bit accumulators are rescaled by an exact power of two when
+//!   the exponent grows, and each weight meets the V row in `d_max` 16x8 multipliers. The two
+//!   stages overlap, one key per cycle each.
 //! - *finaliser*, overlapping the next rows: `d_max` restoring dividers compute
-//!   `floor((512 acc + l) / 2l)` in 17 steps; the int16 row and the row's (e, l) are written.
+//!   `floor((512 acc + l) / 2l)` in 17 steps (the shifted divisor a register, the quotient
+//!   shifting in); the int16 row and the row's (e, l) are written.
+//!
+//! The read requests are registered outputs (loaded at start and at each handshake).
 //!
 //! Arguments: `q` (ptr0), `k` (ptr1), `v` (ptr2), `o` (ptr3, int16 `[Nq][d]`), `stats` (ptr4,
 //! one 64-bit word per row: e in bits 31:0, l in 63:32), `nq` (arg0), `nkv` (arg1), `d`
@@ -166,13 +172,123 @@ impl KernelCore for AttentionCore {
     }
 }
 
-/// The exp2 LUT as the cases of a Verilog `case` on `f`.
-fn lut_cases() -> String {
-    let mut lut_cases = String::new();
-    for (f, v) in exp2_lut().iter().enumerate() {
-        let _ = writeln!(lut_cases, "        8'd{f}: lut = 16'd{v};");
+/// The exp2 LUT indexed by a logit's low byte, as the cases of a Verilog `case` on `f`:
+/// `lutn(f) = LUT[(256 - f) & 255]`. A weight's table index is `u & 255` with `u = 256 e - t`,
+/// which is `(-t) & 255` whatever the exponent `e`, so the softmax stage reads the table
+/// straight from the popped logit (in P0, beside the exponent update) and only shifts in P1.
+/// (Looked up from a register, as it was, yosys folds that register into the table as a
+/// synchronous ROM's address register and moves it past the table, which puts the lookup
+/// behind the whole computation of `u`.)
+fn lutn_cases() -> String {
+    let lut = exp2_lut();
+    let mut cases = String::new();
+    for f in 0..256usize {
+        let v = lut[(256 - f) & 255];
+        let _ = writeln!(cases, "        8'd{f}: lutn = 16'd{v};");
     }
-    lut_cases
+    cases
+}
+
+/// The score adder tree over one query row's `d_max` products `prods` (`sp_*`, int16), in two
+/// register stages: stage C sums each bank's 8 products (`sc_p{row}_{b}`, 19 bit), stage D
+/// the banks' sums (`sd_s{row}`, int32). Both are balanced trees of two-input adders (3 and
+/// `ceil(log2(d_max / 8))` adders deep, see [`adder_tree`]). `row` is `""` or `"_{r}"`.
+fn score_tree(decl: &mut String, st: &mut String, prods: &[String], row: &str) {
+    let mut banks = Vec::new();
+    for (b, bank) in prods.chunks(8).enumerate() {
+        let terms = bank.iter().map(|p| (p.clone(), 16)).collect();
+        let (root, w) = adder_tree(decl, &format!("sc_a{row}_{b}"), terms);
+        let _ = writeln!(decl, "reg [{}:0] sc_p{row}_{b};", w - 1);
+        let _ = writeln!(st, "        sc_p{row}_{b} <= {root};");
+        banks.push((format!("sc_p{row}_{b}"), w));
+    }
+    let (root, w) = adder_tree(decl, &format!("sd_a{row}"), banks);
+    let _ = writeln!(decl, "reg signed [31:0] sd_s{row};");
+    let _ = writeln!(st, "        sd_s{row} <= {};", sext(&root, w, 32));
+}
+
+/// `x` (`w` bits, two's complement) sign-extended to `to` bits by concatenation.
+fn sext(x: &str, w: u32, to: u32) -> String {
+    if to <= w {
+        x.to_string()
+    } else {
+        format!("{{{{{}{{{x}[{}]}}}}, {x}}}", to - w, w - 1)
+    }
+}
+
+/// Declares a balanced tree of two-input adders over `terms` (signals and their widths in
+/// bits, two's complement): one wire per adder, `{name}_{level}_{k}`, one bit wider than its
+/// wider input, the inputs sign-extended by concatenation. Returns the root and its width.
+/// (Written as one expression, or with equal widths throughout, yosys's `alumacc` merges the
+/// adds into one multi-operand adder and maps it as a carry-save tree: 7 LUT levels for 8
+/// terms and 13 for 16 where this tree has 3 and 4.)
+fn adder_tree(decl: &mut String, name: &str, mut terms: Vec<(String, u32)>) -> (String, u32) {
+    let mut level = 0;
+    while terms.len() > 1 {
+        let mut next = Vec::with_capacity(terms.len().div_ceil(2));
+        for (k, pair) in terms.chunks(2).enumerate() {
+            if let [(a, wa), (b, wb)] = pair {
+                let w = wa.max(wb) + 1;
+                let node = format!("{name}_{level}_{k}");
+                let _ = writeln!(
+                    decl,
+                    "wire [{}:0] {node} = {} + {};",
+                    w - 1,
+                    sext(a, *wa, w),
+                    sext(b, *wb, w)
+                );
+                next.push((node, w));
+            } else {
+                next.push(pair[0].clone());
+            }
+        }
+        terms = next;
+        level += 1;
+    }
+    terms.pop().unwrap_or_else(|| ("1'b0".into(), 1))
+}
+
+/// One lane of the finaliser, a restoring divider: `fo = floor((512 num + l) / 2l)`
+/// saturated to int16, from the 48-bit accumulator `num`. The divisor's shifted copy is the
+/// shared register `f_den` (`2 l << f_bit`, one bit lower every step), the quotient shifts in
+/// from the bottom: a step is a compare and a subtract, no barrel shift or bit decode. The
+/// fix-up of a negative quotient, `-(q + (rem != 0))` saturated at -32768, is written without
+/// the adder in front of the compare (`q + 1 > 32768` is a test of `q`'s top bits and
+/// `-(q + 1)` is `~q`), and takes two cycles that were there already: `F_FIX` registers the
+/// remainder's test for zero in 6-bit parts, `F_WREQ` (waiting for the write request's
+/// handshake, before the first word goes out) computes the int16 output.
+fn divider_lane(decl: &mut String, st: &mut String, l: usize, num: &str) {
+    let _ = writeln!(
+        decl,
+        "reg fneg_{l}, fsat_{l};\nreg [50:0] frem_{l};\nreg [16:0] fq_{l};\nreg [15:0] fo_{l};\n\
+         wire signed [50:0] fnum_{l} = {{{num}, 9'd0}} + {{19'd0, f_l}};\n\
+         reg [8:0] fnzp_{l};\n\
+         wire fnz_{l} = (fnzp_{l} != 9'd0);\n\
+         wire fovn_{l} = fq_{l}[16] || (fq_{l}[15] && (fnz_{l} || (fq_{l}[14:0] != 15'd0)));\n\
+         wire [15:0] fnv_{l} = fnz_{l} ? ~fq_{l}[15:0] : (16'd0 - fq_{l}[15:0]);"
+    );
+    let _ = writeln!(
+        st,
+        "        if (f_st == F_PREP) begin\n\
+         \x20           fneg_{l} <= fnum_{l}[50];\n\
+         \x20           frem_{l} <= fnum_{l}[50] ? (~fnum_{l} + 51'd1) : fnum_{l};\n\
+         \x20           fq_{l} <= 17'd0;\n\
+         \x20       end\n\
+         \x20       if (f_st == F_DIV) begin\n\
+         \x20           if (f_bit == 5'd17) fsat_{l} <= (frem_{l} >= f_den);\n\
+         \x20           else begin\n\
+         \x20               fq_{l} <= {{fq_{l}[15:0], frem_{l} >= f_den}};\n\
+         \x20               if (frem_{l} >= f_den) frem_{l} <= frem_{l} - f_den;\n\
+         \x20           end\n\
+         \x20       end\n\
+         \x20       if (f_st == F_FIX) fnzp_{l} <= {{|frem_{l}[50:48], |frem_{l}[47:42], |frem_{l}[41:36], |frem_{l}[35:30], |frem_{l}[29:24], |frem_{l}[23:18], |frem_{l}[17:12], |frem_{l}[11:6], |frem_{l}[5:0]}};\n\
+         \x20       if (f_st == F_WREQ) begin\n\
+         \x20           if (f_l == 32'd0) fo_{l} <= 16'd0;\n\
+         \x20           else if (fsat_{l}) fo_{l} <= fneg_{l} ? 16'h8000 : 16'h7fff;\n\
+         \x20           else if (fneg_{l}) fo_{l} <= fovn_{l} ? 16'h8000 : fnv_{l};\n\
+         \x20           else fo_{l} <= (fq_{l}[16] || fq_{l}[15]) ? 16'h7fff : fq_{l}[15:0];\n\
+         \x20       end"
+    );
 }
 
 /// FIFO depth between the stages: a whole tile plus the score pipeline, rounded to 2^n.
@@ -214,8 +330,8 @@ fn attention_verilog(p: &AttentionCore) -> String {
              \x20       if (s_issue && s_rowstart) qc_{b} <= qn_{b};"
         );
     }
-    // ---- score lanes and adder tree ----
-    let mut sum = Vec::new();
+    // ---- score lanes, PV lanes, finaliser lanes ----
+    let mut prods = Vec::new();
     for l in 0..lanes {
         let (b, o) = (l / 8, 8 * (l % 8));
         let _ = writeln!(
@@ -227,35 +343,18 @@ fn attention_verilog(p: &AttentionCore) -> String {
              wire rb_{l} = !p1_reset && (p1_sh != 6'd0) && (p1_sh < 6'd40) && ax_{l}[p1_sh - 6'd1];\n\
              wire signed [47:0] base_{l} = (p1_reset || p1_sh >= 6'd40) ? 48'sd0 : (acc_{l} >>> p1_sh);\n\
              wire signed [24:0] pp_{l} = $signed({{1'b0, p1_p}}) * pv_v_{l};\n\
-             wire signed [47:0] an_{l} = base_{l} + {{{{23{{pp_{l}[24]}}}}, pp_{l}}} + {{47'd0, rb_{l}}};\n\
-             reg fneg_{l}, fsat_{l};\nreg [50:0] frem_{l};\nreg [16:0] fq_{l};\nreg [15:0] fo_{l};\n\
-             wire signed [50:0] fnum_{l} = {{fa_{l}, 9'd0}} + {{19'd0, f_l}};\n\
-             wire [50:0] fden_sh_{l} = {{18'd0, f_l, 1'b0}} << f_bit;"
+             wire signed [47:0] an_{l} = base_{l} + {{{{23{{pp_{l}[24]}}}}, pp_{l}}} + {{47'd0, rb_{l}}};"
         );
         let _ = writeln!(
             st,
             "        sp_{l} <= ql_{l} * kl_{l};\n\
              \x20       if (p0_v) pv_v_{l} <= vl_{l};\n\
-             \x20       if (p1_v) begin if (p1_rowlast) begin fa_{l} <= an_{l}; acc_{l} <= 48'sd0; end else acc_{l} <= an_{l}; end\n\
-             \x20       if (f_st == F_PREP) begin\n\
-             \x20           fneg_{l} <= fnum_{l}[50];\n\
-             \x20           frem_{l} <= fnum_{l}[50] ? (~fnum_{l} + 51'd1) : fnum_{l};\n\
-             \x20           fq_{l} <= 17'd0;\n\
-             \x20       end\n\
-             \x20       if (f_st == F_DIV) begin\n\
-             \x20           if (f_bit == 5'd17) fsat_{l} <= (frem_{l} >= fden_sh_{l});\n\
-             \x20           else if (frem_{l} >= fden_sh_{l}) begin frem_{l} <= frem_{l} - fden_sh_{l}; fq_{l}[f_bit[4:0]] <= 1'b1; end\n\
-             \x20       end\n\
-             \x20       if (f_st == F_FIX) begin\n\
-             \x20           if (f_l == 32'd0) fo_{l} <= 16'd0;\n\
-             \x20           else if (fsat_{l}) fo_{l} <= fneg_{l} ? 16'h8000 : 16'h7fff;\n\
-             \x20           else if (fneg_{l}) fo_{l} <= (({{1'b0, fq_{l}}} + {{17'd0, frem_{l} != 51'd0}}) > 18'd32768) ? 16'h8000 : (16'd0 - (fq_{l}[15:0] + {{15'd0, frem_{l} != 51'd0}}));\n\
-             \x20           else fo_{l} <= (fq_{l} > 17'd32767) ? 16'h7fff : fq_{l}[15:0];\n\
-             \x20       end"
+             \x20       if (p1_v) begin if (p1_rowlast) begin fa_{l} <= an_{l}; acc_{l} <= 48'sd0; end else acc_{l} <= an_{l}; end"
         );
-        sum.push(format!("{{{{16{{sp_{l}[15]}}}}, sp_{l}}}"));
+        divider_lane(&mut decl, &mut st, l, &format!("fa_{l}"));
+        prods.push(format!("sp_{l}"));
     }
-    let _ = writeln!(decl, "wire [31:0] sc_sum = {};", sum.join(" + "));
+    score_tree(&mut decl, &mut st, &prods, "");
     // ---- output word mux: 4 int16 lanes per word ----
     let mut omux = String::from("always @* begin\n    f_word = 64'd0;\n    case (f_w)\n");
     for w in 0..lanes / 4 {
@@ -270,7 +369,7 @@ fn attention_verilog(p: &AttentionCore) -> String {
         );
     }
     omux.push_str("        default: ;\n    endcase\nend\n");
-    let lut_cases = lut_cases();
+    let lut_cases = lutn_cases();
     let tile = p.kv_tile;
     let afw = clog2((lanes / 4) as u32);
     // bank b is on when d_words = arg2 / 8 > b
@@ -295,10 +394,11 @@ localparam [31:0] TILE = 32'd{tile};
 localparam [31:0] TD = 32'd{td};
 localparam [2:0] F_IDLE = 3'd0, F_PREP = 3'd1, F_DIV = 3'd2, F_FIX = 3'd3, F_WREQ = 3'd4, F_WDAT = 3'd5, F_SREQ = 3'd6, F_SDAT = 3'd7;
 
-function [15:0] lut;
+// exp2 LUT by the logit's low byte: LUT[(-t) & 255] (= LUT[u & 255], u = 256 e - t)
+function [15:0] lutn;
     input [7:0] f;
     case (f)
-{lut_cases}        default: lut = 16'd0;
+{lut_cases}        default: lutn = 16'd0;
     endcase
 endfunction
 
@@ -323,12 +423,12 @@ always @(posedge clock) args_ok <= !reset && args_ok_w;
 wire [63:0] heads_a = (arg6 == 32'd0) ? 64'd1 : {{32'd0, arg6}};
 
 // ---- read requests: all of K, all of V, all of Q ----
+// registered outputs (the shell takes them into its burst splitter combinationally): the K
+// request is loaded at start, the next at each handshake, so they go out when they did
 reg [1:0] g_ph;
-always @* begin
-    rd_req_valid = running && g_ph != 2'd3;
-    rd_req_addr = (g_ph == 2'd0) ? pk_q : ((g_ph == 2'd1) ? pv_q : pq_q);
-    rd_req_len = (g_ph == 2'd2) ? nqt_q * d_words : nkv_q * d_words;
-end
+reg [31:0] g_qlen;
+// K and V lengths from the arguments (nkv <= NKV_MAX < 2^17, d / 8 <= 32 once args_ok)
+wire [31:0] kv_len_a = arg1[16:0] * arg2[8:3];
 
 // ---- data consumer: K banks, V banks, then the Q prefetch row ----
 reg [1:0] c_ph;          // 0 K, 1 V, 2 Q, 3 done
@@ -349,7 +449,8 @@ reg [31:0] s_i, s_ih, s_j, s_jend, s_jt;
 wire [31:0] jend_c = causal_q ? ((s_ih + nv_q >= nq_q) ? (((s_ih + nv_q - nq_q + 32'd1) < nkv_q) ? (s_ih + nv_q - nq_q + 32'd1) : nkv_q) : 32'd0) : nkv_q;
 reg [{atdh}:0] tf_wp, tf_rp, xf_wp, xf_rp;
 reg [{atd}:0] tf_cnt, xf_cnt;
-wire s_room = (tf_cnt + {atd1}'d6 < TD);
+// room for every slot in flight (stages A-F and the one issued) and two to spare
+wire s_room = (tf_cnt + {atd1}'d8 < TD);
 wire s_rowstart = !s_inrow;
 wire s_can = running && s_run && !s_alldone && s_room && (s_inrow || qn_full);
 wire s_empty_row = s_rowstart && (jend_c == 32'd0);
@@ -359,18 +460,18 @@ wire [31:0] s_jend_cur = s_rowstart ? jend_c : s_jend;
 wire s_last = s_empty_row || (s_jcur + 32'd1 == s_jend_cur);
 wire s_tfirst = s_rowstart || (s_jt == 32'd0);
 wire s_tlast = s_last || (s_jt + 32'd1 == TILE);
-// pipeline: A (bank read) -> B (products) -> C (adder tree) -> D (score multiply) -> E (round, push)
-reg sa_v, sb_v, sc_v, sd_v;
-reg [5:0] sa_f, sb_f, sc_f, sd_f;  // flags: 0 tfirst, 1 tlast, 2 rowfirst, 3 rowlast, 4 empty
-reg [31:0] sa_j, sb_j, sc_j, sd_j, sa_i, sb_i, sc_i, sd_i;
-reg signed [31:0] sc_s;
-reg signed [48:0] sd_m;
-wire [63:0] sx = {{{{15{{sd_m[48]}}}}, sd_m}};
-wire signed [48:0] sd_q = sd_m >>> shift_q;
-wire signed [48:0] sd_t = sd_q + {{48'd0, (shift_q != 6'd0) && sx[shift_q - 6'd1]}};
+// pipeline: A (bank read) -> B (products) -> C (bank sums) -> D (score sum) -> E (score
+// multiply) -> F (round) -> G (tile max, push)
+reg sa_v, sb_v, sc_v, sd_v, se_v, sf_v;
+reg [5:0] sa_f, sb_f, sc_f, sd_f, se_f, sf_f;  // flags: 0 tfirst, 1 tlast, 2 rowfirst, 3 rowlast, 4 empty
+reg [31:0] sa_j, sb_j, sc_j, sd_j, se_j, sf_j, sa_i, sb_i, sc_i, sd_i, se_i, sf_i;
+reg signed [48:0] se_m;
+wire [63:0] sx = {{{{15{{se_m[48]}}}}, se_m}};
+wire signed [48:0] se_q = se_m >>> shift_q;
+wire signed [48:0] se_t = se_q + {{48'd0, (shift_q != 6'd0) && sx[shift_q - 6'd1]}};
+reg signed [47:0] sf_t;
 reg signed [47:0] tmax;
-wire signed [47:0] sd_t48 = sd_t[47:0]; // (a part-select is unsigned: compare through a signed wire)
-wire signed [47:0] tmax_n = sd_f[0] ? sd_t48 : ((sd_t48 > tmax) ? sd_t48 : tmax);
+wire signed [47:0] tmax_n = sf_f[0] ? sf_t : ((sf_t > tmax) ? sf_t : tmax);
 wire signed [47:0] et_n = (tmax_n + 48'sd255) >>> 8;
 // FIFOs: logits (t, flags, j, i) and tile exponents
 reg [47:0] tf_t [0:{tdl}];
@@ -393,7 +494,7 @@ reg [31:0] p0_i, p1_i;
 reg signed [47:0] p0_e, p1_e;
 reg [5:0] p0_sh, p1_sh;
 reg p0_big;
-reg [7:0] p0_fr;
+reg [15:0] p0_lv;
 reg [3:0] p0_n;
 reg [15:0] p1_p;
 wire p1_reset = p1_f[2] || p1_f[4];
@@ -405,8 +506,10 @@ reg [2:0] f_st;
 wire p_pop = running && tf_ne && (!tf_f[0] || xf_ne) && (!tf_f[3] || (f_st == F_IDLE && !row_in_flight));
 // exponent update at the first slot of a tile
 wire signed [47:0] e_new = (tf_f[0] && (tf_f[2] || tf_f[4])) ? xf_h : ((tf_f[0] && xf_h > e_run) ? xf_h : e_run);
-wire signed [47:0] e_diff = e_new - e_run;
-wire [5:0] sh_new = (tf_f[0] && !(tf_f[2] || tf_f[4])) ? ((e_diff >= 48'sd40) ? 6'd40 : e_diff[5:0]) : 6'd0;
+// rescale shift at a tile start: e_new - e_run = max(xf_h - e_run, 0), capped at 40 (one
+// subtract in front of the compares, not the exponent's select)
+wire signed [48:0] e_up = {{xf_h[47], xf_h}} - {{e_run[47], e_run}};
+wire [5:0] sh_new = (tf_f[0] && !(tf_f[2] || tf_f[4]) && e_up > 49'sd0) ? ((e_up >= 49'sd40) ? 6'd40 : e_up[5:0]) : 6'd0;
 wire signed [48:0] u_new = {{e_new[47], e_new}} * 49'sd256 - {{tf_th[47], tf_th}};
 wire [63:0] lx = {{32'd0, l_run}};
 wire lb = !p1_reset && (p1_sh != 6'd0) && (p1_sh < 6'd40) && lx[p1_sh - 6'd1];
@@ -417,19 +520,20 @@ wire [31:0] l_next = l_base + {{16'd0, p1_p}} + {{31'd0, lb}};
 reg [31:0] f_l, f_i;
 reg signed [47:0] f_e;
 reg [4:0] f_bit;
+reg [50:0] f_den;        // the divisor 2 l << f_bit, shifted down a bit per step
 reg [{afwh}:0] f_w;
 reg [63:0] f_word;
 {omux}
 {decl}
 {seq}
 always @(posedge clock) begin
-    if (sd_v) begin
-        tf_t[tf_wp] <= sd_t[47:0];
-        tf_fl[tf_wp] <= sd_f;
-        tf_jj[tf_wp] <= sd_j;
-        tf_ii[tf_wp] <= sd_i;
+    if (sf_v) begin
+        tf_t[tf_wp] <= sf_t;
+        tf_fl[tf_wp] <= sf_f;
+        tf_jj[tf_wp] <= sf_j;
+        tf_ii[tf_wp] <= sf_i;
     end
-    if (sd_v && sd_f[1]) xf_e[xf_wp] <= sd_f[4] ? 48'sd0 : et_n;
+    if (sf_v && sf_f[1]) xf_e[xf_wp] <= sf_f[4] ? 48'sd0 : et_n;
 end
 
 always @(posedge clock) begin
@@ -437,10 +541,10 @@ always @(posedge clock) begin
     q_clear <= 1'b0;
     if (reset) begin
         running <= 1'b0; g_ph <= 2'd3; c_ph <= 2'd3; s_run <= 1'b0;
-        sa_v <= 1'b0; sb_v <= 1'b0; sc_v <= 1'b0; sd_v <= 1'b0;
+        sa_v <= 1'b0; sb_v <= 1'b0; sc_v <= 1'b0; sd_v <= 1'b0; se_v <= 1'b0; sf_v <= 1'b0;
         p0_v <= 1'b0; p1_v <= 1'b0; f_st <= F_IDLE;
         tf_cnt <= 0; xf_cnt <= 0; tf_wp <= 0; tf_rp <= 0; xf_wp <= 0; xf_rp <= 0;
-        wr_req_valid <= 1'b0; wr_data_valid <= 1'b0; qn_full <= 1'b0;
+        rd_req_valid <= 1'b0; wr_req_valid <= 1'b0; wr_data_valid <= 1'b0; qn_full <= 1'b0;
     end else begin
         if (start && !running) begin
             if (args_ok) begin
@@ -451,16 +555,23 @@ always @(posedge clock) begin
                 mult_q <= arg4; shift_q <= arg5[5:0];
                 pq_q <= ptr0; pk_q <= ptr1; pv_q <= ptr2; po_q <= ptr3; ps_q <= ptr4;
                 g_ph <= 2'd0; c_ph <= 2'd0; c_row <= 32'd0; c_b <= 0; c_qrows <= 32'd0;
+                rd_req_valid <= 1'b1; rd_req_addr <= ptr1; rd_req_len <= kv_len_a;
                 qn_full <= 1'b0; q_clear <= 1'b1;
                 s_run <= 1'b0; s_alldone <= 1'b0; s_inrow <= 1'b0; s_i <= 32'd0; s_ih <= 32'd0; s_j <= 32'd0; s_jt <= 32'd0;
                 tf_cnt <= 0; xf_cnt <= 0; tf_wp <= 0; tf_rp <= 0; xf_wp <= 0; xf_rp <= 0;
-                sa_v <= 1'b0; sb_v <= 1'b0; sc_v <= 1'b0; sd_v <= 1'b0;
+                sa_v <= 1'b0; sb_v <= 1'b0; sc_v <= 1'b0; sd_v <= 1'b0; se_v <= 1'b0; sf_v <= 1'b0;
                 p0_v <= 1'b0; p1_v <= 1'b0; f_st <= F_IDLE;
                 e_run <= 48'sd0; l_run <= 32'd0;
             end else done <= 1'b1;
         end
-        // requests
-        if (rd_req_valid && rd_req_ready) g_ph <= g_ph + 2'd1;
+        // requests: K (loaded at start), V, Q
+        g_qlen <= nqt_q * d_words[5:0];
+        if (rd_req_valid && rd_req_ready) begin
+            g_ph <= g_ph + 2'd1;
+            if (g_ph == 2'd0) rd_req_addr <= pv_q;
+            else begin rd_req_addr <= pq_q; rd_req_len <= g_qlen; end
+            if (g_ph == 2'd2) rd_req_valid <= 1'b0;
+        end
         // data
         if (kv_we) begin
             if ({{{pad_dw}'d0, c_b}} + 32'd1 == d_words) begin
@@ -493,17 +604,20 @@ always @(posedge clock) begin
                 s_jt <= s_tlast ? 32'd0 : s_jt + 32'd1;
             end
         end else sa_v <= 1'b0;
+        // (the bank and score sums sc_p_*, sd_s are in the statements above)
         sb_v <= sa_v; sb_f <= sa_f; sb_j <= sa_j; sb_i <= sa_i;
-        sc_v <= sb_v; sc_f <= sb_f; sc_j <= sb_j; sc_i <= sb_i; sc_s <= sc_sum;
-        sd_v <= sc_v; sd_f <= sc_f; sd_j <= sc_j; sd_i <= sc_i; sd_m <= sc_s * $signed({{1'b0, mult_q[15:0]}});
-        if (sd_v) begin
+        sc_v <= sb_v; sc_f <= sb_f; sc_j <= sb_j; sc_i <= sb_i;
+        sd_v <= sc_v; sd_f <= sc_f; sd_j <= sc_j; sd_i <= sc_i;
+        se_v <= sd_v; se_f <= sd_f; se_j <= sd_j; se_i <= sd_i; se_m <= sd_s * $signed({{1'b0, mult_q[15:0]}});
+        sf_v <= se_v; sf_f <= se_f; sf_j <= se_j; sf_i <= se_i; sf_t <= se_t[47:0];
+        if (sf_v) begin
             tmax <= tmax_n;
             tf_wp <= tf_wp + 1'b1;
-            if (sd_f[1]) xf_wp <= xf_wp + 1'b1;
+            if (sf_f[1]) xf_wp <= xf_wp + 1'b1;
         end
         // FIFO counts
-        tf_cnt <= tf_cnt + (sd_v ? 1'b1 : 1'b0) - (p_pop ? 1'b1 : 1'b0);
-        xf_cnt <= xf_cnt + ((sd_v && sd_f[1]) ? 1'b1 : 1'b0) - ((p_pop && tf_f[0]) ? 1'b1 : 1'b0);
+        tf_cnt <= tf_cnt + (sf_v ? 1'b1 : 1'b0) - (p_pop ? 1'b1 : 1'b0);
+        xf_cnt <= xf_cnt + ((sf_v && sf_f[1]) ? 1'b1 : 1'b0) - ((p_pop && tf_f[0]) ? 1'b1 : 1'b0);
         // softmax/PV: P0 pop
         p0_v <= p_pop;
         if (p_pop) begin
@@ -513,11 +627,11 @@ always @(posedge clock) begin
             p0_f <= tf_f; p0_i <= tf_i; p0_e <= e_new; p0_sh <= sh_new;
             p0_big <= (u_new >>> 8) >= 49'sd16;
             p0_n <= u_new[11:8];
-            p0_fr <= u_new[7:0];
+            p0_lv <= lutn(tf_th[7:0]);
         end
-        // P1: weight
+        // P1: weight (the table value was read in P0: LUT[u & 255] = LUT[(-t) & 255])
         p1_v <= p0_v; p1_f <= p0_f; p1_i <= p0_i; p1_e <= p0_e; p1_sh <= p0_sh;
-        p1_p <= p0_big ? 16'd0 : (lut(p0_fr) >> p0_n);
+        p1_p <= p0_big ? 16'd0 : (p0_lv >> p0_n);
         // P1 -> accumulate (lanes in the statements above)
         if (p1_v) begin
             if (p1_rowlast) begin
@@ -529,8 +643,8 @@ always @(posedge clock) begin
         end
         // finaliser
         case (f_st)
-            F_PREP: begin f_st <= F_DIV; f_bit <= 5'd17; end
-            F_DIV: if (f_bit == 5'd0) f_st <= F_FIX; else f_bit <= f_bit - 5'd1;
+            F_PREP: begin f_st <= F_DIV; f_bit <= 5'd17; f_den <= {{1'b0, f_l, 18'd0}}; end
+            F_DIV: begin f_den <= f_den >> 1; if (f_bit == 5'd0) f_st <= F_FIX; else f_bit <= f_bit - 5'd1; end
             F_FIX: begin f_st <= F_WREQ; wr_req_valid <= 1'b1; f_w <= 0; end
             F_WREQ: if (wr_req_ready) begin wr_req_valid <= 1'b0; wr_data_valid <= 1'b1; f_st <= F_WDAT; end
             F_WDAT: if (wr_data_ready) begin
@@ -541,9 +655,9 @@ always @(posedge clock) begin
             F_SDAT: if (wr_data_ready) begin wr_data_valid <= 1'b0; f_st <= F_IDLE; end
             default: ;
         endcase
-        if (running && s_alldone && !sa_v && !sb_v && !sc_v && !sd_v && !tf_ne && !p0_v && !p1_v
+        if (running && s_alldone && !sa_v && !sb_v && !sc_v && !sd_v && !se_v && !sf_v && !tf_ne && !p0_v && !p1_v
             && f_st == F_IDLE && !wr_req_valid && !wr_data_valid && !s_issue) begin
-            running <= 1'b0; done <= 1'b1; s_run <= 1'b0; g_ph <= 2'd3; c_ph <= 2'd3;
+            running <= 1'b0; done <= 1'b1; s_run <= 1'b0; g_ph <= 2'd3; c_ph <= 2'd3; rd_req_valid <= 1'b0;
         end
     end
 end
@@ -595,6 +709,35 @@ mod tests {
             let v = c.core_verilog().expect("verilog");
             check_core_ports(&v, "attention_core").expect("ports");
         }
+    }
+
+    #[test]
+    fn adder_tree_is_balanced_and_widens() {
+        let mut decl = String::new();
+        let terms = (0..16).map(|i| (format!("x{i}"), 16)).collect();
+        let (root, w) = adder_tree(&mut decl, "t", terms);
+        // 16 terms: 4 levels of two-input adders (15 of them), 16 + 4 bits
+        assert_eq!((root.as_str(), w), ("t_3_0", 20));
+        assert_eq!(decl.lines().count(), 15);
+        assert!(decl.contains("wire [16:0] t_0_0 = {{1{x0[15]}}, x0} + {{1{x1[15]}}, x1};"));
+        // an odd count passes the last term up a level
+        let mut decl = String::new();
+        let terms = (0..3).map(|i| (format!("y{i}"), 19)).collect();
+        let (root, w) = adder_tree(&mut decl, "u", terms);
+        assert_eq!((root.as_str(), w), ("u_1_0", 21));
+        assert!(decl.contains("wire [20:0] u_1_0 = {{1{u_0_0[19]}}, u_0_0} + {{2{y2[18]}}, y2};"));
+    }
+
+    #[test]
+    fn lutn_is_the_table_at_minus_the_index() {
+        let cases = lutn_cases();
+        let lut = exp2_lut();
+        // u & 255 = (-t) & 255: t's low byte 0 is LUT[0], 1 is LUT[255], 128 is LUT[128]
+        for (f, want) in [(0, lut[0]), (1, lut[255]), (128, lut[128]), (255, lut[1])] {
+            let line = format!("8'd{f}: lutn = 16'd{want};");
+            assert!(cases.contains(&line), "{line}");
+        }
+        assert_eq!(cases.lines().count(), 256);
     }
 
     #[test]

@@ -6,11 +6,12 @@
 //!   (`jend`, the causal mask) is computed as it loads.
 //! - *score stage*: one key slot per cycle for the group, keys `0 .. max_r jend_r` (at least
 //!   one slot). The K row read from the banks meets the R query rows in R x `d_max` 8x8
-//!   multipliers (R adder trees, R score multipliers). A key masked for row r is not pushed
-//!   for that row: it enters neither the row's tile maximum nor its sums (p = 0); a row
-//!   without keys is pushed once, at slot 0, as the empty slot. Tiles are by key index, so a
-//!   row's tiles are the one-row core's.
-//! - *one FIFO slot per key* holds the R logits and per-row flags (pushed, empty, last key);
+//!   multipliers (R adder trees, R score multipliers; the one-row core's stages A-G). A key
+//!   masked for row r is not pushed for that row: it enters neither the row's tile maximum
+//!   nor its sums (p = 0); a row without keys is pushed once, at slot 0, as the empty slot.
+//!   Tiles are by key index, so a row's tiles are the one-row core's.
+//! - *one FIFO slot per key* holds the R logits and per-row flags (pushed, empty, last
+//!   key);
 //!   the tile FIFO holds R exponents, pushed at the group's tile end.
 //! - *softmax/PV stage*: the R rows pop in lockstep, so one V row read serves them all
 //!   (broadcast to R x `d_max` 16x8 multipliers); each row keeps its own running (e, l) and
@@ -21,7 +22,7 @@
 
 use std::fmt::Write as _;
 
-use super::{AttentionCore, fifo_depth, lut_cases};
+use super::{AttentionCore, divider_lane, fifo_depth, lutn_cases, score_tree};
 use crate::core::clog2;
 
 /// Verilog of the query-parallel core (`p.q_rows > 1`; the parameters are validated).
@@ -77,7 +78,7 @@ pub(super) fn attention_rows_verilog(p: &AttentionCore) -> String {
                  \x20       if (s_issue && s_rowstart) qc_{r}_{b} <= qn_{r}_{b};"
             );
         }
-        let mut sum = Vec::new();
+        let mut prods = Vec::new();
         let mut lane_decl = String::new();
         for l in 0..lanes {
             let (b, o) = (l / 8, 8 * (l % 8));
@@ -96,27 +97,29 @@ pub(super) fn attention_rows_verilog(p: &AttentionCore) -> String {
                 "        sp_{r}_{l} <= ql_{r}_{l} * kl_{l};\n\
                  \x20       if (p1_v_{r}) begin if (p1_g_{r}[2]) begin fa_{r}_{l} <= an_{r}_{l}; acc_{r}_{l} <= 48'sd0; end else acc_{r}_{l} <= an_{r}_{l}; end"
             );
-            sum.push(format!("{{{{16{{sp_{r}_{l}[15]}}}}, sp_{r}_{l}}}"));
+            prods.push(format!("sp_{r}_{l}"));
         }
         let _ = writeln!(
             decl,
             r#"// row {r}: key count, slot flags (0 pushed, 1 empty row, 2 last key of the row)
+// (in the group, registered as the slot advances: g_em the row has no key, g_lt slot s_j is
+// below its key count, g_eq slot s_j is its last key)
 reg [31:0] qn_jend_{r}, g_jend_{r};
-reg qn_val_{r}, g_val_{r};
-wire [31:0] s_je_{r} = s_rowstart ? qn_jend_{r} : g_jend_{r};
-wire s_va_{r} = s_rowstart ? qn_val_{r} : g_val_{r};
-wire s_em_{r} = (s_je_{r} == 32'd0);
-wire s_push_{r} = s_va_{r} && (s_em_{r} ? s_rowstart : (s_jcur < s_je_{r}));
-wire s_rl_{r} = s_em_{r} || (s_jcur + 32'd1 == s_je_{r});
-reg [2:0] sa_g_{r}, sb_g_{r}, sc_g_{r}, sd_g_{r};
-reg signed [31:0] sc_s_{r};
-reg signed [48:0] sd_m_{r};
-wire [63:0] sx_{r} = {{{{15{{sd_m_{r}[48]}}}}, sd_m_{r}}};
-wire signed [48:0] sd_q_{r} = sd_m_{r} >>> shift_q;
-wire signed [48:0] sd_t_{r} = sd_q_{r} + {{48'd0, (shift_q != 6'd0) && sx_{r}[shift_q - 6'd1]}};
-wire signed [47:0] sd_t48_{r} = sd_t_{r}[47:0];
+reg qn_val_{r}, g_val_{r}, g_em_{r}, g_lt_{r}, g_eq_{r};
+wire s_em_{r} = s_rowstart ? (qn_jend_{r} == 32'd0) : g_em_{r};
+wire s_push_{r} = s_rowstart ? qn_val_{r} : (g_val_{r} && !g_em_{r} && g_lt_{r});
+wire s_rl_{r} = s_rowstart ? (qn_jend_{r} <= 32'd1) : (g_em_{r} || g_eq_{r});
+// the same tests for the next slot (s_jcur + 1)
+wire s_lt_n_{r} = s_rowstart ? (qn_jend_{r} > 32'd1) : (s_j + 32'd1 < g_jend_{r});
+wire s_eq_n_{r} = s_rowstart ? (qn_jend_{r} == 32'd2) : (s_j + 32'd2 == g_jend_{r});
+reg [2:0] sa_g_{r}, sb_g_{r}, sc_g_{r}, sd_g_{r}, se_g_{r}, sf_g_{r};
+reg signed [48:0] se_m_{r};
+wire [63:0] sx_{r} = {{{{15{{se_m_{r}[48]}}}}, se_m_{r}}};
+wire signed [48:0] se_q_{r} = se_m_{r} >>> shift_q;
+wire signed [48:0] se_t_{r} = se_q_{r} + {{48'd0, (shift_q != 6'd0) && sx_{r}[shift_q - 6'd1]}};
+reg signed [47:0] sf_t_{r};
 reg signed [47:0] tmax_{r};
-wire signed [47:0] tmax_n_{r} = sd_g_{r}[0] ? (sd_f[0] ? sd_t48_{r} : ((sd_t48_{r} > tmax_{r}) ? sd_t48_{r} : tmax_{r})) : tmax_{r};
+wire signed [47:0] tmax_n_{r} = sf_g_{r}[0] ? (sf_f[0] ? sf_t_{r} : ((sf_t_{r} > tmax_{r}) ? sf_t_{r} : tmax_{r})) : tmax_{r};
 wire signed [47:0] et_n_{r} = (tmax_n_{r} + 48'sd255) >>> 8;
 reg [47:0] tf_t_{r} [0:{tdl}];
 reg [2:0] tf_gg_{r} [0:{tdl}];
@@ -125,8 +128,8 @@ wire [47:0] tf_th_{r} = tf_t_{r}[tf_rp];
 wire [2:0] tf_g_{r} = tf_gg_{r}[tf_rp];
 wire signed [47:0] xf_h_{r} = xf_e_{r}[xf_rp];
 always @(posedge clock) begin
-    if (sd_v) begin tf_t_{r}[tf_wp] <= sd_t_{r}[47:0]; tf_gg_{r}[tf_wp] <= sd_g_{r}; end
-    if (sd_v && sd_f[1]) xf_e_{r}[xf_wp] <= sd_g_{r}[1] ? 48'sd0 : et_n_{r};
+    if (sf_v) begin tf_t_{r}[tf_wp] <= sf_t_{r}; tf_gg_{r}[tf_wp] <= sf_g_{r}; end
+    if (sf_v && sf_f[1]) xf_e_{r}[xf_wp] <= sf_g_{r}[1] ? 48'sd0 : et_n_{r};
 end
 // row {r}: softmax
 reg signed [47:0] e_run_{r};
@@ -136,15 +139,17 @@ reg [2:0] p0_g_{r}, p1_g_{r};
 reg signed [47:0] p0_e_{r}, p1_e_{r};
 reg [5:0] p0_sh_{r}, p1_sh_{r};
 reg p0_big_{r};
-reg [7:0] p0_fr_{r};
+reg [15:0] p0_lv_{r};
 reg [3:0] p0_n_{r};
 reg [15:0] p1_p_{r};
 wire p1_reset_{r} = p1_f[2] || p1_g_{r}[1];
 wire row_busy_{r} = (p0_v_{r} && p0_g_{r}[2]) || (p1_v_{r} && p1_g_{r}[2]);
 wire rst_{r} = tf_f[2] || tf_g_{r}[1];
 wire signed [47:0] e_new_{r} = (tf_f[0] && rst_{r}) ? xf_h_{r} : ((tf_f[0] && xf_h_{r} > e_run_{r}) ? xf_h_{r} : e_run_{r});
-wire signed [47:0] e_diff_{r} = e_new_{r} - e_run_{r};
-wire [5:0] sh_new_{r} = (tf_f[0] && !rst_{r}) ? ((e_diff_{r} >= 48'sd40) ? 6'd40 : e_diff_{r}[5:0]) : 6'd0;
+// rescale shift at a tile start: e_new - e_run = max(xf_h - e_run, 0), capped at 40 (one
+// subtract in front of the compares, not the exponent's select)
+wire signed [48:0] e_up_{r} = {{xf_h_{r}[47], xf_h_{r}}} - {{e_run_{r}[47], e_run_{r}}};
+wire [5:0] sh_new_{r} = (tf_f[0] && !rst_{r} && e_up_{r} > 49'sd0) ? ((e_up_{r} >= 49'sd40) ? 6'd40 : e_up_{r}[5:0]) : 6'd0;
 wire signed [48:0] u_new_{r} = {{e_new_{r}[47], e_new_{r}}} * 49'sd256 - {{tf_th_{r}[47], tf_th_{r}}};
 wire [63:0] lx_{r} = {{32'd0, l_run_{r}}};
 wire lb_{r} = !p1_reset_{r} && (p1_sh_{r} != 6'd0) && (p1_sh_{r} < 6'd40) && lx_{r}[p1_sh_{r} - 6'd1];
@@ -158,28 +163,29 @@ reg signed [47:0] fe_{r};
             tdl = td - 1,
         );
         decl.push_str(&lane_decl);
-        let _ = writeln!(decl, "wire [31:0] sc_sum_{r} = {};", sum.join(" + "));
+        score_tree(&mut decl, &mut st, &prods, &format!("_{r}"));
         let _ = writeln!(
             st,
             r#"        if (s_issue) begin
-            if (s_rowstart) begin g_jend_{r} <= qn_jend_{r}; g_val_{r} <= qn_val_{r}; qn_val_{r} <= 1'b0; end
+            if (s_rowstart) begin g_jend_{r} <= qn_jend_{r}; g_val_{r} <= qn_val_{r}; qn_val_{r} <= 1'b0; g_em_{r} <= (qn_jend_{r} == 32'd0); end
+            if (!s_last) begin g_lt_{r} <= s_lt_n_{r}; g_eq_{r} <= s_eq_n_{r}; end
             sa_g_{r} <= {{s_rl_{r}, s_em_{r}, s_push_{r}}};
         end
         if (q_we && q_rowdone && c_qr == 8'd{r}) begin qn_jend_{r} <= jend_q; qn_val_{r} <= 1'b1; end
-        sb_g_{r} <= sa_g_{r}; sc_g_{r} <= sb_g_{r}; sd_g_{r} <= sc_g_{r};
-        sc_s_{r} <= sc_sum_{r};
-        sd_m_{r} <= sc_s_{r} * $signed({{1'b0, mult_q[15:0]}});
-        if (sd_v) tmax_{r} <= tmax_n_{r};
+        sb_g_{r} <= sa_g_{r}; sc_g_{r} <= sb_g_{r}; sd_g_{r} <= sc_g_{r}; se_g_{r} <= sd_g_{r}; sf_g_{r} <= se_g_{r};
+        se_m_{r} <= sd_s_{r} * $signed({{1'b0, mult_q[15:0]}});
+        sf_t_{r} <= se_t_{r}[47:0];
+        if (sf_v) tmax_{r} <= tmax_n_{r};
         p0_v_{r} <= p_pop && tf_g_{r}[0];
         if (p_pop && tf_g_{r}[0]) begin
             e_run_{r} <= e_new_{r};
             p0_g_{r} <= tf_g_{r}; p0_e_{r} <= e_new_{r}; p0_sh_{r} <= sh_new_{r};
             p0_big_{r} <= (u_new_{r} >>> 8) >= 49'sd16;
             p0_n_{r} <= u_new_{r}[11:8];
-            p0_fr_{r} <= u_new_{r}[7:0];
+            p0_lv_{r} <= lutn(tf_th_{r}[7:0]);
         end
         p1_v_{r} <= p0_v_{r}; p1_g_{r} <= p0_g_{r}; p1_e_{r} <= p0_e_{r}; p1_sh_{r} <= p0_sh_{r};
-        p1_p_{r} <= p0_big_{r} ? 16'd0 : (lut(p0_fr_{r}) >> p0_n_{r});
+        p1_p_{r} <= p0_big_{r} ? 16'd0 : (p0_lv_{r} >> p0_n_{r});
         if (f_st == F_PREP && f_r == 8'd{r}) fp_{r} <= 1'b0;
         if (p1_v_{r}) begin
             if (p1_g_{r}[2]) begin
@@ -219,30 +225,10 @@ reg signed [47:0] fe_{r};
     for l in 0..lanes {
         let _ = writeln!(
             decl,
-            "wire signed [47:0] fas_{l} = {fas};\n\
-             reg fneg_{l}, fsat_{l};\nreg [50:0] frem_{l};\nreg [16:0] fq_{l};\nreg [15:0] fo_{l};\n\
-             wire signed [50:0] fnum_{l} = {{fas_{l}, 9'd0}} + {{19'd0, f_l}};\n\
-             wire [50:0] fden_sh_{l} = {{18'd0, f_l, 1'b0}} << f_bit;",
+            "wire signed [47:0] fas_{l} = {fas};",
             fas = sel("f_r", "fa", Some(l))
         );
-        let _ = writeln!(
-            st,
-            "        if (f_st == F_PREP) begin\n\
-             \x20           fneg_{l} <= fnum_{l}[50];\n\
-             \x20           frem_{l} <= fnum_{l}[50] ? (~fnum_{l} + 51'd1) : fnum_{l};\n\
-             \x20           fq_{l} <= 17'd0;\n\
-             \x20       end\n\
-             \x20       if (f_st == F_DIV) begin\n\
-             \x20           if (f_bit == 5'd17) fsat_{l} <= (frem_{l} >= fden_sh_{l});\n\
-             \x20           else if (frem_{l} >= fden_sh_{l}) begin frem_{l} <= frem_{l} - fden_sh_{l}; fq_{l}[f_bit[4:0]] <= 1'b1; end\n\
-             \x20       end\n\
-             \x20       if (f_st == F_FIX) begin\n\
-             \x20           if (f_l == 32'd0) fo_{l} <= 16'd0;\n\
-             \x20           else if (fsat_{l}) fo_{l} <= fneg_{l} ? 16'h8000 : 16'h7fff;\n\
-             \x20           else if (fneg_{l}) fo_{l} <= (({{1'b0, fq_{l}}} + {{17'd0, frem_{l} != 51'd0}}) > 18'd32768) ? 16'h8000 : (16'd0 - (fq_{l}[15:0] + {{15'd0, frem_{l} != 51'd0}}));\n\
-             \x20           else fo_{l} <= (fq_{l} > 17'd32767) ? 16'h7fff : fq_{l}[15:0];\n\
-             \x20       end"
-        );
+        divider_lane(&mut decl, &mut st, l, &format!("fas_{l}"));
     }
     let mut omux = String::from("always @* begin\n    f_word = 64'd0;\n    case (f_w)\n");
     for w in 0..lanes / 4 {
@@ -283,10 +269,11 @@ localparam [31:0] TD = 32'd{td};
 localparam [31:0] Q_ROWS = 32'd{rr};
 localparam [2:0] F_IDLE = 3'd0, F_PREP = 3'd1, F_DIV = 3'd2, F_FIX = 3'd3, F_WREQ = 3'd4, F_WDAT = 3'd5, F_SREQ = 3'd6, F_SDAT = 3'd7;
 
-function [15:0] lut;
+// exp2 LUT by the logit's low byte: LUT[(-t) & 255] (= LUT[u & 255], u = 256 e - t)
+function [15:0] lutn;
     input [7:0] f;
     case (f)
-{lut_cases}        default: lut = 16'd0;
+{lut_cases}        default: lutn = 16'd0;
     endcase
 endfunction
 
@@ -308,12 +295,12 @@ always @(posedge clock) args_ok <= !reset && args_ok_w;
 wire [63:0] heads_a = (arg6 == 32'd0) ? 64'd1 : {{32'd0, arg6}};
 
 // ---- read requests: all of K, all of V, all of Q ----
+// registered outputs (the shell takes them into its burst splitter combinationally): the K
+// request is loaded at start, the next at each handshake, so they go out when they did
 reg [1:0] g_ph;
-always @* begin
-    rd_req_valid = running && g_ph != 2'd3;
-    rd_req_addr = (g_ph == 2'd0) ? pk_q : ((g_ph == 2'd1) ? pv_q : pq_q);
-    rd_req_len = (g_ph == 2'd2) ? nqt_q * d_words : nkv_q * d_words;
-end
+reg [31:0] g_qlen;
+// K and V lengths from the arguments (nkv <= NKV_MAX < 2^17, d / 8 <= 32 once args_ok)
+wire [31:0] kv_len_a = arg1[16:0] * arg2[8:3];
 
 // ---- data consumer: K banks, V banks, then R query rows into the prefetch buffer ----
 reg [1:0] c_ph;          // 0 K, 1 V, 2 Q, 3 done
@@ -334,20 +321,28 @@ wire [31:0] jend_q = causal_q ? ((c_ih + nv_q >= nq_q) ? (((c_ih + nv_q - nq_q +
 // ---- score stage: one key slot per cycle for the group ----
 reg s_run, s_alldone, s_inrow;
 reg [31:0] s_i, s_j, s_jt, g_jmax;
+// registered look-ahead for the slot loop's end tests (no adder in front of a compare on the
+// issue path): s_inext = s_i + Q_ROWS; s_jnl: the slot s_j is the group's last
+reg [31:0] s_inext;
+reg s_jnl;
 reg [{atdh}:0] tf_wp, tf_rp, xf_wp, xf_rp;
 reg [{atd}:0] tf_cnt, xf_cnt;
-wire s_room = (tf_cnt + {atd1}'d6 < TD);
+// room for every slot in flight (stages A-F and the one issued) and two to spare
+wire s_room = (tf_cnt + {atd1}'d8 < TD);
 wire s_rowstart = !s_inrow;
 wire s_issue = running && s_run && !s_alldone && s_room && (s_inrow || qn_full);
 wire [31:0] s_jcur = s_rowstart ? 32'd0 : s_j;
-wire [31:0] s_jmax_cur = s_rowstart ? qn_jmax : g_jmax;
-wire s_last = (s_jmax_cur == 32'd0) || (s_jcur + 32'd1 == s_jmax_cur);
+// the group's first slot is its last when it has at most one key; slot j + 1 is the last when
+// j + 2 equals the group's key count
+wire s_last = s_rowstart ? (qn_jmax <= 32'd1) : s_jnl;
+wire s_jnl_n = s_rowstart ? (qn_jmax == 32'd2) : (s_j + 32'd2 == g_jmax);
 wire s_tfirst = s_rowstart || (s_jt == 32'd0);
-wire s_tlast = s_last || (s_jt + 32'd1 == TILE);
-// pipeline: A (bank read) -> B (products) -> C (adder trees) -> D (score multiply) -> E (round, push)
-reg sa_v, sb_v, sc_v, sd_v;
-reg [2:0] sa_f, sb_f, sc_f, sd_f;  // group flags: 0 tile first, 1 tile last, 2 group's first slot
-reg [31:0] sa_j, sb_j, sc_j, sd_j, sa_i, sb_i, sc_i, sd_i;
+wire s_tlast = s_last || (s_jt == TILE - 32'd1);
+// pipeline: A (bank read) -> B (products) -> C (bank sums) -> D (score sums) -> E (score
+// multiplies) -> F (round) -> G (tile max, push)
+reg sa_v, sb_v, sc_v, sd_v, se_v, sf_v;
+reg [2:0] sa_f, sb_f, sc_f, sd_f, se_f, sf_f;  // group flags: 0 tile first, 1 tile last, 2 group's first slot
+reg [31:0] sa_j, sb_j, sc_j, sd_j, se_j, sf_j, sa_i, sb_i, sc_i, sd_i, se_i, sf_i;
 reg [2:0] tf_fl [0:{tdl}];
 reg [31:0] tf_jj [0:{tdl}];
 reg [31:0] tf_ii [0:{tdl}];
@@ -368,6 +363,7 @@ reg [7:0] f_r;
 reg [31:0] f_l, f_i;
 reg signed [47:0] f_e;
 reg [4:0] f_bit;
+reg [50:0] f_den;        // the divisor 2 l << f_bit, shifted down a bit per step
 reg [{afwh}:0] f_w;
 reg [63:0] f_word;
 {decl}
@@ -376,10 +372,10 @@ wire fp_any = {fp_any};
 {omux}
 {seq}
 always @(posedge clock) begin
-    if (sd_v) begin
-        tf_fl[tf_wp] <= sd_f;
-        tf_jj[tf_wp] <= sd_j;
-        tf_ii[tf_wp] <= sd_i;
+    if (sf_v) begin
+        tf_fl[tf_wp] <= sf_f;
+        tf_jj[tf_wp] <= sf_j;
+        tf_ii[tf_wp] <= sf_i;
     end
 end
 
@@ -388,10 +384,10 @@ always @(posedge clock) begin
     q_clear <= 1'b0;
     if (reset) begin
         running <= 1'b0; g_ph <= 2'd3; c_ph <= 2'd3; s_run <= 1'b0;
-        sa_v <= 1'b0; sb_v <= 1'b0; sc_v <= 1'b0; sd_v <= 1'b0;
+        sa_v <= 1'b0; sb_v <= 1'b0; sc_v <= 1'b0; sd_v <= 1'b0; se_v <= 1'b0; sf_v <= 1'b0;
         p0_v <= 1'b0; p1_v <= 1'b0; f_st <= F_IDLE;
         tf_cnt <= 0; xf_cnt <= 0; tf_wp <= 0; tf_rp <= 0; xf_wp <= 0; xf_rp <= 0;
-        wr_req_valid <= 1'b0; wr_data_valid <= 1'b0; qn_full <= 1'b0;
+        rd_req_valid <= 1'b0; wr_req_valid <= 1'b0; wr_data_valid <= 1'b0; qn_full <= 1'b0;
         {fp_clear}
     end else begin
         if (start && !running) begin
@@ -403,16 +399,24 @@ always @(posedge clock) begin
                 mult_q <= arg4; shift_q <= arg5[5:0];
                 pq_q <= ptr0; pk_q <= ptr1; pv_q <= ptr2; po_q <= ptr3; ps_q <= ptr4;
                 g_ph <= 2'd0; c_ph <= 2'd0; c_row <= 32'd0; c_b <= 0; c_qrows <= 32'd0; c_qr <= 8'd0; c_ih <= 32'd0;
+                rd_req_valid <= 1'b1; rd_req_addr <= ptr1; rd_req_len <= kv_len_a;
                 qn_full <= 1'b0; q_clear <= 1'b1; qn_jmax <= 32'd0;
                 s_run <= 1'b0; s_alldone <= 1'b0; s_inrow <= 1'b0; s_i <= 32'd0; s_j <= 32'd0; s_jt <= 32'd0;
+                s_inext <= Q_ROWS; s_jnl <= 1'b0;
                 tf_cnt <= 0; xf_cnt <= 0; tf_wp <= 0; tf_rp <= 0; xf_wp <= 0; xf_rp <= 0;
-                sa_v <= 1'b0; sb_v <= 1'b0; sc_v <= 1'b0; sd_v <= 1'b0;
+                sa_v <= 1'b0; sb_v <= 1'b0; sc_v <= 1'b0; sd_v <= 1'b0; se_v <= 1'b0; sf_v <= 1'b0;
                 p0_v <= 1'b0; p1_v <= 1'b0; f_st <= F_IDLE;
                 {fp_clear}
             end else done <= 1'b1;
         end
-        // requests
-        if (rd_req_valid && rd_req_ready) g_ph <= g_ph + 2'd1;
+        // requests: K (loaded at start), V, Q
+        g_qlen <= nqt_q * d_words[5:0];
+        if (rd_req_valid && rd_req_ready) begin
+            g_ph <= g_ph + 2'd1;
+            if (g_ph == 2'd0) rd_req_addr <= pv_q;
+            else begin rd_req_addr <= pq_q; rd_req_len <= g_qlen; end
+            if (g_ph == 2'd2) rd_req_valid <= 1'b0;
+        end
         // data
         if (kv_we) begin
             if (q_rowdone) begin
@@ -441,22 +445,24 @@ always @(posedge clock) begin
             sa_j <= s_jcur; sa_i <= s_i;
             if (s_last) begin
                 s_inrow <= 1'b0; s_j <= 32'd0; s_jt <= 32'd0;
-                if (s_i + Q_ROWS >= nqt_q) s_alldone <= 1'b1;
-                s_i <= s_i + Q_ROWS;
+                if (s_inext >= nqt_q) s_alldone <= 1'b1;
+                s_i <= s_inext; s_inext <= s_inext + Q_ROWS;
             end else begin
-                s_inrow <= 1'b1; s_j <= s_jcur + 32'd1;
+                s_inrow <= 1'b1; s_j <= s_jcur + 32'd1; s_jnl <= s_jnl_n;
                 s_jt <= s_tlast ? 32'd0 : s_jt + 32'd1;
             end
         end else sa_v <= 1'b0;
         sb_v <= sa_v; sb_f <= sa_f; sb_j <= sa_j; sb_i <= sa_i;
         sc_v <= sb_v; sc_f <= sb_f; sc_j <= sb_j; sc_i <= sb_i;
         sd_v <= sc_v; sd_f <= sc_f; sd_j <= sc_j; sd_i <= sc_i;
-        if (sd_v) begin
+        se_v <= sd_v; se_f <= sd_f; se_j <= sd_j; se_i <= sd_i;
+        sf_v <= se_v; sf_f <= se_f; sf_j <= se_j; sf_i <= se_i;
+        if (sf_v) begin
             tf_wp <= tf_wp + 1'b1;
-            if (sd_f[1]) xf_wp <= xf_wp + 1'b1;
+            if (sf_f[1]) xf_wp <= xf_wp + 1'b1;
         end
-        tf_cnt <= tf_cnt + (sd_v ? 1'b1 : 1'b0) - (p_pop ? 1'b1 : 1'b0);
-        xf_cnt <= xf_cnt + ((sd_v && sd_f[1]) ? 1'b1 : 1'b0) - ((p_pop && tf_f[0]) ? 1'b1 : 1'b0);
+        tf_cnt <= tf_cnt + (sf_v ? 1'b1 : 1'b0) - (p_pop ? 1'b1 : 1'b0);
+        xf_cnt <= xf_cnt + ((sf_v && sf_f[1]) ? 1'b1 : 1'b0) - ((p_pop && tf_f[0]) ? 1'b1 : 1'b0);
         // softmax/PV: P0 pop (the rows' parts are in the statements above)
         p0_v <= p_pop;
         if (p_pop) begin
@@ -470,8 +476,8 @@ always @(posedge clock) begin
             F_IDLE: if (fp_any) begin
                 f_r <= f_pick; f_l <= {fl_sel}; f_e <= {fe_sel}; f_i <= {fi_sel}; f_st <= F_PREP;
             end
-            F_PREP: begin f_st <= F_DIV; f_bit <= 5'd17; end
-            F_DIV: if (f_bit == 5'd0) f_st <= F_FIX; else f_bit <= f_bit - 5'd1;
+            F_PREP: begin f_st <= F_DIV; f_bit <= 5'd17; f_den <= {{1'b0, f_l, 18'd0}}; end
+            F_DIV: begin f_den <= f_den >> 1; if (f_bit == 5'd0) f_st <= F_FIX; else f_bit <= f_bit - 5'd1; end
             F_FIX: begin f_st <= F_WREQ; wr_req_valid <= 1'b1; f_w <= 0; end
             F_WREQ: if (wr_req_ready) begin wr_req_valid <= 1'b0; wr_data_valid <= 1'b1; f_st <= F_WDAT; end
             F_WDAT: if (wr_data_ready) begin
@@ -482,9 +488,9 @@ always @(posedge clock) begin
             F_SDAT: if (wr_data_ready) begin wr_data_valid <= 1'b0; f_st <= F_IDLE; end
             default: ;
         endcase
-        if (running && s_alldone && !sa_v && !sb_v && !sc_v && !sd_v && !tf_ne && !p0_v && !p1_v
+        if (running && s_alldone && !sa_v && !sb_v && !sc_v && !sd_v && !se_v && !sf_v && !tf_ne && !p0_v && !p1_v
             && f_st == F_IDLE && !fp_any && !wr_req_valid && !wr_data_valid && !s_issue) begin
-            running <= 1'b0; done <= 1'b1; s_run <= 1'b0; g_ph <= 2'd3; c_ph <= 2'd3;
+            running <= 1'b0; done <= 1'b1; s_run <= 1'b0; g_ph <= 2'd3; c_ph <= 2'd3; rd_req_valid <= 1'b0;
         end
     end
 end
@@ -505,7 +511,7 @@ endmodule // attention_core
         header = crate::core::core_header("attention_core", &["busy"]),
         nkv_max = p.nkv_max,
         tile = p.kv_tile,
-        lut_cases = lut_cases(),
+        lut_cases = lutn_cases(),
         adwh = adw - 1,
         atdh = atd - 1,
         atd1 = atd + 1,
