@@ -443,23 +443,35 @@ reg q_clear;
 
 // ---- score stage: slot issue ----
 reg s_run, s_alldone, s_inrow;
-reg [31:0] s_i, s_ih, s_j, s_jend, s_jt;
-// causal: row s_ih of its head sees key j iff j + nq <= s_ih + nkv + kv_skip (kv_skip: keys of
-// the sequence after this launch's, when K/V is split over launches)
-wire [31:0] jend_c = causal_q ? ((s_ih + nv_q >= nq_q) ? (((s_ih + nv_q - nq_q + 32'd1) < nkv_q) ? (s_ih + nv_q - nq_q + 32'd1) : nkv_q) : 32'd0) : nkv_q;
+reg [31:0] s_i, s_j, s_jend, s_jt;
+reg s_jnl;  // slot s_j + 1 is the row's last (registered look-ahead)
+// causal: row ih of its head sees key j iff j + nq <= ih + nkv + kv_skip (kv_skip: keys of the
+// sequence after this launch's, when K/V is split over launches), i.e. its key count is
+// min(max(ih - D + 1, 0), nkv) with D = nq - nv, nv = nkv + kv_skip. The count of the row whose
+// Q is in `qn` (head row `c_ih`, the next row to start) and whether it is 0, <= 1 or 2 are
+// registered from `c_ih` against launch constants (`cd_*`, one compare each), so a row start
+// uses registers only: `c_ih` moves at a row start, and the next row start is at least a Q
+// word later.
+reg [31:0] c_ih;
+reg [31:0] c_dwm1, c_nkvm1, c_nqtm1;  // d_words - 1, nkv - 1, Nq x heads - 1
+reg signed [33:0] cd_d, cd_dp1, cd_dm1, cd_lim;
+reg cd_n0, cd_nle1, cd_n2, cd_nge2;
+reg [31:0] cj_q;
+reg cj0_q, cj1_q, cj2_q;
+wire signed [33:0] c_ih_s = {{2'b00, c_ih}};
 reg [{atdh}:0] tf_wp, tf_rp, xf_wp, xf_rp;
 reg [{atd}:0] tf_cnt, xf_cnt;
 // room for every slot in flight (stages A-F and the one issued) and two to spare
 wire s_room = (tf_cnt + {atd1}'d8 < TD);
 wire s_rowstart = !s_inrow;
 wire s_can = running && s_run && !s_alldone && s_room && (s_inrow || qn_full);
-wire s_empty_row = s_rowstart && (jend_c == 32'd0);
+wire s_empty_row = s_rowstart && cj0_q;
 wire s_issue = s_can;
 wire [31:0] s_jcur = s_rowstart ? 32'd0 : s_j;
-wire [31:0] s_jend_cur = s_rowstart ? jend_c : s_jend;
-wire s_last = s_empty_row || (s_jcur + 32'd1 == s_jend_cur);
+wire s_last = s_rowstart ? cj1_q : s_jnl;
+wire s_jnl_n = s_rowstart ? cj2_q : (s_j + 32'd2 == s_jend);
 wire s_tfirst = s_rowstart || (s_jt == 32'd0);
-wire s_tlast = s_last || (s_jt + 32'd1 == TILE);
+wire s_tlast = s_last || (s_jt == TILE - 32'd1);
 // pipeline: A (bank read) -> B (products) -> C (bank sums) -> D (score sum) -> E (score
 // multiply) -> F (round) -> G (tile max, push)
 reg sa_v, sb_v, sc_v, sd_v, se_v, sf_v;
@@ -539,6 +551,18 @@ end
 always @(posedge clock) begin
     done <= 1'b0;
     q_clear <= 1'b0;
+    // the data counters' ends as compares with registers (`x + 1 == n` is `x == n - 1` mod 2^32)
+    c_dwm1 <= d_words - 32'd1; c_nkvm1 <= nkv_q - 32'd1; c_nqtm1 <= nqt_q - 32'd1;
+    // the causal key count of row c_ih (see c_ih): launch constants, then the row's count
+    cd_d <= {{2'b00, nq_q}} - {{2'b00, nv_q}};
+    cd_dp1 <= {{2'b00, nq_q}} - {{2'b00, nv_q}} + 34'sd1;
+    cd_dm1 <= {{2'b00, nq_q}} - {{2'b00, nv_q}} - 34'sd1;
+    cd_lim <= {{2'b00, nkv_q}} + {{2'b00, nq_q}} - {{2'b00, nv_q}} - 34'sd1;
+    cd_n0 <= nkv_q == 32'd0; cd_nle1 <= nkv_q <= 32'd1; cd_n2 <= nkv_q == 32'd2; cd_nge2 <= nkv_q >= 32'd2;
+    cj_q <= !causal_q ? nkv_q : (c_ih_s < cd_d) ? 32'd0 : (c_ih_s < cd_lim) ? c_ih - cd_dm1[31:0] : nkv_q;
+    cj0_q <= causal_q ? (c_ih_s < cd_d || cd_n0) : cd_n0;
+    cj1_q <= causal_q ? (c_ih_s < cd_dp1 || cd_nle1) : cd_nle1;
+    cj2_q <= causal_q ? ((c_ih_s == cd_dp1 && cd_nge2) || (c_ih_s > cd_dp1 && cd_n2)) : cd_n2;
     if (reset) begin
         running <= 1'b0; g_ph <= 2'd3; c_ph <= 2'd3; s_run <= 1'b0;
         sa_v <= 1'b0; sb_v <= 1'b0; sc_v <= 1'b0; sd_v <= 1'b0; se_v <= 1'b0; sf_v <= 1'b0;
@@ -557,7 +581,7 @@ always @(posedge clock) begin
                 g_ph <= 2'd0; c_ph <= 2'd0; c_row <= 32'd0; c_b <= 0; c_qrows <= 32'd0;
                 rd_req_valid <= 1'b1; rd_req_addr <= ptr1; rd_req_len <= kv_len_a;
                 qn_full <= 1'b0; q_clear <= 1'b1;
-                s_run <= 1'b0; s_alldone <= 1'b0; s_inrow <= 1'b0; s_i <= 32'd0; s_ih <= 32'd0; s_j <= 32'd0; s_jt <= 32'd0;
+                s_run <= 1'b0; s_alldone <= 1'b0; s_inrow <= 1'b0; s_i <= 32'd0; c_ih <= 32'd0; s_j <= 32'd0; s_jt <= 32'd0; s_jnl <= 1'b0;
                 tf_cnt <= 0; xf_cnt <= 0; tf_wp <= 0; tf_rp <= 0; xf_wp <= 0; xf_rp <= 0;
                 sa_v <= 1'b0; sb_v <= 1'b0; sc_v <= 1'b0; sd_v <= 1'b0; se_v <= 1'b0; sf_v <= 1'b0;
                 p0_v <= 1'b0; p1_v <= 1'b0; f_st <= F_IDLE;
@@ -574,23 +598,26 @@ always @(posedge clock) begin
         end
         // data
         if (kv_we) begin
-            if ({{{pad_dw}'d0, c_b}} + 32'd1 == d_words) begin
+            if ({{{pad_dw}'d0, c_b}} == c_dwm1) begin
                 c_b <= 0;
-                if (c_row + 32'd1 == nkv_q) begin c_row <= 32'd0; c_ph <= c_ph + 2'd1; if (c_ph == 2'd1) s_run <= 1'b1; end
+                if (c_row == c_nkvm1) begin c_row <= 32'd0; c_ph <= c_ph + 2'd1; if (c_ph == 2'd1) s_run <= 1'b1; end
                 else c_row <= c_row + 32'd1;
             end else c_b <= c_b + 1'b1;
         end
         if (q_we) begin
-            if ({{{pad_dw}'d0, c_b}} + 32'd1 == d_words) begin
+            if ({{{pad_dw}'d0, c_b}} == c_dwm1) begin
                 c_b <= 0; qn_full <= 1'b1;
-                if (c_qrows + 32'd1 == nqt_q) c_ph <= 2'd3;
+                if (c_qrows == c_nqtm1) c_ph <= 2'd3;
                 c_qrows <= c_qrows + 32'd1;
             end else c_b <= c_b + 1'b1;
         end
 {st}
         // score stage issue
         if (s_issue) begin
-            if (s_rowstart) begin qn_full <= 1'b0; q_clear <= 1'b1; end
+            if (s_rowstart) begin
+                qn_full <= 1'b0; q_clear <= 1'b1;
+                c_ih <= (c_ih + 32'd1 == nq_q) ? 32'd0 : c_ih + 32'd1;
+            end
             sa_v <= 1'b1;
             sa_f <= {{1'b0, s_empty_row, s_last, s_rowstart, s_tlast, s_tfirst}};
             sa_j <= s_jcur; sa_i <= s_i;
@@ -598,9 +625,9 @@ always @(posedge clock) begin
                 s_inrow <= 1'b0; s_j <= 32'd0; s_jt <= 32'd0;
                 if (s_i + 32'd1 == nqt_q) s_alldone <= 1'b1;
                 s_i <= s_i + 32'd1;
-                s_ih <= (s_ih + 32'd1 == nq_q) ? 32'd0 : s_ih + 32'd1;
             end else begin
-                s_inrow <= 1'b1; s_jend <= s_jend_cur; s_j <= s_jcur + 32'd1;
+                s_inrow <= 1'b1; s_j <= s_jcur + 32'd1; s_jnl <= s_jnl_n;
+                if (s_rowstart) s_jend <= cj_q;
                 s_jt <= s_tlast ? 32'd0 : s_jt + 32'd1;
             end
         end else sa_v <= 1'b0;
