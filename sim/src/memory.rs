@@ -252,28 +252,43 @@ impl Memory {
     /// oldest burst first; `hold`: a bank whose write waits and fetches nothing.
     fn fetch(&mut self, now: u64, hold: Option<usize>) {
         let beat = self.beat_bytes as f64;
-        let [p0, p1, p2] = &mut self.rports;
-        let multi = !p1.reads.is_empty() || !p2.reads.is_empty();
-        let mut all: Vec<&mut Burst> = p0
-            .reads
-            .iter_mut()
-            .chain(p1.reads.iter_mut())
-            .chain(p2.reads.iter_mut())
-            .collect();
-        if multi {
-            all.sort_by_key(|r| r.seq);
-        }
-        for r in all {
-            let Some(b) = r.bank.filter(|&b| Some(b) != hold) else {
-                continue;
-            };
-            let Some(st) = self.bank_state.get_mut(b) else {
-                continue;
+        let banks = &mut self.bank_state;
+        let mut take = |r: &mut Burst| {
+            let Some(st) = r
+                .bank
+                .filter(|&b| Some(b) != hold)
+                .and_then(|b| banks.get_mut(b))
+            else {
+                return;
             };
             while r.fetched < r.beats && st.credit >= beat {
                 st.credit -= beat;
                 r.fetched += 1;
                 r.fetched_at.push(now);
+            }
+        };
+        let [p0, p1, p2] = &mut self.rports;
+        if p1.reads.is_empty() && p2.reads.is_empty() {
+            // one busy port (every kernel but the three-master GEMM): its queue is in order
+            p0.reads.iter_mut().for_each(take);
+            return;
+        }
+        // each port's queue is in acceptance order (pushed with a rising `seq`, popped from
+        // the front): merge the three by `seq`
+        let mut queues = [
+            p0.reads.iter_mut().peekable(),
+            p1.reads.iter_mut().peekable(),
+            p2.reads.iter_mut().peekable(),
+        ];
+        while let Some(q) = queues
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(k, q)| q.peek().map(|r| (r.seq, k)))
+            .min()
+            .map(|(_, k)| k)
+        {
+            if let Some(r) = queues[q].next() {
+                take(r);
             }
         }
     }
@@ -736,6 +751,50 @@ mod tests {
         assert_eq!(one, vec![3, 5, 7, 9, 11, 13, 15, 17]);
         assert_eq!(c1[0].wait_cycles, 8);
         assert_eq!((c1[0].bytes_read, c1[0].read_bursts), (64, 2));
+    }
+
+    #[test]
+    fn banks_fetch_for_every_port_in_request_order() {
+        let mut m = Memory::new(MemConfig {
+            bank_bytes_per_cycle: Some(8.0),
+            ..MemConfig::default()
+        });
+        // one-beat bursts accepted in this order (port, bank): the ports' queues interleave
+        let order = [(1, 0), (0, 0), (2, 1), (2, 0), (0, 1), (1, 0)];
+        for (seq, &(p, bank)) in (1..).zip(&order) {
+            m.rports[p].reads.push_back(Burst {
+                addr: 0,
+                beats: 1,
+                done: 0,
+                ready_at: 0,
+                bank: Some(bank),
+                fetched: 0,
+                seq,
+                fetched_at: Vec::new(),
+            });
+        }
+        let fetched = |m: &Memory| -> Vec<Vec<u64>> {
+            m.rports
+                .iter()
+                .map(|p| p.reads.iter().map(|r| r.fetched).collect())
+                .collect()
+        };
+        // bank 0 has two beats of credit: the two oldest bank-0 bursts (port 1's first, then
+        // port 0's) get them; bank 1 is held by a waiting write and fetches nothing
+        m.bank_state[0].credit = 16.0;
+        m.bank_state[1].credit = 16.0;
+        m.fetch(7, Some(1));
+        assert_eq!(fetched(&m), vec![vec![1, 0], vec![1, 0], vec![0, 0]]);
+        assert_eq!(m.rports[1].reads[0].fetched_at, vec![7]);
+        // next cycle: bank 0's next oldest is port 2's, then port 1's second
+        m.bank_state[0].credit = 8.0;
+        m.fetch(8, None);
+        assert_eq!(fetched(&m), vec![vec![1, 1], vec![1, 0], vec![1, 1]]);
+        assert_eq!(m.bank_state[1].credit, 0.0);
+        m.bank_state[0].credit = 8.0;
+        m.fetch(9, None);
+        assert_eq!(fetched(&m), vec![vec![1, 1], vec![1, 1], vec![1, 1]]);
+        assert_eq!(m.rports[1].reads[1].fetched_at, vec![9]);
     }
 
     #[test]
