@@ -92,6 +92,16 @@ impl Manifest {
             msg: e.to_string(),
         })
     }
+
+    /// The interface of the emitted kernel, from its register map (written with the Verilog,
+    /// so it describes that Verilog: its [`KernelDesc::axi_ports`] are the masters the top
+    /// module has).
+    pub fn desc(&self) -> KernelDesc {
+        KernelDesc {
+            name: self.kernel.clone(),
+            args: self.args.iter().map(|s| s.arg.clone()).collect(),
+        }
+    }
 }
 
 /// An emitted kernel: where its files are.
@@ -189,6 +199,24 @@ mod tests {
     use std::os::unix::fs::MetadataExt;
 
     use super::*;
+
+    #[test]
+    fn the_manifest_gives_back_the_interface_and_its_masters() {
+        for (w_ports, masters) in [(false, 1), (true, 3)] {
+            let core = crate::kernels::gemm::GemmCore {
+                rows: 4,
+                k_max: 128,
+                n_max: 128,
+                lanes: 64,
+                w_ports,
+            };
+            let (_, m) = generate(&core, ShellConfig::default()).expect("generate");
+            let json = serde_json::to_string(&m).expect("json");
+            let back: Manifest = serde_json::from_str(&json).expect("read back");
+            assert_eq!(back.desc(), core.desc());
+            assert_eq!(back.desc().axi_ports(), masters);
+        }
+    }
 
     #[test]
     fn identical_content_is_not_rewritten_changed_content_is() -> std::io::Result<()> {

@@ -254,8 +254,13 @@ impl FpgaDevice for SimCard {
         };
         let manifest = Manifest::read(dir).map_err(|e| load_err(e.to_string()))?;
         let v = dir.join(format!("{}.v", desc.name));
-        let lib = model::build(&self.cfg.toolchain, &v, &desc.name)
-            .map_err(|e| load_err(e.to_string()))?;
+        let lib = model::build(
+            &self.cfg.toolchain,
+            &v,
+            &desc.name,
+            manifest.desc().axi_ports(),
+        )
+        .map_err(|e| load_err(e.to_string()))?;
         self.model = None;
         self.model = Some(Model::load(&lib, self.cfg.vcd.as_deref())?);
         self.desc = Some(desc.clone());

@@ -356,8 +356,7 @@ impl IcarusCard {
             unique()
         ));
         // a kernel with the read-only masters m_axi_gmem1/2 gets the testbench's slaves for them
-        let multi = std::fs::read_to_string(dir.join(&manifest.verilog))
-            .is_ok_and(|v| v.contains("m_axi_gmem1_arvalid"));
+        let multi = manifest.desc().axi_ports() > 1;
         let res = Command::new("iverilog")
             .arg("-g2012")
             .args(multi.then_some("-DMULTI"))

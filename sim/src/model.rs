@@ -154,8 +154,19 @@ const VERILATOR_FLAGS: &[&str] = &[
 ];
 
 /// Builds (or finds in the toolchain's cache) the shared library of the kernel `top` in
-/// `verilog`.
-pub fn build(tc: &Toolchain, verilog: &Path, top: &str) -> Result<PathBuf, SimError> {
+/// `verilog`, whose AXI4 masters number `axi_ports` ([`KernelDesc::axi_ports`]: more than one,
+/// the shim wires the read-only `m_axi_gmem1` and `m_axi_gmem2` as well).
+///
+/// The cache key hashes the Verilog, not `axi_ports`: the masters are part of the Verilog's
+/// top module (the emitted manifest that gives the count is written with it).
+///
+/// [`KernelDesc::axi_ports`]: tandem_fpga::regmap::KernelDesc::axi_ports
+pub fn build(
+    tc: &Toolchain,
+    verilog: &Path,
+    top: &str,
+    axi_ports: u8,
+) -> Result<PathBuf, SimError> {
     let src = std::fs::read(verilog).map_err(io(verilog))?;
     let flags = VERILATOR_FLAGS.join(" ");
     let inputs: [&[u8]; 4] = [&src, SHIM_CPP.as_bytes(), top.as_bytes(), flags.as_bytes()];
@@ -175,7 +186,7 @@ pub fn build(tc: &Toolchain, verilog: &Path, top: &str) -> Result<PathBuf, SimEr
         std::fs::write(&shim, SHIM_CPP).map_err(io(&shim))?;
         let root = tc.verilator_root();
         // a kernel with the read-only masters m_axi_gmem1/2 gets them wired in the shim
-        let multi = String::from_utf8_lossy(&src).contains("m_axi_gmem1_arvalid");
+        let multi = axi_ports > 1;
         run(
             tc.cxx()
                 .args(["-shared", "-fPIC", "-O2", "-std=c++17"])
