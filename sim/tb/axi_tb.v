@@ -31,9 +31,10 @@
 //   V 0 0       -> OK <violations so far> <cycle>
 //   Q 0 0       end the simulation
 //
-// With `MULTI` defined (a kernel with the read-only masters `m_axi_gmem1`, `m_axi_gmem2`),
-// each of those is served from the same memory by its own `rd_slave` below, with the same
-// stalls and the same checks as `m_axi_gmem`'s read channels.
+// The read channels of `m_axi_gmem` are served by the `rd_slave` module below. With `MULTI`
+// defined (a kernel with the read-only masters `m_axi_gmem1`, `m_axi_gmem2`), each of those is
+// served from the same memory by an `rd_slave` of its own, with the same stalls and the same
+// checks as `m_axi_gmem`'s read channels.
 `timescale 1ns/1ps
 `ifndef KERNEL
 `define KERNEL router
@@ -69,10 +70,11 @@ module axi_tb;
     wire [7:0] m_awlen, m_arlen, m_wstrb;
     wire [2:0] m_awsize, m_arsize;
     wire [1:0] m_awburst, m_arburst;
-    reg m_awready = 1'b0, m_wready = 1'b0, m_bvalid = 1'b0, m_arready = 1'b0, m_rvalid = 1'b0;
-    reg m_rlast = 1'b0;
-    reg [63:0] m_rdata = 64'd0;
-    reg [1:0] m_bresp = 2'd0, m_rresp = 2'd0;
+    reg m_awready = 1'b0, m_wready = 1'b0, m_bvalid = 1'b0;
+    reg [1:0] m_bresp = 2'd0;
+    wire m_arready, m_rvalid, m_rlast;  // driven by the read slave gmem0
+    wire [63:0] m_rdata;
+    wire [1:0] m_rresp;
     wire irq;
 
     `KERNEL dut (
@@ -218,47 +220,13 @@ module axi_tb;
         w_d = m_wdata; w_s = m_wstrb; w_l = m_wlast;
     end
 
-    // ---- memory: reads ----
-    reg [63:0] arq_a [0:QD-1];
-    reg [8:0] arq_n [0:QD-1];
-    integer arq_wp = 0, arq_rp = 0;  // queue of accepted read bursts
-    reg [63:0] r_a;                  // next beat of the burst at the queue's head
-    integer r_left = 0;              // beats of that burst not yet presented
-    integer j;
-    always @(posedge ap_clk) begin
-        if (!ap_rst_n) begin
-            m_arready <= 1'b0; m_rvalid <= 1'b0; m_rlast <= 1'b0;
-            arq_wp = 0; arq_rp = 0; r_left = 0;
-        end else begin
-            if (m_arvalid === 1'b1 && m_arready) begin
-                if (!burst_ok(m_araddr, m_arlen, m_arsize, m_arburst))
-                    violation("AR burst not INCR of aligned 8-byte beats within one 4 KiB page");
-                if (!in_mem(m_araddr, {1'b0, m_arlen} + 9'd1))
-                    violation("AR burst outside device memory");
-                arq_a[arq_wp % QD] = m_araddr;
-                arq_n[arq_wp % QD] = {1'b0, m_arlen} + 9'd1;
-                arq_wp = arq_wp + 1;
-            end
-            m_arready <= (arq_wp - arq_rp < QD - 1) && go(0);
-            if (!m_rvalid || m_rready === 1'b1) begin
-                if (r_left == 0 && arq_rp != arq_wp) begin
-                    r_a = arq_a[arq_rp % QD];
-                    r_left = arq_n[arq_rp % QD];
-                    arq_rp = arq_rp + 1;
-                end
-                if (r_left > 0 && go(0)) begin
-                    m_rvalid <= 1'b1;
-                    m_rdata <= in_mem(r_a, 9'd1) ? mem[(r_a - BASE) >> 3] : {64{1'bx}};
-                    m_rlast <= (r_left == 1);
-                    r_a = r_a + 64'd8;
-                    r_left = r_left - 1;
-                end else begin
-                    m_rvalid <= 1'b0;
-                    m_rlast <= 1'b0;
-                end
-            end
-        end
-    end
+    // ---- memory: reads (m_axi_gmem's AR and R channels; its AR rule checks are above) ----
+    rd_slave #(.RO(0)) gmem0 (
+        .clk(ap_clk), .rst_n(ap_rst_n),
+        .arvalid(m_arvalid), .arready(m_arready), .araddr(m_araddr), .arlen(m_arlen),
+        .arsize(m_arsize), .arburst(m_arburst),
+        .rvalid(m_rvalid), .rready(m_rready), .rdata(m_rdata), .rlast(m_rlast), .rresp(m_rresp)
+    );
 
     // ---- memory: writes ----
     reg [63:0] awq_a [0:QD-1];
@@ -267,6 +235,7 @@ module axi_tb;
     integer w_beat = 0;              // beats of the head burst written so far
     integer b_owed = 0;              // B responses not yet presented
     reg [63:0] wa;
+    integer j;
     always @(posedge ap_clk) begin
         if (!ap_rst_n) begin
             m_awready <= 1'b0; m_wready <= 1'b0; m_bvalid <= 1'b0;
@@ -412,11 +381,12 @@ module axi_tb;
     end
 endmodule
 
-`ifdef MULTI
-// A read-only AXI4 slave over axi_tb's memory: what axi_tb does for m_axi_gmem's AR and R
-// channels (queued bursts, beats in order with rlast, random stalls, the same rule checks),
-// for one read-only master.
-module rd_slave (
+// The AR and R channels of an AXI4 slave over axi_tb's memory: queued bursts, beats in order
+// with rlast, random stalls, the burst rule checks. `RO`: the slave of a read-only master
+// (`m_axi_gmem1`, `m_axi_gmem2`), which also checks its AR and ready pins for X and held
+// payloads (axi_tb checks `m_axi_gmem`'s with its other channels) and names the master so in
+// its reports.
+module rd_slave #(parameter RO = 1) (
     input wire clk, input wire rst_n,
     input wire arvalid, output reg arready, input wire [63:0] araddr, input wire [7:0] arlen,
     input wire [2:0] arsize, input wire [1:0] arburst,
@@ -433,7 +403,7 @@ module rd_slave (
     reg [63:0] held_a;
     reg [7:0] held_l;
     initial begin arready = 1'b0; rvalid = 1'b0; rlast = 1'b0; rdata = 64'd0; end
-    always @(posedge clk) if (axi_tb.checking) begin
+    always @(posedge clk) if (RO && axi_tb.checking) begin
         if (^{arvalid, rready} === 1'bx)
             axi_tb.violation("X on a read-only master's arvalid/rready");
         if (arvalid === 1'b1 && ^{araddr, arlen, arsize, arburst} === 1'bx)
@@ -450,9 +420,13 @@ module rd_slave (
         end else begin
             if (arvalid === 1'b1 && arready) begin
                 if (!axi_tb.burst_ok(araddr, arlen, arsize, arburst))
-                    axi_tb.violation("AR burst of a read-only master not INCR of aligned 8-byte beats within one 4 KiB page");
+                    axi_tb.violation(RO
+                        ? "AR burst of a read-only master not INCR of aligned 8-byte beats within one 4 KiB page"
+                        : "AR burst not INCR of aligned 8-byte beats within one 4 KiB page");
                 if (!axi_tb.in_mem(araddr, {1'b0, arlen} + 9'd1))
-                    axi_tb.violation("AR burst of a read-only master outside device memory");
+                    axi_tb.violation(RO
+                        ? "AR burst of a read-only master outside device memory"
+                        : "AR burst outside device memory");
                 q_a[wp % QD] = araddr;
                 q_n[wp % QD] = {1'b0, arlen} + 9'd1;
                 wp = wp + 1;
@@ -478,4 +452,3 @@ module rd_slave (
         end
     end
 endmodule
-`endif
