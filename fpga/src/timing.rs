@@ -577,7 +577,7 @@ pub fn attention_cycles(
 
 /// The vecops kernel (one 64-bit word of 4 elements per cycle, rows one after another): the
 /// weight row once (RMSNorm), then per row its `a` words, its `b` (or cos/sin) words, the norm
-/// step (RMSNorm: 2 cycles), the `y` request and words, and (RMSNorm + residual) the `s`
+/// step (RMSNorm: 3 cycles), the `y` request and words, and (RMSNorm + residual) the `s`
 /// request and words. The read latency is paid once (the requests run ahead of the data); each
 /// write request costs a cycle per AXI burst the shell splits it into (bursts of the default
 /// shell's 64 beats, never crossing a 512-byte boundary; buffers start 4 KiB aligned).
@@ -620,7 +620,7 @@ pub fn vecops_cycles(
             .sum()
     };
     let bursts = (rows / 64) * blocks(0, 64) + blocks(0, rows % 64);
-    let per_row = m.stream(reads) + requests * (nw + 1) + if norm { 2 } else { 0 };
+    let per_row = m.stream(reads) + requests * (nw + 1) + if norm { 3 } else { 0 };
     let w = if norm {
         m.stream(nw)
     } else if args.op == OP_COMBINE {

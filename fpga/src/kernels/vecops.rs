@@ -10,8 +10,8 @@
 //!   way); then the `b` words: add and silu_mul compute their result into the row bank, RMSNorm +
 //!   residual stores `t = sat16(a + b)` and accumulates `t^2`, RoPE stores the cos/sin row in
 //!   the table bank.
-//! - *norm* (RMSNorm): `m = (ss * inv_n) >> 32`, `v`, the leading-one position, the rsqrt LUT:
-//!   two cycles.
+//! - *norm* (RMSNorm): `m = (ss * inv_n) >> 32` and `v`; the leading-one position; the
+//!   normalising shift and the rsqrt LUT: three cycles.
 //! - *write-out*: one request and `words` data words for `y` (computed from the banks as the
 //!   words go out: 4 lanes of `t * w * R` and a rounding shift; RoPE's two products per lane),
 //!   then (RMSNorm + residual) the `s` row.
@@ -173,7 +173,7 @@ wire signed [47:0] cn_{l} = ((c_j == 32'd0) ? 48'sd0 : ca_{l}) + cw * u8_{l};"#,
 {header}
 localparam [31:0] N_MAX = 32'd{n_max};
 localparam [3:0] C_IDLE = 4'd0, C_W = 4'd1, C_A = 4'd2, C_B = 4'd3, C_N1 = 4'd4, C_N2 = 4'd5,
-                 C_YREQ = 4'd6, C_YDAT = 4'd7, C_SREQ = 4'd8, C_SDAT = 4'd9;
+                 C_YREQ = 4'd6, C_YDAT = 4'd7, C_SREQ = 4'd8, C_SDAT = 4'd9, C_N3 = 4'd10;
 localparam [1:0] G_P = 2'd0, G_A = 2'd1, G_B = 2'd2, G_DONE = 2'd3;
 
 function signed [15:0] sat16;
@@ -211,6 +211,9 @@ reg running;
 reg [2:0] op_q;
 reg [31:0] rows_q, c0_q, c1_q;
 reg [{awh}:0] nw_q, h4_q, n8_q, tl_q;
+// counter ends prepared at start: `x + 1 == n` is `x == n - 1` (mod the width)
+reg [31:0] rows_m1_q, c0_m1_q;
+reg [{awh}:0] nw_m1_q, n8_m1_q, tl_m1_q;
 reg [5:0] shift_q;
 reg [63:0] pa_q, pb_q, pp_q, py_q, ps_q;
 assign busy = running;
@@ -235,6 +238,8 @@ wire q_tab = (op_q == 3'd6);    // combine: the table, then k gathered int8 rows
 wire q_i8 = (op_q == 3'd5) || (op_q == 3'd6);
 wire [{awh}:0] nwr = q_i8 ? n8_q : nw_q;               // words read per data row
 wire [{awh}:0] nwo = (op_q == 3'd5) ? n8_q : nw_q;     // words written per row
+wire [{awh}:0] nwr_m1 = q_i8 ? n8_m1_q : nw_m1_q;
+wire [{awh}:0] nwo_m1 = (op_q == 3'd5) ? n8_m1_q : nw_m1_q;
 
 // ---- banks ----
 reg [63:0] ab [0:{nwl}];   // the row (a, t, or the add/silu result)
@@ -273,14 +278,15 @@ reg [63:0] ss;
 reg [31:0] mv_q;
 reg [15:0] rr_q;
 reg [3:0] kk_q;
+reg [4:0] qe_q;  // the even leading-one position of mv_q (norm stage 2)
 wire [63:0] ab_rd = ab[c_w];
 wire [383:0] acc_rd = acc[c_w];
 wire signed [15:0] cw = wb[c_ent[{awh}:0]][47:32];
 always @* rd_data_ready = running && (c_st == C_W || c_st == C_A || c_st == C_B);
 wire c_take = rd_data_valid && rd_data_ready;
-wire [{awh}:0] c_len = (c_st == C_W) ? (q_tab ? tl_q : nw_q)
-                     : ((c_st == C_YDAT || c_st == C_SDAT) ? nwo : nwr);
-wire c_last = (c_w + 1'b1 == c_len);
+wire [{awh}:0] c_len_m1 = (c_st == C_W) ? (q_tab ? tl_m1_q : nw_m1_q)
+                     : ((c_st == C_YDAT || c_st == C_SDAT) ? nwo_m1 : nwr_m1);
+wire c_last = (c_w == c_len_m1);
 // out word sources
 wire [63:0] o_ab = ab[c_w];
 wire [383:0] o_acc = acc[c_w >> 1];
@@ -312,7 +318,7 @@ always @* begin
 end
 wire [4:0] q_even = {{lead[4:1], 1'b0}};
 wire [39:0] v_sh = {{8'd0, mv_q}} << 7;
-wire [39:0] v_idx = v_sh >> q_even;
+wire [39:0] v_idx = v_sh >> qe_q;
 
 always @(posedge clock) begin
     if (c_take && c_st == C_W) wb[c_w] <= rd_data;
@@ -346,6 +352,9 @@ always @(posedge clock) begin
                 running <= 1'b1;
                 op_q <= arg0[2:0]; rows_q <= arg1; nw_q <= nw_arg[{awh}:0]; h4_q <= nw_arg[{aw}:1];
                 n8_q <= n8_arg[{awh}:0]; tl_q <= tl_arg[{awh}:0];
+                rows_m1_q <= arg1 - 32'd1; c0_m1_q <= arg4 - 32'd1;
+                nw_m1_q <= nw_arg[{awh}:0] - 1'b1; n8_m1_q <= n8_arg[{awh}:0] - 1'b1;
+                tl_m1_q <= tl_arg[{awh}:0] - 1'b1;
                 g_j <= 32'd0; g_ent <= 32'd0; c_j <= 32'd0; c_ent <= 32'd0;
                 shift_q <= arg3[5:0]; c0_q <= arg4; c1_q <= arg5;
                 pa_q <= ptr0; pb_q <= ptr1; pp_q <= ptr2; py_q <= ptr3; ps_q <= ptr4;
@@ -360,19 +369,19 @@ always @(posedge clock) begin
                 G_A: if (q_has_b) g_st <= G_B;
                      else begin
                          g_off <= g_off + row_bytes; g_row <= g_row + 32'd1;
-                         if (g_row + 32'd1 == rows_q) g_st <= G_DONE;
+                         if (g_row == rows_m1_q) g_st <= G_DONE;
                      end
                 default: if (q_tab) begin
                     g_ent <= g_ent + 32'd1;
-                    if (g_j + 32'd1 == c0_q) begin
+                    if (g_j == c0_m1_q) begin
                         g_j <= 32'd0; g_row <= g_row + 32'd1;
-                        if (g_row + 32'd1 == rows_q) g_st <= G_DONE;
+                        if (g_row == rows_m1_q) g_st <= G_DONE;
                     end else g_j <= g_j + 32'd1;
                 end else begin
                     g_off <= g_off + row_bytes; g_row <= g_row + 32'd1;
-                    if (g_prow + 32'd1 == c0_q) begin g_prow <= 32'd0; g_poff <= 64'd0; end
+                    if (g_prow == c0_m1_q) begin g_prow <= 32'd0; g_poff <= 64'd0; end
                     else begin g_prow <= g_prow + 32'd1; g_poff <= g_poff + row_bytes; end
-                    g_st <= (g_row + 32'd1 == rows_q) ? G_DONE : G_A;
+                    g_st <= (g_row == rows_m1_q) ? G_DONE : G_A;
                 end
             endcase
         end
@@ -391,13 +400,14 @@ always @(posedge clock) begin
                     c_w <= 0;
                     if (q_tab) begin
                         c_ent <= c_ent + 32'd1;
-                        if (c_j + 32'd1 == c0_q) begin c_j <= 32'd0; c_st <= C_YREQ; end
+                        if (c_j == c0_m1_q) begin c_j <= 32'd0; c_st <= C_YREQ; end
                         else c_j <= c_j + 32'd1;
                     end else c_st <= q_norm ? C_N1 : C_YREQ;
                 end else c_w <= c_w + 1'b1;
             end
             C_N1: begin mv_q <= v_c; c_st <= C_N2; end
-            C_N2: begin rr_q <= rsq(v_idx[8:0]); kk_q <= q_even[4:1]; c_st <= C_YREQ; end
+            C_N2: begin qe_q <= q_even; c_st <= C_N3; end
+            C_N3: begin rr_q <= rsq(v_idx[8:0]); kk_q <= qe_q[4:1]; c_st <= C_YREQ; end
             C_YREQ: if (wr_req_ready) c_st <= C_YDAT;
             C_YDAT: if (wr_data_ready) begin
                 if (c_last) begin
@@ -405,7 +415,7 @@ always @(posedge clock) begin
                     if (op_q == 3'd2) c_st <= C_SREQ;
                     else begin
                         c_st <= q_tab ? C_B : C_A; ss <= 64'd0; o_off <= o_off + out_bytes; c_row <= c_row + 32'd1;
-                        if (c_row + 32'd1 == rows_q) begin c_st <= C_IDLE; running <= 1'b0; done <= 1'b1; g_st <= G_DONE; end
+                        if (c_row == rows_m1_q) begin c_st <= C_IDLE; running <= 1'b0; done <= 1'b1; g_st <= G_DONE; end
                     end
                 end else c_w <= c_w + 1'b1;
             end
@@ -413,7 +423,7 @@ always @(posedge clock) begin
             C_SDAT: if (wr_data_ready) begin
                 if (c_last) begin
                     c_w <= 0; c_st <= C_A; ss <= 64'd0; o_off <= o_off + out_bytes; c_row <= c_row + 32'd1;
-                    if (c_row + 32'd1 == rows_q) begin c_st <= C_IDLE; running <= 1'b0; done <= 1'b1; g_st <= G_DONE; end
+                    if (c_row == rows_m1_q) begin c_st <= C_IDLE; running <= 1'b0; done <= 1'b1; g_st <= G_DONE; end
                 end else c_w <= c_w + 1'b1;
             end
             default: ;
