@@ -174,18 +174,17 @@ wire signed [15:0] a2_{l} = b2_a[{o} +: 16];
 wire signed [15:0] d5_{l} = b5_d[{o} +: 16];
 reg signed [15:0] b2_t_{l};
 reg signed [48:0] b2_zp_{l};
-reg b3_hi_{l}, b3_lo_{l};
-reg [9:0] b3_ix_{l};
+reg signed [63:0] b3_z_{l};
 reg [16:0] b4_sg_{l};
 reg signed [33:0] b5_m_{l};
 reg signed [49:0] b6_m_{l}, b7_m_{l};
 reg signed [63:0] b8_r_{l};
-wire signed [63:0] b3_z_{l} = ($signed(b2_zp_{l}) + rnd1_q) >>> c1s_q;
 always @(posedge clock) begin
     b2_t_{l} <= sat16(a1_{l} + d1_{l});
     b2_zp_{l} <= a1_{l} * $signed({{1'b0, c0_q}});
-    b3_hi_{l} <= (b3_z_{l} >= 64'sd512); b3_lo_{l} <= (b3_z_{l} < -64'sd512); b3_ix_{l} <= b3_z_{l}[9:0] ^ 10'h200;
-    b4_sg_{l} <= b3_hi_{l} ? 17'd32768 : (b3_lo_{l} ? 17'd0 : sig(b3_ix_{l}));
+    b3_z_{l} <= ($signed(b2_zp_{l}) + rnd1_q) >>> c1s_q;
+    b4_sg_{l} <= (b3_z_{l} >= 64'sd512) ? 17'd32768
+        : ((b3_z_{l} < -64'sd512) ? 17'd0 : sig(b3_z_{l}[9:0] ^ 10'h200));
     b5_m_{l} <= $signed(b4_a[{o} +: 16]) * $signed(b4_sg_{l});
     b6_m_{l} <= b5_m_{l} * d5_{l};
     b7_m_{l} <= b6_m_{l};
@@ -221,18 +220,17 @@ end"#,
             r#"// b lane {l} (int8: silu_mul8)
 wire signed [7:0] g81_{l} = ab_q[{o} +: 8];
 reg signed [40:0] b2_zp8_{l};
-reg b3_hi8_{l}, b3_lo8_{l};
-reg [9:0] b3_ix8_{l};
+reg signed [63:0] b3_z8_{l};
 reg [16:0] b4_sg8_{l};
 reg signed [25:0] b5_m8_{l};
 reg signed [33:0] b6_m8_{l};
 reg signed [50:0] b7_m8_{l};
 reg signed [63:0] b8_r8_{l};
-wire signed [63:0] b3_z8_{l} = ($signed(b2_zp8_{l}) + rnd1_q) >>> c1s_q;
 always @(posedge clock) begin
     b2_zp8_{l} <= g81_{l} * $signed({{1'b0, c0_q}});
-    b3_hi8_{l} <= (b3_z8_{l} >= 64'sd512); b3_lo8_{l} <= (b3_z8_{l} < -64'sd512); b3_ix8_{l} <= b3_z8_{l}[9:0] ^ 10'h200;
-    b4_sg8_{l} <= b3_hi8_{l} ? 17'd32768 : (b3_lo8_{l} ? 17'd0 : sig(b3_ix8_{l}));
+    b3_z8_{l} <= ($signed(b2_zp8_{l}) + rnd1_q) >>> c1s_q;
+    b4_sg8_{l} <= (b3_z8_{l} >= 64'sd512) ? 17'd32768
+        : ((b3_z8_{l} < -64'sd512) ? 17'd0 : sig(b3_z8_{l}[9:0] ^ 10'h200));
     b5_m8_{l} <= $signed(b4_a[{o} +: 8]) * $signed(b4_sg8_{l});
     b6_m8_{l} <= b5_m8_{l} * $signed(b5_d[{o} +: 8]);
     b7_m8_{l} <= b6_m8_{l} * $signed({{1'b0, c1_q[31:16]}});
