@@ -9,6 +9,10 @@
 //! address, its write ends a path.
 //! `cargo run --release -p tandem-fpga --example router_depth -- e_max=256,k_max=8,lanes=4`
 //! `cargo run -p tandem-fpga --example router_depth -- gemm rows=1,lanes=64,k_max=4096,n_max=4096`
+//!
+//! `TRACE=core.g_st` (a stage name as the table prints it) also prints the deepest-in-LUTs
+//! path into that stage, net by net from the register back to where it starts; `KEEP=1` keeps
+//! the emitted Verilog and the netlist.
 
 use std::collections::HashMap;
 use std::process::Command;
@@ -39,6 +43,12 @@ fn is_lutram(t: &str) -> bool {
 /// Whether input `pin` of a LUTRAM cell reaches its outputs combinationally (an address).
 fn lutram_read_pin(pin: &str) -> bool {
     pin.starts_with("ADDR") || pin.starts_with("DPRA") || pin.starts_with('A')
+}
+
+/// The memory a RAM cell implements, from yosys' cell name (`$\\core.ab$...` -> `core.ab`).
+fn memory_of(cell: &str) -> String {
+    let s = cell.trim_start_matches('$').trim_start_matches('\\');
+    s.split('$').next().unwrap_or(s).to_string()
 }
 
 /// The stage a register belongs to: its name without indices and lane/slot numbers, the
@@ -127,7 +137,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ends: Vec<u64>,
     }
     let mut cells = Vec::new();
-    for (_, c) in m["cells"].as_object().into_iter().flatten() {
+    let mut cell_names = Vec::new();
+    for (cname, c) in m["cells"].as_object().into_iter().flatten() {
+        cell_names.push(cname.clone());
         let ty = c["type"].as_str().unwrap_or("").to_string();
         let dirs = &c["port_directions"];
         let mut cell = Cell {
@@ -194,6 +206,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         d
     }
     let mut memo = HashMap::new();
+    let trace: Vec<String> = std::env::var("TRACE")
+        .map(|t| t.split(',').map(str::to_string).collect())
+        .unwrap_or_default();
+    let mut traced: HashMap<String, (u32, u64, u64)> = HashMap::new();
     let mut stages: HashMap<String, (Depth, u32)> = HashMap::new();
     for c in cells.iter().filter(|c| is_ff(&c.ty)) {
         let q = c.outs.first().copied().unwrap_or(0);
@@ -205,10 +221,69 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let e = depth(b, &cells, &driver, &mut memo);
             d.cells = d.cells.max(e.cells);
             d.luts = d.luts.max(e.luts);
+            if trace.contains(&stage) && traced.get(&stage).is_none_or(|t| e.luts > t.0) {
+                traced.insert(stage.clone(), (e.luts, q, b));
+            }
         }
         let s = stages.entry(stage).or_default();
         s.0.cells = s.0.cells.max(d.cells);
         s.0.luts = s.0.luts.max(d.luts);
+        s.1 += 1;
+    }
+    // memory writes (block RAM and LUTRAM inputs other than a LUTRAM's read address) end
+    // paths too: one row per memory, its write address, data and enable together
+    for (c, name) in cells.iter().zip(&cell_names) {
+        if !(is_bram(&c.ty) || is_lutram(&c.ty)) {
+            continue;
+        }
+        let mut d = Depth::default();
+        for &b in &c.ends {
+            let e = depth(b, &cells, &driver, &mut memo);
+            d.cells = d.cells.max(e.cells);
+            d.luts = d.luts.max(e.luts);
+        }
+        let stage = format!("{} (write)", memory_of(name));
+        for &b in &c.ends {
+            let l = memo.get(&b).map_or(0, |e| e.luts);
+            if trace.contains(&stage) && traced.get(&stage).is_none_or(|t| l > t.0) {
+                traced.insert(stage.clone(), (l, b, b));
+            }
+        }
+        let s = stages.entry(stage).or_default();
+        s.0.cells = s.0.cells.max(d.cells);
+        s.0.luts = s.0.luts.max(d.luts);
+        s.1 += 1;
+    }
+    // the kernel's output ports (m_axi, s_axi_control) end paths at the card's interconnect
+    for (pname, port) in m["ports"].as_object().into_iter().flatten() {
+        if port["direction"].as_str() != Some("output") {
+            continue;
+        }
+        let mut d = Depth::default();
+        for b in port["bits"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_u64)
+        {
+            let e = depth(b, &cells, &driver, &mut memo);
+            d.cells = d.cells.max(e.cells);
+            d.luts = d.luts.max(e.luts);
+        }
+        let stage = format!("{pname} (output)");
+        for b in port["bits"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_u64)
+        {
+            let l = memo.get(&b).map_or(0, |e| e.luts);
+            if trace.contains(&stage) && traced.get(&stage).is_none_or(|t| l > t.0) {
+                traced.insert(stage.clone(), (l, b, b));
+            }
+        }
+        let s = stages.entry(stage).or_default();
+        s.0 = d;
         s.1 += 1;
     }
     let mut rows: Vec<_> = stages.into_iter().collect();
@@ -219,6 +294,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("| --- | --- | --- | --- |");
     for (s, (d, n)) in rows {
         println!("| `{s}` | {n} | {} | {} |", d.cells, d.luts);
+    }
+    let net = |b: u64| {
+        name_of
+            .get(&b)
+            .map_or_else(|| format!("#{b}"), |(_, n)| n.clone())
+    };
+    for (stage, (luts, q, start)) in traced {
+        // walk back along the deepest-in-LUTs input of each cell
+        println!("deepest path into {stage} ({luts} LUT levels), register first:");
+        println!("  {} <- D/CE/R {}", net(q), net(start));
+        let mut b = start;
+        while let Some(&i) = driver.get(&b) {
+            let c = &cells[i];
+            let Some(&next) = c
+                .comb_in
+                .iter()
+                .max_by_key(|&&x| memo.get(&x).map_or(0, |d| d.luts))
+            else {
+                break;
+            };
+            println!("  [{}] <- {}", c.ty, net(next));
+            b = next;
+        }
     }
     if std::env::var_os("KEEP").is_none() {
         let _ = std::fs::remove_dir_all(&dir);

@@ -575,10 +575,20 @@ pub fn attention_cycles(
         + overhead(m)
 }
 
+/// Cycles from a vecops row's last b word to the end of its compute pipeline (9 stages and the
+/// bank write).
+pub const VECOPS_B_DRAIN: u64 = 10;
+/// Cycles from an RMSNorm row's last `a` word to its sum of squares (3 stages and the add).
+pub const VECOPS_S_DRAIN: u64 = 4;
+/// Cycles a vecops write-out pipeline (5 stages) adds to each written row.
+pub const VECOPS_OUT_FILL: u64 = 5;
+
 /// The vecops kernel (one 64-bit word of 4 elements per cycle, rows one after another): the
-/// weight row once (RMSNorm), then per row its `a` words, its `b` (or cos/sin) words, the norm
-/// step (RMSNorm: 2 cycles), the `y` request and words, and (RMSNorm + residual) the `s`
-/// request and words. The read latency is paid once (the requests run ahead of the data); each
+/// weight row once (RMSNorm), then per row its `a` words, its `b` (or cos/sin) words, the
+/// drain of the compute pipeline (add, RMSNorm + residual, silu_mul: [`VECOPS_B_DRAIN`]
+/// cycles; the sum of squares of RMSNorm: [`VECOPS_S_DRAIN`]; RoPE 1; combine none), the norm
+/// steps (RMSNorm: 4 cycles), the `y` request and words behind the write-out pipeline's
+/// [`VECOPS_OUT_FILL`] cycles of fill, and (RMSNorm + residual) the `s` request and words. The read latency is paid once (the requests run ahead of the data); each
 /// write request costs a cycle per AXI burst the shell splits it into (bursts of the default
 /// shell's 64 beats, never crossing a 512-byte boundary; buffers start 4 KiB aligned).
 /// Fitted to the simulated n_max 1024 build.
@@ -620,7 +630,14 @@ pub fn vecops_cycles(
             .sum()
     };
     let bursts = (rows / 64) * blocks(0, 64) + blocks(0, rows % 64);
-    let per_row = m.stream(reads) + requests * (nw + 1) + if norm { 2 } else { 0 };
+    let drain = match args.op {
+        OP_RMSNORM => VECOPS_S_DRAIN,
+        OP_ROPE => 1,
+        OP_COMBINE => 0,
+        _ => VECOPS_B_DRAIN,
+    };
+    let per_row =
+        m.stream(reads) + requests * (nw + 1 + VECOPS_OUT_FILL) + drain + if norm { 4 } else { 0 };
     let w = if norm {
         m.stream(nw)
     } else if args.op == OP_COMBINE {
