@@ -11,9 +11,11 @@
 //! - the host side of `s_axi_control` is the testbench, commanded over a pipe by this module,
 //!   so the drivers of `tandem_fpga::drive` run unchanged (the same ap_ctrl_hs sequence,
 //!   argument registers from 0x10, 64-bit pointers as low/high words);
-//! - `m_axi_gmem` is served from a memory with random stalls on AR, R, AW, W and B
-//!   ([`IcarusConfig::stall_percent`]); the testbench checks the AXI rules every cycle (see the
-//!   file's header) and reports each breach, which fails the device call that saw it;
+//! - `m_axi_gmem` (of the build's data width, one of [`DATA_BITS`]: a beat is that many bits
+//!   of consecutive 64-bit memory words) is served from a memory with random stalls on AR, R,
+//!   AW, W and B ([`IcarusConfig::stall_percent`]); the testbench checks the AXI rules every
+//!   cycle (see the file's header) and reports each breach, which fails the device call that
+//!   saw it;
 //! - device memory starts as X and the host's shadow of a buffer keeps which bytes it knows,
 //!   so memory moves to and from the simulation as `$readmemh` / `$writememh` images with X
 //!   where nothing was written, and [`FpgaDevice::read`] refuses bytes that came back X
@@ -29,6 +31,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
 
 use tandem_fpga::core::KernelCore;
 use tandem_fpga::device::SyncDir;
@@ -55,6 +59,9 @@ const DEVICE: &str = "icarus";
 
 /// The testbench, compiled with each kernel.
 const TESTBENCH: &str = include_str!("../tb/axi_tb.v");
+
+/// Data widths of `m_axi_gmem` (and `m_axi_gmem1/2`) the testbench takes (its `DW`).
+pub const DATA_BITS: [u32; 4] = [64, 128, 256, 512];
 
 /// Alignment of allocations (as XRT's).
 const ALIGN: u64 = 4096;
@@ -340,18 +347,25 @@ impl IcarusCard {
     }
 
     /// Compiles the testbench with the emitted kernel in `dir` (cached in that folder by the
-    /// memory size) and returns the `vvp` file.
+    /// memory size, the data width and the testbench's hash, so builds of other testbench
+    /// versions sharing the folder neither overwrite nor reuse each other's files) and returns
+    /// the `vvp` file.
     fn compile(&self, dir: &Path, manifest: &Manifest) -> Result<PathBuf, FpgaError> {
         let words = self.cfg.mem_bytes / 8;
-        let out = dir.join(format!("icarus-{words}.vvp"));
-        let tb = dir.join("axi_tb.v");
-        let tb_same = std::fs::read_to_string(&tb).is_ok_and(|t| t == TESTBENCH);
-        if out.exists() && tb_same {
+        let dw = manifest.data_bits;
+        let h: String = Sha256::digest(TESTBENCH.as_bytes())
+            .iter()
+            .take(8)
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let out = dir.join(format!("icarus-{words}-{dw}-{h}.vvp"));
+        if out.exists() {
             return Ok(out);
         }
+        let tb = dir.join(format!("axi_tb-{h}.v"));
         write_atomic(&tb, TESTBENCH.as_bytes()).map_err(io_err(&tb))?;
         let tmp = dir.join(format!(
-            ".icarus-{words}.{}.{}.partial",
+            ".icarus-{words}-{dw}-{h}.{}.{}.partial",
             std::process::id(),
             unique()
         ));
@@ -362,6 +376,7 @@ impl IcarusCard {
             .args(multi.then_some("-DMULTI"))
             .arg(format!("-DKERNEL={}", manifest.kernel))
             .arg(format!("-DMEM_WORDS={words}"))
+            .arg(format!("-DDW={dw}"))
             .arg("-o")
             .arg(&tmp)
             .arg(&tb)
@@ -436,11 +451,12 @@ impl FpgaDevice for IcarusCard {
             ));
         };
         let manifest = Manifest::read(dir).map_err(|e| load_err(&desc.name, e.to_string()))?;
-        if manifest.data_bits != 64 {
+        if !DATA_BITS.contains(&manifest.data_bits) {
             return Err(load_err(
                 &desc.name,
                 format!(
-                    "the Icarus testbench drives a 64-bit m_axi_gmem; this build's is {} bits",
+                    "the Icarus testbench drives an m_axi_gmem of {DATA_BITS:?} data bits; \
+                     this build's is {} bits",
                     manifest.data_bits
                 ),
             ));
@@ -763,6 +779,47 @@ mod tests {
         );
         assert_eq!(parse_version("iverilog: command not found"), None);
         assert!((10, 3) < MIN_ICARUS);
+    }
+
+    /// A build whose data port the testbench has no `DW` for is refused at load, naming the
+    /// widths it takes (no iverilog run).
+    #[test]
+    fn unsupported_data_widths_are_refused() {
+        let cfg = IcarusConfig::default();
+        let mut c = match IcarusCard::open(cfg.clone()) {
+            Ok(c) => c,
+            Err(SimError::Unavailable(why)) => {
+                println!("SKIP: {why}");
+                return;
+            }
+            Err(e) => panic!("opening the Icarus card: {e}"),
+        };
+        let dir = cfg
+            .work_dir
+            .join(format!("dw1024-{}-{}", std::process::id(), unique()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::write(
+            dir.join("manifest.json"),
+            r#"{"kernel":"wide","params":[],"shell":{"max_burst":8},"clock_mhz":300.0,"data_bits":1024,"args":[],"verilog_sha256":"-","verilog":"wide.v"}"#,
+        )
+        .expect("manifest");
+        let desc = KernelDesc {
+            name: "wide".into(),
+            args: vec![],
+        };
+        let err = c
+            .load(&KernelBuild::Simulated {
+                dir: dir.clone(),
+                desc,
+            })
+            .expect_err("1024 bits refused");
+        let msg = err.to_string();
+        assert!(
+            matches!(err, FpgaError::Load { .. }) && msg.contains("1024 bits"),
+            "{msg}"
+        );
+        assert!(msg.contains("[64, 128, 256, 512]"), "{msg}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //
 // The kernel is any emitted top module (`KERNEL`, a macro: router, gemm, attention): the Vitis
 // ports `ap_clk`, `ap_rst_n`, `s_axi_control_*` (AXI4-Lite, 12-bit addresses, 32-bit data),
-// `m_axi_gmem_*` (AXI4, 64-bit addresses and data), `interrupt`.
+// `m_axi_gmem_*` (AXI4, 64-bit addresses, `DW`-bit data: a macro, 64 unless defined, one of
+// 64, 128, 256, 512), `interrupt`.
 //
 // What it does:
 // - plays the host on `s_axi_control` (register writes and reads, one at a time, with the AW
@@ -11,13 +12,16 @@
 // - serves `m_axi_gmem` from a memory of `MEM_WORDS` 64-bit words at byte address `BASE`,
 //   with random stalls on every channel (`+stall=P`: each ready/valid decision of the
 //   memory stalls with probability P%, seed `+seed=N`): AR and AW are queued, R beats come
-//   in request order with `rlast`, W beats are written by `wstrb`, one B per burst;
+//   in request order with `rlast`, W beats are written by `wstrb`, one B per burst; a beat is
+//   `DW`/64 consecutive words (word i of the beat in bits 64i+63:64i, so byte b of the beat
+//   is byte b of memory from the beat's address on, `wstrb[b]` its strobe);
 // - checks the AXI rules every cycle after reset: no X on a valid or ready, no X on a
 //   payload while its valid is high (W: `wdata`, `wstrb`, `wlast`), a stalled valid stays
-//   high with its payload unchanged, AR/AW bursts are INCR of 8-byte beats at aligned
-//   addresses that stay within one 4 KiB page and inside the memory, `wlast` exactly on the
-//   last beat of each burst, no W beat before its burst's AW; each breach prints a line
-//   `VIOLATION <cycle> <what>` (the first 50; all are counted);
+//   high with its payload unchanged (all `DW` bits of `wdata`, all `DW`/8 of `wstrb`), AR/AW
+//   bursts are INCR of `DW`/8-byte beats (`arsize`, `awsize` = log2(`DW`/8)) at addresses
+//   aligned to the beat that stay within one 4 KiB page and inside the memory, `wlast`
+//   exactly on the last beat of each burst, no W beat before its burst's AW; each breach
+//   prints a line `VIOLATION <cycle> <what>` (the first 50; all are counted);
 // - memory that was never written stays X, so a kernel that reads what it never loaded, or
 //   leaves part of an output unwritten, shows X in what the host reads back.
 //
@@ -42,6 +46,9 @@
 `ifndef MEM_WORDS
 `define MEM_WORDS 131072
 `endif
+`ifndef DW
+`define DW 64
+`endif
 
 module axi_tb;
     localparam [63:0] BASE = 64'h0000_0004_0000_0000;
@@ -50,6 +57,14 @@ module axi_tb;
     localparam [31:0] STDOUT = 32'h8000_0001;
     localparam integer AXIL_WAIT = 1000; // cycles a register access may take
     localparam integer QD = 64;          // depth of the AR / AW queues
+    localparam integer DW = `DW;         // data bits of a beat
+    localparam integer NB = DW / 8;      // bytes of a beat (`wstrb` bits)
+    localparam integer NW = DW / 64;     // memory words of a beat
+    localparam [2:0] LG = $clog2(NB);    // log2 of NB: the AXI beat size
+    initial if (DW != 64 && DW != 128 && DW != 256 && DW != 512) begin
+        $fdisplay(32'h8000_0002, "axi_tb: DW = %0d is not 64, 128, 256 or 512", DW);
+        $finish;
+    end
 
     reg ap_clk = 1'b0;
     reg ap_rst_n = 1'b0;
@@ -66,16 +81,28 @@ module axi_tb;
 
     // ---- AXI4 master (memory side) ----
     wire m_awvalid, m_wvalid, m_bready, m_arvalid, m_rready, m_wlast;
-    wire [63:0] m_awaddr, m_araddr, m_wdata;
-    wire [7:0] m_awlen, m_arlen, m_wstrb;
+    wire [63:0] m_awaddr, m_araddr;
+    wire [DW-1:0] m_wdata;
+    wire [NB-1:0] m_wstrb;
+    wire [7:0] m_awlen, m_arlen;
     wire [2:0] m_awsize, m_arsize;
     wire [1:0] m_awburst, m_arburst;
     reg m_awready = 1'b0, m_wready = 1'b0, m_bvalid = 1'b0;
     reg [1:0] m_bresp = 2'd0;
     wire m_arready, m_rvalid, m_rlast;  // driven by the read slave gmem0
-    wire [63:0] m_rdata;
+    wire [DW-1:0] m_rdata;
     wire [1:0] m_rresp;
     wire irq;
+`ifdef MULTI
+    // ---- the read-only masters m_axi_gmem1 and m_axi_gmem2 ----
+    wire x1_arvalid, x1_rready, x2_arvalid, x2_rready;
+    wire [63:0] x1_araddr, x2_araddr;
+    wire [DW-1:0] x1_rdata, x2_rdata;
+    wire [7:0] x1_arlen, x2_arlen;
+    wire [2:0] x1_arsize, x2_arsize;
+    wire [1:0] x1_arburst, x2_arburst, x1_rresp, x2_rresp;
+    wire x1_arready, x1_rvalid, x1_rlast, x2_arready, x2_rvalid, x2_rlast;
+`endif
 
     `KERNEL dut (
         .ap_clk(ap_clk), .ap_rst_n(ap_rst_n),
@@ -117,20 +144,14 @@ module axi_tb;
     );
 
 `ifdef MULTI
-    // ---- the read-only masters m_axi_gmem1 and m_axi_gmem2 ----
-    wire x1_arvalid, x1_rready, x2_arvalid, x2_rready;
-    wire [63:0] x1_araddr, x2_araddr, x1_rdata, x2_rdata;
-    wire [7:0] x1_arlen, x2_arlen;
-    wire [2:0] x1_arsize, x2_arsize;
-    wire [1:0] x1_arburst, x2_arburst, x1_rresp, x2_rresp;
-    wire x1_arready, x1_rvalid, x1_rlast, x2_arready, x2_rvalid, x2_rlast;
-    rd_slave gmem1 (
+    // the slaves of the read-only masters m_axi_gmem1 and m_axi_gmem2
+    rd_slave #(.DW(DW)) gmem1 (
         .clk(ap_clk), .rst_n(ap_rst_n),
         .arvalid(x1_arvalid), .arready(x1_arready), .araddr(x1_araddr), .arlen(x1_arlen),
         .arsize(x1_arsize), .arburst(x1_arburst),
         .rvalid(x1_rvalid), .rready(x1_rready), .rdata(x1_rdata), .rlast(x1_rlast), .rresp(x1_rresp)
     );
-    rd_slave gmem2 (
+    rd_slave #(.DW(DW)) gmem2 (
         .clk(ap_clk), .rst_n(ap_rst_n),
         .arvalid(x2_arvalid), .arready(x2_arready), .araddr(x2_araddr), .arlen(x2_arlen),
         .arsize(x2_arsize), .arburst(x2_arburst),
@@ -167,29 +188,32 @@ module axi_tb;
         end
     endfunction
 
-    function in_mem; // whether a burst of n beats at byte address a lies in the memory
+    function in_mem; // whether a burst of n beats (NB bytes each) at byte address a is in memory
         input [63:0] a;
         input [8:0] n;
         begin
-            in_mem = (a >= BASE) && (((a - BASE) >> 3) + n <= MEM_WORDS);
+            in_mem = (a >= BASE)
+                && (((a - BASE) >> 3) + {55'd0, n} * NW <= MEM_WORDS);
         end
     endfunction
 
-    function burst_ok; // INCR, 8-byte beats, aligned, within one 4 KiB page
+    function burst_ok; // INCR, NB-byte beats, aligned to the beat, within one 4 KiB page
         input [63:0] a;
         input [7:0] len;
         input [2:0] size;
         input [1:0] burst;
         begin
-            burst_ok = (burst == 2'b01) && (size == 3'd3) && (a[2:0] == 3'd0)
-                && ({52'd0, a[11:0]} + ({56'd0, len} + 64'd1) * 64'd8 <= 64'd4096);
+            burst_ok = (burst == 2'b01) && (size == LG) && (a[5:0] & (NB - 1)) == 0
+                && ({52'd0, a[11:0]} + ({56'd0, len} + 64'd1) * NB <= 64'd4096);
         end
     endfunction
 
     // ---- rule checks on what the kernel drives (sampled before each rising edge) ----
     reg ar_held = 1'b0, aw_held = 1'b0, w_held = 1'b0;
-    reg [63:0] ar_a, aw_a, w_d;
-    reg [7:0] ar_l, aw_l, w_s;
+    reg [63:0] ar_a, aw_a;
+    reg [DW-1:0] w_d;
+    reg [NB-1:0] w_s;
+    reg [7:0] ar_l, aw_l;
     reg w_l;
     always @(posedge ap_clk) if (checking) begin
         if (^{m_awvalid, m_wvalid, m_bready, m_arvalid, m_rready, irq} === 1'bx)
@@ -221,7 +245,7 @@ module axi_tb;
     end
 
     // ---- memory: reads (m_axi_gmem's AR and R channels; its AR rule checks are above) ----
-    rd_slave #(.RO(0)) gmem0 (
+    rd_slave #(.RO(0), .DW(DW)) gmem0 (
         .clk(ap_clk), .rst_n(ap_rst_n),
         .arvalid(m_arvalid), .arready(m_arready), .araddr(m_araddr), .arlen(m_arlen),
         .arsize(m_arsize), .arburst(m_arburst),
@@ -235,7 +259,7 @@ module axi_tb;
     integer w_beat = 0;              // beats of the head burst written so far
     integer b_owed = 0;              // B responses not yet presented
     reg [63:0] wa;
-    integer j;
+    integer i, j;
     always @(posedge ap_clk) begin
         if (!ap_rst_n) begin
             m_awready <= 1'b0; m_wready <= 1'b0; m_bvalid <= 1'b0;
@@ -243,7 +267,7 @@ module axi_tb;
         end else begin
             if (m_awvalid === 1'b1 && m_awready) begin
                 if (!burst_ok(m_awaddr, m_awlen, m_awsize, m_awburst))
-                    violation("AW burst not INCR of aligned 8-byte beats within one 4 KiB page");
+                    violation("AW burst not INCR of aligned DW-bit beats within one 4 KiB page");
                 if (!in_mem(m_awaddr, {1'b0, m_awlen} + 9'd1))
                     violation("AW burst outside device memory");
                 awq_a[awq_wp % QD] = m_awaddr;
@@ -253,12 +277,14 @@ module axi_tb;
             if (m_wvalid === 1'b1 && m_wready) begin
                 if (awq_rp == awq_wp) violation("W beat before the AW of its burst");
                 else begin
-                    wa = awq_a[awq_rp % QD] + 64'd8 * w_beat;
+                    wa = awq_a[awq_rp % QD] + NB * w_beat;
                     if (m_wlast !== (w_beat + 1 == awq_n[awq_rp % QD]))
                         violation("wlast not exactly on the last beat of the burst");
                     if (in_mem(wa, 9'd1))
-                        for (j = 0; j < 8; j = j + 1)
-                            if (m_wstrb[j] !== 1'b0) mem[(wa - BASE) >> 3][8*j +: 8] = m_wdata[8*j +: 8];
+                        for (i = 0; i < NW; i = i + 1)
+                            for (j = 0; j < 8; j = j + 1)
+                                if (m_wstrb[8*i + j] !== 1'b0)
+                                    mem[((wa - BASE) >> 3) + i][8*j +: 8] = m_wdata[64*i + 8*j +: 8];
                     w_beat = w_beat + 1;
                     if (w_beat == awq_n[awq_rp % QD]) begin
                         w_beat = 0;
@@ -385,24 +411,27 @@ endmodule
 // with rlast, random stalls, the burst rule checks. `RO`: the slave of a read-only master
 // (`m_axi_gmem1`, `m_axi_gmem2`), which also checks its AR and ready pins for X and held
 // payloads (axi_tb checks `m_axi_gmem`'s with its other channels) and names the master so in
-// its reports.
-module rd_slave #(parameter RO = 1) (
+// its reports. `DW`: the data bits of a beat (axi_tb's `DW`), a beat DW/64 consecutive words.
+module rd_slave #(parameter RO = 1, parameter integer DW = 64) (
     input wire clk, input wire rst_n,
     input wire arvalid, output reg arready, input wire [63:0] araddr, input wire [7:0] arlen,
     input wire [2:0] arsize, input wire [1:0] arburst,
-    output reg rvalid, input wire rready, output reg [63:0] rdata, output reg rlast,
+    output reg rvalid, input wire rready, output reg [DW-1:0] rdata, output reg rlast,
     output wire [1:0] rresp
 );
     localparam integer QD = 64;
+    localparam integer NW = DW / 64;
     assign rresp = 2'd0;
     reg [63:0] q_a [0:QD-1];
     reg [8:0] q_n [0:QD-1];
     integer wp = 0, rp = 0, left = 0;
     reg [63:0] a;
+    reg [DW-1:0] d;
+    integer i;
     reg held = 1'b0;
     reg [63:0] held_a;
     reg [7:0] held_l;
-    initial begin arready = 1'b0; rvalid = 1'b0; rlast = 1'b0; rdata = 64'd0; end
+    initial begin arready = 1'b0; rvalid = 1'b0; rlast = 1'b0; rdata = {DW{1'b0}}; end
     always @(posedge clk) if (RO && axi_tb.checking) begin
         if (^{arvalid, rready} === 1'bx)
             axi_tb.violation("X on a read-only master's arvalid/rready");
@@ -421,8 +450,8 @@ module rd_slave #(parameter RO = 1) (
             if (arvalid === 1'b1 && arready) begin
                 if (!axi_tb.burst_ok(araddr, arlen, arsize, arburst))
                     axi_tb.violation(RO
-                        ? "AR burst of a read-only master not INCR of aligned 8-byte beats within one 4 KiB page"
-                        : "AR burst not INCR of aligned 8-byte beats within one 4 KiB page");
+                        ? "AR burst of a read-only master not INCR of aligned DW-bit beats within one 4 KiB page"
+                        : "AR burst not INCR of aligned DW-bit beats within one 4 KiB page");
                 if (!axi_tb.in_mem(araddr, {1'b0, arlen} + 9'd1))
                     axi_tb.violation(RO
                         ? "AR burst of a read-only master outside device memory"
@@ -440,9 +469,13 @@ module rd_slave #(parameter RO = 1) (
                 end
                 if (left > 0 && axi_tb.go(0)) begin
                     rvalid <= 1'b1;
-                    rdata <= axi_tb.in_mem(a, 9'd1) ? axi_tb.mem[(a - axi_tb.BASE) >> 3] : {64{1'bx}};
+                    d = {DW{1'bx}};
+                    if (axi_tb.in_mem(a, 9'd1))
+                        for (i = 0; i < NW; i = i + 1)
+                            d[64*i +: 64] = axi_tb.mem[((a - axi_tb.BASE) >> 3) + i];
+                    rdata <= d;
                     rlast <= (left == 1);
-                    a = a + 64'd8;
+                    a = a + DW / 8;
                     left = left - 1;
                 end else begin
                     rvalid <= 1'b0;
