@@ -4,7 +4,9 @@
 //! channel and checks the AXI rules each cycle, memory the kernel never wrote reads back as X,
 //! and every output must equal the golden model bit for bit. Random shapes per kernel,
 //! including attention with head dims below the build's `d_max` as the first launch (the
-//! unloaded K/V lanes used to turn every score into X) and GQA groups sharing K/V.
+//! unloaded K/V lanes used to turn every score into X) and GQA groups sharing K/V. Every data
+//! width the kernels are built at runs: 64 bits, the router's 128 and 256, the GEMM's 512 (one
+//! master, and W on masters of its own).
 //! Prints `SKIP: <reason>` and returns where Icarus Verilog is missing.
 
 use std::time::Duration;
@@ -56,11 +58,11 @@ fn rand_i8(rng: &mut ChaCha8Rng, n: usize) -> Vec<i8> {
     (0..n).map(|_| rng.r#gen()).collect()
 }
 
-/// Every lane count of a 64-bit build (1, 2, 4: the Icarus testbench drives a 64-bit
-/// `m_axi_gmem`), renormalize on and off.
+/// Every lane count of the 64-bit builds (1, 2, 4) and the wide ones (8 lanes on a 128-bit
+/// `m_axi_gmem`, the default build; 16 on 256 bits), renormalize on and off.
 #[test]
 fn router_4state_matches_golden_under_stalls() {
-    for lanes in [1, 2, 4] {
+    for lanes in [1, 2, 4, 8, 16] {
         let core = RouterCore::with_lanes(64, 8, lanes);
         let Some(mut c) = card(&core, 11 + lanes) else {
             return;
@@ -128,6 +130,44 @@ fn gemm_4state_matches_golden_under_stalls() {
     assert!(c.violations().is_empty(), "{:?}", c.violations());
 }
 
+/// The 512-bit build (64 lanes, the card's width): every beat 8 memory words, all 64 strobes;
+/// N over two and three column chunks and K over two and three passes (int32 partials in card
+/// memory written, then read back by the next pass), odd M, N and K.
+#[test]
+fn wide_gemm_4state_matches_golden_under_stalls() {
+    let core = GemmCore {
+        rows: 4,
+        k_max: 64,
+        n_max: 64,
+        lanes: 64,
+        w_ports: false,
+    };
+    let Some(mut c) = card(&core, 24) else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(0x512);
+    for &(m, n, k, relu) in &[
+        (5, 12, 20, false),
+        (1, 1, 1, true),
+        (3, 70, 100, true),
+        (6, 64, 64, false),
+        (7, 131, 150, false),
+    ] {
+        let d = GemmDims { m, n, k };
+        let p = GemmProblem::random(&mut rng, d, 14..=22);
+        let want = p.golden(relu).expect("golden");
+        let (got, st) =
+            drive::run_gemm_split(&mut c, &core, &p.x, &p.w, &p.bias, &p.rq, relu, d, T)
+                .unwrap_or_else(|err| panic!("512-bit gemm {d:?}: {err}"));
+        assert_eq!(got, want, "512-bit gemm {d:?} relu={relu}");
+        println!(
+            "512-bit gemm {d:?} relu={relu}: bit-exact, {} cycles",
+            st.cycles
+        );
+    }
+    assert!(c.violations().is_empty(), "{:?}", c.violations());
+}
+
 /// The three-master shell in 4-state: W's even and odd stripes through `m_axi_gmem1` and
 /// `m_axi_gmem2` (the card split into four banks, so the driver stripes W over banks 1 and 2),
 /// each master stalled at random on its own, the fan-out handing the words back in order.
@@ -154,6 +194,38 @@ fn gemm_with_w_on_its_own_masters_4state_matches_golden_under_stalls() {
         assert_eq!(got, want, "gemm {d:?} relu={relu}");
         println!(
             "three-master gemm {d:?} relu={relu}: bit-exact, {} cycles",
+            st.cycles
+        );
+    }
+    assert!(c.violations().is_empty(), "{:?}", c.violations());
+}
+
+/// The card's GEMM build in 4-state: 512 bits, W's stripes (4 KiB, 64 beats) through the
+/// 512-bit read-only `m_axi_gmem1` and `m_axi_gmem2` of a four-bank card, K over two passes.
+#[test]
+fn wide_gemm_with_w_on_its_own_masters_4state_matches_golden_under_stalls() {
+    let core = GemmCore {
+        rows: 4,
+        k_max: 128,
+        n_max: 128,
+        lanes: 64,
+        w_ports: true,
+    };
+    let Some(mut c) = card_of(&core, 25, 4) else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(0x5123);
+    // W per M tile: N/64 tiles x K beats: one stripe, then two or more
+    for &(m, n, k, relu) in &[(3, 20, 40, true), (5, 128, 128, false), (2, 65, 200, true)] {
+        let d = GemmDims { m, n, k };
+        let p = GemmProblem::random(&mut rng, d, 14..=22);
+        let want = p.golden(relu).expect("golden");
+        let (got, st) =
+            drive::run_gemm_split(&mut c, &core, &p.x, &p.w, &p.bias, &p.rq, relu, d, T)
+                .unwrap_or_else(|err| panic!("512-bit three-master gemm {d:?}: {err}"));
+        assert_eq!(got, want, "512-bit three-master gemm {d:?} relu={relu}");
+        println!(
+            "512-bit three-master gemm {d:?} relu={relu}: bit-exact, {} cycles",
             st.cycles
         );
     }
