@@ -1,17 +1,20 @@
-// CPU stand-ins for the CUDA built-ins and PTX wrappers moe_experts.cu uses, so its kernels run
-// on the host (one std::thread per CUDA thread, std::barrier for __syncthreads and for the
-// warp-collective ldmatrix / mma.sync). Semantics follow the PTX ISA fragment layouts of
-// ldmatrix.m8n8.x4.b16 and mma.m16n8k16.row.col. cp.async copies are either done at once
-// (EMU_EAGER=1) or deferred until the cp.async.wait_group that must cover them (default), so
-// reading a stage before its wait, or refilling a stage others still read, shows up as a wrong
-// result in one of the two modes.
+// CPU stand-ins for the CUDA built-ins and PTX wrappers moe_experts.cu and attention_decode.cu
+// use, so their kernels run on the host (one std::thread per CUDA thread, std::barrier for
+// __syncthreads and for the warp collectives: ldmatrix / mma.sync, __shfl_xor_sync). Semantics
+// follow the PTX ISA fragment layouts of ldmatrix.m8n8.x4.b16 and mma.m16n8k16.row.col.
+// cp.async copies are either done at once (EMU_EAGER=1) or deferred until the
+// cp.async.wait_group that must cover them (default), so reading a stage before its wait, or
+// refilling a stage others still read, shows up as a wrong result in one of the two modes.
 #pragma once
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 using std::max;
@@ -23,6 +26,7 @@ using std::min;
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) alignas(n)
+#define __restrict__
 
 typedef unsigned short bf16_t;
 typedef unsigned long long u64_t;
@@ -172,3 +176,50 @@ inline void moe_cp_async_wait() {
     emu_pending.swap(keep);
 }
 inline float moe_silu(float g) { return g / (1.f + fast_exp2(-1.4426950408889634f * g)); }
+
+// ---- attention_decode.cu (decode_main.cpp) ----
+typedef unsigned short h16_t;
+#define TANDEM_NEG_INF (-INFINITY)
+inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline float __log2f(float x) { return std::log2(x); }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
+// The storage tags of common.cuh.
+struct BF16 {
+    static float to_f(h16_t h) { return bf16_float(h); }
+    static h16_t from_f(float f) { return bf16_bits(f); }
+    static float lo(unsigned w) { return bf_lo(w); }
+    static float hi(unsigned w) { return bf_hi(w); }
+};
+struct F16 {
+    static float to_f(h16_t h) { return f16_float(h); }
+    static h16_t from_f(float f) { return f16_bits(f); }
+    static float lo(unsigned w) { return f16_float((unsigned short)(w & 0xffffu)); }
+    static float hi(unsigned w) { return f16_float((unsigned short)(w >> 16)); }
+};
+template <typename S>
+inline void unpack8_as(const uint4 v, float* f) {
+    f[0] = S::lo(v.x); f[1] = S::hi(v.x); f[2] = S::lo(v.y); f[3] = S::hi(v.y);
+    f[4] = S::lo(v.z); f[5] = S::hi(v.z); f[6] = S::lo(v.w); f[7] = S::hi(v.w);
+}
+// __shfl_xor_sync: every lane of the warp must call it (as on the GPU with a full mask). With
+// emu_skew the odd warps sleep at each one, so the even warps run ahead to the next barrier: a
+// stage refilled before every warp is done with it then gets overwritten under the slow
+// warps' reads (with eager copies).
+float emu_xchg[32][32];
+bool emu_skew = false;
+inline float __shfl_xor_sync(unsigned, float v, int o) {
+    if (emu_skew && (emu_warp & 1)) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    emu_xchg[emu_warp][emu_lane] = v;
+    emu_warp_bar[emu_warp]->arrive_and_wait();
+    const float r = emu_xchg[emu_warp][emu_lane ^ o];
+    emu_warp_bar[emu_warp]->arrive_and_wait();
+    return r;
+}
+inline int __syncthreads_or(int pred) { return __syncthreads_count(pred) != 0; }
+// The dynamic shared memory of the partial kernels (the `extern __shared__` line is dropped);
+// the harness checks that nothing past the host's byte count is written.
+alignas(16) unsigned char dec_smem[128 * 1024];
+inline void dec_cp_async16(void* smem, const void* gmem, bool pred) { moe_cp_async16(smem, gmem, pred); }
+inline void dec_cp_async_commit() { moe_cp_async_commit(); }
+template <int N>
+inline void dec_cp_async_wait() { moe_cp_async_wait<N>(); }

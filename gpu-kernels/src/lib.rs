@@ -415,13 +415,25 @@ pub const DECODE_ROW_BLOCKS: [usize; 4] = [1, 2, 4, 8];
 /// Threads per block of the decode merge kernels.
 pub const DECODE_MERGE_THREADS: u32 = 128;
 
-/// Keys a block of the decode partial kernel takes per tile for head dim `d` and `rb` rows
-/// (DecGeom in attention_decode.cu: `U * KPW * DEC_WARPS`).
-pub fn decode_keys_per_tile(d: usize, rb: usize) -> usize {
-    let vpl = (8 / rb).min(d / 64).clamp(1, 2);
-    let lpk = d / (8 * vpl);
-    let u = if rb <= 4 { 4 } else { 2 };
-    u * (32 / lpk) * DECODE_WARPS as usize
+/// Stages of the decode partial kernels' shared-memory ring of K/V tiles, filled by cp.async
+/// (DEC_STAGES in attention_decode.cu): `DECODE_STAGES - 1` tiles in flight.
+pub const DECODE_STAGES: usize = 4;
+/// Elements of K, and as many of V, per stage of that ring (DEC_TILE_ELEMS): 8 KB each.
+pub const DECODE_TILE_ELEMS: usize = 4096;
+/// Largest dynamic shared memory of a decode partial kernel (the merge of its warps reuses
+/// the ring, so this is all it takes).
+pub const DECODE_SMEM_BYTES: usize = DECODE_STAGES * 2 * DECODE_TILE_ELEMS * 2;
+
+/// Keys a block of the decode partial kernel takes per tile (one stage of its ring) for head
+/// dim `d` (DecGeom::TK in attention_decode.cu): 64, 32, 16 for d 64, 128, 256.
+pub fn decode_keys_per_tile(d: usize) -> usize {
+    DECODE_TILE_ELEMS / d
+}
+
+/// Dynamic shared memory of a decode partial kernel for head dim `d`: the ring of
+/// [`DECODE_STAGES`] stages of K and V tiles (64 KB).
+pub fn decode_smem_bytes(d: usize) -> usize {
+    DECODE_STAGES * 2 * decode_keys_per_tile(d) * d * 2
 }
 
 /// 16-byte vectors per thread of `rmsnorm_bf16` (RMS_VPT in norm.cu).
@@ -568,10 +580,17 @@ mod tests {
         assert!(dec.contains(&format!("#define DEC_WARPS {DECODE_WARPS}")));
         assert!(dec.contains("__launch_bounds__(128) name("));
         assert_eq!(DECODE_MERGE_THREADS, 128);
-        assert!(dec.contains("U = RB <= 4 ? 4 : 2"));
-        // d128 with 4 rows: 2 vectors per lane, 8 lanes per key, 4 keys per warp step
-        assert_eq!(decode_keys_per_tile(128, 4), 4 * 4 * 4);
-        assert_eq!(decode_keys_per_tile(256, 8), 2 * 4);
+        assert!(dec.contains(&format!("#define DEC_STAGES {DECODE_STAGES}")));
+        assert!(dec.contains(&format!("#define DEC_TILE_ELEMS {DECODE_TILE_ELEMS}")));
+        assert!(dec.contains("TK = DEC_TILE_ELEMS / D;"));
+        assert!(dec.contains("STAGE = 2 * TK * D;"));
+        // d128: 32-key tiles, 16 KB a stage, 64 KB a block (3 blocks fit an H100's 227 KB)
+        assert_eq!(decode_keys_per_tile(128), 32);
+        for d in [64, 128, 256] {
+            assert_eq!(decode_keys_per_tile(d) * d, DECODE_TILE_ELEMS);
+            assert_eq!(decode_smem_bytes(d), DECODE_SMEM_BYTES);
+        }
+        assert_eq!(DECODE_SMEM_BYTES, 64 * 1024);
         let ws = Module::AttentionSm90aWs.body();
         for (d, nc) in ATTENTION_WS_CONSUMERS {
             assert!(ws.contains(&format!("#define WS_NC_D{d} {nc}")));

@@ -1,7 +1,8 @@
-//! The CPU emulation of sm80/moe_experts.cu (gpu-kernels/emu: the .cu compiled by g++ with
-//! the PTX wrappers replaced by stand-ins of their fragment layouts), run against its
-//! double-precision reference on every tile and both storage precisions, so the kernels' logic
-//! is checked in CI where no GPU is. Needs g++ (C++20, <barrier>); says it skipped otherwise.
+//! The CPU emulations of sm80/moe_experts.cu and common/attention_decode.cu (gpu-kernels/emu:
+//! the .cu compiled by g++ with the PTX wrappers replaced by stand-ins of their fragment
+//! layouts, warp shuffles and cp.async), run against their double-precision references on
+//! every tile or row block and both storage precisions, so the kernels' logic is checked in CI
+//! where no GPU is. Needs g++ (C++20, <barrier>); says it skipped otherwise.
 
 use std::path::Path;
 use std::process::Command;
@@ -13,14 +14,16 @@ fn gxx_present() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-fn run_emu(eager: bool, cases: Option<u32>) {
+/// Runs `emu/{script}` (the MoE experts' `run.sh`, the decode attention's `run_decode.sh`).
+fn run_emu(script: &str, eager: bool, cases: Option<u32>) {
     if !gxx_present() {
         println!("skipped: g++ not found (apt-get install g++)");
         return;
     }
-    let dir = scratch_dir(if eager { "eager" } else { "deferred" });
+    let dir = scratch_dir(script, if eager { "eager" } else { "deferred" });
     // cargo runs a test from its crate folder (and so does the GPU bundle).
-    let script = Path::new("emu/run.sh");
+    let script = Path::new("emu").join(script);
+    let script = script.as_path();
     let mut cmd = Command::new("bash");
     cmd.arg(script).env("EMU_OUT", &dir);
     if eager {
@@ -51,19 +54,35 @@ fn run_emu(eager: bool, cases: Option<u32>) {
     println!("{oks} emulated launches within bounds");
 }
 
-/// A scratch folder of this process and mode (the two tests run at once).
-fn scratch_dir(mode: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("tandem-moe-emu-{}-{mode}", std::process::id()));
+/// A scratch folder of this process, script and mode (the tests run at once).
+fn scratch_dir(script: &str, mode: &str) -> std::path::PathBuf {
+    let name = script.trim_end_matches(".sh");
+    let d = std::env::temp_dir().join(format!("tandem-emu-{name}-{}-{mode}", std::process::id()));
     let _ = std::fs::create_dir_all(&d);
     d
 }
 
 #[test]
 fn moe_experts_kernels_emulated_with_deferred_copies() {
-    run_emu(false, None);
+    run_emu("run.sh", false, None);
 }
 
 #[test]
 fn moe_experts_kernels_emulated_with_eager_copies() {
-    run_emu(true, Some(2));
+    run_emu("run.sh", true, Some(2));
+}
+
+/// Every case of decode_main.cpp: d 64/128/256, row blocks 1/2/4/8, contiguous and paged
+/// (block sizes 1 to 128), empty chunks, bad lengths and block ids.
+#[test]
+fn attention_decode_kernels_emulated_with_deferred_copies() {
+    run_emu("run_decode.sh", false, None);
+}
+
+/// The first four cases (among them 11 tiles a chunk, so every stage is refilled) with the
+/// copies landing at once and the odd warps slowed: a stage refilled while a warp still reads
+/// it shows.
+#[test]
+fn attention_decode_kernels_emulated_with_eager_copies() {
+    run_emu("run_decode.sh", true, Some(4));
 }

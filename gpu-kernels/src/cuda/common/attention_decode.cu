@@ -6,10 +6,23 @@
 // block takes one chunk of one sequence's keys for one kv head, and up to RB query rows of
 // that head's group (the Hq/Hkv query heads x Nq new queries, rows r = h * Nq + i), so each
 // K/V byte of the chunk is read once per row group (once in all when the group has <= RB
-// rows). Lanes split a key's D elements into 16-byte vectors (VPL per lane, LPK lanes per
-// key, KPW = 32 / LPK keys per warp step); each warp runs an online softmax over its keys
-// (scores in the log2 domain), the block's warps are merged through shared memory and the
-// chunk's (o, lse) written to f32 scratch.
+// rows).
+//
+// K and V stream through a ring of DEC_STAGES stages of dynamic shared memory (DecGeom::TK
+// keys of K then the same keys of V per stage, DEC_TILE_ELEMS elements each: 16 KB a stage,
+// 64 KB a block), filled by cp.async.cg 16-byte copies, one commit group per tile, so
+// DEC_STAGES - 1 tiles are in flight while the block computes on the oldest. Every thread
+// copies CPT 16-byte vectors of K and the same of V per tile (consecutive threads take
+// consecutive vectors: a warp copies 512 contiguous bytes per instruction); in the paged
+// cache it reads the block-table entry of each of its keys once for both K and V, one tile
+// ahead of the copies. Keys past the chunk are zero-filled (never read from global memory).
+//
+// Compute from shared memory, on CUDA cores: lanes split a key's D elements into 16-byte
+// vectors (VPL per lane, LPK lanes per key, KPW = 32 / LPK keys per warp step, U steps per
+// warp per tile); each warp runs an online softmax over its keys (scores in the log2 domain,
+// the accumulator rescaled only when the warp's running max grows), then the block's warps
+// are merged through shared memory (the drained ring) and the chunk's (o, lse) written to f32
+// scratch.
 //
 // Pass 2, decode_merge: one block per query row combines the chunks' partials by their LSE
 // and writes o in the storage precision and the natural-log LSE.
@@ -20,31 +33,53 @@
 
 #define DEC_WARPS 4
 #define DEC_THREADS (32 * DEC_WARPS)
+#define DEC_STAGES 4
+#define DEC_TILE_ELEMS 4096
 #define DEC_NAN __int_as_float(0x7fc00000)
+// Blocks per SM the partial kernels are built for (registers <= 65536 / (128 * n)): 3 (<= 168
+// registers, as many as 227 KB of shared memory holds) up to 4 rows, 2 for 8 rows.
+#define DEC_MIN_BLOCKS(RB) ((RB) <= 4 ? 3 : 2)
 
-__device__ __forceinline__ uint4 dec_ld(const h16_t* p) {
-    uint4 r;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
+// ---- ptx (gpu-kernels/emu/shim.h has CPU stand-ins of this section) ----
+__device__ __forceinline__ void dec_cp_async16(void* smem, const void* gmem, bool pred) {
+    const unsigned s = smem_addr(smem);
+    const int n = pred ? 16 : 0;  // 0: nothing is read, 16 zero bytes are written
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n)
+                 : "memory");
 }
+__device__ __forceinline__ void dec_cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void dec_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// ---- end ptx ----
 
 template <int D, int RB>
 struct DecGeom {
     // 16-byte vectors per lane per key (at most 2): q and acc take 2 * RB * 8 * VPL registers
-    // (<= 128), the tile's K and V vectors 8 * U * VPL
+    // (<= 128)
     static constexpr int VPL0 = (8 / RB) < (D / 64) ? (8 / RB) : (D / 64);
     static constexpr int VPL1 = VPL0 < 2 ? VPL0 : 2;
     static constexpr int VPL = VPL1 < 1 ? 1 : VPL1;
     static constexpr int LPK = D / (8 * VPL);  // lanes per key
     static constexpr int KPW = 32 / LPK;       // keys per warp step
-    static constexpr int U = RB <= 4 ? 4 : 2;  // warp steps per tile (loads in flight)
-    static constexpr int KEYS_PER_TILE = U * KPW * DEC_WARPS;
+    static constexpr int TK = DEC_TILE_ELEMS / D;        // keys per tile (stage)
+    static constexpr int U = TK / (KPW * DEC_WARPS);     // warp steps per tile
+    static constexpr int VPR = D / 8;                    // 16-byte vectors per key row
+    static constexpr int CPT = TK * VPR / DEC_THREADS;   // K (and V) copies per thread per tile
+    static constexpr int KSTEP = DEC_THREADS / VPR;      // keys between a thread's copies
+    static constexpr int STAGE = 2 * TK * D;             // elements per stage (K, then V)
+    static_assert(U >= 1 && TK % (KPW * DEC_WARPS) == 0, "tile not a whole number of warp steps");
+    static_assert(CPT >= 1 && CPT * DEC_THREADS == TK * VPR, "tile not a whole number of copies");
+    // the warps' merge reuses the ring: acc [DEC_WARPS][RB][D], m and l [DEC_WARPS][RB]
+    static_assert(DEC_WARPS * RB * (D + 2) * 4 <= DEC_STAGES * STAGE * 2, "merge does not fit");
 };
 
 // part_o: [rows_total, chunks, D] f32, part_lse: [rows_total, chunks] (log2 domain), where
-// rows_total = B * Hq * Nq and row id = (b * Hkv + g) * R + r.
+// rows_total = B * Hq * Nq and row id = (b * Hkv + g) * R + r. Dynamic shared memory:
+// DEC_STAGES * STAGE * 2 bytes (64 KB).
 template <typename S, int D, int RB, bool PAGED>
 __device__ __forceinline__ void decode_partial(
     const h16_t* __restrict__ q, const h16_t* __restrict__ k, const h16_t* __restrict__ v,
@@ -53,10 +88,10 @@ __device__ __forceinline__ void decode_partial(
     int hq, int hkv, int nq, int capacity, int block_log2, int max_blocks, int num_blocks,
     int chunk_len, float scale_log2) {
     typedef DecGeom<D, RB> G;
-    constexpr int VPL = G::VPL, LPK = G::LPK, KPW = G::KPW, U = G::U;
-    __shared__ float s_acc[DEC_WARPS][RB][D];
-    __shared__ float s_m[DEC_WARPS][RB];
-    __shared__ float s_l[DEC_WARPS][RB];
+    constexpr int VPL = G::VPL, LPK = G::LPK, KPW = G::KPW, U = G::U, TK = G::TK;
+    constexpr int CPT = G::CPT, KSTEP = G::KSTEP, STAGE = G::STAGE;
+    extern __shared__ __align__(16) unsigned char dec_smem[];
+    h16_t* const ring = reinterpret_cast<h16_t*>(dec_smem);
 
     const int chunk = blockIdx.x, chunks = gridDim.x;
     const int rgroups = gridDim.y / hkv;
@@ -89,6 +124,55 @@ __device__ __forceinline__ void decode_partial(
         return;
     }
 
+    // The copies of this thread: vector cv of keys ck + i * KSTEP of each tile.
+    const int cv = threadIdx.x % G::VPR, ck = threadIdx.x / G::VPR;
+    const int ntiles = (c1 - c0 + TK - 1) / TK;
+    const int bmask = (1 << block_log2) - 1;
+    // contiguous: this (b, g)'s rows; paged: element offset of (kv head g, vector cv) in a block
+    const long long head_base = PAGED ? (long long)g * (bmask + 1) * D + cv * 8
+                                      : ((long long)b * hkv + g) * capacity * D + cv * 8;
+    const long long blk_stride = (long long)hkv * (bmask + 1) * D;
+    const int* const table = block_table + (long long)b * max_blocks;
+    int blk[CPT];  // paged: the physical block of each key this thread copies in the next tile
+    int bad_block = 0;
+    auto load_table = [&](int tile) {
+#pragma unroll
+        for (int i = 0; i < CPT; ++i) {
+            const int j = c0 + tile * TK + ck + i * KSTEP;
+            blk[i] = j < c1 ? table[j >> block_log2] : 0;
+        }
+    };
+    // Tile `tile` into its stage (nothing past the chunk's tiles); one commit group per call.
+    auto issue = [&](int tile) {
+        if (tile < ntiles) {
+            h16_t* const sk = ring + (tile % DEC_STAGES) * STAGE + ck * D + cv * 8;
+            h16_t* const sv = sk + TK * D;
+#pragma unroll
+            for (int i = 0; i < CPT; ++i) {
+                const int j = c0 + tile * TK + ck + i * KSTEP;
+                long long off = -1;
+                if (j < c1) {
+                    if (PAGED) {
+                        if (blk[i] < 0 || blk[i] >= num_blocks)
+                            bad_block = 1;
+                        else
+                            off = (long long)blk[i] * blk_stride + head_base +
+                                  (long long)(j & bmask) * D;
+                    } else {
+                        off = head_base + (long long)j * D;
+                    }
+                }
+                dec_cp_async16(sk + i * KSTEP * D, off >= 0 ? k + off : k, off >= 0);
+                dec_cp_async16(sv + i * KSTEP * D, off >= 0 ? v + off : v, off >= 0);
+            }
+            if (PAGED) load_table(tile + 1);
+        }
+        dec_cp_async_commit();
+    };
+    if (PAGED) load_table(0);
+#pragma unroll
+    for (int s = 0; s < DEC_STAGES - 1; ++s) issue(s);
+
     // This lane's q values (scaled into the log2 domain) and the keys each row sees.
     float qf[RB][8 * VPL];
     int seen[RB];
@@ -97,7 +181,7 @@ __device__ __forceinline__ void decode_partial(
         const int r = rg * RB + rr;
         if (r < R) {
             const int h = g * (hq / hkv) + r / nq, i = r % nq;
-            seen[rr] = len - nq + i + 1;
+            seen[rr] = min(len - nq + i + 1, c1);
             const h16_t* qp = q + (((long long)b * hq + h) * nq + i) * D;
 #pragma unroll
             for (int vv = 0; vv < VPL; ++vv) {
@@ -122,49 +206,27 @@ __device__ __forceinline__ void decode_partial(
 #pragma unroll
         for (int e = 0; e < 8 * VPL; ++e) acc[rr][e] = 0.f;
     }
-    int bad_block = 0;
-    const long long head_stride = PAGED ? (1LL << block_log2) * D : (long long)capacity * D;
 
-    for (int t0 = c0; t0 < c1; t0 += G::KEYS_PER_TILE) {
-        uint4 kv[U][VPL], vv4[U][VPL];
-        int key[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int j = t0 + (u * DEC_WARPS + warp) * KPW + sg;
-            key[u] = j;
-            long long base = -1;
-            if (j < c1) {
-                if (PAGED) {
-                    const int blk = block_table[(long long)b * max_blocks + (j >> block_log2)];
-                    if (blk < 0 || blk >= num_blocks) {
-                        bad_block = 1;
-                    } else {
-                        base = ((long long)blk * hkv + g) * head_stride +
-                               (long long)(j & ((1 << block_log2) - 1)) * D;
-                    }
-                } else {
-                    base = ((long long)b * hkv + g) * head_stride + (long long)j * D;
-                }
-            }
-#pragma unroll
-            for (int x = 0; x < VPL; ++x) {
-                if (base >= 0) {
-                    kv[u][x] = dec_ld(k + base + (x * LPK + sl) * 8);
-                    vv4[u][x] = dec_ld(v + base + (x * LPK + sl) * 8);
-                } else {
-                    kv[u][x] = make_uint4(0, 0, 0, 0);
-                    vv4[u][x] = make_uint4(0, 0, 0, 0);
-                }
-            }
-            if (base < 0) key[u] = 0x7fffffff;  // masked for every row
-        }
+    for (int t = 0; t < ntiles; ++t) {
+        // Tile t has landed (this thread's copies; the barrier makes everyone's visible), and
+        // every warp is done with tile t - 1, whose stage the next issue refills.
+        dec_cp_async_wait<DEC_STAGES - 2>();
+        __syncthreads();
+        issue(t + DEC_STAGES - 1);
+        const h16_t* const sk = ring + (t % DEC_STAGES) * STAGE;
+        const h16_t* const sv = sk + TK * D;
+        const int t0 = c0 + t * TK;
         // scores
         float sc[U][RB];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
+            const int kt = (u * DEC_WARPS + warp) * KPW + sg;
+            const int j = t0 + kt;
             float kf[8 * VPL];
 #pragma unroll
-            for (int x = 0; x < VPL; ++x) unpack8_as<S>(kv[u][x], &kf[x * 8]);
+            for (int x = 0; x < VPL; ++x)
+                unpack8_as<S>(*reinterpret_cast<const uint4*>(sk + kt * D + (x * LPK + sl) * 8),
+                              &kf[x * 8]);
 #pragma unroll
             for (int rr = 0; rr < RB; ++rr) {
                 float s = 0.f;
@@ -172,10 +234,10 @@ __device__ __forceinline__ void decode_partial(
                 for (int e = 0; e < 8 * VPL; ++e) s = fmaf(qf[rr][e], kf[e], s);
 #pragma unroll
                 for (int o = LPK / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-                sc[u][rr] = key[u] < seen[rr] ? s : TANDEM_NEG_INF;
+                sc[u][rr] = j < seen[rr] ? s : TANDEM_NEG_INF;
             }
         }
-        // online softmax step per row, the max shared by the whole warp
+        // online softmax step per row, the max shared by the whole warp (so is the branch)
 #pragma unroll
         for (int rr = 0; rr < RB; ++rr) {
             float mx = sc[0][rr];
@@ -183,30 +245,35 @@ __device__ __forceinline__ void decode_partial(
             for (int u = 1; u < U; ++u) mx = fmaxf(mx, sc[u][rr]);
 #pragma unroll
             for (int o = 16; o >= LPK; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-            const float m_new = fmaxf(m[rr], mx);
-            if (m_new == TANDEM_NEG_INF) {
+            if (mx == TANDEM_NEG_INF) {  // no key of this step for this row
 #pragma unroll
                 for (int u = 0; u < U; ++u) sc[u][rr] = 0.f;
                 continue;
             }
-            const float corr = fast_exp2(m[rr] - m_new);
-            m[rr] = m_new;
+            if (mx > m[rr]) {
+                const float corr = fast_exp2(m[rr] - mx);
+                m[rr] = mx;
+                l[rr] *= corr;
+#pragma unroll
+                for (int e = 0; e < 8 * VPL; ++e) acc[rr][e] *= corr;
+            }
             float sum = 0.f;
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                sc[u][rr] = fast_exp2(sc[u][rr] - m_new);
+                sc[u][rr] = fast_exp2(sc[u][rr] - m[rr]);
                 sum += sc[u][rr];
             }
-            l[rr] = l[rr] * corr + sum;
-#pragma unroll
-            for (int e = 0; e < 8 * VPL; ++e) acc[rr][e] *= corr;
+            l[rr] += sum;
         }
         // P V
 #pragma unroll
         for (int u = 0; u < U; ++u) {
+            const int kt = (u * DEC_WARPS + warp) * KPW + sg;
             float vf[8 * VPL];
 #pragma unroll
-            for (int x = 0; x < VPL; ++x) unpack8_as<S>(vv4[u][x], &vf[x * 8]);
+            for (int x = 0; x < VPL; ++x)
+                unpack8_as<S>(*reinterpret_cast<const uint4*>(sv + kt * D + (x * LPK + sl) * 8),
+                              &vf[x * 8]);
 #pragma unroll
             for (int rr = 0; rr < RB; ++rr) {
 #pragma unroll
@@ -214,8 +281,10 @@ __device__ __forceinline__ void decode_partial(
             }
         }
     }
+    dec_cp_async_wait<0>();  // only empty groups can remain
 
-    // Sum the key subgroups of the warp (they share the warp's max), then merge the warps.
+    // Sum the key subgroups of the warp (they share the warp's max), then merge the warps
+    // through the ring, once every warp is done with it.
 #pragma unroll
     for (int rr = 0; rr < RB; ++rr) {
 #pragma unroll
@@ -225,35 +294,43 @@ __device__ __forceinline__ void decode_partial(
             for (int e = 0; e < 8 * VPL; ++e)
                 acc[rr][e] += __shfl_xor_sync(0xffffffffu, acc[rr][e], o);
         }
-        if (sg == 0) {
-#pragma unroll
-            for (int x = 0; x < VPL; ++x)
-#pragma unroll
-                for (int e = 0; e < 8; ++e) s_acc[warp][rr][(x * LPK + sl) * 8 + e] = acc[rr][x * 8 + e];
-            if (sl == 0) {
-                s_m[warp][rr] = m[rr];
-                s_l[warp][rr] = l[rr];
-            }
-        }
     }
     const int any_bad = __syncthreads_or(bad_block);
     if (any_bad) {
         write_const(DEC_NAN, DEC_NAN);
         return;
     }
+    float* const s_acc = reinterpret_cast<float*>(dec_smem);  // [DEC_WARPS][RB][D]
+    float* const s_m = s_acc + DEC_WARPS * RB * D;             // [DEC_WARPS][RB]
+    float* const s_l = s_m + DEC_WARPS * RB;
+#pragma unroll
+    for (int rr = 0; rr < RB; ++rr) {
+        if (sg == 0) {
+#pragma unroll
+            for (int x = 0; x < VPL; ++x)
+#pragma unroll
+                for (int e = 0; e < 8; ++e)
+                    s_acc[(warp * RB + rr) * D + (x * LPK + sl) * 8 + e] = acc[rr][x * 8 + e];
+            if (sl == 0) {
+                s_m[warp * RB + rr] = m[rr];
+                s_l[warp * RB + rr] = l[rr];
+            }
+        }
+    }
+    __syncthreads();
     for (int idx = threadIdx.x; idx < RB * D; idx += DEC_THREADS) {
         const int rr = idx / D, d = idx % D, r = rg * RB + rr;
         if (r >= R) continue;
         float M = TANDEM_NEG_INF;
 #pragma unroll
-        for (int w = 0; w < DEC_WARPS; ++w) M = fmaxf(M, s_m[w][rr]);
+        for (int w = 0; w < DEC_WARPS; ++w) M = fmaxf(M, s_m[w * RB + rr]);
         float o = 0.f, L = 0.f;
         if (M != TANDEM_NEG_INF) {
 #pragma unroll
             for (int w = 0; w < DEC_WARPS; ++w) {
-                const float f = fast_exp2(s_m[w][rr] - M);
-                o += f * s_acc[w][rr][d];
-                L += f * s_l[w][rr];
+                const float f = fast_exp2(s_m[w * RB + rr] - M);
+                o += f * s_acc[(w * RB + rr) * D + d];
+                L += f * s_l[w * RB + rr];
             }
         }
         const long long row = (long long)(b * hkv + g) * R + r;
@@ -298,7 +375,7 @@ __device__ __forceinline__ void decode_merge(const float* __restrict__ part_o,
 }
 
 #define DECODE_ENTRY(name, S, D, RB, PAGED)                                                      \
-    extern "C" __global__ void __launch_bounds__(DEC_THREADS) name(                            \
+    extern "C" __global__ void __launch_bounds__(DEC_THREADS, DEC_MIN_BLOCKS(RB)) name(      \
         const h16_t* q, const h16_t* k, const h16_t* v, const int* seq_lens,                    \
         const int* block_table, float* part_o, float* part_lse, int hq, int hkv, int nq,        \
         int capacity, int block_log2, int max_blocks, int num_blocks, int chunk_len,            \

@@ -1,6 +1,8 @@
 //! Decode attention on a CUDA device (common/attention_decode.cu): flash-decoding split-KV.
-//! A partial kernel per (KV chunk, kv head x row group, sequence) writes each chunk's (o, lse)
-//! to f32 scratch, then a merge kernel combines the chunks by LSE. The build is chosen per
+//! A partial kernel per (KV chunk, kv head x row group, sequence) streams its chunk's K/V
+//! tiles through a cp.async ring in 64 KB of dynamic shared memory (raised past the 48 KB
+//! default at the first launch) and writes the chunk's (o, lse) to f32 scratch, then a merge
+//! kernel combines the chunks by LSE. The build is chosen per
 //! shape: the row block (`_r1/_r2/_r4/_r8`) is the smallest that holds a kv head's query
 //! rows (Hq/Hkv * Nq), and the chunk count fills the device with blocks.
 
@@ -45,7 +47,7 @@ impl DecodePlan {
             .find(|&r| r >= group)
             .unwrap_or(blocks[blocks.len() - 1]);
         let row_groups = group.div_ceil(rows);
-        let tile = tandem_gpu_kernels::decode_keys_per_tile(s.d, rows);
+        let tile = tandem_gpu_kernels::decode_keys_per_tile(s.d);
         let per_chunk = s.b * s.hkv * row_groups;
         let most = s.capacity.div_ceil(MIN_CHUNK).max(1);
         let chunks = match chunks {
@@ -121,7 +123,7 @@ pub fn attention_decode(
         Dims {
             grid,
             block: (threads, 1, 1),
-            smem: 0,
+            smem: tandem_gpu_kernels::decode_smem_bytes(s.d) as u32,
         },
         &[
             Arg::Ptr(q.ptr),
