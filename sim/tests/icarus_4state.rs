@@ -118,16 +118,7 @@ fn gemm_4state_matches_golden_under_stalls() {
             rng.r#gen(),
         ));
     }
-    for &(m, n, k, relu) in &shapes {
-        let d = GemmDims { m, n, k };
-        let p = GemmProblem::random(&mut rng, d, 14..=22);
-        let want = p.golden(relu).expect("golden");
-        let (got, st) = drive::run_gemm(&mut c, &p.x, &p.w, &p.bias, &p.rq, relu, d, T)
-            .unwrap_or_else(|err| panic!("gemm {d:?}: {err}"));
-        assert_eq!(got, want, "gemm {d:?} relu={relu}");
-        println!("gemm {d:?} relu={relu}: bit-exact, {} cycles", st.cycles);
-    }
-    assert!(c.violations().is_empty(), "{:?}", c.violations());
+    check_gemms(&mut c, &core, &mut rng, &shapes, "gemm");
 }
 
 /// The 512-bit build (64 lanes, the card's width): every beat 8 memory words, all 64 strobes;
@@ -146,26 +137,14 @@ fn wide_gemm_4state_matches_golden_under_stalls() {
         return;
     };
     let mut rng = ChaCha8Rng::seed_from_u64(0x512);
-    for &(m, n, k, relu) in &[
+    let shapes = [
         (5, 12, 20, false),
         (1, 1, 1, true),
         (3, 70, 100, true),
         (6, 64, 64, false),
         (7, 131, 150, false),
-    ] {
-        let d = GemmDims { m, n, k };
-        let p = GemmProblem::random(&mut rng, d, 14..=22);
-        let want = p.golden(relu).expect("golden");
-        let (got, st) =
-            drive::run_gemm_split(&mut c, &core, &p.x, &p.w, &p.bias, &p.rq, relu, d, T)
-                .unwrap_or_else(|err| panic!("512-bit gemm {d:?}: {err}"));
-        assert_eq!(got, want, "512-bit gemm {d:?} relu={relu}");
-        println!(
-            "512-bit gemm {d:?} relu={relu}: bit-exact, {} cycles",
-            st.cycles
-        );
-    }
-    assert!(c.violations().is_empty(), "{:?}", c.violations());
+    ];
+    check_gemms(&mut c, &core, &mut rng, &shapes, "512-bit gemm");
 }
 
 /// The three-master shell in 4-state: W's even and odd stripes through `m_axi_gmem1` and
@@ -185,19 +164,8 @@ fn gemm_with_w_on_its_own_masters_4state_matches_golden_under_stalls() {
     };
     let mut rng = ChaCha8Rng::seed_from_u64(0x3a);
     // W per M tile: N/8 tiles x K beats, 512 beats a stripe: one stripe, then two to four
-    for &(m, n, k, relu) in &[(3, 20, 40, true), (5, 64, 256, false), (6, 41, 200, true)] {
-        let d = GemmDims { m, n, k };
-        let p = GemmProblem::random(&mut rng, d, 14..=22);
-        let want = p.golden(relu).expect("golden");
-        let (got, st) = drive::run_gemm(&mut c, &p.x, &p.w, &p.bias, &p.rq, relu, d, T)
-            .unwrap_or_else(|err| panic!("gemm {d:?}: {err}"));
-        assert_eq!(got, want, "gemm {d:?} relu={relu}");
-        println!(
-            "three-master gemm {d:?} relu={relu}: bit-exact, {} cycles",
-            st.cycles
-        );
-    }
-    assert!(c.violations().is_empty(), "{:?}", c.violations());
+    let shapes = [(3, 20, 40, true), (5, 64, 256, false), (6, 41, 200, true)];
+    check_gemms(&mut c, &core, &mut rng, &shapes, "three-master gemm");
 }
 
 /// The card's GEMM build in 4-state: 512 bits, W's stripes (4 KiB, 64 beats) through the
@@ -216,18 +184,34 @@ fn wide_gemm_with_w_on_its_own_masters_4state_matches_golden_under_stalls() {
     };
     let mut rng = ChaCha8Rng::seed_from_u64(0x5123);
     // W per M tile: N/64 tiles x K beats: one stripe, then two or more
-    for &(m, n, k, relu) in &[(3, 20, 40, true), (5, 128, 128, false), (2, 65, 200, true)] {
+    let shapes = [(3, 20, 40, true), (5, 128, 128, false), (2, 65, 200, true)];
+    check_gemms(
+        &mut c,
+        &core,
+        &mut rng,
+        &shapes,
+        "512-bit three-master gemm",
+    );
+}
+
+/// Runs each GEMM shape (M, N, K, relu) on `c` through the driver (N and K split over launches
+/// where the build needs it), bit for bit against the golden model, then checks that the card
+/// saw no AXI breach.
+fn check_gemms(
+    c: &mut IcarusCard,
+    core: &GemmCore,
+    rng: &mut ChaCha8Rng,
+    shapes: &[(usize, usize, usize, bool)],
+    what: &str,
+) {
+    for &(m, n, k, relu) in shapes {
         let d = GemmDims { m, n, k };
-        let p = GemmProblem::random(&mut rng, d, 14..=22);
+        let p = GemmProblem::random(rng, d, 14..=22);
         let want = p.golden(relu).expect("golden");
-        let (got, st) =
-            drive::run_gemm_split(&mut c, &core, &p.x, &p.w, &p.bias, &p.rq, relu, d, T)
-                .unwrap_or_else(|err| panic!("512-bit three-master gemm {d:?}: {err}"));
-        assert_eq!(got, want, "512-bit three-master gemm {d:?} relu={relu}");
-        println!(
-            "512-bit three-master gemm {d:?} relu={relu}: bit-exact, {} cycles",
-            st.cycles
-        );
+        let (got, st) = drive::run_gemm_split(c, core, &p.x, &p.w, &p.bias, &p.rq, relu, d, T)
+            .unwrap_or_else(|err| panic!("{what} {d:?}: {err}"));
+        assert_eq!(got, want, "{what} {d:?} relu={relu}");
+        println!("{what} {d:?} relu={relu}: bit-exact, {} cycles", st.cycles);
     }
     assert!(c.violations().is_empty(), "{:?}", c.violations());
 }
