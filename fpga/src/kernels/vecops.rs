@@ -269,14 +269,13 @@ wire args_ok_w = (arg0 <= 32'd6) && (arg1 != 32'd0) && (arg2 != 32'd0) && (arg2 
 // registered (as the router's): the arguments are written before the transaction that sets
 // ap_start, so the checks and the sizes derived from them stay out of the run-start path
 reg args_ok;
-reg [{awh}:0] ar_nw, ar_h4, ar_n8, ar_tl, ar_nw_m1, ar_n8_m1, ar_tl_m1;
+reg [{awh}:0] ar_nw, ar_h4, ar_n8, ar_tl;
 reg [{awh}:0] ar_nwr, ar_nwr_m1, ar_nwo, ar_nwo_m1, ar_rem0;
 reg [31:0] ar_rows_m2, ar_c0_m2;
 reg ar_rows1, ar_c01;
 always @(posedge clock) begin
     args_ok <= !reset && args_ok_w;
     ar_nw <= nw_arg[{awh}:0]; ar_h4 <= nw_arg[{aw}:1]; ar_n8 <= n8_arg[{awh}:0]; ar_tl <= tl_arg[{awh}:0];
-    ar_nw_m1 <= nw_arg[{awh}:0] - 1'b1; ar_n8_m1 <= n8_arg[{awh}:0] - 1'b1; ar_tl_m1 <= tl_arg[{awh}:0] - 1'b1;
     ar_nwr <= op_i8 ? n8_arg[{awh}:0] : nw_arg[{awh}:0];
     ar_nwr_m1 <= (op_i8 ? n8_arg[{awh}:0] : nw_arg[{awh}:0]) - 1'b1;
     ar_nwo <= (arg0 == 32'd5) ? n8_arg[{awh}:0] : nw_arg[{awh}:0];
@@ -292,7 +291,7 @@ wire q_tab = (op_q == 3'd6);    // combine: the table, then k gathered int8 rows
 // the b-stream results that go through the compute pipeline (the rest are stored as read)
 wire q_bpipe = (op_q == 3'd0) || (op_q == 3'd2) || (op_q == 3'd4) || (op_q == 3'd5);
 // launch constants, registered at start from the ar_* registers
-reg [{awh}:0] nw_q, h4_q, n8_q, tl_q, nw_m1_q, tl_m1_q;
+reg [{awh}:0] nw_q, h4_q, tl_q;
 reg [{awh}:0] nwr_q, nwr_m1_q, nwo_q, nwo_m1_q;
 reg [63:0] row_bytes_q, out_bytes_q, row8_bytes_q;
 reg [31:0] rows_m2_q, c0_m2_q;
@@ -488,8 +487,7 @@ always @(posedge clock) begin
         if (start && !running) begin
             if (args_ok) begin
                 running <= 1'b1;
-                op_q <= arg0[2:0]; nw_q <= ar_nw; h4_q <= ar_h4; n8_q <= ar_n8; tl_q <= ar_tl;
-                nw_m1_q <= ar_nw_m1; tl_m1_q <= ar_tl_m1;
+                op_q <= arg0[2:0]; nw_q <= ar_nw; h4_q <= ar_h4; tl_q <= ar_tl;
                 nwr_q <= ar_nwr; nwr_m1_q <= ar_nwr_m1; nwo_q <= ar_nwo; nwo_m1_q <= ar_nwo_m1;
                 row_bytes_q <= {{{padb}'d0, ar_nwr, 3'd0}}; out_bytes_q <= {{{padb}'d0, ar_nwo, 3'd0}};
                 row8_bytes_q <= {{{padb}'d0, ar_n8, 3'd0}};
