@@ -59,25 +59,7 @@ static void launch(unsigned gx, unsigned gy, unsigned gz, unsigned threads, size
                 // the host's size a sentinel
                 std::memset(dec_smem, 0xFF, smem);
                 std::memset(dec_smem + smem, SENTINEL, sizeof(dec_smem) - smem);
-                std::barrier<> bb(threads);
-                std::vector<std::unique_ptr<std::barrier<>>> wb;
-                for (unsigned w = 0; w < threads / 32; ++w) {
-                    wb.emplace_back(new std::barrier<>(32));
-                    emu_warp_bar[w] = wb.back().get();
-                }
-                emu_block_bar = &bb;
-                std::vector<std::thread> ts;
-                for (unsigned t = 0; t < threads; ++t)
-                    ts.emplace_back([&, t] {
-                        threadIdx.x = t;
-                        blockIdx.x = bx;
-                        blockIdx.y = by;
-                        blockIdx.z = bz;
-                        emu_lane = t & 31;
-                        emu_warp = t >> 5;
-                        f();
-                    });
-                for (auto& t : ts) t.join();
+                emu_run_block(threads, bx, by, bz, f);
                 for (size_t i = smem; i < sizeof(dec_smem); ++i)
                     if (dec_smem[i] != SENTINEL) {
                         std::printf("block (%u,%u,%u) wrote shared memory byte %zu past %zu\n", bx, by, bz, i, smem);

@@ -17,23 +17,7 @@ static void launch(unsigned grid, unsigned threads, const std::function<void()>&
     blockDim.x = threads;
     gridDim.x = grid;
     for (unsigned b = 0; b < grid; ++b) {
-        std::barrier<> bb(threads);
-        std::vector<std::unique_ptr<std::barrier<>>> wb;
-        for (unsigned w = 0; w < threads / 32; ++w) {
-            wb.emplace_back(new std::barrier<>(32));
-            emu_warp_bar[w] = wb.back().get();
-        }
-        emu_block_bar = &bb;
-        std::vector<std::thread> ts;
-        for (unsigned t = 0; t < threads; ++t)
-            ts.emplace_back([&, t] {
-                threadIdx.x = t;
-                blockIdx.x = b;
-                emu_lane = t & 31;
-                emu_warp = t >> 5;
-                f();
-            });
-        for (auto& t : ts) t.join();
+        emu_run_block(threads, b, 0, 0, f);
     }
 }
 

@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -83,6 +85,31 @@ inline float fast_exp2(float x) { return std::exp2(x); }
 
 // ---- warp collectives ----
 thread_local int emu_lane, emu_warp;
+
+// Runs one block of `threads` emulated CUDA threads (one std::thread each) at block index
+// (bx, by, bz), with the block barrier and one barrier per warp that the collectives use.
+inline void emu_run_block(unsigned threads, unsigned bx, unsigned by, unsigned bz,
+                          const std::function<void()>& f) {
+    std::barrier<> bb(threads);
+    std::vector<std::unique_ptr<std::barrier<>>> wb;
+    for (unsigned w = 0; w < threads / 32; ++w) {
+        wb.emplace_back(new std::barrier<>(32));
+        emu_warp_bar[w] = wb.back().get();
+    }
+    emu_block_bar = &bb;
+    std::vector<std::thread> ts;
+    for (unsigned t = 0; t < threads; ++t)
+        ts.emplace_back([&, t] {
+            threadIdx.x = t;
+            blockIdx.x = bx;
+            blockIdx.y = by;
+            blockIdx.z = bz;
+            emu_lane = t & 31;
+            emu_warp = t >> 5;
+            f();
+        });
+    for (auto& t : ts) t.join();
+}
 struct EmuWarp {
     const unsigned short* addr[32];
     unsigned a[32][4], b[32][2];
