@@ -230,8 +230,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         s.0.luts = s.0.luts.max(d.luts);
         s.1 += 1;
     }
-    // memory writes (block RAM and LUTRAM inputs other than a LUTRAM's read address) end
-    // paths too: one row per memory, its write address, data and enable together
+    // memory inputs end paths too: one row per memory, its write address, data and enable
+    // together (for block RAM also the read address and enable, which the RAM registers;
+    // a LUTRAM's read address is combinational and counted through its read instead)
     for (c, name) in cells.iter().zip(&cell_names) {
         if !(is_bram(&c.ty) || is_lutram(&c.ty)) {
             continue;
