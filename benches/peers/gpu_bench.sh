@@ -4,7 +4,7 @@
 # DTYPE (bf16 or f16, default bf16) is the storage precision of both: tandem gets
 # `--cuda-dtype $DTYPE`, torch_peers.py `--dtype $DTYPE`.
 # Writes the tandem JSON to /tmp/tandem-bench/$DTYPE and prints a table of RESULT lines last.
-# ONLY=moe runs the MoE experts pairs alone; MOE_PATHS (default "grouped blaslt") picks the
+# ONLY=linear runs the dense 8192^3 linear pair alone. ONLY=moe runs the MoE experts pairs alone; MOE_PATHS (default "grouped blaslt") picks the
 # experts paths timed (TANDEM_MOE_EXPERTS; `default` = the op's own choice), MOE_TILES (default "default") the grouped tiles
 # (TANDEM_MOE_TILE: l, m, s, or default for the op's own choice). ONLY=route runs the four
 # routing shapes of issue 15 alone (T16384 E8 k2, T16384 E64 k8, T65536 E128 k8, T8192 E256 k8);
@@ -55,6 +55,8 @@ if [ "${ONLY:-}" = route ]; then
   route_pairs
 elif [ "${ONLY:-}" = moe ]; then
   moe_pairs
+elif [ "${ONLY:-}" = linear ]; then
+  pair linear linear --m 8192 --n 8192 --k 8192 --act gelu
 else
 A="attention --batch 4 --heads 32 --head-dim 128"
 for v in ${ATTN_VARIANTS:-m2}; do

@@ -5,6 +5,9 @@
 #   layer     the T4096 Mixtral-sized layer on cuda (data plane), and under --memory-limit
 #   route     moe_route shapes beside PyTorch (gpu_bench.sh ONLY=route), once per routing kernel
 #             in ROUTE_KERNELS (default "fused fused-2 fused-memset": TANDEM_ROUTE_KERNEL values)
+#   experts   moe_experts T4096 and T64 (H4096 F14336 E8 k2) beside PyTorch, once per experts
+#             path in MOE_PATHS (default "default wgmma blaslt"), and the dense 8192^3 linear
+#             (cuBLASLt) beside F.linear: the rate the experts are held to (issue 15)
 #   decode    attention_decode B64 Hq32 Hkv8 ctx 8192 d128 (contiguous, paged) beside SDPA
 #   decode-sweep  the same decode shape, contiguous and paged, once per TANDEM_DECODE_CHUNKS value
 #             in DECODE_CHUNKS (default "auto 8 16 32"), with the current kernel and, where
@@ -51,6 +54,13 @@ for part in "$@"; do
       sed -n '/== summary/,$p' "$out/route.log"; grep -h '"kernel"' /tmp/tandem-bench/bf16/moe-route-*.json | sort | uniq -c
       mkdir -p "$out/route-json"; cp /tmp/tandem-bench/bf16/moe-route-*.json "$out/route-json/" 2>/dev/null
       grep -h -E '"(name|median_s|median_ms|time_s|kernel)"' "$out"/route-json/*.json | paste - - - 2>/dev/null | head -20 ;;
+    experts)
+      MOE_PATHS=${MOE_PATHS:-default wgmma blaslt} ONLY=moe benches/peers/gpu_bench.sh > "$out/experts.log" 2>&1
+      sed -n '/== summary/,$p' "$out/experts.log"
+      mkdir -p "$out/experts-json"; cp /tmp/tandem-bench/bf16/moe-x-*.json "$out/experts-json/" 2>/dev/null
+      grep -h '"kernel' "$out"/experts-json/*.json | sort | uniq -c
+      ONLY=linear benches/peers/gpu_bench.sh > "$out/linear.log" 2>&1
+      sed -n '/== summary/,$p' "$out/linear.log" ;;
     decode)
       D="--batch 64 --heads 32 --kv-heads 8 --context 8192 --head-dim 128 --new-tokens 1 --cuda-dtype bf16"
       $T bench attention-decode $D --json > "$out/dec_c.json" 2> "$out/dec_c.err"; tail -3 "$out/dec_c.err"

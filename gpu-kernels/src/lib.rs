@@ -17,6 +17,9 @@ use sha2::{Digest, Sha256};
 
 /// The shared helpers every module starts with.
 pub const COMMON_HEADER: &str = include_str!("cuda/common/common.cuh");
+/// The Hopper building blocks (TMA, mbarriers, wgmma) the sm_90a modules take after
+/// [`COMMON_HEADER`].
+pub const HOPPER_HEADER: &str = include_str!("cuda/sm90a/hopper.cuh");
 
 /// A compilation unit: one `.cu` file and the entry points it defines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -40,11 +43,15 @@ pub enum Module {
     /// Decode attention (flash-decoding split-KV on CUDA cores, any sm_80+): per-chunk
     /// partials over a contiguous or paged KV cache, merged by LSE (bf16 and f16).
     AttentionDecode,
+    /// MoE experts on Hopper (sm_90a only): persistent grouped GEMMs on wgmma fed by TMA,
+    /// tiles found from the device-side expert offsets (gate/up with SwiGLU in the epilogue,
+    /// down writing one row per slot).
+    MoeExpertsSm90a,
 }
 
 impl Module {
     /// Every module.
-    pub const ALL: [Module; 8] = [
+    pub const ALL: [Module; 9] = [
         Module::Elementwise,
         Module::Norm,
         Module::Rope,
@@ -53,6 +60,7 @@ impl Module {
         Module::AttentionSm90aWs,
         Module::MoeExpertsSm80,
         Module::AttentionDecode,
+        Module::MoeExpertsSm90a,
     ];
 
     /// Short name (used in cache file names and logs).
@@ -66,6 +74,7 @@ impl Module {
             Module::AttentionSm90aWs => "attention_sm90a_ws",
             Module::MoeExpertsSm80 => "moe_experts_sm80",
             Module::AttentionDecode => "attention_decode",
+            Module::MoeExpertsSm90a => "moe_experts_sm90a",
         }
     }
 
@@ -80,6 +89,7 @@ impl Module {
             Module::AttentionSm90aWs => "sm90a/attention_ws.cu",
             Module::MoeExpertsSm80 => "sm80/moe_experts.cu",
             Module::AttentionDecode => "common/attention_decode.cu",
+            Module::MoeExpertsSm90a => "sm90a/moe_experts_ws.cu",
         }
     }
 
@@ -94,6 +104,7 @@ impl Module {
             Module::AttentionSm90aWs => include_str!("cuda/sm90a/attention_ws.cu"),
             Module::MoeExpertsSm80 => include_str!("cuda/sm80/moe_experts.cu"),
             Module::AttentionDecode => include_str!("cuda/common/attention_decode.cu"),
+            Module::MoeExpertsSm90a => include_str!("cuda/sm90a/moe_experts_ws.cu"),
         }
     }
 
@@ -111,6 +122,10 @@ impl Module {
     pub fn source(self, dir: Option<&Path>) -> String {
         let header = read_or(dir, "common/common.cuh", COMMON_HEADER);
         let mut s = format!("// common/common.cuh\n{header}\n");
+        if self.min_arch() >= 90 {
+            let hopper = read_or(dir, "sm90a/hopper.cuh", HOPPER_HEADER);
+            s.push_str(&format!("// sm90a/hopper.cuh\n{hopper}\n"));
+        }
         s.push_str(&format!("// {}\n{}", self.path(), self.text(dir)));
         s
     }
@@ -118,7 +133,7 @@ impl Module {
     /// The lowest compute capability (major * 10 + minor) the module runs on.
     pub fn min_arch(self) -> u32 {
         match self {
-            Module::AttentionSm90aWs => 90,
+            Module::AttentionSm90aWs | Module::MoeExpertsSm90a => 90,
             _ => 80,
         }
     }
@@ -127,7 +142,7 @@ impl Module {
     /// sm_90 only).
     pub fn runs_on(self, arch: u32) -> bool {
         match self {
-            Module::AttentionSm90aWs => arch == 90,
+            Module::AttentionSm90aWs | Module::MoeExpertsSm90a => arch == 90,
             _ => arch >= 80,
         }
     }
@@ -240,6 +255,12 @@ impl Module {
                 "moe_gemm_down_f16_s",
                 "moe_combine_slots_bf16",
                 "moe_combine_slots_f16",
+            ],
+            Module::MoeExpertsSm90a => &[
+                "moe_ws_swiglu_bf16",
+                "moe_ws_down_bf16",
+                "moe_ws_swiglu_f16",
+                "moe_ws_down_f16",
             ],
             Module::AttentionDecode => &[
                 "attn_decode_bf16_d64_r1",
@@ -404,6 +425,27 @@ pub fn attention_ws_block_n(d: usize) -> usize {
 pub fn attention_ws_smem(d: usize, bn: usize) -> usize {
     attention_ws_block_m(d) * d * 2 + 4 * bn * d * 2 + 128 + 1024
 }
+
+/// Rows of a tile of the Hopper MoE experts GEMMs (two consumer warpgroups of 64 rows; MWS_BM
+/// in sm90a/moe_experts_ws.cu). Their blocks run in clusters of two over units of twice this
+/// many rows (the tile map's block for that path).
+pub const MOE_WS_BLOCK_M: usize = 128;
+/// Output columns of a tile of the Hopper gate/up GEMM (MWS_BN): 128 gate and 128 up weight
+/// rows give 128 SwiGLU columns. The down GEMM's tiles are `2 * MOE_WS_BLOCK_N` wide.
+pub const MOE_WS_BLOCK_N: usize = 128;
+/// Most experts the Hopper MoE experts GEMMs take (MWS_MAX_E: their tile tables live in
+/// shared memory).
+pub const MOE_WS_MAX_EXPERTS: usize = 256;
+/// Threads per block of the Hopper MoE experts GEMMs: a producer warpgroup and two consumer
+/// warpgroups.
+pub const MOE_WS_THREADS: u32 = 384;
+/// Stages of their TMA ring (MWS_STAGES): each holds a 128 x 64 activation tile and two
+/// 128 x 64 weight tiles (48 KiB).
+pub const MOE_WS_STAGES: usize = 4;
+/// Dynamic shared memory of the Hopper MoE experts GEMMs: the ring, the mbarriers and the
+/// tile tables, and slack for 1024-byte alignment (MwsLayout::BYTES).
+pub const MOE_WS_SMEM: usize =
+    MOE_WS_STAGES * 3 * 128 * 64 * 2 + 2 * 8 * MOE_WS_STAGES + 2 * 4 * 264 + 1024;
 
 /// Warps per block of the decode attention's partial kernels (DEC_WARPS in
 /// attention_decode.cu).
@@ -606,6 +648,28 @@ mod tests {
                 .body()
                 .contains(&format!("#define MOE_MAP_THREADS {MOE_TILE_MAP_THREADS}"))
         );
+    }
+
+    #[test]
+    fn the_hopper_experts_constants_match_their_source() {
+        let src = Module::MoeExpertsSm90a.body();
+        assert!(src.contains(&format!("#define MWS_BM {MOE_WS_BLOCK_M}")));
+        assert!(src.contains(&format!("#define MWS_BN {MOE_WS_BLOCK_N}")));
+        assert!(src.contains(&format!("#define MWS_STAGES {MOE_WS_STAGES}")));
+        assert!(src.contains(&format!("#define MWS_MAX_E {MOE_WS_MAX_EXPERTS}")));
+        assert!(src.contains("#define MWS_BK 64"));
+        assert!(src.contains("#define MWS_TABLE 264"));
+        assert!(src.contains("BYTES = TABLES + 2 * 4 * MWS_TABLE + 1024"));
+        assert!(src.contains(&format!("__launch_bounds__({MOE_WS_THREADS}, 1)")));
+        assert!(MOE_WS_SMEM <= 227 * 1024);
+        // the Hopper header comes first in the sm_90a programs only
+        assert!(Module::MoeExpertsSm90a.source(None).contains(HOPPER_HEADER));
+        assert!(
+            Module::AttentionSm90aWs
+                .source(None)
+                .contains(HOPPER_HEADER)
+        );
+        assert!(!Module::MoeExpertsSm80.source(None).contains(HOPPER_HEADER));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The CUDA experts op on every path against the f64 reference (`Op::reference`) on fresh
 //! random inputs: the grouped kernels with each tile (`CudaOptions::moe_tile` = s, m, l) and
-//! the cuBLASLt path (`CudaOptions::moe_experts` = blaslt), each on a backend opened with that
-//! path forced. Cases: idle experts, one expert taking every
+//! the cuBLASLt path (`CudaOptions::moe_experts` = blaslt) and the Hopper wgmma kernels
+//! (`wgmma`; on other GPUs the request falls back and the case runs the default path), each on
+//! a backend opened with that path forced. Cases: idle experts, one expert taking every
 //! token, T = 1, T off the routing block, k = 1, 2 and E, hidden/ffn off the tile sizes (and off
 //! multiples of 8, where the grouped request falls back to cuBLASLt), routing block sizes 1 to
 //! 64, several m-, n- and k-tiles per expert, slots dropped from the permutation. Routing runs
@@ -66,11 +67,12 @@ const fn case(
 }
 
 /// The experts path and tile of each path the cases run on.
-const PATHS: [(MoeExpertsPath, Option<MoeTileSize>); 4] = [
+const PATHS: [(MoeExpertsPath, Option<MoeTileSize>); 5] = [
     (MoeExpertsPath::Grouped, Some(MoeTileSize::S)),
     (MoeExpertsPath::Grouped, Some(MoeTileSize::M)),
     (MoeExpertsPath::Grouped, Some(MoeTileSize::L)),
     (MoeExpertsPath::Blaslt, None),
+    (MoeExpertsPath::Wgmma, None),
 ];
 
 /// The options of the CUDA tests in `dt` with the path and tile forced.
@@ -154,8 +156,20 @@ fn run_cases_in(tag: &str, dt: CudaDType, cases: &[Case]) {
             };
             println!("  path {path} tile {tile:?}");
             let (out, kernel) = run_gpu(&pb, &op, &ins);
-            match tile {
-                Some(t) if aligned => {
+            match (path, tile) {
+                (MoeExpertsPath::Wgmma, _) => {
+                    let hopper = aligned && pb.arch() == 90;
+                    assert_eq!(
+                        kernel.contains(&format!("moe_ws_swiglu_{dt}"))
+                            && kernel.contains(&format!("moe_ws_down_{dt}")),
+                        hopper,
+                        "wgmma asked for on sm_{} (H {} F {}), ran {kernel}",
+                        pb.arch(),
+                        c.h,
+                        c.f
+                    );
+                }
+                (_, Some(t)) if aligned => {
                     assert!(
                         kernel.contains(&format!("moe_gemm_swiglu_{dt}_{t}"))
                             && kernel.contains(&format!("moe_gemm_down_{dt}_{t}")),

@@ -5,7 +5,7 @@
 //! | `TANDEM_CUDA_DTYPE` | [`CudaOptions::dtype`] | `bf16` (default), `f16` |
 //! | `TANDEM_CUDA_POISON` | [`CudaOptions::poison`] | `1`, `0` (default), `on`, `off`, `true`, `false` |
 //! | `TANDEM_ATTN_VARIANT` | [`CudaOptions::attention_variant`] | `w4`, `w8`, `m2`, `m2n32`, `ws` (default: by arch) |
-//! | `TANDEM_MOE_EXPERTS` | [`CudaOptions::moe_experts`] | `blaslt`, `grouped` (default: by shape) |
+//! | `TANDEM_MOE_EXPERTS` | [`CudaOptions::moe_experts`] | `blaslt`, `grouped`, `wgmma` (default: by shape and device) |
 //! | `TANDEM_MOE_TILE` | [`CudaOptions::moe_tile`] | `l`, `m`, `s` (default: by shape) |
 //! | `TANDEM_ROUTE_KERNEL` | [`CudaOptions::route_kernel`] | `fused`, `fused-2`, `fused-1`, `fused-memset`, `three` (default: `fused` where the grid fits) |
 //! | `TANDEM_DECODE_CHUNKS` | [`CudaOptions::decode_chunks`] | 1 to 4096 (default: by shape and device) |
@@ -269,17 +269,25 @@ pub enum MoeExpertsPath {
     Blaslt,
     /// Grouped GEMMs over the routing's padded permutation (no host synchronisation).
     Grouped,
+    /// Hopper (sm_90) persistent grouped GEMMs on wgmma and the TMA (no host
+    /// synchronisation).
+    Wgmma,
 }
 
 impl MoeExpertsPath {
-    /// Both paths.
-    pub const ALL: [MoeExpertsPath; 2] = [MoeExpertsPath::Blaslt, MoeExpertsPath::Grouped];
+    /// Every path.
+    pub const ALL: [MoeExpertsPath; 3] = [
+        MoeExpertsPath::Blaslt,
+        MoeExpertsPath::Grouped,
+        MoeExpertsPath::Wgmma,
+    ];
 
     /// The name in `TANDEM_MOE_EXPERTS`.
     pub fn name(self) -> &'static str {
         match self {
             MoeExpertsPath::Blaslt => "blaslt",
             MoeExpertsPath::Grouped => "grouped",
+            MoeExpertsPath::Wgmma => "wgmma",
         }
     }
 
@@ -535,7 +543,7 @@ mod tests {
             &[(MOE_EXPERTS_VAR, "cublas")],
             MOE_EXPERTS_VAR,
             "cublas",
-            &["blaslt", "grouped"],
+            &["blaslt", "grouped", "wgmma"],
         );
         refused(
             &[(MOE_TILE_VAR, "xl")],

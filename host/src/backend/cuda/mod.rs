@@ -162,6 +162,11 @@ impl CudaBackend {
         self.pool.trim()
     }
 
+    /// Compute capability, major * 10 + minor (90 on Hopper).
+    pub fn arch(&self) -> u32 {
+        self.dev.arch
+    }
+
     /// Device ordinal.
     pub fn ordinal(&self) -> usize {
         self.dev.ordinal

@@ -1,12 +1,16 @@
-//! MoE routing (three fused kernels) and experts, two ways:
+//! MoE routing (three fused kernels) and experts, three ways:
 //! - `grouped` (default up to 32 rows per expert): sm80/moe_experts.cu's grouped GEMMs over the routing's padded
 //!   permutation (tile map, gate/up GEMM with the SwiGLU in its epilogue and the token gather in
 //!   its operand load, down GEMM writing one row per slot, weighted combine). Nothing waits for
 //!   the host: each block reads its expert and rows from device memory.
-//! - `blaslt` (default above): gather, one cuBLASLt GEMM per expert (twice), SwiGLU, combine; reads the expert
-//!   offsets on the host first (a stream synchronisation).
+//! - `wgmma` (default above on sm_90): sm90a/moe_experts_ws.cu's persistent grouped GEMMs on
+//!   wgmma fed by the TMA (tile map, token gather, gate/up GEMM with the SwiGLU in its
+//!   epilogue, down GEMM writing one row per slot, the same combine). No host synchronisation
+//!   either: every block finds its tiles from the device-side offsets.
+//! - `blaslt` (default above elsewhere): gather, one cuBLASLt GEMM per expert (twice), SwiGLU,
+//!   combine; reads the expert offsets on the host first (a stream synchronisation).
 //!
-//! [`CudaOptions::moe_experts`] (`TANDEM_MOE_EXPERTS=blaslt|grouped`) forces one,
+//! [`CudaOptions::moe_experts`] (`TANDEM_MOE_EXPERTS=blaslt|grouped|wgmma`) forces one,
 //! [`CudaOptions::moe_tile`] (`TANDEM_MOE_TILE=l|m|s`) the grouped GEMMs' tile (default by the
 //! mean rows per expert, T*k/E); see [`ExpertsPath::select`].
 //!
@@ -22,6 +26,7 @@ use super::{Arg, Cx, Dims};
 use crate::backend::cuda::CudaStorage;
 use crate::backend::cuda::blaslt::Epilogue;
 use crate::backend::cuda::error::DrvResultExt;
+use crate::backend::cuda::tma;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::moe::ExpertsShape;
@@ -297,6 +302,8 @@ pub enum ExpertsPath {
     Grouped(MoeTile),
     /// Gather + cuBLASLt per expert + SwiGLU + combine (reads the offsets on the host).
     Blaslt,
+    /// Hopper persistent grouped GEMMs on wgmma (no host synchronisation).
+    Wgmma,
 }
 
 /// Mean rows per expert up to which the `s` tile is picked (decode-sized batches).
@@ -305,16 +312,19 @@ const SMALL_TILE_MAX_ROWS: usize = 32;
 const MEDIUM_TILE_MAX_ROWS: usize = 96;
 
 impl ExpertsPath {
-    /// The path for this shape: `forced` (blaslt, grouped) and the tile `forced_tile` (l, m,
-    /// s; naming one asks for the grouped path) where given ([`crate::options::CudaOptions`]'s
-    /// `moe_experts` and `moe_tile`); else the faster measured on an H200 (docs/gpu-notes.md
-    /// v9): grouped with the `s` tile up to 32 rows per expert on average (decode-sized
-    /// batches: 1.42x PyTorch at T64), cuBLASLt above (its wgmma GEMMs beat the mma.sync
-    /// grouped tiles 2x at T4096). Grouped needs H and F to be multiples of 8 (16-byte rows for
-    /// cp.async) and a grid under 2^31 blocks; otherwise the cuBLASLt path runs and the second
-    /// value says why.
+    /// The path for this shape on a device where the Hopper kernels run or not (`hopper`:
+    /// sm_90): `forced` (blaslt, grouped, wgmma) and the tile `forced_tile` (l, m, s; naming
+    /// one asks for the grouped path) where given ([`crate::options::CudaOptions`]'s
+    /// `moe_experts` and `moe_tile`); else grouped with the `s` tile up to 32 rows per expert
+    /// on average (decode-sized batches: 1.42x PyTorch at T64 on an H200, docs/gpu-notes.md
+    /// v9), and above that the wgmma kernels on Hopper, cuBLASLt elsewhere (its GEMMs beat the
+    /// mma.sync grouped tiles 2x at T4096). The grouped and wgmma kernels need H and F to be
+    /// multiples of 8 (16-byte rows) and a grid under 2^31 blocks, and wgmma at most
+    /// [`tandem_gpu_kernels::MOE_WS_MAX_EXPERTS`] experts; otherwise another path runs and the
+    /// second value says why.
     pub fn select(
         s: &ExpertsShape,
+        hopper: bool,
         forced: Option<MoeExpertsPath>,
         forced_tile: Option<MoeTileSize>,
     ) -> (Self, Option<String>) {
@@ -325,8 +335,30 @@ impl ExpertsPath {
             return (ExpertsPath::Blaslt, Some(why));
         }
         let rows = (s.t * s.k).div_ceil(s.e.max(1));
-        if forced.is_none() && forced_tile.is_none() && rows > SMALL_TILE_MAX_ROWS {
-            return (ExpertsPath::Blaslt, None);
+        let wgmma = if !hopper {
+            Err("the wgmma experts kernels run on sm_90 (Hopper) only".to_string())
+        } else if s.e > tandem_gpu_kernels::MOE_WS_MAX_EXPERTS {
+            Err(format!(
+                "{} experts (the wgmma experts kernels take up to {})",
+                s.e,
+                tandem_gpu_kernels::MOE_WS_MAX_EXPERTS
+            ))
+        } else {
+            Ok(())
+        };
+        let mut why = None;
+        if forced == Some(MoeExpertsPath::Wgmma) && forced_tile.is_none() {
+            match &wgmma {
+                Ok(()) => return (ExpertsPath::Wgmma, None),
+                Err(w) => why = Some(w.clone()),
+            }
+        }
+        let asked_grouped = forced == Some(MoeExpertsPath::Grouped) || forced_tile.is_some();
+        if !asked_grouped && rows > SMALL_TILE_MAX_ROWS {
+            return match wgmma {
+                Ok(()) => (ExpertsPath::Wgmma, why),
+                Err(_) => (ExpertsPath::Blaslt, why),
+            };
         }
         let default = if rows <= SMALL_TILE_MAX_ROWS {
             MoeTileSize::S
@@ -337,7 +369,7 @@ impl ExpertsPath {
         };
         (
             ExpertsPath::Grouped(forced_tile.unwrap_or(default).tile()),
-            None,
+            why,
         )
     }
 }
@@ -407,8 +439,15 @@ pub fn experts(
 ) -> Result<String> {
     let s = p.shape(metas)?;
     let o = &cx.be.opts;
-    match ExpertsPath::select(&s, o.moe_experts, o.moe_tile) {
-        (ExpertsPath::Grouped(t), _) => experts_grouped(cx, &s, t, ins, outs),
+    let hopper = tandem_gpu_kernels::Module::MoeExpertsSm90a.runs_on(cx.be.dev.arch);
+    match ExpertsPath::select(&s, hopper, o.moe_experts, o.moe_tile) {
+        (ExpertsPath::Grouped(t), why) => {
+            if let Some(why) = why {
+                tracing::debug!(%why, "moe_experts: grouped path");
+            }
+            experts_grouped(cx, &s, t, ins, outs)
+        }
+        (ExpertsPath::Wgmma, _) => experts_wgmma(cx, &s, ins, outs),
         (ExpertsPath::Blaslt, why) => {
             if let Some(why) = why {
                 tracing::debug!(%why, "moe_experts: cuBLASLt path");
@@ -490,6 +529,166 @@ fn experts_grouped(
     unsafe { drv::memset_d8_async(rows.ptr(), 0, t * k * h * phys.size(), cx.stream()) }
         .ctx(label, "cuMemsetD8Async(moe rows)")?;
     gemm(down_k, g2, hbuf.ptr(), down.ptr, rows.ptr(), h, f)?;
+    cx.k(
+        combine,
+        Dims::stride((t * h / 8) as u64, 256, cx.sms()),
+        &[
+            Arg::Ptr(rows.ptr()),
+            Arg::Ptr(w.ptr),
+            Arg::Ptr(outs[0].ptr()),
+            Arg::I32(t as i32),
+            Arg::I32(h as i32),
+            Arg::I32(k as i32),
+        ],
+    )?;
+    Ok(names)
+}
+
+/// Hopper: tile map, gather, persistent wgmma gate/up + SwiGLU, down (one row per slot),
+/// combine; nothing waits for the host.
+fn experts_wgmma(
+    cx: &Cx<'_>,
+    s: &ExpertsShape,
+    ins: &[&CudaStorage],
+    outs: &[CudaStorage],
+) -> Result<String> {
+    let (t, h, e, k, f) = (s.t, s.h, s.e, s.k, s.f);
+    let phys = outs[0].phys;
+    precision(phys)?;
+    let (up, down_k) = match phys {
+        DType::F16 => ("moe_ws_swiglu_f16", "moe_ws_down_f16"),
+        _ => ("moe_ws_swiglu_bf16", "moe_ws_down_bf16"),
+    };
+    let gather = cx.kernel("moe_gather_{s}")?;
+    let combine = match phys {
+        DType::F16 => "moe_combine_slots_f16",
+        _ => "moe_combine_slots_bf16",
+    };
+    let names = format!("moe_tile_map+{gather}+{up}+memset_d8+{down_k}+{combine}");
+    if t == 0 {
+        return Ok(names);
+    }
+    let x = cx.cast(ins[0], t * h, phys)?;
+    let w = cx.f32(ins[2], t * k)?;
+    let sorted = ins[3];
+    let offsets = ins[4];
+    let gate_up = cx.cast(ins[5], e * 2 * f * h, phys)?;
+    let down = cx.cast(ins[6], e * h * f, phys)?;
+    let bm = tandem_gpu_kernels::MOE_WS_BLOCK_M;
+    let map = cx.scratch(2 * (e + 1) * 4)?;
+    let (soff, tstart) = (map.ptr(), map.ptr() + ((e + 1) * 4) as u64);
+    let slots = (t * k) as i32;
+    cx.k(
+        "moe_tile_map",
+        Dims::linear(1, MOE_TILE_MAP_THREADS),
+        &[
+            Arg::Ptr(offsets.ptr()),
+            Arg::I32(e as i32),
+            Arg::I32(s.p as i32),
+            // units of two tiles: one for each block of a cluster
+            Arg::I32(2 * bm as i32),
+            Arg::Ptr(soff),
+            Arg::Ptr(tstart),
+        ],
+    )?;
+    // Every row of the permutation (the host does not know where the segments end); padding
+    // rows are zeros.
+    let xg = cx.alloc(s.p * h, phys)?;
+    cx.k(
+        gather,
+        Dims::linear(s.p as u32, 128),
+        &[
+            Arg::Ptr(x.ptr),
+            Arg::Ptr(sorted.ptr()),
+            Arg::Ptr(xg.ptr()),
+            Arg::I32(s.p as i32),
+            Arg::I32(h as i32),
+            Arg::I32(k as i32),
+            Arg::I32(slots),
+        ],
+    )?;
+    let hbuf = cx.alloc(s.p * f, phys)?;
+    let rows = cx.alloc(t * k * h, phys)?;
+    let label = &cx.be.dev.label;
+    let ty = phys;
+    let box_rows = bm as u32;
+    // Clusters of two blocks, one a multiprocessor, at most the 256-row units the segments can
+    // need (one partial unit per expert) times the n-tiles.
+    let units = s.p.div_ceil(2 * bm) + e;
+    let grid = |n_tile: usize, n: usize| -> u32 {
+        let clusters = (units * n.div_ceil(n_tile))
+            .min(cx.sms() as usize / 2)
+            .max(1);
+        2 * clusters as u32
+    };
+    let bn = tandem_gpu_kernels::MOE_WS_BLOCK_N;
+    let dims = |g: u32| {
+        Dims::linear(g, tandem_gpu_kernels::MOE_WS_THREADS).smem(tandem_gpu_kernels::MOE_WS_SMEM)
+    };
+    let gemm = |name: &'static str,
+                g: u32,
+                a: u64,
+                a_cols: usize,
+                wt: u64,
+                w_rows: usize,
+                o: u64,
+                n: usize| {
+        cx.k(
+            name,
+            dims(g),
+            &[
+                Arg::TensorMap(tma::tiled_3d_sw128(
+                    label,
+                    a,
+                    ty,
+                    [1, s.p, a_cols],
+                    box_rows,
+                    64,
+                )?),
+                Arg::TensorMap(tma::tiled_3d_sw128(
+                    label,
+                    wt,
+                    ty,
+                    [1, e * w_rows, a_cols],
+                    box_rows,
+                    64,
+                )?),
+                Arg::Ptr(o),
+                Arg::Ptr(sorted.ptr()),
+                Arg::Ptr(soff),
+                Arg::Ptr(tstart),
+                Arg::I32(e as i32),
+                Arg::I32(n as i32),
+                Arg::I32(a_cols as i32),
+                Arg::I32(slots),
+            ],
+        )
+    };
+    gemm(
+        up,
+        grid(bn, f),
+        xg.ptr(),
+        h,
+        gate_up.ptr,
+        2 * f,
+        hbuf.ptr(),
+        f,
+    )?;
+    // Slots missing from the permutation (dropped by a capacity limit) must add nothing.
+    // SAFETY: rows holds t*k*h elements of phys; the memset is ordered on the compute stream
+    // after the allocation and before the kernels that use rows.
+    unsafe { drv::memset_d8_async(rows.ptr(), 0, t * k * h * phys.size(), cx.stream()) }
+        .ctx(label, "cuMemsetD8Async(moe rows)")?;
+    gemm(
+        down_k,
+        grid(2 * bn, h),
+        hbuf.ptr(),
+        f,
+        down.ptr,
+        h,
+        rows.ptr(),
+        h,
+    )?;
     cx.k(
         combine,
         Dims::stride((t * h / 8) as u64, 256, cx.sms()),
@@ -697,17 +896,29 @@ mod tests {
             (Some(MoeExpertsPath::Grouped), None),
             (None, Some(MoeTileSize::S)),
         ] {
-            let (p, why) = ExpertsPath::select(&shape(20, 60, 36, 4, 2), path, tile);
-            assert_eq!(p, ExpertsPath::Blaslt);
-            assert!(why.is_some_and(|w| w.contains("multiples of 8")));
+            for hopper in [false, true] {
+                let (p, why) = ExpertsPath::select(&shape(20, 60, 36, 4, 2), hopper, path, tile);
+                assert_eq!(p, ExpertsPath::Blaslt);
+                assert!(why.is_some_and(|w| w.contains("multiples of 8")));
+            }
+        }
+    }
+
+    fn pick_on(
+        hopper: bool,
+        t: usize,
+        path: Option<MoeExpertsPath>,
+        tile: Option<MoeTileSize>,
+    ) -> &'static str {
+        match ExpertsPath::select(&shape(t, 4096, 14336, 8, 2), hopper, path, tile).0 {
+            ExpertsPath::Grouped(tile) => tile.name,
+            ExpertsPath::Blaslt => "blaslt",
+            ExpertsPath::Wgmma => "wgmma",
         }
     }
 
     fn pick(t: usize, path: Option<MoeExpertsPath>, tile: Option<MoeTileSize>) -> &'static str {
-        match ExpertsPath::select(&shape(t, 4096, 14336, 8, 2), path, tile).0 {
-            ExpertsPath::Grouped(tile) => tile.name,
-            ExpertsPath::Blaslt => "blaslt",
-        }
+        pick_on(false, t, path, tile)
     }
 
     #[test]
@@ -715,6 +926,47 @@ mod tests {
         assert_eq!(pick(64, None, None), "s");
         assert_eq!(pick(256, None, None), "blaslt");
         assert_eq!(pick(4096, None, None), "blaslt");
+        // Hopper: the wgmma kernels above the decode-sized batches
+        assert_eq!(pick_on(true, 64, None, None), "s");
+        assert_eq!(pick_on(true, 256, None, None), "wgmma");
+        assert_eq!(pick_on(true, 4096, None, None), "wgmma");
+    }
+
+    #[test]
+    fn wgmma_off_hopper_or_past_256_experts_falls_back_with_the_reason() {
+        let (p, why) = ExpertsPath::select(
+            &shape(4096, 4096, 14336, 8, 2),
+            false,
+            Some(MoeExpertsPath::Wgmma),
+            None,
+        );
+        assert_eq!(p, ExpertsPath::Blaslt);
+        assert!(why.is_some_and(|w| w.contains("sm_90")));
+        let (p, why) = ExpertsPath::select(
+            &shape(64, 4096, 14336, 8, 2),
+            false,
+            Some(MoeExpertsPath::Wgmma),
+            None,
+        );
+        assert_eq!(p, ExpertsPath::Grouped(MoeTileSize::S.tile()));
+        assert!(why.is_some());
+        let (p, why) = ExpertsPath::select(
+            &shape(16384, 512, 1024, 300, 2),
+            true,
+            Some(MoeExpertsPath::Wgmma),
+            None,
+        );
+        assert_eq!(p, ExpertsPath::Blaslt);
+        assert!(why.is_some_and(|w| w.contains("300 experts")));
+        // forced on Hopper: wgmma even for decode-sized batches
+        assert_eq!(
+            pick_on(true, 64, Some(MoeExpertsPath::Wgmma), None),
+            "wgmma"
+        );
+        assert_eq!(
+            pick_on(true, 64, Some(MoeExpertsPath::Blaslt), None),
+            "blaslt"
+        );
     }
 
     #[test]

@@ -1,0 +1,274 @@
+// MoE experts on Hopper (sm_90a): the two grouped GEMMs of sm80/moe_experts.cu (same inputs,
+// same block-padded permutation, same combine) as persistent kernels on wgmma fed by the TMA.
+//
+// Inputs (T tokens, H hidden, F ffn, E experts, k per token; slot = t*k + j):
+//   A [P, K]: the activations in permuted order (xg, gathered by moe_gather_{s}, for the gate/up
+//     GEMM; h, the SwiGLU output, for the down GEMM), read through the tensor map `ma`
+//     (dims {K, P, 1}, boxes {64, 128, 1}, 128-byte swizzle; rows past P read as zero);
+//   W [E * W_ROWS, K]: the expert weights, K-major (gate_up [E, 2F, H]: W_ROWS = 2F; down
+//     [E, H, F]: W_ROWS = H), through `mw` (dims {K, E * W_ROWS, 1}, boxes {64, 128, 1});
+//   soff [E+1], tstart [E+1]: moe_tile_map's monotone segment bounds and the prefix count of
+//     2 * MWS_BM-row units per expert (from the routing's offsets on the device: no host sync);
+//   sorted [P]: the slot of each permuted row (padding: anything outside 0..slots).
+// Kernels (grid: one block per SM in clusters of two; cluster c walks the 256-row units c,
+// c + clusters, ..., its block of rank r taking rows 128 r .. 128 r + 127 of each):
+//   moe_ws_swiglu_{s}: h[p, n] = silu(A[p] . gate_e[n]) * (A[p] . up_e[n]) for the 128
+//     columns n0..n0+127 of a tile: the block loads 128 gate rows and 128 up rows per k-step
+//     and the SwiGLU runs on the f32 accumulators; rows past the expert's segment are not
+//     stored (they belong to the next expert or to nothing).
+//   moe_ws_down_{s}: rows[slot(p), n] = A[p] . down_e[n] for 256 columns a tile, stored by slot
+//     (padding rows are not stored; the host zeroes `rows` first, so dropped slots add nothing
+//     in moe_combine_slots_{s}).
+// Unit order: expert-major, then the n-tile, then the m-unit, so the blocks running at once
+// share each weight tile (one DRAM read, then L2) and one expert's activations; within a
+// cluster each block loads one of the two W tiles and multicasts it to both.
+// Block: a producer warpgroup (one thread issues the TMA copies into an MWS_STAGES-deep ring
+// of stages, each a 128 x 64 A tile and two 128 x 64 W tiles, guarded by full/empty
+// mbarriers; it gives its registers away with setmaxnreg) and two consumer warpgroups, 64 rows
+// of the tile each, one wgmma m64n256k16 per 16-deep k-slice over both W tiles (they lie back
+// to back in the stage: one 256-row operand; A and W K-major in shared memory),
+// one k-step's products kept in flight while the next stage is awaited. The producer runs
+// ahead into the next tile while the consumers store this one.
+// Requirements (checked by the host): K and the output width multiples of 8 (16-byte rows for
+// the TMA), E <= MWS_MAX_E.
+
+#define MWS_BM 128
+#define MWS_BN 128
+#define MWS_BK 64
+#define MWS_STAGES 4
+#define MWS_MAX_E 256
+#define MWS_TABLE 264  // ints per table: E + 1 <= 257, rounded up
+
+struct MwsLayout {
+    static constexpr unsigned TILE = MWS_BM * MWS_BK * 2;  // 16 KiB: one 128 x 64 tile
+    static constexpr unsigned STAGE = 3 * TILE;            // A, W0, W1
+    static constexpr unsigned BARS = MWS_STAGES * STAGE;   // full[S], then empty[S]
+    static constexpr unsigned TABLES = BARS + 2 * 8 * MWS_STAGES;
+    static constexpr unsigned BYTES = TABLES + 2 * 4 * MWS_TABLE + 1024;  // + alignment slack
+};
+
+__device__ __forceinline__ float mws_silu(float g) { return g / (1.f + fast_exp2(-1.4426950408889634f * g)); }
+
+// d[64x256] (+)= A[64x16] * B[256x16]^T, A and B K-major in shared memory (bf16).
+__device__ __forceinline__ void mws_ss_n256_bf16(float (&d)[32][4], u64_t da, u64_t db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// d[64x256] (+)= A[64x16] * B[256x16]^T, A and B K-major in shared memory (f16).
+__device__ __forceinline__ void mws_ss_n256_f16(float (&d)[32][4], u64_t da, u64_t db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
+template <bool F16>
+__device__ __forceinline__ void mws_mma(float (&d)[32][4], u64_t da, u64_t db, int acc) {
+    if (F16) mws_ss_n256_f16(d, da, db, acc);
+    else mws_ss_n256_bf16(d, da, db, acc);
+}
+
+// Thread-block clusters of two: the blocks of a cluster take the two 128-row halves of one
+// 256-row unit (same expert, same n-tile), and each loads one of the two W tiles once for both
+// (TMA multicast), so each block reads 32 KiB of a stage from L2 instead of 48.
+__device__ __forceinline__ unsigned mws_cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void mws_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// Arrives on the mbarrier at the same shared address in the cluster's block `rank`.
+__device__ __forceinline__ void mws_arrive_on(unsigned bar, unsigned rank) {
+    asm volatile(
+        "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar), "r"(rank) : "memory");
+}
+// A TMA tile load written to the same shared address in every block of `mask` (and counted on
+// the mbarrier at the same address in each).
+__device__ __forceinline__ void mws_tma_multicast(unsigned dst, const tma_map_t* map, unsigned bar, int c0, int c1,
+                                                  unsigned short mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%3, %4, %5}], [%2], %6;\n"
+        ::"r"(dst), "l"((u64_t)map), "r"(bar), "r"(c0), "r"(c1), "r"(0), "h"(mask) : "memory");
+}
+
+// The unit `t` of this GEMM (256 rows: a cluster's two tiles): its expert, first row, row
+// bound and n-tile (units of the same n-tile consecutive).
+struct MwsTile {
+    int e, row0, row_end, nt;
+};
+__device__ __forceinline__ MwsTile mws_tile(int t, int NT, int E, const int* soff, const int* tstart) {
+    int lo = 0, hi = E;  // tstart[lo] * NT <= t < tstart[hi] * NT
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (tstart[mid] * NT <= t) lo = mid;
+        else hi = mid;
+    }
+    const int mcount = tstart[lo + 1] - tstart[lo];
+    const int local = t - tstart[lo] * NT;
+    MwsTile r;
+    r.e = lo;
+    r.nt = local / mcount;
+    r.row0 = soff[lo] + (local - r.nt * mcount) * 2 * MWS_BM;  // 256-row units
+    r.row_end = soff[lo + 1];
+    return r;
+}
+
+// SWIGLU: out = h [P, N] (N = F, W_ROWS = 2F); else out = rows [slots, N] (N = H, W_ROWS = H).
+template <bool SWIGLU, bool F16>
+__device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t* mw, unsigned short* __restrict__ out,
+                                            const int* __restrict__ sorted, const int* __restrict__ soff_g,
+                                            const int* __restrict__ tstart_g, int E, int N, int K, int slots) {
+    using L = MwsLayout;
+    extern __shared__ __align__(1024) unsigned char mws_smem[];
+    const unsigned base = (smem_addr(mws_smem) + 1023u) & ~1023u;
+    const unsigned full = base + L::BARS, empty = full + 8 * MWS_STAGES;
+    int* soff = (int*)(mws_smem + (base - smem_addr(mws_smem)) + L::TABLES);
+    int* tstart = soff + MWS_TABLE;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wg = warp >> 2;
+    const unsigned rank = mws_cluster_rank(), peer = rank ^ 1;
+    const int pair = blockIdx.x >> 1, pairs = gridDim.x >> 1;
+
+    for (int i = threadIdx.x; i <= E; i += blockDim.x) {
+        soff[i] = soff_g[i];
+        tstart[i] = tstart_g[i];
+    }
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int s = 0; s < MWS_STAGES; ++s) {
+            mbar_init(full + 8 * s, 1);
+            mbar_init(empty + 8 * s, 16);  // the 8 consumer warps of both blocks
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    // both blocks' barriers exist before either block's copies or arrivals reach them
+    mws_cluster_sync();
+
+    const int w_rows = SWIGLU ? 2 * N : N;
+    const int tile_n = SWIGLU ? MWS_BN : 2 * MWS_BN;  // output columns a tile
+    const int NT = (N + tile_n - 1) / tile_n;
+    const int total = tstart[E] * NT;
+    const int KC = (K + MWS_BK - 1) / MWS_BK;
+
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (threadIdx.x == 0) {
+            int it = 0;
+            for (int t = pair; t < total; t += pairs) {
+                const MwsTile tl = mws_tile(t, NT, E, soff, tstart);
+                const int n0 = tl.nt * tile_n;
+                const int w0 = tl.e * w_rows + n0;
+                // this block's W tile (gate or the first 128 rows: rank 0; up or the next 128: rank 1)
+                const int wr = rank == 0 ? w0 : (SWIGLU ? w0 + N : w0 + MWS_BN);
+                const int a_row = tl.row0 + (int)rank * MWS_BM;
+                for (int c = 0; c < KC; ++c, ++it) {
+                    const int s = it % MWS_STAGES;
+                    const unsigned ph = ((it / MWS_STAGES) & 1) ^ 1;  // a stage's first use does not wait
+                    const unsigned st = base + s * L::STAGE;
+                    mbar_wait(empty + 8 * s, ph);
+                    mbar_expect_tx(full + 8 * s, L::STAGE);
+                    tma_load_3d(st, ma, full + 8 * s, c * MWS_BK, a_row, 0);
+                    mws_tma_multicast(st + (1 + rank) * L::TILE, mw, full + 8 * s, c * MWS_BK, wr, 0x3);
+                }
+            }
+        }
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+        const int cw = wg - 1;  // rows 64 * cw .. + 63 of each tile
+        const int g = lane >> 2, tq = lane & 3;
+        const int rw = cw * 64 + (warp & 3) * 16 + g;  // this thread's rows: rw, rw + 8
+        int it = 0;
+        for (int t = pair; t < total; t += pairs) {
+            MwsTile tl = mws_tile(t, NT, E, soff, tstart);
+            tl.row0 += (int)rank * MWS_BM;
+            // columns 0..127: gate (W0) / the first 128 outputs; 128..255: up (W1) / the next 128
+            float acc[32][4];
+#pragma unroll
+            for (int i = 0; i < 32; ++i)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
+            for (int c = 0; c < KC; ++c, ++it) {
+                const int s = it % MWS_STAGES;
+                const unsigned st = base + s * L::STAGE;
+                mbar_wait(full + 8 * s, (it / MWS_STAGES) & 1);
+                ws_fence();
+#pragma unroll
+                for (int kk = 0; kk < MWS_BK / 16; ++kk) {
+                    // W0 and W1 lie back to back: one 256-row operand
+                    mws_mma<F16>(acc, desc_sw128(st + cw * 64 * 128 + kk * 32, 16, 1024),
+                                 desc_sw128(st + L::TILE + kk * 32, 16, 1024), 1);
+                }
+                ws_commit();
+                // the previous k-step's products are done: its stage can be refilled
+                ws_wait<1>();
+                if (c > 0 && lane == 0) {
+                    const unsigned e = empty + 8 * ((it - 1) % MWS_STAGES);
+                    mbar_arrive(e);
+                    mws_arrive_on(e, peer);
+                }
+            }
+            ws_wait<0>();
+            pin(acc);
+            if (KC > 0 && lane == 0) {
+                const unsigned e = empty + 8 * ((it - 1) % MWS_STAGES);
+                mbar_arrive(e);
+                mws_arrive_on(e, peer);
+            }
+
+            const int n0 = tl.nt * tile_n;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int p = tl.row0 + rw + r * 8;
+                if (p >= tl.row_end) continue;
+                if (SWIGLU) {
+                    unsigned short* orow = out + (u64_t)p * N;
+#pragma unroll
+                    for (int j = 0; j < 16; ++j) {
+                        const int col = n0 + j * 8 + tq * 2;
+                        if (col < N) {
+                            const float h0 = mws_silu(acc[j][2 * r]) * acc[j + 16][2 * r];
+                            const float h1 = mws_silu(acc[j][2 * r + 1]) * acc[j + 16][2 * r + 1];
+                            *(unsigned*)(orow + col) = ws_pack<F16>(h0, h1);
+                        }
+                    }
+                } else {
+                    const int slot = sorted[p];
+                    if (slot < 0 || slot >= slots) continue;
+                    unsigned short* orow = out + (u64_t)slot * N;
+#pragma unroll
+                    for (int j = 0; j < 16; ++j) {
+                        const int col = n0 + j * 8 + tq * 2;
+                        if (col < N) *(unsigned*)(orow + col) = ws_pack<F16>(acc[j][2 * r], acc[j][2 * r + 1]);
+                        if (col + MWS_BN < N)
+                            *(unsigned*)(orow + col + MWS_BN) = ws_pack<F16>(acc[j + 16][2 * r], acc[j + 16][2 * r + 1]);
+                    }
+                }
+            }
+        }
+    }
+    // no block leaves while its partner may still arrive on its barriers
+    __syncwarp();
+    mws_cluster_sync();
+}
+
+#define MWS_ENTRY(NAME, SWIGLU, F16)                                                                     \
+    extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1)                       \
+        NAME(const __grid_constant__ tma_map_t ma, const __grid_constant__ tma_map_t mw,                 \
+             unsigned short* __restrict__ out, const int* __restrict__ sorted, const int* __restrict__ soff, \
+             const int* __restrict__ tstart, int E, int N, int K, int slots) {                           \
+        moe_ws_gemm<SWIGLU, F16>(&ma, &mw, out, sorted, soff, tstart, E, N, K, slots);                  \
+    }
+MWS_ENTRY(moe_ws_swiglu_bf16, true, false)
+MWS_ENTRY(moe_ws_down_bf16, false, false)
+MWS_ENTRY(moe_ws_swiglu_f16, true, true)
+MWS_ENTRY(moe_ws_down_f16, false, true)
