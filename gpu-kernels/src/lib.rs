@@ -427,8 +427,7 @@ pub fn attention_ws_smem(d: usize, bn: usize) -> usize {
 }
 
 /// Rows of a tile of the Hopper MoE experts GEMMs (two consumer warpgroups of 64 rows; MWS_BM
-/// in sm90a/moe_experts_ws.cu). Their blocks run in clusters of two over units of twice this
-/// many rows (the tile map's block for that path).
+/// in sm90a/moe_experts_ws.cu): the tile map's block for that path.
 pub const MOE_WS_BLOCK_M: usize = 128;
 /// Output columns of a tile of the Hopper gate/up GEMM (MWS_BN): 128 gate and 128 up weight
 /// rows give 128 SwiGLU columns. The down GEMM's tiles are `2 * MOE_WS_BLOCK_N` wide.

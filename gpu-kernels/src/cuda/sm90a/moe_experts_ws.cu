@@ -8,10 +8,9 @@
 //   W [E * W_ROWS, K]: the expert weights, K-major (gate_up [E, 2F, H]: W_ROWS = 2F; down
 //     [E, H, F]: W_ROWS = H), through `mw` (dims {K, E * W_ROWS, 1}, boxes {64, 128, 1});
 //   soff [E+1], tstart [E+1]: moe_tile_map's monotone segment bounds and the prefix count of
-//     2 * MWS_BM-row units per expert (from the routing's offsets on the device: no host sync);
+//     MWS_BM-row tiles per expert (from the routing's offsets on the device: no host sync);
 //   sorted [P]: the slot of each permuted row (padding: anything outside 0..slots).
-// Kernels (grid: one block per SM in clusters of two; cluster c walks the 256-row units c,
-// c + clusters, ..., its block of rank r taking rows 128 r .. 128 r + 127 of each):
+// Kernels (grid: one block per SM, each block walks tiles blockIdx.x, + gridDim.x, ...):
 //   moe_ws_swiglu_{s}: h[p, n] = silu(A[p] . gate_e[n]) * (A[p] . up_e[n]) for the 128
 //     columns n0..n0+127 of a tile: the block loads 128 gate rows and 128 up rows per k-step
 //     and the SwiGLU runs on the f32 accumulators; rows past the expert's segment are not
@@ -19,9 +18,8 @@
 //   moe_ws_down_{s}: rows[slot(p), n] = A[p] . down_e[n] for 256 columns a tile, stored by slot
 //     (padding rows are not stored; the host zeroes `rows` first, so dropped slots add nothing
 //     in moe_combine_slots_{s}).
-// Unit order: expert-major, then the n-tile, then the m-unit, so the blocks running at once
-// share each weight tile (one DRAM read, then L2) and one expert's activations; within a
-// cluster each block loads one of the two W tiles and multicasts it to both.
+// Tile order: expert-major, then the n-tile, then the m-tile, so the blocks running at once
+// share each weight tile (one DRAM read, then L2) and one expert's activations.
 // Block: a producer warpgroup (one thread issues the TMA copies into an MWS_STAGES-deep ring
 // of stages, each a 128 x 64 A tile and two 128 x 64 W tiles, guarded by full/empty
 // mbarriers; it gives its registers away with setmaxnreg) and two consumer warpgroups, 64 rows
@@ -36,6 +34,8 @@
 #define MWS_BN 128
 #define MWS_BK 64
 #define MWS_STAGES 4
+// 1: one wgmma m64n256k16 over both W tiles a k-slice; 0: two m64n128k16 (one a W tile)
+#define MWS_N256 1
 #define MWS_MAX_E 256
 #define MWS_TABLE 264  // ints per table: E + 1 <= 257, rounded up
 
@@ -75,35 +75,8 @@ __device__ __forceinline__ void mws_mma(float (&d)[32][4], u64_t da, u64_t db, i
     else mws_ss_n256_bf16(d, da, db, acc);
 }
 
-// Thread-block clusters of two: the blocks of a cluster take the two 128-row halves of one
-// 256-row unit (same expert, same n-tile), and each loads one of the two W tiles once for both
-// (TMA multicast), so each block reads 32 KiB of a stage from L2 instead of 48.
-__device__ __forceinline__ unsigned mws_cluster_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ void mws_cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// Arrives on the mbarrier at the same shared address in the cluster's block `rank`.
-__device__ __forceinline__ void mws_arrive_on(unsigned bar, unsigned rank) {
-    asm volatile(
-        "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar), "r"(rank) : "memory");
-}
-// A TMA tile load written to the same shared address in every block of `mask` (and counted on
-// the mbarrier at the same address in each).
-__device__ __forceinline__ void mws_tma_multicast(unsigned dst, const tma_map_t* map, unsigned bar, int c0, int c1,
-                                                  unsigned short mask) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-        " [%0], [%1, {%3, %4, %5}], [%2], %6;\n"
-        ::"r"(dst), "l"((u64_t)map), "r"(bar), "r"(c0), "r"(c1), "r"(0), "h"(mask) : "memory");
-}
-
-// The unit `t` of this GEMM (256 rows: a cluster's two tiles): its expert, first row, row
-// bound and n-tile (units of the same n-tile consecutive).
+// The tile `t` of this GEMM: its expert, first row, row bound and n-tile (the tiles of one
+// n-tile consecutive).
 struct MwsTile {
     int e, row0, row_end, nt;
 };
@@ -119,7 +92,7 @@ __device__ __forceinline__ MwsTile mws_tile(int t, int NT, int E, const int* sof
     MwsTile r;
     r.e = lo;
     r.nt = local / mcount;
-    r.row0 = soff[lo] + (local - r.nt * mcount) * 2 * MWS_BM;  // 256-row units
+    r.row0 = soff[lo] + (local - r.nt * mcount) * MWS_BM;
     r.row_end = soff[lo + 1];
     return r;
 }
@@ -136,8 +109,6 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
     int* soff = (int*)(mws_smem + (base - smem_addr(mws_smem)) + L::TABLES);
     int* tstart = soff + MWS_TABLE;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wg = warp >> 2;
-    const unsigned rank = mws_cluster_rank(), peer = rank ^ 1;
-    const int pair = blockIdx.x >> 1, pairs = gridDim.x >> 1;
 
     for (int i = threadIdx.x; i <= E; i += blockDim.x) {
         soff[i] = soff_g[i];
@@ -147,12 +118,11 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
 #pragma unroll
         for (int s = 0; s < MWS_STAGES; ++s) {
             mbar_init(full + 8 * s, 1);
-            mbar_init(empty + 8 * s, 16);  // the 8 consumer warps of both blocks
+            mbar_init(empty + 8 * s, 8);  // the 8 consumer warps
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    // both blocks' barriers exist before either block's copies or arrivals reach them
-    mws_cluster_sync();
+    __syncthreads();
 
     const int w_rows = SWIGLU ? 2 * N : N;
     const int tile_n = SWIGLU ? MWS_BN : 2 * MWS_BN;  // output columns a tile
@@ -164,21 +134,20 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (threadIdx.x == 0) {
             int it = 0;
-            for (int t = pair; t < total; t += pairs) {
+            for (int t = blockIdx.x; t < total; t += gridDim.x) {
                 const MwsTile tl = mws_tile(t, NT, E, soff, tstart);
                 const int n0 = tl.nt * tile_n;
                 const int w0 = tl.e * w_rows + n0;
-                // this block's W tile (gate or the first 128 rows: rank 0; up or the next 128: rank 1)
-                const int wr = rank == 0 ? w0 : (SWIGLU ? w0 + N : w0 + MWS_BN);
-                const int a_row = tl.row0 + (int)rank * MWS_BM;
+                const int w1 = SWIGLU ? w0 + N : w0 + MWS_BN;  // up rows / the next 128 rows
                 for (int c = 0; c < KC; ++c, ++it) {
                     const int s = it % MWS_STAGES;
                     const unsigned ph = ((it / MWS_STAGES) & 1) ^ 1;  // a stage's first use does not wait
                     const unsigned st = base + s * L::STAGE;
                     mbar_wait(empty + 8 * s, ph);
                     mbar_expect_tx(full + 8 * s, L::STAGE);
-                    tma_load_3d(st, ma, full + 8 * s, c * MWS_BK, a_row, 0);
-                    mws_tma_multicast(st + (1 + rank) * L::TILE, mw, full + 8 * s, c * MWS_BK, wr, 0x3);
+                    tma_load_3d(st, ma, full + 8 * s, c * MWS_BK, tl.row0, 0);
+                    tma_load_3d(st + L::TILE, mw, full + 8 * s, c * MWS_BK, w0, 0);
+                    tma_load_3d(st + 2 * L::TILE, mw, full + 8 * s, c * MWS_BK, w1, 0);
                 }
             }
         }
@@ -188,9 +157,8 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
         const int g = lane >> 2, tq = lane & 3;
         const int rw = cw * 64 + (warp & 3) * 16 + g;  // this thread's rows: rw, rw + 8
         int it = 0;
-        for (int t = pair; t < total; t += pairs) {
-            MwsTile tl = mws_tile(t, NT, E, soff, tstart);
-            tl.row0 += (int)rank * MWS_BM;
+        for (int t = blockIdx.x; t < total; t += gridDim.x) {
+            const MwsTile tl = mws_tile(t, NT, E, soff, tstart);
             // columns 0..127: gate (W0) / the first 128 outputs; 128..255: up (W1) / the next 128
             float acc[32][4];
 #pragma unroll
@@ -204,26 +172,30 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
                 ws_fence();
 #pragma unroll
                 for (int kk = 0; kk < MWS_BK / 16; ++kk) {
+                    const u64_t da = desc_sw128(st + cw * 64 * 128 + kk * 32, 16, 1024);
+#if MWS_N256
                     // W0 and W1 lie back to back: one 256-row operand
-                    mws_mma<F16>(acc, desc_sw128(st + cw * 64 * 128 + kk * 32, 16, 1024),
-                                 desc_sw128(st + L::TILE + kk * 32, 16, 1024), 1);
+                    mws_mma<F16>(acc, da, desc_sw128(st + L::TILE + kk * 32, 16, 1024), 1);
+#else
+                    float(&lo)[16][4] = *reinterpret_cast<float(*)[16][4]>(&acc[0]);
+                    float(&hi)[16][4] = *reinterpret_cast<float(*)[16][4]>(&acc[16]);
+                    if (F16) {
+                        ws_ss_n128_f16(lo, da, desc_sw128(st + L::TILE + kk * 32, 16, 1024), 1);
+                        ws_ss_n128_f16(hi, da, desc_sw128(st + 2 * L::TILE + kk * 32, 16, 1024), 1);
+                    } else {
+                        ws_ss_n128_bf16(lo, da, desc_sw128(st + L::TILE + kk * 32, 16, 1024), 1);
+                        ws_ss_n128_bf16(hi, da, desc_sw128(st + 2 * L::TILE + kk * 32, 16, 1024), 1);
+                    }
+#endif
                 }
                 ws_commit();
                 // the previous k-step's products are done: its stage can be refilled
                 ws_wait<1>();
-                if (c > 0 && lane == 0) {
-                    const unsigned e = empty + 8 * ((it - 1) % MWS_STAGES);
-                    mbar_arrive(e);
-                    mws_arrive_on(e, peer);
-                }
+                if (c > 0 && lane == 0) mbar_arrive(empty + 8 * ((it - 1) % MWS_STAGES));
             }
             ws_wait<0>();
             pin(acc);
-            if (KC > 0 && lane == 0) {
-                const unsigned e = empty + 8 * ((it - 1) % MWS_STAGES);
-                mbar_arrive(e);
-                mws_arrive_on(e, peer);
-            }
+            if (KC > 0 && lane == 0) mbar_arrive(empty + 8 * ((it - 1) % MWS_STAGES));
 
             const int n0 = tl.nt * tile_n;
 #pragma unroll
@@ -256,13 +228,10 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
             }
         }
     }
-    // no block leaves while its partner may still arrive on its barriers
-    __syncwarp();
-    mws_cluster_sync();
 }
 
 #define MWS_ENTRY(NAME, SWIGLU, F16)                                                                     \
-    extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1)                       \
+    extern "C" __global__ void __launch_bounds__(384, 1)                                                 \
         NAME(const __grid_constant__ tma_map_t ma, const __grid_constant__ tma_map_t mw,                 \
              unsigned short* __restrict__ out, const int* __restrict__ sorted, const int* __restrict__ soff, \
              const int* __restrict__ tstart, int E, int N, int K, int slots) {                           \

@@ -198,6 +198,26 @@ impl Kernels {
         Ok(n)
     }
 
+    /// Raises `f`'s dynamic shared memory limit to `bytes` where it is above the default 48 KiB
+    /// and not raised that far yet.
+    fn raise_smem(&self, name: &'static str, f: sys::CUfunction, bytes: u32) -> Result<()> {
+        if bytes <= 48 * 1024 || self.smem_raised(name, bytes) {
+            return Ok(());
+        }
+        // SAFETY: f is a valid function.
+        unsafe {
+            drv::function::set_function_attribute(
+                f,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+        }
+        .ctx(&self.label, &format!("raising shared memory of {name}"))?;
+        let mut l = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+        l.smem.insert(name, bytes);
+        Ok(())
+    }
+
     fn launch_with(
         &self,
         name: &'static str,
@@ -207,19 +227,7 @@ impl Kernels {
         cooperative: bool,
     ) -> Result<()> {
         let f = self.function(name)?;
-        if dims.smem > 48 * 1024 && !self.smem_raised(name, dims.smem) {
-            // SAFETY: f is a valid function.
-            unsafe {
-                drv::function::set_function_attribute(
-                    f,
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    dims.smem as i32,
-                )
-            }
-            .ctx(&self.label, &format!("raising shared memory of {name}"))?;
-            let mut l = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
-            l.smem.insert(name, dims.smem);
-        }
+        self.raise_smem(name, f, dims.smem)?;
         let mut vals: Vec<Arg> = args.to_vec();
         let mut ptrs: Vec<*mut c_void> = vals
             .iter_mut()

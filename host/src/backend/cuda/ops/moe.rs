@@ -585,8 +585,7 @@ fn experts_wgmma(
             Arg::Ptr(offsets.ptr()),
             Arg::I32(e as i32),
             Arg::I32(s.p as i32),
-            // units of two tiles: one for each block of a cluster
-            Arg::I32(2 * bm as i32),
+            Arg::I32(bm as i32),
             Arg::Ptr(soff),
             Arg::Ptr(tstart),
         ],
@@ -612,14 +611,11 @@ fn experts_wgmma(
     let label = &cx.be.dev.label;
     let ty = phys;
     let box_rows = bm as u32;
-    // Clusters of two blocks, one a multiprocessor, at most the 256-row units the segments can
-    // need (one partial unit per expert) times the n-tiles.
-    let units = s.p.div_ceil(2 * bm) + e;
+    // One block a multiprocessor, at most the tiles the segments can need (one partial tile
+    // per expert) times the n-tiles.
+    let m_tiles = s.p.div_ceil(bm) + e;
     let grid = |n_tile: usize, n: usize| -> u32 {
-        let clusters = (units * n.div_ceil(n_tile))
-            .min(cx.sms() as usize / 2)
-            .max(1);
-        2 * clusters as u32
+        (m_tiles * n.div_ceil(n_tile)).min(cx.sms() as usize).max(1) as u32
     };
     let bn = tandem_gpu_kernels::MOE_WS_BLOCK_N;
     let dims = |g: u32| {
