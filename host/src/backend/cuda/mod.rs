@@ -12,12 +12,16 @@
 //!
 //! Files: `probe` (are the libraries and a device there), `device` (context, streams, info),
 //! `memory` (pool, pinned staging), `compile` (NVRTC + disk cache), `kernels` (modules and
-//! launches), `blaslt` (cuBLASLt plans), `timing` (events and completions), `ops` (each op).
+//! launches), `blaslt` (cuBLASLt plans), `timing` (events and completions), `ops` (each op),
+//! `graph` (CUDA graph capture and replay), `block` (the MoE block as one unit: eager, or one
+//! replayed graph when its shapes repeat).
 
 mod blaslt;
+mod block;
 mod compile;
 mod device;
 mod error;
+mod graph;
 mod kernels;
 mod memory;
 mod ops;
@@ -44,6 +48,8 @@ pub use super::CudaDType;
 pub use crate::options::cuda::{
     AttentionVariant, CudaOptions, MoeExpertsPath, MoeTileSize, RouteKernel,
 };
+pub use block::{BlockLaunch, BlockMode, GRAPHS_KEPT, GraphUse, MoeBlock, MoeBlockInputs};
+pub use graph::NodeCounts;
 pub use memory::bench::TransferFigure;
 pub use memory::pool::{PoolStats, size_class};
 
@@ -98,6 +104,8 @@ pub struct CudaBackend {
     registered: memory::Registered,
     /// Reused, registered host tensors that downloads land in; released before the device.
     landings: memory::Landings,
+    /// Captured MoE blocks; destroyed before the device.
+    blocks: block::BlockGraphs,
     dev: Arc<device::Device>,
     pool: Arc<memory::Pool>,
     up: memory::Staging,
@@ -139,6 +147,7 @@ impl CudaBackend {
             info,
             registered: memory::Registered::new(&dev.label, memory::registered::MAX_BYTES),
             landings: memory::Landings::new(&dev.label, memory::landing::MAX_BYTES),
+            blocks: block::block_graphs(),
             up: memory::Staging::new(&dev.label),
             down: memory::Staging::new(&dev.label),
             kernels: kernels::Kernels::new(&dev.label, dev.arch, compiler),
