@@ -5,6 +5,10 @@
 #   layer     the T4096 Mixtral-sized layer on cuda (data plane), and under --memory-limit
 #   route     moe_route shapes beside PyTorch (gpu_bench.sh ONLY=route), once per routing kernel
 #             in ROUTE_KERNELS (default "fused fused-2 fused-memset": TANDEM_ROUTE_KERNEL values)
+#   moe-block the whole MoE block (router logits, routing, experts, combine) at T4096 and T64
+#             (H4096 F14336 E8 k2): tandem bench moe-block (eager and one replayed CUDA graph, launch
+#             counts) on the default experts path and with TANDEM_MOE_EXPERTS=grouped (capturable),
+#             each beside the PyTorch peer (eager, torch.cuda.graphs, launches by torch.profiler)
 #   decode    attention_decode B64 Hq32 Hkv8 ctx 8192 d128 (contiguous, paged) beside SDPA
 #   decode-sweep  the same decode shape, contiguous and paged, once per TANDEM_DECODE_CHUNKS value
 #             in DECODE_CHUNKS (default "auto 8 16 32"), with the current kernel and, where
@@ -51,6 +55,18 @@ for part in "$@"; do
       sed -n '/== summary/,$p' "$out/route.log"; grep -h '"kernel"' /tmp/tandem-bench/bf16/moe-route-*.json | sort | uniq -c
       mkdir -p "$out/route-json"; cp /tmp/tandem-bench/bf16/moe-route-*.json "$out/route-json/" 2>/dev/null
       grep -h -E '"(name|median_s|median_ms|time_s|kernel)"' "$out"/route-json/*.json | paste - - - 2>/dev/null | head -20 ;;
+    moe-block)
+      for tk in ${MOE_BLOCK_TOKENS:-4096 64}; do
+        for path in default grouped; do
+          vars=(); [ $path = grouped ] && vars+=("TANDEM_MOE_EXPERTS=grouped")
+          j="$out/moe_block_T${tk}_${path}"
+          echo "-- T$tk experts path: $path"
+          env "${vars[@]}" $T bench moe-block --tokens "$tk" --cuda-dtype bf16 --json > "$j.json" 2> "$j.err"
+          echo "tandem rc=$?"; tail -3 "$j.err"
+          python3 benches/peers/torch_peers.py moe-block --tokens "$tk" --dtype bf16 --tandem-json "$j.json" 2>&1 \
+            | tee "${j}_peer.txt"
+        done
+      done ;;
     decode)
       D="--batch 64 --heads 32 --kv-heads 8 --context 8192 --head-dim 128 --new-tokens 1 --cuda-dtype bf16"
       $T bench attention-decode $D --json > "$out/dec_c.json" 2> "$out/dec_c.err"; tail -3 "$out/dec_c.err"
