@@ -114,8 +114,9 @@ pub struct BlockLaunch {
     /// The experts path: `grouped-<tile>` or `blaslt`.
     pub experts_path: String,
     /// An eager run: kernel launches and cuBLASLt calls the host queued (each cuBLASLt call
-    /// launches one kernel or more; memsets apart). `None` for a replay (one `cuGraphLaunch`
-    /// and two copies).
+    /// launches one kernel or more; memsets apart), read from the device's counters around
+    /// the block (a cast kernel of an upload queued by another thread meanwhile would count
+    /// too). `None` for a replay (one `cuGraphLaunch` and two copies).
     pub eager_launches: Option<u64>,
 }
 
