@@ -377,6 +377,8 @@ impl CudaBackend {
     ) -> Result<BlockGraph> {
         let x = st[0];
         let x_slot = cx.alloc(plan.ins[0][0].numel(), x.phys)?;
+        // No other thread's copies order themselves against the stream while it records.
+        let _c = self.capturing.write().unwrap_or_else(|e| e.into_inner());
         let (graph, (out, kernels)) = graph::capture(&self.dev, &self.pool, || {
             self.block_ops(cx, plan, [&x_slot, st[1], st[2], st[3]])
         })?;

@@ -20,7 +20,11 @@
 //! synchronisation, a device-to-host copy, `cuMemAlloc`: the pool relaxes the mode for its own
 //! allocations) fails the capture instead of recording something that replays wrongly; other
 //! threads (the completion watcher waiting on its events, uploads on the copy stream) are not
-//! restricted. A failed capture is ended (the stream is usable again), its blocks given back,
+//! restricted, but must not touch the capturing stream: the backend keeps its own calls that
+//! do (the events ordering copies against the compute stream, waits for it) out of a capture
+//! with a lock (`CudaBackend::capturing`). One gap remains: a pool allocation on another
+//! thread that fails frees the cached blocks after `cuCtxSynchronize`, which fails or ends
+//! the capture (the block then runs eagerly). A failed capture is ended (the stream is usable again), its blocks given back,
 //! and the error returned: callers run the work eagerly instead.
 
 use std::collections::HashMap;

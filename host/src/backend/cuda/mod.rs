@@ -114,6 +114,11 @@ pub struct CudaBackend {
     blas: blaslt::BlasLt,
     timeline: timing::Timeline,
     launch_lock: Mutex<()>,
+    /// Taken shared by every host call that touches the compute stream outside a launch (the
+    /// events that order copies against it, waits for it) and exclusively by a graph capture
+    /// on it (`block`), so a capture records nothing another thread queues meanwhile. Launches
+    /// are kept out by `launch_lock`, which a capture holds too.
+    capturing: std::sync::RwLock<()>,
     opts: CudaOptions,
 }
 
@@ -156,6 +161,7 @@ impl CudaBackend {
             pool,
             dev,
             launch_lock: Mutex::new(()),
+            capturing: std::sync::RwLock::new(()),
             opts,
         })
     }
@@ -167,6 +173,7 @@ impl CudaBackend {
 
     /// Frees the pool's cached blocks (after waiting for queued work).
     pub fn trim_pool(&self) -> Result<()> {
+        let _c = self.capturing.read().unwrap_or_else(|e| e.into_inner());
         self.dev.bind()?;
         self.pool.trim()
     }
@@ -499,6 +506,8 @@ impl CudaBackend {
         first: cudarc::driver::sys::CUstream,
         waiter: cudarc::driver::sys::CUstream,
     ) -> Result<()> {
+        // Not while a graph is being captured on the compute stream (one end of every order).
+        let _c = self.capturing.read().unwrap_or_else(|e| e.into_inner());
         let l = &self.dev.label;
         let ev = drv::event::create(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
             .ctx(l, "cuEventCreate")?;
@@ -848,6 +857,7 @@ impl Backend for CudaBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
+        let _c = self.capturing.read().unwrap_or_else(|e| e.into_inner());
         self.dev.synchronize()
     }
 }
