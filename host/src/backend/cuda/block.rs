@@ -254,12 +254,15 @@ impl CudaBackend {
             .find_map(|(op, m)| ops::capture_safe(&cx, op, m).err());
         let out_meta = plan.outs[2][0].clone();
         let region = self.timeline.begin(&self.dev)?;
-        let launched = (self.kernels.launched(), self.blas.calls());
-        let eager = |why: String| -> Result<(CudaStorage, String, GraphUse)> {
+        // An eager run: its output, kernels, why no graph, and the launches it queued.
+        type Ran = (CudaStorage, String, GraphUse, Option<u64>);
+        let eager = |why: String| -> Result<Ran> {
+            let before = (self.kernels.launched(), self.blas.calls());
             let (out, kernels) = self.block_ops(&cx, &plan, st)?;
-            Ok((out, kernels, GraphUse::Eager { why }))
+            let n = self.kernels.launched() - before.0 + self.blas.calls() - before.1;
+            Ok((out, kernels, GraphUse::Eager { why }, Some(n)))
         };
-        let (out, kernels, used) = match mode {
+        let (out, kernels, used, eager_launches) = match mode {
             BlockMode::Eager => eager("eager run asked for".into())?,
             BlockMode::Auto => match (refusal, self.blocks.get(&key)) {
                 (Some(why), known) => {
@@ -277,7 +280,7 @@ impl CudaBackend {
                 (None, Some(Cached::Ready(g))) => {
                     let out = self.replay_block(&g, st[0])?;
                     let nodes = g.graph.nodes();
-                    (out, g.kernels.clone(), GraphUse::Replayed { nodes })
+                    (out, g.kernels.clone(), GraphUse::Replayed { nodes }, None)
                 }
                 (None, Some(Cached::Seen)) => match self.capture_block(&cx, &plan, st) {
                     Ok(g) => {
@@ -286,7 +289,7 @@ impl CudaBackend {
                         tracing::debug!(device = %self.dev.label, %nodes, held = g.graph.held_bytes(), "moe block captured");
                         self.blocks.put(key, Cached::Ready(g.clone()));
                         let out = self.replay_block(&g, st[0])?;
-                        (out, g.kernels.clone(), GraphUse::Captured { nodes })
+                        (out, g.kernels.clone(), GraphUse::Captured { nodes }, None)
                     }
                     Err(e) => {
                         let why = format!("capture failed: {e}");
@@ -296,12 +299,6 @@ impl CudaBackend {
                     }
                 },
             },
-        };
-        let eager_launches = match used {
-            GraphUse::Eager { .. } => {
-                Some(self.kernels.launched() - launched.0 + self.blas.calls() - launched.1)
-            }
-            _ => None,
         };
         let info = Arc::new(Mutex::new(LaunchInfo {
             kernel: kernels,
