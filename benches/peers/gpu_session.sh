@@ -8,6 +8,11 @@
 #   experts   moe_experts T4096 and T64 (H4096 F14336 E8 k2) beside PyTorch, once per experts
 #             path in MOE_PATHS (default "default wgmma blaslt"), and the dense 8192^3 linear
 #             (cuBLASLt) beside F.linear: the rate the experts are held to (issue 15)
+#   moe-block the whole MoE block (router logits, routing, experts, combine) at T4096 and T64
+#             (H4096 F14336 E8 k2): tandem bench moe-block (eager and one replayed CUDA graph, launch
+#             counts) on the default experts path and each TANDEM_MOE_EXPERTS value in
+#             MOE_BLOCK_PATHS (default "default grouped"),
+#             each beside the PyTorch peer (eager, torch.cuda.graphs, launches by torch.profiler)
 #   decode    attention_decode B64 Hq32 Hkv8 ctx 8192 d128 (contiguous, paged) beside SDPA
 #   decode-sweep  the same decode shape, contiguous and paged, once per TANDEM_DECODE_CHUNKS value
 #             in DECODE_CHUNKS (default "auto 8 16 32"), with the current kernel and, where
@@ -61,6 +66,18 @@ for part in "$@"; do
       grep -h '"kernel' "$out"/experts-json/*.json | sort | uniq -c
       ONLY=linear benches/peers/gpu_bench.sh > "$out/linear.log" 2>&1
       sed -n '/== summary/,$p' "$out/linear.log" ;;
+    moe-block)
+      for tk in ${MOE_BLOCK_TOKENS:-4096 64}; do
+        for path in ${MOE_BLOCK_PATHS:-default grouped}; do
+          vars=(); [ $path != default ] && vars+=("TANDEM_MOE_EXPERTS=$path")
+          j="$out/moe_block_T${tk}_${path}"
+          echo "-- T$tk experts path: $path"
+          env "${vars[@]}" $T bench moe-block --tokens "$tk" --cuda-dtype bf16 --json > "$j.json" 2> "$j.err"
+          echo "tandem rc=$?"; tail -3 "$j.err"
+          python3 benches/peers/torch_peers.py moe-block --tokens "$tk" --dtype bf16 --tandem-json "$j.json" 2>&1 \
+            | tee "${j}_peer.txt"
+        done
+      done ;;
     decode)
       D="--batch 64 --heads 32 --kv-heads 8 --context 8192 --head-dim 128 --new-tokens 1 --cuda-dtype bf16"
       $T bench attention-decode $D --json > "$out/dec_c.json" 2> "$out/dec_c.err"; tail -3 "$out/dec_c.err"

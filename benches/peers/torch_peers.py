@@ -14,7 +14,12 @@ renormalise, bincount, stable argsort, block-padded offsets, aux and z losses; m
 gather x by the expert-sorted slots, grouped GEMM gate/up (F.grouped_mm / torch._grouped_mm, the
 CUTLASS grouped kernel on sm_90; a loop of F.linear over the experts where it is missing), SiLU *
 up, grouped GEMM down, scale by the routing weights and un-permute, sum of each token's k rows
-(routing made before the timed region, as tandem's op takes it as input); rmsnorm =
+(routing made before the timed region, as tandem's op takes it as input); moe-block = the whole
+block: F.linear router logits, softmax/topk/renormalise in f32, the routing permutation
+(stable argsort, counts by index_add_: no host sync), then moe-experts' computation, timed
+eagerly and, where torch.cuda.graphs can capture it, as a replayed graph (x copied into the
+static input first, as tandem's replay does), with PyTorch's CUDA launches per block counted
+by torch.profiler (`--tandem-json` from `tandem bench moe-block --json`); rmsnorm =
 F.rms_norm; rope = x*cos + rotate_half(x)*sin with cos/sin precomputed. Timing: CUDA events
 around each call after warm-up, inputs rotated among several sets, median. The ratio printed is
 PyTorch time / tandem time (above 1: tandem is faster).
@@ -31,7 +36,7 @@ import torch.nn.functional as F
 
 def parse():
     p = argparse.ArgumentParser()
-    p.add_argument("op", choices=["attention", "moe-route", "moe-experts", "linear", "rmsnorm", "rope"])
+    p.add_argument("op", choices=["attention", "moe-route", "moe-experts", "moe-block", "linear", "rmsnorm", "rope"])
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int)
@@ -131,6 +136,109 @@ def moe_experts_peer(a, dev, bf, rnd, g):
     return fn, sets, flops, nbytes, shape, what
 
 
+def cuda_launches(fn, args):
+    """(kernels, memcpys, memsets) PyTorch puts on the GPU for one call of fn, by torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(*args)
+        torch.cuda.synchronize()
+    kernels = memcpys = memsets = 0
+    for ev in prof.events():
+        if ev.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        name = ev.name.lower()
+        if name.startswith("memcpy"):
+            memcpys += 1
+        elif name.startswith("memset"):
+            memsets += 1
+        else:
+            kernels += 1
+    return kernels, memcpys, memsets
+
+
+def moe_block_peer(a, dev, bf, rnd, g):
+    """The whole MoE block: returns (eager fn, graph fn or None, why no graph, sets, what)."""
+    t, h, f, e, k = a.tokens, a.hidden, a.ffn, a.experts, a.top_k
+    wr = rnd(e, h, scale=1 / math.sqrt(h))
+    gate_up = rnd(e, 2 * f, h, scale=1 / math.sqrt(h))
+    down = rnd(e, h, f, scale=1 / math.sqrt(f))
+    sets = [(rnd(t, h),) for _ in range(2)]
+    gmm, gmm_name = grouped_mm_fn()
+    ones = torch.ones(t * k, dtype=torch.int32, device=dev)
+
+    def route(x):
+        logits = F.linear(x, wr)
+        w, ids = torch.topk(torch.softmax(logits.float(), -1), k, dim=-1)
+        w = (w / w.sum(-1, keepdim=True)).to(bf)
+        flat = ids.flatten()
+        order = torch.argsort(flat, stable=True)
+        counts = torch.zeros(e, dtype=torch.int32, device=dev).index_add_(0, flat, ones)
+        offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        return flat, order, counts, offs, (order // k), w.flatten()[order]
+
+    def unpermute(o, order, wsorted):
+        slots = torch.empty(t * k, h, dtype=bf, device=dev)
+        slots[order] = o * wsorted[:, None]
+        return slots.view(t, k, h).sum(1)
+
+    def fn_grouped(x):
+        flat, order, counts, offs, tok, wsorted = route(x)
+        xs = x.index_select(0, tok)
+        gu = gmm(xs, gate_up.transpose(-2, -1), offs=offs)
+        act = F.silu(gu[:, :f]) * gu[:, f:]
+        o = gmm(act, down.transpose(-2, -1), offs=offs)
+        return unpermute(o, order, wsorted)
+
+    def fn_loop(x):
+        flat, order, counts, offs, tok, wsorted = route(x)
+        xs = x.index_select(0, tok)
+        o = torch.empty(t * k, h, dtype=bf, device=dev)
+        s = 0
+        for i, c in enumerate(counts.tolist()):  # a host sync, as any loop over experts needs
+            if c:
+                gu = F.linear(xs[s:s + c], gate_up[i])
+                o[s:s + c] = F.linear(F.silu(gu[:, :f]) * gu[:, f:], down[i])
+            s += c
+        return unpermute(o, order, wsorted)
+
+    fn, what = fn_loop, "F.linear router, softmax/topk, loop over experts (F.linear, silu, F.linear)"
+    if gmm is not None:
+        try:
+            yg, yl = fn_grouped(*sets[0]), fn_loop(*sets[0])
+            err = ((yg.float() - yl.float()).norm() / yl.float().norm()).item()
+            print(f"  peer check: grouped_mm vs loop rel err {err:.2e}")
+            if err < 2e-2:
+                fn, what = fn_grouped, f"F.linear router, softmax/topk, {gmm_name} (grouped GEMM), silu, un-permute"
+        except Exception as ex:  # report, then use the loop
+            print(f"  grouped_mm unavailable here ({type(ex).__name__}: {ex}); using the loop")
+    graph_fn, why = None, None
+    try:
+        static_x = sets[0][0].clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn(static_x)
+        torch.cuda.current_stream().wait_stream(side)
+        cg = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cg):
+            static_out = fn(static_x)
+
+        def graph_fn(x):
+            static_x.copy_(x)
+            cg.replay()
+            return static_out
+
+        ye, yr = fn(*sets[1]), graph_fn(*sets[1])
+        if not torch.equal(ye, yr):
+            print("  warning: the PyTorch graph's output differs from its eager output")
+    except Exception as ex:  # a host sync in the path (the loop), or capture unsupported
+        graph_fn, why = None, f"{type(ex).__name__}: {str(ex).splitlines()[0] if str(ex) else ''}"
+        torch.cuda.synchronize()
+    return fn, graph_fn, why, sets, what
+
+
 def bench(fn, sets, iters, warmup):
     for i in range(warmup):
         fn(*sets[i % len(sets)])
@@ -193,6 +301,8 @@ def main():
         a.experts = a.experts or 8
         a.top_k = a.top_k or 2
         fn, sets, flops, nbytes, shape, what = moe_experts_peer(a, dev, dt, rnd, g)
+    elif a.op == "moe-block":
+        return moe_block_main(a, dev, dt, rnd, g)
     elif a.op == "moe-route":
         t, e, k = a.tokens or 16384, a.experts or 64, a.top_k or 8
         bs = 16
@@ -268,6 +378,61 @@ def main():
                                      "torch_ms": med * 1e3, "tandem_ms": tm * 1e3, "ratio": med / tm,
                                      "tandem_tflops": tj["tflops"], "torch_tflops": flops / med / 1e12,
                                      "tandem_gbps": tj["gbps"], "torch_gbps": nbytes / med / 1e9}))
+    return 0
+
+
+def moe_block_main(a, dev, dt, rnd, g):
+    a.tokens, a.experts, a.top_k = a.tokens or 4096, a.experts or 8, a.top_k or 2
+    t, h, f, e, k = a.tokens, a.hidden, a.ffn, a.experts, a.top_k
+    fn, graph_fn, why, sets, what = moe_block_peer(a, dev, dt, rnd, g)
+    flops = 2.0 * t * h * e + 2.0 * t * k * 3.0 * h * f
+    shape = f"T{t} H{h} F{f} E{e} k{k}"
+    name = torch.cuda.get_device_name()
+    eager = bench(fn, sets, a.iters, a.warmup)
+    kern, cpy, mset = cuda_launches(fn, sets[0])
+    print(f"torch {torch.__version__} moe-block {shape} {a.dtype} on {name} ({what})")
+    print(f"  torch eager: median {eager*1e6:.1f} us, {flops/eager/1e12:.1f} TFLOP/s, "
+          f"{kern} kernels + {cpy} memcpys + {mset} memsets per block (torch.profiler)")
+    graph = None
+    if graph_fn is not None:
+        graph = bench(graph_fn, sets, a.iters, a.warmup)
+        print(f"  torch graph: median {graph*1e6:.1f} us (x copied in; one cudaGraphLaunch)")
+    else:
+        print(f"  torch graph: not captured ({why})")
+    result = {"op": "moe-block", "shape": shape, "dtype": a.dtype, "device": name, "torch": torch.__version__,
+              "torch_eager_us": eager * 1e6, "torch_graph_us": graph * 1e6 if graph else None,
+              "torch_kernels": kern, "torch_memcpys": cpy, "torch_memsets": mset, "torch_graph_refused": why}
+    if a.tandem_json:
+        try:
+            with open(a.tandem_json) as fh:
+                text = fh.read().strip()
+            try:
+                tj = json.loads(text)
+            except ValueError:
+                tj = json.loads(text.splitlines()[-1])
+        except Exception as ex:  # report, never hide
+            print(f"  tandem: no result ({ex})")
+            return 1
+        if tj.get("storage", a.dtype) != a.dtype:
+            print(f"  warning: tandem stored {tj['storage']}, torch ran {a.dtype}: not the same precision")
+        te = tj["eager"]
+        tg = tj.get("graph")
+        nodes = tj.get("graph_nodes") or {}
+        print(f"  tandem eager: median {te['median_s']*1e6:.1f} us, {te['launches']} launches per block "
+              f"(experts path {tj['experts_path']})")
+        if tg:
+            print(f"  tandem graph: median {tg['median_s']*1e6:.1f} us, {nodes.get('kernels')} kernel + "
+                  f"{nodes.get('memsets')} memset nodes, bit-exact with eager: {tj.get('bit_exact')}")
+        else:
+            print(f"  tandem graph: not captured ({tj.get('graph_refused')})")
+        best_torch = min(x for x in (eager, graph) if x)
+        print(f"  ratio torch/tandem (each at its best mode): {best_torch / tj['median_s']:.2f}x")
+        result.update({"tandem_storage": tj.get("storage"), "tandem_experts_path": tj["experts_path"],
+                       "tandem_eager_us": te["median_s"] * 1e6, "tandem_eager_launches": te["launches"],
+                       "tandem_graph_us": tg["median_s"] * 1e6 if tg else None,
+                       "tandem_graph_nodes": nodes or None, "tandem_graph_refused": tj.get("graph_refused"),
+                       "tandem_bit_exact": tj.get("bit_exact"), "ratio": best_torch / tj["median_s"]})
+    print("RESULT " + json.dumps(result))
     return 0
 
 

@@ -28,6 +28,7 @@
 mod bytes;
 pub mod calibrate;
 mod inputs;
+pub mod moe_block;
 pub mod overhead;
 mod problem;
 mod report;

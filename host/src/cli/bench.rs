@@ -5,6 +5,7 @@
 use clap::Args;
 use tandem::DeviceRegistry;
 use tandem::backend::{CudaDType, DeviceKind};
+use tandem::bench::moe_block::{MoeBlockReport, MoeBlockShape};
 use tandem::bench::{self, BenchOptions, BenchShape, Problem};
 use tandem::ops::{Activation, OpKind};
 
@@ -22,6 +23,9 @@ pub enum BenchTarget {
     /// Host<->GPU copy bandwidth: tandem's upload and download beside the raw pinned and
     /// pageable copies, in one run.
     Transfer,
+    /// The whole MoE block (router logits -> routing -> experts -> combine) on a GPU, eager
+    /// and as one replayed CUDA graph.
+    MoeBlock,
 }
 
 impl clap::ValueEnum for BenchTarget {
@@ -32,7 +36,7 @@ impl clap::ValueEnum for BenchTarget {
                 .iter()
                 .copied()
                 .map(BenchTarget::Op)
-                .chain([BenchTarget::Transfer])
+                .chain([BenchTarget::Transfer, BenchTarget::MoeBlock])
                 .collect()
         })
     }
@@ -43,6 +47,10 @@ impl clap::ValueEnum for BenchTarget {
             BenchTarget::Transfer => Some(
                 clap::builder::PossibleValue::new("transfer")
                     .help("host<->GPU copies against the raw pinned ceiling"),
+            ),
+            BenchTarget::MoeBlock => Some(
+                clap::builder::PossibleValue::new("moe-block")
+                    .help("the MoE block (router, routing, experts) eager and as one CUDA graph"),
             ),
         }
     }
@@ -103,13 +111,13 @@ pub struct BenchArgs {
     /// Decode attention: a paged KV cache with this many tokens per block (default: contiguous).
     #[arg(long)]
     pub block_size: Option<usize>,
-    /// MoE: tokens (default 16384 for moe-route, 4096 for moe-experts).
+    /// MoE: tokens (default 16384 for moe-route, 4096 for moe-experts and moe-block).
     #[arg(long)]
     pub tokens: Option<usize>,
-    /// MoE: experts (default 64 for moe-route, 8 for moe-experts).
+    /// MoE: experts (default 64 for moe-route, 8 for moe-experts and moe-block).
     #[arg(long)]
     pub experts: Option<usize>,
-    /// MoE: experts per token (default 8 for moe-route, 2 for moe-experts).
+    /// MoE: experts per token (default 8 for moe-route, 2 for moe-experts and moe-block).
     #[arg(long)]
     pub top_k: Option<usize>,
     /// MoE experts: hidden size.
@@ -191,7 +199,24 @@ impl BenchArgs {
                 "bench",
                 "transfer is not an op: it measures copies",
             )),
+            Some(BenchTarget::MoeBlock) => Err(tandem::Error::invalid(
+                "bench",
+                "moe-block is not one op: it times three as a block",
+            )),
             None => Err(tandem::Error::invalid("bench", "no op given")),
+        }
+    }
+
+    /// The MoE block's sizes: --tokens, --hidden, --ffn, --experts, --top-k (T4096 H4096
+    /// F14336 E8 k2 by default).
+    pub fn moe_block_shape(&self) -> MoeBlockShape {
+        let d = MoeBlockShape::DEFAULT;
+        MoeBlockShape {
+            tokens: self.tokens.unwrap_or(d.tokens),
+            hidden: self.hidden,
+            ffn: self.ffn,
+            experts: self.experts.unwrap_or(d.experts),
+            top_k: self.top_k.unwrap_or(d.top_k),
         }
     }
 
@@ -224,6 +249,9 @@ pub fn run(args: &BenchArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
     }
     if args.op == Some(BenchTarget::Transfer) {
         return transfer::run(reg, args.bytes, args.iters, args.format.get());
+    }
+    if args.op == Some(BenchTarget::MoeBlock) {
+        return moe_block(args, reg);
     }
     let base = args.baseline.load()?;
     let mut kind = args.backend;
@@ -272,6 +300,63 @@ pub fn run(args: &BenchArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
                 );
             }
         }
+    }
+    Ok(())
+}
+
+/// `tandem bench moe-block`: the block on the first CUDA device (opened again with the
+/// registry's options), eager and as a replayed graph, printed as text or JSON.
+fn moe_block(args: &BenchArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
+    if matches!(args.backend, Some(k) if k != DeviceKind::Cuda) {
+        anyhow::bail!("bench moe-block runs on a CUDA device only (--backend cuda)");
+    }
+    let shape = args.moe_block_shape();
+    shape.check()?;
+    let report = measure_moe_block(args, reg, shape)?;
+    print_moe_block(reg, &report, args.format.get())
+}
+
+#[cfg(feature = "cuda")]
+fn measure_moe_block(
+    args: &BenchArgs,
+    reg: &DeviceRegistry,
+    shape: MoeBlockShape,
+) -> anyhow::Result<MoeBlockReport> {
+    let Some(d) = reg.of_kind(DeviceKind::Cuda).into_iter().next() else {
+        let why = reg
+            .missing()
+            .iter()
+            .find(|m| m.kind == DeviceKind::Cuda)
+            .map_or_else(|| "not found".to_string(), |m| m.reason.clone());
+        anyhow::bail!("bench moe-block needs a CUDA device: {why}");
+    };
+    let be = tandem::backend::cuda::CudaBackend::open(d.id().index, reg.options().cuda.clone())?;
+    let o = args.options(DeviceKind::Cuda);
+    Ok(tandem::bench::moe_block::run(
+        &be, shape, o.iters, o.warmup, o.timeout,
+    )?)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn measure_moe_block(
+    _args: &BenchArgs,
+    _reg: &DeviceRegistry,
+    _shape: MoeBlockShape,
+) -> anyhow::Result<MoeBlockReport> {
+    anyhow::bail!(
+        "bench moe-block needs a CUDA device: tandem was built without the `cuda` feature"
+    )
+}
+
+fn print_moe_block(reg: &DeviceRegistry, r: &MoeBlockReport, format: Format) -> anyhow::Result<()> {
+    match format {
+        Format::Json => {
+            let mut v = render::envelope("bench-moe-block");
+            v.insert("devices".into(), render::devices_json(reg));
+            render::merge(&mut v, r.to_json());
+            render::print_json(&serde_json::Value::Object(v))?;
+        }
+        _ => print!("{r}"),
     }
     Ok(())
 }
@@ -403,6 +488,43 @@ mod tests {
         // No GPU or card in a CPU-only registry: an error naming why, not a panic.
         let e = run(&t.b, &DeviceRegistry::cpu_only()).expect_err("no device");
         assert!(e.to_string().contains("found no device to measure"), "{e}");
+        Ok(())
+    }
+
+    #[test]
+    fn moe_block_parses_its_sizes_and_says_why_it_cannot_run_without_a_gpu() -> anyhow::Result<()> {
+        let t = T::try_parse_from(["x", "moe-block"])?;
+        assert_eq!(t.b.op, Some(BenchTarget::MoeBlock));
+        assert_eq!(t.b.moe_block_shape(), MoeBlockShape::DEFAULT);
+        assert!(t.b.problem().is_err(), "not one op");
+        let t = T::try_parse_from([
+            "x",
+            "moe-block",
+            "--tokens",
+            "64",
+            "--hidden",
+            "256",
+            "--ffn",
+            "512",
+            "--experts",
+            "4",
+            "--top-k",
+            "1",
+            "--iters",
+            "3",
+            "--json",
+        ])?;
+        let s = t.b.moe_block_shape();
+        assert_eq!(s.label(), "T64 H256 F512 E4 k1");
+        assert_eq!(t.b.options(DeviceKind::Cuda).iters, 3);
+        let e = run(&t.b, &DeviceRegistry::cpu_only()).expect_err("no GPU");
+        assert!(e.to_string().contains("needs a CUDA device"), "{e}");
+        let t = T::try_parse_from(["x", "moe-block", "--backend", "cpu"])?;
+        let e = run(&t.b, &DeviceRegistry::cpu_only()).expect_err("cpu");
+        assert!(e.to_string().contains("CUDA device only"), "{e}");
+        let t = T::try_parse_from(["x", "moe-block", "--top-k", "9"])?;
+        let e = run(&t.b, &DeviceRegistry::cpu_only()).expect_err("k > E");
+        assert!(e.to_string().contains("top-k 9"), "{e}");
         Ok(())
     }
 

@@ -82,6 +82,8 @@ pub struct BlasLt {
     handle: ltsys::cublasLtHandle_t,
     workspace: DevBuf,
     plans: Mutex<HashMap<PlanKey, Plan>>,
+    /// `cublasLtMatmul` calls so far (each launches one kernel or more).
+    calls: std::sync::atomic::AtomicU64,
 }
 
 // SAFETY: cuBLASLt handles and descriptors may be used from any thread; plans are only touched
@@ -105,7 +107,14 @@ impl BlasLt {
             handle,
             workspace: pool.alloc(WORKSPACE)?,
             plans: Mutex::new(HashMap::new()),
+            calls: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// `cublasLtMatmul` calls made so far on this device (queued or captured; each launches
+    /// one kernel or more: a split-K plan adds a reduction).
+    pub fn calls(&self) -> u64 {
+        self.calls.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn plan(&self, dt: CudaDType, m: usize, n: usize, k: usize, epi: Epilogue) -> Result<Plan> {
@@ -255,6 +264,9 @@ impl BlasLt {
                 stream as ltsys::cudaStream_t,
             )
         }
-        .ctx(&self.label, &format!("cublasLtMatmul {dt} {m}x{n}x{k}"))
+        .ctx(&self.label, &format!("cublasLtMatmul {dt} {m}x{n}x{k}"))?;
+        self.calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 }

@@ -50,6 +50,8 @@ pub struct Kernels {
     arch: u32,
     compiler: Compiler,
     loaded: Mutex<Loaded>,
+    /// Kernels launched so far (queued or captured), for launch counts.
+    launched: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Kernels {
@@ -101,6 +103,7 @@ impl Kernels {
             arch,
             compiler,
             loaded: Mutex::new(Loaded::default()),
+            launched: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -146,6 +149,13 @@ impl Kernels {
     fn smem_raised(&self, name: &'static str, bytes: u32) -> bool {
         let l = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
         l.smem.get(name).is_some_and(|&b| b >= bytes)
+    }
+
+    /// Kernels launched on this device so far (every stream; a launch recorded into a graph
+    /// counts once, when recorded). The difference across a piece of work is its launch
+    /// count.
+    pub fn launched(&self) -> u64 {
+        self.launched.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Loads the module of `name` now (so compile time stays out of timed launches).
@@ -251,6 +261,9 @@ impl Kernels {
                 drv::launch_kernel(f, dims.grid, dims.block, dims.smem, stream, &mut ptrs)
             }
         }
-        .ctx(&self.label, &format!("launching {name}"))
+        .ctx(&self.label, &format!("launching {name}"))?;
+        self.launched
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 }

@@ -12,12 +12,16 @@
 //!
 //! Files: `probe` (are the libraries and a device there), `device` (context, streams, info),
 //! `memory` (pool, pinned staging), `compile` (NVRTC + disk cache), `kernels` (modules and
-//! launches), `blaslt` (cuBLASLt plans), `timing` (events and completions), `ops` (each op).
+//! launches), `blaslt` (cuBLASLt plans), `timing` (events and completions), `ops` (each op),
+//! `graph` (CUDA graph capture and replay), `block` (the MoE block as one unit: eager, or one
+//! replayed graph when its shapes repeat).
 
 mod blaslt;
+mod block;
 mod compile;
 mod device;
 mod error;
+mod graph;
 mod kernels;
 mod memory;
 mod ops;
@@ -44,6 +48,8 @@ pub use super::CudaDType;
 pub use crate::options::cuda::{
     AttentionVariant, CudaOptions, MoeExpertsPath, MoeTileSize, RouteKernel,
 };
+pub use block::{BlockLaunch, BlockMode, GRAPHS_KEPT, GraphUse, MoeBlock, MoeBlockInputs};
+pub use graph::NodeCounts;
 pub use memory::bench::TransferFigure;
 pub use memory::pool::{PoolStats, size_class};
 
@@ -98,6 +104,8 @@ pub struct CudaBackend {
     registered: memory::Registered,
     /// Reused, registered host tensors that downloads land in; released before the device.
     landings: memory::Landings,
+    /// Captured MoE blocks; destroyed before the device.
+    blocks: block::BlockGraphs,
     dev: Arc<device::Device>,
     pool: Arc<memory::Pool>,
     up: memory::Staging,
@@ -106,6 +114,11 @@ pub struct CudaBackend {
     blas: blaslt::BlasLt,
     timeline: timing::Timeline,
     launch_lock: Mutex<()>,
+    /// Taken shared by every host call that touches the compute stream outside a launch (the
+    /// events that order copies against it, waits for it) and exclusively by a graph capture
+    /// on it (`block`), so a capture records nothing another thread queues meanwhile. Launches
+    /// are kept out by `launch_lock`, which a capture holds too.
+    capturing: std::sync::RwLock<()>,
     opts: CudaOptions,
 }
 
@@ -139,6 +152,7 @@ impl CudaBackend {
             info,
             registered: memory::Registered::new(&dev.label, memory::registered::MAX_BYTES),
             landings: memory::Landings::new(&dev.label, memory::landing::MAX_BYTES),
+            blocks: block::block_graphs(),
             up: memory::Staging::new(&dev.label),
             down: memory::Staging::new(&dev.label),
             kernels: kernels::Kernels::new(&dev.label, dev.arch, compiler),
@@ -147,6 +161,7 @@ impl CudaBackend {
             pool,
             dev,
             launch_lock: Mutex::new(()),
+            capturing: std::sync::RwLock::new(()),
             opts,
         })
     }
@@ -158,6 +173,7 @@ impl CudaBackend {
 
     /// Frees the pool's cached blocks (after waiting for queued work).
     pub fn trim_pool(&self) -> Result<()> {
+        let _c = self.capturing.read().unwrap_or_else(|e| e.into_inner());
         self.dev.bind()?;
         self.pool.trim()
     }
@@ -495,6 +511,8 @@ impl CudaBackend {
         first: cudarc::driver::sys::CUstream,
         waiter: cudarc::driver::sys::CUstream,
     ) -> Result<()> {
+        // Not while a graph is being captured on the compute stream (one end of every order).
+        let _c = self.capturing.read().unwrap_or_else(|e| e.into_inner());
         let l = &self.dev.label;
         let ev = drv::event::create(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
             .ctx(l, "cuEventCreate")?;
@@ -844,6 +862,7 @@ impl Backend for CudaBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
+        let _c = self.capturing.read().unwrap_or_else(|e| e.into_inner());
         self.dev.synchronize()
     }
 }

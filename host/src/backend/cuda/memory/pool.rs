@@ -4,6 +4,15 @@
 //! out again at once: any later use is queued behind the work that used it before (stream-ordered
 //! reuse). Classes are powers of two and their midpoints (at most 33% waste) from 512 bytes; on
 //! an allocation failure the pool frees its cached blocks and tries once more.
+//!
+//! While a CUDA graph is being captured on a thread ([`Pool::hold`]), blocks that thread
+//! returns are *held* instead of freed: the captured kernels keep their addresses, so no
+//! other user may get them while the graph lives. The capture takes them
+//! ([`Pool::take_held`]) and gives them back when its graph is destroyed
+//! ([`Pool::give_back`]). Fresh blocks asked for during a capture are allocated with the
+//! thread's capture mode relaxed for that one call (`cuMemAlloc` is not a stream operation,
+//! but strict capture modes refuse it), and an allocation failure then does not free the
+//! cached blocks (that waits for the device, which a capture forbids).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -31,6 +40,22 @@ pub struct PoolStats {
 struct State {
     free: HashMap<usize, Vec<sys::CUdeviceptr>>,
     stats: PoolStats,
+    /// The thread capturing a graph, and the blocks it returned since ([`Pool::hold`]).
+    held: Option<(std::thread::ThreadId, Vec<HeldBlock>)>,
+}
+
+/// A block kept out of the free lists for a captured graph: its address and size class.
+#[derive(Debug)]
+pub struct HeldBlock {
+    ptr: sys::CUdeviceptr,
+    class: usize,
+}
+
+impl HeldBlock {
+    /// Bytes of the block (its size class).
+    pub fn class(&self) -> usize {
+        self.class
+    }
 }
 
 /// The pool of one device.
@@ -84,6 +109,23 @@ impl Pool {
                 len: bytes,
             });
         }
+        let capturing = s
+            .held
+            .as_ref()
+            .is_some_and(|(t, _)| *t == std::thread::current().id());
+        if capturing {
+            let ptr = malloc_relaxed(class)
+                .map_err(|e| error::alloc(&self.label, "cuMemAlloc (during capture)", class, e))?;
+            s.stats.fresh += 1;
+            s.stats.reserved += class;
+            s.stats.in_use += class;
+            return Ok(DevBuf {
+                pool: self.clone(),
+                ptr,
+                class,
+                len: bytes,
+            });
+        }
         // SAFETY: plain allocation in the current context.
         let ptr = match unsafe { drv::malloc_sync(class) } {
             Ok(p) => p,
@@ -129,6 +171,54 @@ impl Pool {
     pub fn stats(&self) -> PoolStats {
         self.lock().stats
     }
+
+    /// From now on, blocks the calling thread returns are held (kept from every other user)
+    /// until [`Pool::take_held`]: a graph being captured on this thread keeps their addresses.
+    /// One capture at a time per pool: a second is [`crate::Error::Internal`].
+    pub fn hold(&self) -> Result<()> {
+        let mut s = self.lock();
+        if let Some((t, _)) = &s.held {
+            return Err(crate::Error::Internal(format!(
+                "{}: a graph capture is already holding the pool (thread {t:?})",
+                self.label
+            )));
+        }
+        s.held = Some((std::thread::current().id(), Vec::new()));
+        Ok(())
+    }
+
+    /// Ends [`Pool::hold`]: the blocks held since, still counted in use, for the graph to keep
+    /// and later hand to [`Pool::give_back`].
+    pub fn take_held(&self) -> Vec<HeldBlock> {
+        self.lock().held.take().map(|(_, v)| v).unwrap_or_default()
+    }
+
+    /// Returns blocks a graph held to the free lists (its launches are queued on the one
+    /// compute stream, so later users are ordered after them).
+    pub fn give_back(&self, blocks: Vec<HeldBlock>) {
+        let mut s = self.lock();
+        for b in blocks {
+            s.stats.in_use -= b.class;
+            s.free.entry(b.class).or_default().push(b.ptr);
+        }
+    }
+}
+
+/// `cuMemAlloc` with the calling thread's stream-capture mode relaxed for the call (a capture
+/// in thread-local or global mode refuses allocations otherwise), restored after.
+fn malloc_relaxed(
+    bytes: usize,
+) -> std::result::Result<sys::CUdeviceptr, cudarc::driver::DriverError> {
+    let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: exchanges the calling thread's mode; restored below whatever the allocation did.
+    unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }.result()?;
+    // SAFETY: plain allocation in the current context.
+    let r = unsafe { drv::malloc_sync(bytes) };
+    // SAFETY: puts back the mode the exchange returned.
+    let back = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }.result();
+    let p = r?;
+    back?;
+    Ok(p)
 }
 
 impl DevBuf {
@@ -152,6 +242,15 @@ impl DevBuf {
 impl Drop for DevBuf {
     fn drop(&mut self) {
         let mut s = self.pool.lock();
+        if let Some((t, held)) = &mut s.held
+            && *t == std::thread::current().id()
+        {
+            held.push(HeldBlock {
+                ptr: self.ptr,
+                class: self.class,
+            });
+            return;
+        }
         s.stats.in_use -= self.class;
         s.free.entry(self.class).or_default().push(self.ptr);
     }

@@ -256,6 +256,47 @@ pub fn prepare(cx: &Cx<'_>, op: &Op) -> Result<()> {
     Ok(())
 }
 
+/// Whether `op` on inputs `metas` may be recorded into a CUDA graph on this device
+/// ([`super::graph`]): all of its work queued on the compute stream, nothing waiting for the
+/// device or reading device memory on the host. `Err`: why not. Only the ops of the MoE block
+/// have been checked (linear: cuBLASLt with its fixed workspace; routing: fused cooperative or
+/// three kernels; experts: the grouped and wgmma paths); the others answer that they were not.
+pub fn capture_safe(cx: &Cx<'_>, op: &Op, metas: &[TensorMeta]) -> std::result::Result<(), String> {
+    match op {
+        Op::Linear(_) | Op::MoeRoute(_) => Ok(()),
+        Op::MoeExperts(p) => {
+            let s = p.shape(metas).map_err(|e| e.to_string())?;
+            match moe::ExpertsPath::on_device(cx, &s) {
+                (moe::ExpertsPath::Grouped(_) | moe::ExpertsPath::Wgmma, _) => Ok(()),
+                (moe::ExpertsPath::Blaslt, why) => Err(format!(
+                    "the experts run on the cuBLASLt path{}, which synchronises the stream to \
+                     read the expert offsets on the host",
+                    why.map(|w| format!(" ({w})")).unwrap_or_default()
+                )),
+            }
+        }
+        other => Err(format!(
+            "{} has not been checked for graph capture",
+            other.name()
+        )),
+    }
+}
+
+/// The experts path the experts op takes on inputs `metas` on this device: `grouped-<tile>`,
+/// `wgmma` or `blaslt`.
+pub fn experts_path_name(
+    cx: &Cx<'_>,
+    p: &crate::ops::MoeExpertsParams,
+    metas: &[TensorMeta],
+) -> Result<String> {
+    let s = p.shape(metas)?;
+    Ok(match moe::ExpertsPath::on_device(cx, &s).0 {
+        moe::ExpertsPath::Grouped(t) => format!("grouped-{}", t.name),
+        moe::ExpertsPath::Blaslt => "blaslt".to_string(),
+        moe::ExpertsPath::Wgmma => "wgmma".to_string(),
+    })
+}
+
 /// Queues `op`; returns the name(s) of the kernels that ran, joined by '+'.
 pub fn run(
     cx: &Cx<'_>,

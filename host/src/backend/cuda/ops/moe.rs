@@ -312,6 +312,13 @@ const SMALL_TILE_MAX_ROWS: usize = 32;
 const MEDIUM_TILE_MAX_ROWS: usize = 96;
 
 impl ExpertsPath {
+    /// [`ExpertsPath::select`] on `cx`'s device with its options.
+    pub fn on_device(cx: &Cx<'_>, s: &ExpertsShape) -> (Self, Option<String>) {
+        let hopper = tandem_gpu_kernels::Module::MoeExpertsSm90a.runs_on(cx.be.dev.arch);
+        let o = &cx.be.opts;
+        Self::select(s, hopper, o.moe_experts, o.moe_tile)
+    }
+
     /// The path for this shape on a device where the Hopper kernels run or not (`hopper`:
     /// sm_90): `forced` (blaslt, grouped, wgmma) and the tile `forced_tile` (l, m, s; naming
     /// one asks for the grouped path) where given ([`crate::options::CudaOptions`]'s
@@ -438,9 +445,7 @@ pub fn experts(
     outs: &[CudaStorage],
 ) -> Result<String> {
     let s = p.shape(metas)?;
-    let o = &cx.be.opts;
-    let hopper = tandem_gpu_kernels::Module::MoeExpertsSm90a.runs_on(cx.be.dev.arch);
-    match ExpertsPath::select(&s, hopper, o.moe_experts, o.moe_tile) {
+    match ExpertsPath::on_device(cx, &s) {
         (ExpertsPath::Grouped(t), why) => {
             if let Some(why) = why {
                 tracing::debug!(%why, "moe_experts: grouped path");
