@@ -440,7 +440,7 @@ pub const MOE_WS_MAX_EXPERTS: usize = 256;
 pub const MOE_WS_THREADS: u32 = 384;
 /// Stages of their TMA ring (MWS_STAGES): each holds a 128 x 64 activation tile and two
 /// 128 x 64 weight tiles (48 KiB).
-pub const MOE_WS_STAGES: usize = 4;
+pub const MOE_WS_STAGES: usize = 3;
 /// Dynamic shared memory of the Hopper MoE experts GEMMs: the ring, the mbarriers and the
 /// tile tables, and slack for 1024-byte alignment (MwsLayout::BYTES).
 pub const MOE_WS_SMEM: usize =

@@ -23,8 +23,8 @@
 // Block: a producer warpgroup (one thread issues the TMA copies into an MWS_STAGES-deep ring
 // of stages, each a 128 x 64 A tile and two 128 x 64 W tiles, guarded by full/empty
 // mbarriers; it gives its registers away with setmaxnreg) and two consumer warpgroups, 64 rows
-// of the tile each, one wgmma m64n256k16 per 16-deep k-slice over both W tiles (they lie back
-// to back in the stage: one 256-row operand; A and W K-major in shared memory),
+// of the tile each, two wgmma m64n128k16 per 16-deep k-slice (one a W tile), or one m64n256k16
+// over both (they lie back to back in the stage; MWS_N256); A and W K-major in shared memory;
 // one k-step's products kept in flight while the next stage is awaited. The producer runs
 // ahead into the next tile while the consumers store this one.
 // Requirements (checked by the host): K and the output width multiples of 8 (16-byte rows for
@@ -33,9 +33,12 @@
 #define MWS_BM 128
 #define MWS_BN 128
 #define MWS_BK 64
-#define MWS_STAGES 4
-// 1: one wgmma m64n256k16 over both W tiles a k-slice; 0: two m64n128k16 (one a W tile)
-#define MWS_N256 1
+#define MWS_STAGES 3
+// 1: one wgmma m64n256k16 over both W tiles a k-slice; 0: two m64n128k16 (one a W tile).
+// On an H100 (2026-11-27, T4096 H4096 F14336 E8 k2, two interleaved runs each): n128 with 3
+// stages 4.79 / 4.85 ms, n256 with 3 stages 5.11 / 5.10, n128 with 4 stages 5.24 / 5.39, n256
+// with 4 stages 5.45 / 5.36.
+#define MWS_N256 0
 #define MWS_MAX_E 256
 #define MWS_TABLE 264  // ints per table: E + 1 <= 257, rounded up
 
