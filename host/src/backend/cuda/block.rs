@@ -111,7 +111,7 @@ pub struct BlockLaunch {
     pub info: Arc<Mutex<LaunchInfo>>,
     /// Whether a graph ran.
     pub graph: GraphUse,
-    /// The experts path: `grouped-<tile>` or `blaslt`.
+    /// The experts path: `grouped-<tile>`, `wgmma` or `blaslt`.
     pub experts_path: String,
     /// An eager run: kernel launches and cuBLASLt calls the host queued (each cuBLASLt call
     /// launches one kernel or more; memsets apart), read from the device's counters around

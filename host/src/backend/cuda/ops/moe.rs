@@ -1,13 +1,13 @@
 //! MoE routing (three fused kernels) and experts, three ways:
-//! - `grouped` (default up to 32 rows per expert): sm80/moe_experts.cu's grouped GEMMs over the routing's padded
+//! - `grouped` (default up to 32 rows per expert off Hopper): sm80/moe_experts.cu's grouped GEMMs over the routing's padded
 //!   permutation (tile map, gate/up GEMM with the SwiGLU in its epilogue and the token gather in
 //!   its operand load, down GEMM writing one row per slot, weighted combine). Nothing waits for
 //!   the host: each block reads its expert and rows from device memory.
-//! - `wgmma` (default above on sm_90): sm90a/moe_experts_ws.cu's persistent grouped GEMMs on
+//! - `wgmma` (default on sm_90): sm90a/moe_experts_ws.cu's persistent grouped GEMMs on
 //!   wgmma fed by the TMA (tile map, token gather, gate/up GEMM with the SwiGLU in its
 //!   epilogue, down GEMM writing one row per slot, the same combine). No host synchronisation
 //!   either: every block finds its tiles from the device-side offsets.
-//! - `blaslt` (default above elsewhere): gather, one cuBLASLt GEMM per expert (twice), SwiGLU,
+//! - `blaslt` (default above 32 rows per expert off Hopper): gather, one cuBLASLt GEMM per expert (twice), SwiGLU,
 //!   combine; reads the expert offsets on the host first (a stream synchronisation).
 //!
 //! [`CudaOptions::moe_experts`] (`TANDEM_MOE_EXPERTS=blaslt|grouped|wgmma`) forces one,
@@ -322,10 +322,12 @@ impl ExpertsPath {
     /// The path for this shape on a device where the Hopper kernels run or not (`hopper`:
     /// sm_90): `forced` (blaslt, grouped, wgmma) and the tile `forced_tile` (l, m, s; naming
     /// one asks for the grouped path) where given ([`crate::options::CudaOptions`]'s
-    /// `moe_experts` and `moe_tile`); else grouped with the `s` tile up to 32 rows per expert
-    /// on average (decode-sized batches: 1.42x PyTorch at T64 on an H200, docs/gpu-notes.md
-    /// v9), and above that the wgmma kernels on Hopper, cuBLASLt elsewhere (its GEMMs beat the
-    /// mma.sync grouped tiles 2x at T4096). The grouped and wgmma kernels need H and F to be
+    /// `moe_experts` and `moe_tile`); else on Hopper the wgmma kernels (an H100, 2026-11-27:
+    /// 1.01 ms at T64 against 1.06 for grouped `s`, 4.80 ms at T4096 against 4.77 for
+    /// cuBLASLt, and no host synchronisation), elsewhere grouped with the `s` tile up to 32
+    /// rows per expert on average (decode-sized batches: 1.42x PyTorch at T64 on an H200,
+    /// docs/gpu-notes.md v9) and cuBLASLt above (its GEMMs beat the mma.sync grouped tiles 2x
+    /// at T4096). The grouped and wgmma kernels need H and F to be
     /// multiples of 8 (16-byte rows) and a grid under 2^31 blocks, and wgmma at most
     /// [`tandem_gpu_kernels::MOE_WS_MAX_EXPERTS`] experts; otherwise another path runs and the
     /// second value says why.
@@ -361,11 +363,11 @@ impl ExpertsPath {
             }
         }
         let asked_grouped = forced == Some(MoeExpertsPath::Grouped) || forced_tile.is_some();
+        if !asked_grouped && wgmma.is_ok() {
+            return (ExpertsPath::Wgmma, why);
+        }
         if !asked_grouped && rows > SMALL_TILE_MAX_ROWS {
-            return match wgmma {
-                Ok(()) => (ExpertsPath::Wgmma, why),
-                Err(_) => (ExpertsPath::Blaslt, why),
-            };
+            return (ExpertsPath::Blaslt, why);
         }
         let default = if rows <= SMALL_TILE_MAX_ROWS {
             MoeTileSize::S
@@ -927,8 +929,8 @@ mod tests {
         assert_eq!(pick(64, None, None), "s");
         assert_eq!(pick(256, None, None), "blaslt");
         assert_eq!(pick(4096, None, None), "blaslt");
-        // Hopper: the wgmma kernels above the decode-sized batches
-        assert_eq!(pick_on(true, 64, None, None), "s");
+        // Hopper: the wgmma kernels at every size
+        assert_eq!(pick_on(true, 64, None, None), "wgmma");
         assert_eq!(pick_on(true, 256, None, None), "wgmma");
         assert_eq!(pick_on(true, 4096, None, None), "wgmma");
     }
