@@ -228,8 +228,8 @@ fn replay_case(tag: &str, dt: CudaDType, s: Sizes, path: MoeExpertsPath) {
         &want,
         &bits(&be, &back.output),
     );
-    be.clear_block_graphs();
-    assert_eq!(be.block_graphs(), 0);
+    // No clearing of the backend's graphs here: the tests of one process share a backend
+    // per option set and run at once (the other test's keys would vanish under it).
 }
 
 #[test]
