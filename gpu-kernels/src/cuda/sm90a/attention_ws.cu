@@ -81,6 +81,12 @@ __device__ __forceinline__ void ws_rs_n128_f16(float (&d)[16][4], const unsigned
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
+// A compile-time flag (the loop steps' shape).
+template <bool B>
+struct ws_bool {
+    static constexpr bool value = B;
+};
+
 template <bool F16, int NT>
 __device__ __forceinline__ void ws_qk(float (&d)[NT][4], u64_t da, u64_t db, int acc) {
     if constexpr (NT == 22) {
@@ -188,14 +194,18 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
             if (cw == NC - 1) named_arrive(1, 256);
             mbar_wait(full_q, 0);
             const unsigned qa = sQ + cw * 64 * 128;
-            for (int j = 0; j <= n_blocks; ++j) {
-                const bool has_s = j < n_blocks, has_pv = j > 0;
+            // One step of the loop over key tiles: S of tile j (HS) and P V of tile j - 1 (HP).
+            // The first step has no P V and the last no S; each step's shape is a template
+            // argument so no wgmma sits in a branch the compiler cannot prove uniform (it
+            // would serialise them: ptxas C7520).
+            auto step = [&](auto hs, auto hp, int j) {
+                constexpr bool has_s = decltype(hs)::value, has_pv = decltype(hp)::value;
                 const int s = j & 1, sp = (j + 1) & 1;
-                if (has_s) mbar_wait(full_k + 8 * s, (j >> 1) & 1);
-                if (has_pv) mbar_wait(full_v + 8 * sp, ((j - 1) >> 1) & 1);
+                if constexpr (has_s) mbar_wait(full_k + 8 * s, (j >> 1) & 1);
+                if constexpr (has_pv) mbar_wait(full_v + 8 * sp, ((j - 1) >> 1) & 1);
                 named_sync(1 + cw, 256);
                 ws_fence();
-                if (has_s) {
+                if constexpr (has_s) {
 #pragma unroll
                     for (int kk = 0; kk < D / 16; ++kk) {
                         const unsigned col = (kk & 3) * 32;
@@ -204,7 +214,7 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
                     }
                     ws_commit();
                 }
-                if (has_pv) {
+                if constexpr (has_pv) {
 #pragma unroll
                     for (int kk = 0; kk < BN / 16; ++kk)
                         ws_pv<F16, D>(acc_o, pa[kk], desc_sw128(sV + sp * L::TILE + kk * 16 * 128, BN * 128, 1024));
@@ -214,8 +224,8 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
                 // taker).
                 if (cw < NC - 1 || has_s) named_arrive(1 + (cw + 1) % NC, 256);
                 float alpha[2] = {1.f, 1.f};  // O's rescale factor from this tile's softmax
-                if (has_s) {
-                    if (has_pv) ws_wait<1>();
+                if constexpr (has_s) {
+                    if constexpr (has_pv) ws_wait<1>();
                     else ws_wait<0>();
                     pin(acc_s);
                     if (lane == 0) mbar_arrive(empty_k + 8 * s);
@@ -255,13 +265,13 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
                         l_r[r] = l_r[r] * alpha[r] + rs;
                     }
                 }
-                if (has_pv) {
+                if constexpr (has_pv) {
                     ws_wait<0>();
                     pin(acc_o);
                     pin(pa);
                     if (lane == 0) mbar_arrive(empty_v + 8 * sp);
                 }
-                if (has_s) {
+                if constexpr (has_s) {
 #pragma unroll
                     for (int dt = 0; dt < ND; ++dt) {
                         acc_o[dt][0] *= alpha[0];
@@ -277,7 +287,10 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
                         pa[kk][3] = ws_pack<F16>(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3]);
                     }
                 }
-            }
+            };
+            step(ws_bool<true>(), ws_bool<false>(), 0);
+            for (int j = 1; j < n_blocks; ++j) step(ws_bool<true>(), ws_bool<true>(), j);
+            step(ws_bool<false>(), ws_bool<true>(), n_blocks);
         }
         unsigned short* o = O + (u64_t)bh_q * Nq * D;
         float* lse = LSE + (u64_t)bh_q * Nq;

@@ -69,6 +69,8 @@ impl Compiler {
         let mut o = vec![
             format!("--gpu-architecture={}", arch_flag(arch)),
             "--std=c++17".into(),
+            // unannotated functions (a kernel's local lambdas) are device code
+            "--device-as-default-execution-space".into(),
             "-lineinfo".into(),
             "-DTANDEM_NVRTC=1".into(),
         ];
