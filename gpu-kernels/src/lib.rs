@@ -660,7 +660,7 @@ mod tests {
         assert!(src.contains("#define MWS_TABLE 264"));
         assert!(src.contains("BYTES = TABLES + 2 * 4 * MWS_TABLE + 1024"));
         assert!(src.contains(&format!("__launch_bounds__({MOE_WS_THREADS}, 1)")));
-        assert!(MOE_WS_SMEM <= 227 * 1024);
+        const { assert!(MOE_WS_SMEM <= 227 * 1024) };
         // the Hopper header comes first in the sm_90a programs only
         assert!(Module::MoeExpertsSm90a.source(None).contains(HOPPER_HEADER));
         assert!(
