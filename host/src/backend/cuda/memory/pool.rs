@@ -102,12 +102,7 @@ impl Pool {
         if let Some(ptr) = s.free.get_mut(&class).and_then(|v| v.pop()) {
             s.stats.reused += 1;
             s.stats.in_use += class;
-            return Ok(DevBuf {
-                pool: self.clone(),
-                ptr,
-                class,
-                len: bytes,
-            });
+            return Ok(self.buf(ptr, class, bytes));
         }
         let capturing = s
             .held
@@ -116,15 +111,7 @@ impl Pool {
         if capturing {
             let ptr = malloc_relaxed(class)
                 .map_err(|e| error::alloc(&self.label, "cuMemAlloc (during capture)", class, e))?;
-            s.stats.fresh += 1;
-            s.stats.reserved += class;
-            s.stats.in_use += class;
-            return Ok(DevBuf {
-                pool: self.clone(),
-                ptr,
-                class,
-                len: bytes,
-            });
+            return Ok(self.fresh(&mut s, ptr, class, bytes));
         }
         // SAFETY: plain allocation in the current context.
         let ptr = match unsafe { drv::malloc_sync(class) } {
@@ -137,15 +124,25 @@ impl Pool {
                     .map_err(|e| error::alloc(&self.label, "cuMemAlloc", class, e))?
             }
         };
+        Ok(self.fresh(&mut s, ptr, class, bytes))
+    }
+
+    /// A block just allocated from the driver, counted as reserved and in use.
+    fn fresh(self: &Arc<Self>, s: &mut State, ptr: u64, class: usize, bytes: usize) -> DevBuf {
         s.stats.fresh += 1;
         s.stats.reserved += class;
         s.stats.in_use += class;
-        Ok(DevBuf {
+        self.buf(ptr, class, bytes)
+    }
+
+    /// The handle of block `ptr` of size class `class`, `bytes` of it asked for.
+    fn buf(self: &Arc<Self>, ptr: u64, class: usize, bytes: usize) -> DevBuf {
+        DevBuf {
             pool: self.clone(),
             ptr,
             class,
             len: bytes,
-        })
+        }
     }
 
     fn release_locked(s: &mut State, label: &str) -> Result<()> {

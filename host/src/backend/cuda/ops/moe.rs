@@ -464,6 +464,66 @@ pub fn experts(
     }
 }
 
+/// The tile map's two tables, `soff` and `tstart` ([E+1] i32 each), in one scratch block.
+struct TileMap(crate::backend::cuda::memory::pool::DevBuf, usize);
+
+impl TileMap {
+    /// Device addresses of `soff` and `tstart`.
+    fn tables(&self) -> (u64, u64) {
+        (self.0.ptr(), self.0.ptr() + ((self.1 + 1) * 4) as u64)
+    }
+}
+
+/// Queues `moe_tile_map`: the routing's offsets made monotone (`soff`) and the prefix count of
+/// `block_m`-row tiles per expert segment (`tstart`), both read by the grouped GEMMs on the
+/// device.
+fn tile_map(
+    cx: &Cx<'_>,
+    s: &ExpertsShape,
+    offsets: &CudaStorage,
+    block_m: usize,
+) -> Result<TileMap> {
+    let map = TileMap(cx.scratch(2 * (s.e + 1) * 4)?, s.e);
+    let (soff, tstart) = map.tables();
+    cx.k(
+        "moe_tile_map",
+        Dims::linear(1, MOE_TILE_MAP_THREADS),
+        &[
+            Arg::Ptr(offsets.ptr()),
+            Arg::I32(s.e as i32),
+            Arg::I32(s.p as i32),
+            Arg::I32(block_m as i32),
+            Arg::Ptr(soff),
+            Arg::Ptr(tstart),
+        ],
+    )?;
+    Ok(map)
+}
+
+/// Queues `kernel` (`moe_combine_slots_{prec}`): y[t] = sum_j w[t, j] * rows[t*k + j], j
+/// ascending.
+fn combine_slots(
+    cx: &Cx<'_>,
+    s: &ExpertsShape,
+    kernel: &'static str,
+    rows: u64,
+    w: u64,
+    y: u64,
+) -> Result<()> {
+    cx.k(
+        kernel,
+        Dims::stride((s.t * s.h / 8) as u64, 256, cx.sms()),
+        &[
+            Arg::Ptr(rows),
+            Arg::Ptr(w),
+            Arg::Ptr(y),
+            Arg::I32(s.t as i32),
+            Arg::I32(s.h as i32),
+            Arg::I32(s.k as i32),
+        ],
+    )
+}
+
 /// Grouped GEMMs: tile map, gate/up + SwiGLU, down (one row per slot), combine.
 fn experts_grouped(
     cx: &Cx<'_>,
@@ -491,24 +551,12 @@ fn experts_grouped(
     let offsets = ins[4];
     let gate_up = cx.cast(ins[5], e * 2 * f * h, phys)?;
     let down = cx.cast(ins[6], e * h * f, phys)?;
-    let map = cx.scratch(2 * (e + 1) * 4)?;
-    let (soff, tstart) = (map.ptr(), map.ptr() + ((e + 1) * 4) as u64);
+    let map = tile_map(cx, s, offsets, tile.block_m)?;
+    let (soff, tstart) = map.tables();
     let hbuf = cx.alloc(s.p * f, phys)?;
     let rows = cx.alloc(t * k * h, phys)?;
     let (g1, g2) = grids(s, tile);
     let slots = (t * k) as i32;
-    cx.k(
-        "moe_tile_map",
-        Dims::linear(1, MOE_TILE_MAP_THREADS),
-        &[
-            Arg::Ptr(offsets.ptr()),
-            Arg::I32(e as i32),
-            Arg::I32(s.p as i32),
-            Arg::I32(tile.block_m as i32),
-            Arg::Ptr(soff),
-            Arg::Ptr(tstart),
-        ],
-    )?;
     let gemm = |name: &'static str, grid: usize, a: u64, wt: u64, c: u64, n: usize, kd: usize| {
         cx.k(
             name,
@@ -536,18 +584,7 @@ fn experts_grouped(
     unsafe { drv::memset_d8_async(rows.ptr(), 0, t * k * h * phys.size(), cx.stream()) }
         .ctx(label, "cuMemsetD8Async(moe rows)")?;
     gemm(down_k, g2, hbuf.ptr(), down.ptr, rows.ptr(), h, f)?;
-    cx.k(
-        combine,
-        Dims::stride((t * h / 8) as u64, 256, cx.sms()),
-        &[
-            Arg::Ptr(rows.ptr()),
-            Arg::Ptr(w.ptr),
-            Arg::Ptr(outs[0].ptr()),
-            Arg::I32(t as i32),
-            Arg::I32(h as i32),
-            Arg::I32(k as i32),
-        ],
-    )?;
+    combine_slots(cx, s, combine, rows.ptr(), w.ptr, outs[0].ptr())?;
     Ok(names)
 }
 
@@ -582,21 +619,9 @@ fn experts_wgmma(
     let gate_up = cx.cast(ins[5], e * 2 * f * h, phys)?;
     let down = cx.cast(ins[6], e * h * f, phys)?;
     let bm = tandem_gpu_kernels::MOE_WS_BLOCK_M;
-    let map = cx.scratch(2 * (e + 1) * 4)?;
-    let (soff, tstart) = (map.ptr(), map.ptr() + ((e + 1) * 4) as u64);
+    let map = tile_map(cx, s, offsets, bm)?;
+    let (soff, tstart) = map.tables();
     let slots = (t * k) as i32;
-    cx.k(
-        "moe_tile_map",
-        Dims::linear(1, MOE_TILE_MAP_THREADS),
-        &[
-            Arg::Ptr(offsets.ptr()),
-            Arg::I32(e as i32),
-            Arg::I32(s.p as i32),
-            Arg::I32(bm as i32),
-            Arg::Ptr(soff),
-            Arg::Ptr(tstart),
-        ],
-    )?;
     // Every row of the permutation (the host does not know where the segments end); padding
     // rows are zeros.
     let xg = cx.alloc(s.p * h, phys)?;
@@ -692,18 +717,7 @@ fn experts_wgmma(
         rows.ptr(),
         h,
     )?;
-    cx.k(
-        combine,
-        Dims::stride((t * h / 8) as u64, 256, cx.sms()),
-        &[
-            Arg::Ptr(rows.ptr()),
-            Arg::Ptr(w.ptr),
-            Arg::Ptr(outs[0].ptr()),
-            Arg::I32(t as i32),
-            Arg::I32(h as i32),
-            Arg::I32(k as i32),
-        ],
-    )?;
+    combine_slots(cx, s, combine, rows.ptr(), w.ptr, outs[0].ptr())?;
     Ok(names)
 }
 
