@@ -221,8 +221,8 @@ fn bad_flags_are_usage_errors() {
     );
     assert_usage_error(&["bench", "rope", "--backend", "auto"], "auto", kinds);
     let ops = "attention, attention-decode, moe-route, moe-experts, linear, rmsnorm, rope";
-    // `tandem bench` also measures copies (`transfer`).
-    let targets = format!("{ops}, transfer");
+    // `tandem bench` also measures copies (`transfer`) and the MoE block (`moe-block`).
+    let targets = format!("{ops}, transfer, moe-block");
     assert_usage_error(&["bench", "matmul"], "matmul", &targets);
     assert_usage_error(&["bench", "add"], "add", &targets);
     assert_usage_error(
