@@ -464,6 +464,39 @@ pub fn experts(
     }
 }
 
+/// The experts op's inputs as the grouped kernels (mma.sync or wgmma) read them: x, gate_up
+/// and down in the storage type `phys`, the routing weights in f32.
+struct GroupedInputs<'a> {
+    x: super::View,
+    w: super::View,
+    sorted: &'a CudaStorage,
+    offsets: &'a CudaStorage,
+    gate_up: super::View,
+    down: super::View,
+}
+
+impl<'a> GroupedInputs<'a> {
+    fn of(cx: &Cx<'_>, s: &ExpertsShape, ins: &[&'a CudaStorage], phys: DType) -> Result<Self> {
+        let (t, h, e, k, f) = (s.t, s.h, s.e, s.k, s.f);
+        Ok(Self {
+            x: cx.cast(ins[0], t * h, phys)?,
+            w: cx.f32(ins[2], t * k)?,
+            sorted: ins[3],
+            offsets: ins[4],
+            gate_up: cx.cast(ins[5], e * 2 * f * h, phys)?,
+            down: cx.cast(ins[6], e * h * f, phys)?,
+        })
+    }
+}
+
+/// The combine kernel for outputs stored as `phys`.
+fn combine_kernel(phys: DType) -> &'static str {
+    match phys {
+        DType::F16 => "moe_combine_slots_f16",
+        _ => "moe_combine_slots_bf16",
+    }
+}
+
 /// The tile map's two tables, `soff` and `tstart` ([E+1] i32 each), in one scratch block.
 struct TileMap(crate::backend::cuda::memory::pool::DevBuf, usize);
 
@@ -537,20 +570,19 @@ fn experts_grouped(
     let prec = precision(phys)?;
     let up = gemm_kernel("moe_gemm_swiglu", prec, tile.name)?;
     let down_k = gemm_kernel("moe_gemm_down", prec, tile.name)?;
-    let combine = match phys {
-        DType::F16 => "moe_combine_slots_f16",
-        _ => "moe_combine_slots_bf16",
-    };
+    let combine = combine_kernel(phys);
     let names = format!("moe_tile_map+{up}+memset_d8+{down_k}+{combine}");
     if t == 0 {
         return Ok(names);
     }
-    let x = cx.cast(ins[0], t * h, phys)?;
-    let w = cx.f32(ins[2], t * k)?;
-    let sorted = ins[3];
-    let offsets = ins[4];
-    let gate_up = cx.cast(ins[5], e * 2 * f * h, phys)?;
-    let down = cx.cast(ins[6], e * h * f, phys)?;
+    let GroupedInputs {
+        x,
+        w,
+        sorted,
+        offsets,
+        gate_up,
+        down,
+    } = GroupedInputs::of(cx, s, ins, phys)?;
     let map = tile_map(cx, s, offsets, tile.block_m)?;
     let (soff, tstart) = map.tables();
     let hbuf = cx.alloc(s.p * f, phys)?;
@@ -604,20 +636,19 @@ fn experts_wgmma(
         _ => ("moe_ws_swiglu_bf16", "moe_ws_down_bf16"),
     };
     let gather = cx.kernel("moe_gather_{s}")?;
-    let combine = match phys {
-        DType::F16 => "moe_combine_slots_f16",
-        _ => "moe_combine_slots_bf16",
-    };
+    let combine = combine_kernel(phys);
     let names = format!("moe_tile_map+{gather}+{up}+memset_d8+{down_k}+{combine}");
     if t == 0 {
         return Ok(names);
     }
-    let x = cx.cast(ins[0], t * h, phys)?;
-    let w = cx.f32(ins[2], t * k)?;
-    let sorted = ins[3];
-    let offsets = ins[4];
-    let gate_up = cx.cast(ins[5], e * 2 * f * h, phys)?;
-    let down = cx.cast(ins[6], e * h * f, phys)?;
+    let GroupedInputs {
+        x,
+        w,
+        sorted,
+        offsets,
+        gate_up,
+        down,
+    } = GroupedInputs::of(cx, s, ins, phys)?;
     let bm = tandem_gpu_kernels::MOE_WS_BLOCK_M;
     let map = tile_map(cx, s, offsets, bm)?;
     let (soff, tstart) = map.tables();
