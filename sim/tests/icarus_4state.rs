@@ -41,17 +41,22 @@ fn card_of(core: &dyn KernelCore, seed: u32, banks: u32) -> Option<IcarusCard> {
         banks,
         ..IcarusConfig::default()
     };
-    let mut c = match IcarusCard::open(cfg) {
-        Ok(c) => c,
-        Err(SimError::Unavailable(why)) => {
-            println!("SKIP: {why}");
-            return None;
-        }
-        Err(e) => panic!("opening the Icarus card: {e}"),
-    };
+    let mut c = open(cfg)?;
     c.load_core(core, ShellConfig { max_burst: 8 })
         .expect("iverilog build");
     Some(c)
+}
+
+/// The Icarus card of `cfg`, or `None` after printing why the test is skipped (no iverilog).
+fn open(cfg: IcarusConfig) -> Option<IcarusCard> {
+    match IcarusCard::open(cfg) {
+        Ok(c) => Some(c),
+        Err(SimError::Unavailable(why)) => {
+            println!("SKIP: {why}");
+            None
+        }
+        Err(e) => panic!("opening the Icarus card: {e}"),
+    }
 }
 
 fn rand_i8(rng: &mut ChaCha8Rng, n: usize) -> Vec<i8> {
@@ -512,13 +517,8 @@ fn axi_rule_breaches_are_reported() {
         stall_percent: 50,
         ..IcarusConfig::default()
     };
-    let mut c = match IcarusCard::open(cfg.clone()) {
-        Ok(c) => c,
-        Err(SimError::Unavailable(why)) => {
-            println!("SKIP: {why}");
-            return;
-        }
-        Err(e) => panic!("opening the Icarus card: {e}"),
+    let Some(mut c) = open(cfg.clone()) else {
+        return;
     };
     let dir = cfg.work_dir.join(format!("breaker-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");

@@ -497,6 +497,18 @@ fn combine_kernel(phys: DType) -> &'static str {
     }
 }
 
+/// The down GEMM's output, one zeroed row per slot ([T*k, H] in `phys`): a slot missing from
+/// the permutation (dropped by a capacity limit) adds nothing in the combine.
+fn slot_rows(cx: &Cx<'_>, s: &ExpertsShape, phys: DType) -> Result<CudaStorage> {
+    let n = s.t * s.k * s.h;
+    let rows = cx.alloc(n, phys)?;
+    // SAFETY: rows holds n elements of phys; the memset is ordered on the compute stream after
+    // the allocation and before the kernels that use rows.
+    unsafe { drv::memset_d8_async(rows.ptr(), 0, n * phys.size(), cx.stream()) }
+        .ctx(&cx.be.dev.label, "cuMemsetD8Async(moe rows)")?;
+    Ok(rows)
+}
+
 /// The tile map's two tables, `soff` and `tstart` ([E+1] i32 each), in one scratch block.
 struct TileMap(crate::backend::cuda::memory::pool::DevBuf, usize);
 
@@ -571,7 +583,7 @@ fn experts_grouped(
     let up = gemm_kernel("moe_gemm_swiglu", prec, tile.name)?;
     let down_k = gemm_kernel("moe_gemm_down", prec, tile.name)?;
     let combine = combine_kernel(phys);
-    let names = format!("moe_tile_map+{up}+memset_d8+{down_k}+{combine}");
+    let names = format!("moe_tile_map+memset_d8+{up}+{down_k}+{combine}");
     if t == 0 {
         return Ok(names);
     }
@@ -586,7 +598,7 @@ fn experts_grouped(
     let map = tile_map(cx, s, offsets, tile.block_m)?;
     let (soff, tstart) = map.tables();
     let hbuf = cx.alloc(s.p * f, phys)?;
-    let rows = cx.alloc(t * k * h, phys)?;
+    let rows = slot_rows(cx, s, phys)?;
     let (g1, g2) = grids(s, tile);
     let slots = (t * k) as i32;
     let gemm = |name: &'static str, grid: usize, a: u64, wt: u64, c: u64, n: usize, kd: usize| {
@@ -609,12 +621,6 @@ fn experts_grouped(
         )
     };
     gemm(up, g1, x.ptr, gate_up.ptr, hbuf.ptr(), f, h)?;
-    // Slots missing from the permutation (dropped by a capacity limit) must add nothing.
-    let label = &cx.be.dev.label;
-    // SAFETY: rows holds t*k*h elements of phys; the memset is ordered on the compute stream
-    // after the allocation and before the kernels that use rows.
-    unsafe { drv::memset_d8_async(rows.ptr(), 0, t * k * h * phys.size(), cx.stream()) }
-        .ctx(label, "cuMemsetD8Async(moe rows)")?;
     gemm(down_k, g2, hbuf.ptr(), down.ptr, rows.ptr(), h, f)?;
     combine_slots(cx, s, combine, rows.ptr(), w.ptr, outs[0].ptr())?;
     Ok(names)
@@ -637,7 +643,7 @@ fn experts_wgmma(
     };
     let gather = cx.kernel("moe_gather_{s}")?;
     let combine = combine_kernel(phys);
-    let names = format!("moe_tile_map+{gather}+{up}+memset_d8+{down_k}+{combine}");
+    let names = format!("moe_tile_map+{gather}+memset_d8+{up}+{down_k}+{combine}");
     if t == 0 {
         return Ok(names);
     }
@@ -670,7 +676,7 @@ fn experts_wgmma(
         ],
     )?;
     let hbuf = cx.alloc(s.p * f, phys)?;
-    let rows = cx.alloc(t * k * h, phys)?;
+    let rows = slot_rows(cx, s, phys)?;
     let label = &cx.be.dev.label;
     let ty = phys;
     let box_rows = bm as u32;
@@ -733,11 +739,6 @@ fn experts_wgmma(
         hbuf.ptr(),
         f,
     )?;
-    // Slots missing from the permutation (dropped by a capacity limit) must add nothing.
-    // SAFETY: rows holds t*k*h elements of phys; the memset is ordered on the compute stream
-    // after the allocation and before the kernels that use rows.
-    unsafe { drv::memset_d8_async(rows.ptr(), 0, t * k * h * phys.size(), cx.stream()) }
-        .ctx(label, "cuMemsetD8Async(moe rows)")?;
     gemm(
         down_k,
         grid(2 * bn, h),
