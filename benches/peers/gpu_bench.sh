@@ -5,7 +5,8 @@
 # `--cuda-dtype $DTYPE`, torch_peers.py `--dtype $DTYPE`.
 # Writes the tandem JSON to /tmp/tandem-bench/$DTYPE and prints a table of RESULT lines last.
 # ONLY=linear runs the dense 8192^3 linear pair alone. ONLY=moe runs the MoE experts pairs alone; MOE_PATHS (default "grouped blaslt") picks the
-# experts paths timed (TANDEM_MOE_EXPERTS; `default` = the op's own choice), MOE_TILES (default "default") the grouped tiles
+# experts paths timed (TANDEM_MOE_EXPERTS; `default` = the op's own choice; `fp8` = TANDEM_MOE_FP8=1 beside
+# torch_peers.py --fp8, PyTorch's FP8 grouped GEMMs), MOE_TILES (default "default") the grouped tiles
 # (TANDEM_MOE_TILE: l, m, s, or default for the op's own choice). ONLY=route runs the four
 # routing shapes of issue 15 alone (T16384 E8 k2, T16384 E64 k8, T65536 E128 k8, T8192 E256 k8);
 # ROUTE_KERNELS (default "default": the op's own choice) lists TANDEM_ROUTE_KERNEL values to time
@@ -21,7 +22,7 @@ pair() { # label, then the bench arguments shared by both
   local label=$1
   shift
   if "$T" bench "$@" --cuda-dtype "$DTYPE" --json > "$W/$label.json" 2> "$W/$label.err"; then
-    python3 benches/peers/torch_peers.py "$@" --dtype "$DTYPE" --tandem-json "$W/$label.json" | tee "$W/$label.txt"
+    python3 benches/peers/torch_peers.py "$@" ${PEER_ARGS:-} --dtype "$DTYPE" --tandem-json "$W/$label.json" | tee "$W/$label.txt"
     grep '^RESULT' "$W/$label.txt" | sed "s/^RESULT /$label /" >> "$W/results"
   else
     echo "tandem bench $label failed:"; tail -5 "$W/$label.err"
@@ -30,7 +31,9 @@ pair() { # label, then the bench arguments shared by both
 moe_pairs() {
   local X="moe-experts --hidden 4096 --ffn 14336 --experts 8 --top-k 2"
   for path in ${MOE_PATHS:-grouped blaslt}; do
-    if [ "$path" = default ]; then unset TANDEM_MOE_EXPERTS; else export TANDEM_MOE_EXPERTS=$path; fi
+    unset TANDEM_MOE_FP8 PEER_ARGS
+    if [ "$path" = fp8 ]; then export TANDEM_MOE_FP8=1 PEER_ARGS=--fp8; unset TANDEM_MOE_EXPERTS
+    elif [ "$path" = default ]; then unset TANDEM_MOE_EXPERTS; else export TANDEM_MOE_EXPERTS=$path; fi
     for tile in ${MOE_TILES:-default}; do
       if [ "$path" = blaslt ] && [ "$tile" != default ]; then continue; fi
       if [ "$tile" = default ]; then unset TANDEM_MOE_TILE; else export TANDEM_MOE_TILE=$tile; fi
@@ -39,7 +42,7 @@ moe_pairs() {
       pair "moe-x-t64-$tag" $X --tokens 64
     done
   done
-  unset TANDEM_MOE_EXPERTS TANDEM_MOE_TILE
+  unset TANDEM_MOE_EXPERTS TANDEM_MOE_TILE TANDEM_MOE_FP8 PEER_ARGS
 }
 route_pairs() {
   for rk in ${ROUTE_KERNELS:-default}; do

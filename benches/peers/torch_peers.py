@@ -20,7 +20,9 @@ block: F.linear router logits, softmax/topk/renormalise in f32, the routing perm
 eagerly and, where torch.cuda.graphs can capture it, as a replayed graph (x copied into the
 static input first, as tandem's replay does), with PyTorch's CUDA launches per block counted
 by torch.profiler (`--tandem-json` from `tandem bench moe-block --json`); rmsnorm =
-F.rms_norm; rope = x*cos + rotate_half(x)*sin with cos/sin precomputed. Timing: CUDA events
+F.rms_norm; rope = x*cos + rotate_half(x)*sin with cos/sin precomputed; moe-experts --fp8 =
+the same with e4m3 weights (quantized per output channel before the timed region) and
+activations (per row, each call), torch._scaled_grouped_mm or a loop of torch._scaled_mm. Timing: CUDA events
 around each call after warm-up, inputs rotated among several sets, median. The ratio printed is
 PyTorch time / tandem time (above 1: tandem is faster).
 """
@@ -62,6 +64,9 @@ def parse():
     p.add_argument("--dtype", choices=["bf16", "f16"], default="bf16",
                    help="precision of the inputs and outputs (tandem's --cuda-dtype)")
     p.add_argument("--tandem-json", help="output of `tandem bench ... --json` to compare with")
+    p.add_argument("--fp8", action="store_true",
+                   help="moe-experts: the FP8 peer (e4m3 weights and activations, rowwise scales), "
+                        "for tandem run with TANDEM_MOE_FP8=1")
     return p.parse_args()
 
 
@@ -134,6 +139,77 @@ def moe_experts_peer(a, dev, bf, rnd, g):
     nbytes = 2.0 * e * 3 * h * f  # expert weights, as tandem counts for this op
     shape = f"T{t} H{h} F{f} E{e} k{k}"
     return fn, sets, flops, nbytes, shape, what
+
+
+def e4m3_rows(v):
+    """(e4m3 rows, f32 scale per row): scale = amax / 448, as tandem's FP8 experts quantize."""
+    vf = v.float()
+    amax = vf.abs().amax(dim=-1, keepdim=True)
+    inv = torch.where(amax > 0, 448.0 / amax, torch.zeros_like(amax))
+    return (vf * inv).clamp(-448, 448).to(torch.float8_e4m3fn), (amax / 448.0).squeeze(-1).contiguous()
+
+
+def moe_experts_fp8_peer(a, dev, bf, rnd, g):
+    """The FP8 counterpart of moe_experts_peer: expert weights quantized to e4m3 per output
+    channel before the timed region (tandem keeps them quantized beside the weights), then per
+    call the gathered x and the SwiGLU output quantized per row and the GEMMs run by
+    torch._scaled_grouped_mm (a loop of torch._scaled_mm over the experts where it is missing or
+    disagrees), outputs in the storage precision."""
+    t, h, f, e, k = a.tokens, a.hidden, a.ffn, a.experts, a.top_k
+    _, sets_bf, flops, _, shape, _ = moe_experts_peer(a, dev, bf, rnd, g)
+    sets = []
+    for (x, tok, order, wsorted, offs, counts, gate_up, down) in sets_bf:
+        gq, gs = e4m3_rows(gate_up)   # [E, 2F, H], [E, 2F]
+        dq, ds = e4m3_rows(down)      # [E, H, F], [E, H]
+        sets.append((x, tok, order, wsorted, offs, counts, gq, gs, dq, ds))
+    del sets_bf
+
+    def unpermute(o, order, wsorted):
+        slots = torch.empty(t * k, h, dtype=bf, device=dev)
+        slots[order] = o * wsorted[:, None]
+        return slots.view(t, k, h).sum(1)
+
+    def fn_grouped(x, tok, order, wsorted, offs, counts, gq, gs, dq, ds):
+        xq, xs = e4m3_rows(x.index_select(0, tok))
+        gu = torch._scaled_grouped_mm(xq, gq.transpose(-2, -1), xs, gs, offs=offs, out_dtype=bf)
+        aq, as_ = e4m3_rows(F.silu(gu[:, :f]) * gu[:, f:])
+        o = torch._scaled_grouped_mm(aq, dq.transpose(-2, -1), as_, ds, offs=offs, out_dtype=bf)
+        return unpermute(o, order, wsorted)
+
+    def fn_loop(x, tok, order, wsorted, offs, counts, gq, gs, dq, ds):
+        xq, xs = e4m3_rows(x.index_select(0, tok))
+        o = torch.empty(t * k, h, dtype=bf, device=dev)
+        s = 0
+        for i, c in enumerate(counts):
+            if c:
+                gu = torch._scaled_mm(xq[s:s + c], gq[i].t(), scale_a=xs[s:s + c, None],
+                                      scale_b=gs[i][None, :], out_dtype=bf)
+                aq, as_ = e4m3_rows(F.silu(gu[:, :f]) * gu[:, f:])
+                o[s:s + c] = torch._scaled_mm(aq, dq[i].t(), scale_a=as_[:, None],
+                                              scale_b=ds[i][None, :], out_dtype=bf)
+            s += c
+        return unpermute(o, order, wsorted)
+
+    fn, what = fn_loop, "FP8: loop over experts of torch._scaled_mm (rowwise scales)"
+    try:
+        yl = fn_loop(*sets[0])
+    except Exception as ex:  # report: no FP8 loop here
+        print(f"  torch._scaled_mm loop failed ({type(ex).__name__}: {ex})")
+        yl = None
+    if hasattr(torch, "_scaled_grouped_mm"):
+        try:
+            yg = fn_grouped(*sets[0])
+            ok = True
+            if yl is not None:
+                err = ((yg.float() - yl.float()).norm() / yl.float().norm()).item()
+                print(f"  peer check: _scaled_grouped_mm vs _scaled_mm loop rel err {err:.2e}")
+                ok = err < 2e-2
+            if ok:
+                fn, what = fn_grouped, "FP8: torch._scaled_grouped_mm (rowwise scales), silu, un-permute"
+        except Exception as ex:  # report, then use the loop
+            print(f"  _scaled_grouped_mm unavailable here ({type(ex).__name__}: {ex}); using the loop")
+    nbytes = 1.0 * e * 3 * h * f  # e4m3 expert weights
+    return fn, sets, flops, nbytes, shape + " fp8", what
 
 
 def cuda_launches(fn, args):
@@ -300,7 +376,8 @@ def main():
         a.tokens = a.tokens or 4096
         a.experts = a.experts or 8
         a.top_k = a.top_k or 2
-        fn, sets, flops, nbytes, shape, what = moe_experts_peer(a, dev, dt, rnd, g)
+        peer = moe_experts_fp8_peer if a.fp8 else moe_experts_peer
+        fn, sets, flops, nbytes, shape, what = peer(a, dev, dt, rnd, g)
     elif a.op == "moe-block":
         return moe_block_main(a, dev, dt, rnd, g)
     elif a.op == "moe-route":

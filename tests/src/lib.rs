@@ -4,6 +4,7 @@
 
 pub mod cuda;
 pub mod decode;
+pub mod fp8;
 pub mod skip;
 
 pub use skip::{Need, skip};

@@ -222,3 +222,104 @@ fn cuda_moe_experts_many_tiles() {
         ],
     );
 }
+
+/// The FP8 experts (`CudaOptions::moe_fp8`, Hopper only) on fresh random inputs with a zero
+/// token row and a row 100x larger than the rest (scales from 0 to large), in both storage
+/// precisions. Two checks each: against `tandem_tests::fp8::experts`, the f64 model of what
+/// FP8 computes (operands quantized as the device quantizes them, byte for byte), within the
+/// storage precision's tolerance; and against the f64 reference of the unquantized op within
+/// `Numerics::Fp8`'s declared bound (1e-1). On sm_90 the e4m3 kernels must have run (off
+/// Hopper the request falls back, and the case checks the fallback at the storage tolerance);
+/// H or F not a multiple of 16 falls back to the 16-bit wgmma kernels.
+#[test]
+fn cuda_moe_experts_fp8() {
+    use Routing::*;
+    let cases = [
+        case(64, 128, 8, 2, 96, 16, Random),
+        case(37, 64, 4, 3, 48, 16, Random), // T off the block
+        case(1, 64, 8, 8, 16, 16, Random),  // T = 1, k = E
+        case(5, 64, 16, 2, 48, 16, Random), // idle experts
+        case(50, 64, 4, 2, 64, 16, AllToExpert0),
+        case(300, 208, 8, 2, 144, 16, Drop(7)), // K tails of the 128-byte stage, dropped slots
+        case(577, 528, 4, 2, 1008, 16, Random), // several m-, n- and k-tiles
+        case(20, 72, 4, 2, 40, 16, Random),     // H, F not multiples of 16: 16-bit wgmma
+    ];
+    let bound = tandem::backend::Numerics::Fp8.declared_bound();
+    for dt in CudaDType::ALL {
+        let opts = CudaOptions {
+            moe_fp8: true,
+            ..options(dt)
+        };
+        let Some(be) = gpu_with(opts) else { return };
+        let hopper = be.arch() == 90;
+        if !hopper {
+            println!(
+                "FP8 kernels skipped: they run on sm_90 only, this GPU is sm_{}; checking the \
+                 fallback",
+                be.arch()
+            );
+        }
+        let mut r = rng("moe_experts fp8");
+        let op = Op::MoeExperts(MoeExpertsParams {});
+        for c in &cases {
+            println!(
+                " {dt} fp8 T{} H{} E{} k{} F{} {:?}",
+                c.t, c.h, c.e, c.k, c.f, c.routing
+            );
+            let mut ins = inputs(&be, dt, &mut r, c);
+            // a zero row and a large row
+            let mut x = ins[0].as_f32().expect("f32").clone();
+            if c.t > 2 {
+                x.index_axis_mut(ndarray::Axis(0), 0).fill(0.0);
+                x.index_axis_mut(ndarray::Axis(0), 1)
+                    .mapv_inplace(|v| round(dt, v * 100.0));
+            }
+            ins[0] = Tensor::from_f32(x);
+            let f64s: Vec<ArrayD<f64>> = ins.iter().map(|t| t.to_f64()).collect();
+            let exact = op.reference(&f64s).expect("reference");
+            let (out, kernel) = run_gpu(&be, &op, &ins);
+            let fp8 = hopper && c.h % 16 == 0 && c.f % 16 == 0;
+            assert_eq!(
+                kernel.contains(&format!("moe_ws_swiglu_e4m3_{dt}"))
+                    && kernel.contains(&format!("moe_ws_down_e4m3_{dt}")),
+                fp8,
+                "FP8 on sm_{} (H {} F {}), ran {kernel}",
+                be.arch(),
+                c.h,
+                c.f
+            );
+            if !fp8 {
+                check("y", &out[0], &exact[0], dt.tolerance());
+                continue;
+            }
+            let v = |i: usize| -> Vec<f32> { ins[i].to_f64().iter().map(|&x| x as f32).collect() };
+            let ids: Vec<i32> = ins[1].as_i32().expect("i32").iter().copied().collect();
+            let mut present = vec![false; c.t * c.k];
+            for &s in ins[3].as_i32().expect("i32").iter() {
+                if s >= 0 && (s as usize) < present.len() {
+                    present[s as usize] = true;
+                }
+            }
+            let (x, w, gu, dn) = (v(0), v(2), v(5), v(6));
+            let model = tandem_tests::fp8::experts(
+                &tandem_tests::fp8::ExpertsInputs {
+                    x: &x,
+                    ids: &ids,
+                    weights: &w,
+                    present: &present,
+                    gate_up: &gu,
+                    down: &dn,
+                    dims: (c.t, c.h, c.e, c.k, c.f),
+                },
+                |v| round(dt, v as f32),
+            );
+            check("y vs the FP8 model", &out[0], &model, dt.tolerance());
+            check(
+                "y vs the unquantized f64 reference",
+                &out[0],
+                &exact[0],
+                bound,
+            );
+        }
+    }
+}

@@ -20,6 +20,7 @@ use crate::dtype::DType;
 /// | `f16` | f16 storage, f32 accumulate | 5e-3 |
 /// | `bf16` | bf16 storage, f32 accumulate | 1e-2 |
 /// | `int8` | int8 operands with scales, int32 accumulate, fixed-point softmax | 5e-2 |
+/// | `fp8` | 16-bit storage, MoE experts on e4m3 operands with f32 scales | 1e-1 |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Numerics {
@@ -32,6 +33,9 @@ pub enum Numerics {
     /// int8 operands with per-tensor or per-row scales, int32 accumulation, fixed-point
     /// softmax (the FPGA kernels, `fpga::golden`).
     Int8,
+    /// 16-bit storage, with the MoE experts on e4m3 weights and activations (per-channel and
+    /// per-row f32 scales, f32 accumulation): the CUDA backend with `TANDEM_MOE_FP8`.
+    Fp8,
 }
 
 impl Numerics {
@@ -58,16 +62,18 @@ impl Numerics {
             Numerics::F16 => 5e-3,
             Numerics::Bf16 => 1e-2,
             Numerics::Int8 => 5e-2,
+            Numerics::Fp8 => 1e-1,
         }
     }
 
-    /// Short name: `f32`, `f16`, `bf16`, `int8`.
+    /// Short name: `f32`, `f16`, `bf16`, `int8`, `fp8`.
     pub fn name(self) -> &'static str {
         match self {
             Numerics::F32 => "f32",
             Numerics::F16 => "f16",
             Numerics::Bf16 => "bf16",
             Numerics::Int8 => "int8",
+            Numerics::Fp8 => "fp8",
         }
     }
 
@@ -78,6 +84,7 @@ impl Numerics {
             Numerics::F16 => "f16 storage",
             Numerics::Bf16 => "bf16 storage",
             Numerics::Int8 => "int8 fixed point",
+            Numerics::Fp8 => "16-bit storage with e4m3 MoE experts",
         }
     }
 }

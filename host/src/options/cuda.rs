@@ -6,6 +6,7 @@
 //! | `TANDEM_CUDA_POISON` | [`CudaOptions::poison`] | `1`, `0` (default), `on`, `off`, `true`, `false` |
 //! | `TANDEM_ATTN_VARIANT` | [`CudaOptions::attention_variant`] | `w4`, `w8`, `m2`, `m2n32`, `ws` (default: by arch) |
 //! | `TANDEM_MOE_EXPERTS` | [`CudaOptions::moe_experts`] | `blaslt`, `grouped`, `wgmma` (default: by shape and device) |
+//! | `TANDEM_MOE_FP8` | [`CudaOptions::moe_fp8`] | `1`, `0` (default), `on`, `off`, `true`, `false` |
 //! | `TANDEM_MOE_TILE` | [`CudaOptions::moe_tile`] | `l`, `m`, `s` (default: by shape) |
 //! | `TANDEM_ROUTE_KERNEL` | [`CudaOptions::route_kernel`] | `fused`, `fused-2`, `fused-1`, `fused-memset`, `three` (default: `fused` where the grid fits) |
 //! | `TANDEM_DECODE_CHUNKS` | [`CudaOptions::decode_chunks`] | 1 to 4096 (default: by shape and device) |
@@ -28,6 +29,8 @@ pub const POISON_VAR: &str = "TANDEM_CUDA_POISON";
 pub const ATTENTION_VARIANT_VAR: &str = "TANDEM_ATTN_VARIANT";
 /// `TANDEM_MOE_EXPERTS`: the MoE experts path.
 pub const MOE_EXPERTS_VAR: &str = "TANDEM_MOE_EXPERTS";
+/// `TANDEM_MOE_FP8`: run the MoE experts on e4m3 weights and activations (Hopper).
+pub const MOE_FP8_VAR: &str = "TANDEM_MOE_FP8";
 /// `TANDEM_MOE_TILE`: the grouped MoE GEMMs' tile.
 pub const MOE_TILE_VAR: &str = "TANDEM_MOE_TILE";
 /// `TANDEM_ROUTE_KERNEL`: the MoE routing kernel(s).
@@ -61,6 +64,14 @@ pub struct CudaOptions {
     pub attention_variant: Option<AttentionVariant>,
     /// The MoE experts path; `None` picks by shape. `TANDEM_MOE_EXPERTS`.
     pub moe_experts: Option<MoeExpertsPath>,
+    /// Run the MoE experts in FP8 where the Hopper wgmma path runs: expert weights quantized
+    /// once to e4m3 with one f32 scale per output channel (kept beside the weights on the
+    /// device), activations to e4m3 with one scale per row, f32 accumulation, outputs in the
+    /// storage precision. Lossy beyond the storage precision (relative error within
+    /// [`crate::backend::Numerics::Fp8`]'s bound); off by default. Elsewhere (no sm_90, H or
+    /// F not a multiple of 16, another path forced) the experts run as without it and the
+    /// reason is logged. `TANDEM_MOE_FP8=1`.
+    pub moe_fp8: bool,
     /// The grouped MoE GEMMs' tile (setting it asks for the grouped path); `None` picks by
     /// shape. `TANDEM_MOE_TILE`.
     pub moe_tile: Option<MoeTileSize>,
@@ -95,6 +106,7 @@ impl Default for CudaOptions {
             poison: false,
             attention_variant: None,
             moe_experts: None,
+            moe_fp8: false,
             moe_tile: None,
             route_kernel: None,
             decode_chunks: None,
@@ -151,6 +163,7 @@ impl CudaOptions {
             poison: flag(env, POISON_VAR)?.unwrap_or(false),
             attention_variant: named(env, ATTENTION_VARIANT_VAR, AttentionVariant::parse_from)?,
             moe_experts: named(env, MOE_EXPERTS_VAR, MoeExpertsPath::parse_from)?,
+            moe_fp8: flag(env, MOE_FP8_VAR)?.unwrap_or(false),
             moe_tile: named(env, MOE_TILE_VAR, MoeTileSize::parse_from)?,
             route_kernel: named(env, ROUTE_KERNEL_VAR, RouteKernel::parse_from)?,
             decode_chunks: named(env, DECODE_CHUNKS_VAR, parse_chunks)?,

@@ -78,6 +78,17 @@ __device__ __forceinline__ void mws_mma(float (&d)[32][4], u64_t da, u64_t db, i
     else mws_ss_n256_bf16(d, da, db, acc);
 }
 
+// d[64x128] (+)= A[64x32] * B[128x32]^T, A and B K-major in shared memory (e4m3). A 32-deep
+// e4m3 k-slice is 32 bytes a row, as a 16-deep bf16 one: the descriptors advance alike.
+__device__ __forceinline__ void mws_ss_n128_e4m3(float (&d)[16][4], u64_t da, u64_t db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
 // The tile `t` of this GEMM: its expert, first row, row bound and n-tile (the tiles of one
 // n-tile consecutive).
 struct MwsTile {
@@ -101,10 +112,15 @@ __device__ __forceinline__ MwsTile mws_tile(int t, int NT, int E, const int* sof
 }
 
 // SWIGLU: out = h [P, N] (N = F, W_ROWS = 2F); else out = rows [slots, N] (N = H, W_ROWS = H).
-template <bool SWIGLU, bool F16>
+// F16: the outputs (and, unless FP8, the operands) are f16, else bf16. FP8: A and W are e4m3
+// (128 elements, 128 bytes, a row of a stage) with f32 scales, sa[p] per row of A and sw[row]
+// per weight row (output channel): the products are scaled by sa[p] * sw[row] in the epilogue.
+template <bool SWIGLU, bool F16, bool FP8>
 __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t* mw, unsigned short* __restrict__ out,
                                             const int* __restrict__ sorted, const int* __restrict__ soff_g,
-                                            const int* __restrict__ tstart_g, int E, int N, int K, int slots) {
+                                            const int* __restrict__ tstart_g, int E, int N, int K, int slots,
+                                            const float* __restrict__ sa, const float* __restrict__ sw) {
+    constexpr int BK = FP8 ? 2 * MWS_BK : MWS_BK;  // elements of K a stage (128 bytes a row)
     using L = MwsLayout;
     extern __shared__ __align__(1024) unsigned char mws_smem[];
     const unsigned base = (smem_addr(mws_smem) + 1023u) & ~1023u;
@@ -131,7 +147,7 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
     const int tile_n = SWIGLU ? MWS_BN : 2 * MWS_BN;  // output columns a tile
     const int NT = (N + tile_n - 1) / tile_n;
     const int total = tstart[E] * NT;
-    const int KC = (K + MWS_BK - 1) / MWS_BK;
+    const int KC = (K + BK - 1) / BK;
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
@@ -148,9 +164,9 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
                     const unsigned st = base + s * L::STAGE;
                     mbar_wait(empty + 8 * s, ph);
                     mbar_expect_tx(full + 8 * s, L::STAGE);
-                    tma_load_3d(st, ma, full + 8 * s, c * MWS_BK, tl.row0, 0);
-                    tma_load_3d(st + L::TILE, mw, full + 8 * s, c * MWS_BK, w0, 0);
-                    tma_load_3d(st + 2 * L::TILE, mw, full + 8 * s, c * MWS_BK, w1, 0);
+                    tma_load_3d(st, ma, full + 8 * s, c * BK, tl.row0, 0);
+                    tma_load_3d(st + L::TILE, mw, full + 8 * s, c * BK, w0, 0);
+                    tma_load_3d(st + 2 * L::TILE, mw, full + 8 * s, c * BK, w1, 0);
                 }
             }
         }
@@ -176,12 +192,16 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
 #pragma unroll
                 for (int kk = 0; kk < MWS_BK / 16; ++kk) {
                     const u64_t da = desc_sw128(st + cw * 64 * 128 + kk * 32, 16, 1024);
+                    float(&lo)[16][4] = *reinterpret_cast<float(*)[16][4]>(&acc[0]);
+                    float(&hi)[16][4] = *reinterpret_cast<float(*)[16][4]>(&acc[16]);
+                    if constexpr (FP8) {
+                        mws_ss_n128_e4m3(lo, da, desc_sw128(st + L::TILE + kk * 32, 16, 1024), 1);
+                        mws_ss_n128_e4m3(hi, da, desc_sw128(st + 2 * L::TILE + kk * 32, 16, 1024), 1);
+                    } else
 #if MWS_N256
                     // W0 and W1 lie back to back: one 256-row operand
                     mws_mma<F16>(acc, da, desc_sw128(st + L::TILE + kk * 32, 16, 1024), 1);
 #else
-                    float(&lo)[16][4] = *reinterpret_cast<float(*)[16][4]>(&acc[0]);
-                    float(&hi)[16][4] = *reinterpret_cast<float(*)[16][4]>(&acc[16]);
                     if (F16) {
                         ws_ss_n128_f16(lo, da, desc_sw128(st + L::TILE + kk * 32, 16, 1024), 1);
                         ws_ss_n128_f16(hi, da, desc_sw128(st + 2 * L::TILE + kk * 32, 16, 1024), 1);
@@ -201,6 +221,30 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
             if (KC > 0 && lane == 0) mbar_arrive(empty + 8 * ((it - 1) % MWS_STAGES));
 
             const int n0 = tl.nt * tile_n;
+            if constexpr (FP8) {
+                // acc *= sa[row] * sw[channel]: columns 0..127 are the weight rows w0 + j * 8 +
+                // tq * 2 (+1), 128..255 the rows w1 + the same
+                const int w0 = tl.e * w_rows + n0, w1 = SWIGLU ? w0 + N : w0 + MWS_BN;
+                const int wlim = (tl.e + 1) * w_rows;
+                float ra[2];
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int p = tl.row0 + rw + r * 8;
+                    ra[r] = p < tl.row_end ? sa[p] : 0.f;
+                }
+#pragma unroll
+                for (int j = 0; j < 16; ++j)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int c0 = (h ? w1 : w0) + j * 8 + tq * 2;
+                        const float s0 = c0 < wlim ? sw[c0] : 0.f, s1 = c0 + 1 < wlim ? sw[c0 + 1] : 0.f;
+#pragma unroll
+                        for (int r = 0; r < 2; ++r) {
+                            acc[j + 16 * h][2 * r] *= ra[r] * s0;
+                            acc[j + 16 * h][2 * r + 1] *= ra[r] * s1;
+                        }
+                    }
+            }
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const int p = tl.row0 + rw + r * 8;
@@ -238,9 +282,104 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
         NAME(const __grid_constant__ tma_map_t ma, const __grid_constant__ tma_map_t mw,                 \
              unsigned short* __restrict__ out, const int* __restrict__ sorted, const int* __restrict__ soff, \
              const int* __restrict__ tstart, int E, int N, int K, int slots) {                           \
-        moe_ws_gemm<SWIGLU, F16>(&ma, &mw, out, sorted, soff, tstart, E, N, K, slots);                  \
+        moe_ws_gemm<SWIGLU, F16, false>(&ma, &mw, out, sorted, soff, tstart, E, N, K, slots, nullptr, nullptr); \
     }
 MWS_ENTRY(moe_ws_swiglu_bf16, true, false)
 MWS_ENTRY(moe_ws_down_bf16, false, false)
 MWS_ENTRY(moe_ws_swiglu_f16, true, true)
 MWS_ENTRY(moe_ws_down_f16, false, true)
+
+// The e4m3 builds (outputs in the storage precision named last): A and W are e4m3 with f32
+// scales sa [P] and sw [E * W_ROWS] (moe_quant_e4m3_{s}); K a multiple of 16.
+#define MWS_ENTRY_FP8(NAME, SWIGLU, F16)                                                                 \
+    extern "C" __global__ void __launch_bounds__(384, 1)                                                 \
+        NAME(const __grid_constant__ tma_map_t ma, const __grid_constant__ tma_map_t mw,                 \
+             unsigned short* __restrict__ out, const int* __restrict__ sorted, const int* __restrict__ soff, \
+             const int* __restrict__ tstart, int E, int N, int K, int slots, const float* __restrict__ sa, \
+             const float* __restrict__ sw) {                                                             \
+        moe_ws_gemm<SWIGLU, F16, true>(&ma, &mw, out, sorted, soff, tstart, E, N, K, slots, sa, sw);    \
+    }
+MWS_ENTRY_FP8(moe_ws_swiglu_e4m3_bf16, true, false)
+MWS_ENTRY_FP8(moe_ws_down_e4m3_bf16, false, false)
+MWS_ENTRY_FP8(moe_ws_swiglu_e4m3_f16, true, true)
+MWS_ENTRY_FP8(moe_ws_down_e4m3_f16, false, true)
+
+// Row-wise e4m3 quantization (the FP8 experts' activations and weights): for each row r of
+// `rows` x `cols` (storage S), with src row i = r, or, given `sorted`, only for a real slot
+// sorted[r] in 0..sentinel, with i = sorted[r] / k if `gather` (the gate/up GEMM's permuted x),
+// else i = r (h, whose padding rows are never written); other rows are written as zeros with
+// scale 0:
+//   amax = max |src[i, :]|, scale[r] = amax / 448, dst[r, c] = e4m3_rn_satfinite(src[i, c] *
+//   (448 / amax)) (0 where amax is 0), with correctly rounded f32 division and product, so the
+//   host reproduces every byte. One block of 256 threads a row.
+template <typename S>
+__device__ __forceinline__ void moe_quant_e4m3_impl(const h16_t* __restrict__ src, const int* __restrict__ sorted,
+                                                    unsigned char* __restrict__ dst, float* __restrict__ scale,
+                                                    int rows, int cols, int k, int sentinel, int gather) {
+    __shared__ float red[8];
+    const int r = blockIdx.x;
+    if (r >= rows) return;
+    int i = r;
+    if (sorted) {
+        const int s = sorted[r];
+        i = (s >= 0 && s < sentinel) ? (gather ? s / k : r) : -1;
+    }
+    unsigned char* d = dst + (u64_t)r * cols;
+    if (i < 0) {
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) d[c] = 0;
+        if (threadIdx.x == 0) scale[r] = 0.f;
+        return;
+    }
+    const h16_t* x = src + (u64_t)i * cols;
+    const bool vec = (cols & 7) == 0;  // 16-byte loads, 8-byte stores
+    float m = 0.f;
+    if (vec) {
+        for (int c = 8 * threadIdx.x; c < cols; c += 8 * blockDim.x) {
+            const uint4 v = *(const uint4*)(x + c);
+            const h16_t* e = (const h16_t*)&v;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(S::to_f(e[j])));
+        }
+    } else {
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, fabsf(S::to_f(x[c])));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+    __syncthreads();
+    m = red[0];
+    for (int w = 1; w < (int)(blockDim.x >> 5); ++w) m = fmaxf(m, red[w]);
+    const float inv = m > 0.f ? __fdiv_rn(448.f, m) : 0.f;
+    if (threadIdx.x == 0) scale[r] = __fdiv_rn(m, 448.f);
+    if (vec) {
+        for (int c = 8 * threadIdx.x; c < cols; c += 8 * blockDim.x) {
+            const uint4 v = *(const uint4*)(x + c);
+            const h16_t* e = (const h16_t*)&v;
+            unsigned short q[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;"
+                    : "=h"(q[j])
+                    : "f"(__fmul_rn(S::to_f(e[2 * j + 1]), inv)), "f"(__fmul_rn(S::to_f(e[2 * j]), inv)));
+            *(uint2*)(d + c) = make_uint2(q[0] | ((unsigned)q[1] << 16), q[2] | ((unsigned)q[3] << 16));
+        }
+        return;
+    }
+    for (int c = 2 * threadIdx.x; c < cols; c += 2 * blockDim.x) {
+        const float a = __fmul_rn(S::to_f(x[c]), inv);
+        const float b = c + 1 < cols ? __fmul_rn(S::to_f(x[c + 1]), inv) : 0.f;
+        unsigned short q;
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(q) : "f"(b), "f"(a));
+        d[c] = (unsigned char)(q & 0xff);
+        if (c + 1 < cols) d[c + 1] = (unsigned char)(q >> 8);
+    }
+}
+
+#define QUANT_ENTRY(NAME, S)                                                                        \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const h16_t* __restrict__ src, const int* __restrict__ sorted, \
+                                                           unsigned char* __restrict__ dst, float* __restrict__ scale, \
+                                                           int rows, int cols, int k, int sentinel, int gather) { \
+        moe_quant_e4m3_impl<S>(src, sorted, dst, scale, rows, cols, k, sentinel, gather);              \
+    }
+QUANT_ENTRY(moe_quant_e4m3_bf16, BF16)
+QUANT_ENTRY(moe_quant_e4m3_f16, F16)

@@ -401,10 +401,7 @@ impl CudaBackend {
         }
         g.graph.launch(stream)?;
         let bytes = g.out.buf.len();
-        let out = CudaStorage {
-            buf: self.pool.alloc(bytes)?,
-            phys: g.out.phys,
-        };
+        let out = CudaStorage::new(self.pool.alloc(bytes)?, g.out.phys);
         if bytes > 0 {
             // SAFETY: both hold `bytes`; ordered after the graph on the compute stream.
             unsafe { drv::memcpy_dtod_async(out.ptr(), g.out.ptr(), bytes, stream) }

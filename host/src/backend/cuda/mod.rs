@@ -82,14 +82,29 @@ pub fn unavailable_reason(opts: &CudaOptions) -> Option<String> {
     probe::check(opts).err()
 }
 /// Device data: a pool allocation and the precision it is stored in.
+///
+/// A storage is written only while it is made (an upload, an op's output, a copy), never
+/// after, so forms derived from its data on the device (the FP8 experts' e4m3 weights) are
+/// kept beside it and stay valid as long as it lives.
 #[derive(Debug)]
 pub struct CudaStorage {
     buf: memory::DevBuf,
     /// Precision on the device (bf16 or f16 as the backend stores, f32 or i32).
     pub phys: DType,
+    /// The data quantized to e4m3 rows, made at first use by the FP8 experts path.
+    e4m3: std::sync::Mutex<Option<std::sync::Arc<ops::moe_fp8::E4m3Rows>>>,
 }
 
 impl CudaStorage {
+    /// A storage of `buf`, holding data in `phys`.
+    fn new(buf: memory::DevBuf, phys: DType) -> Self {
+        Self {
+            buf,
+            phys,
+            e4m3: std::sync::Mutex::new(None),
+        }
+    }
+
     /// Device address.
     pub fn ptr(&self) -> u64 {
         self.buf.ptr()
@@ -249,13 +264,7 @@ impl CudaBackend {
                 })?;
             self.order_after_copies()?;
         }
-        Ok(self.wrap(
-            meta,
-            CudaStorage {
-                buf,
-                phys: DType::F32,
-            },
-        ))
+        Ok(self.wrap(meta, CudaStorage::new(buf, DType::F32)))
     }
 
     /// Uploads `host` (the tensor of the CPU replica `st`) by DMA straight from its pages when
@@ -323,7 +332,7 @@ impl CudaBackend {
         // `raw` goes back to the pool only now: later users of its block, on either stream,
         // are ordered after the cast.
         drop(raw);
-        Ok(Some(self.wrap(host.meta(), CudaStorage { buf: out, phys })))
+        Ok(Some(self.wrap(host.meta(), CudaStorage::new(out, phys))))
     }
 
     /// Registered host memory now: (bytes, tensors).
@@ -417,7 +426,7 @@ impl CudaBackend {
                 // SAFETY: the copy stream is alive.
                 unsafe { drv::stream::synchronize(copy) }.ctx(l, "cuStreamSynchronize")?;
             }
-            Ok(self.wrap(src.meta.clone(), CudaStorage { buf, phys: st.phys }))
+            Ok(self.wrap(src.meta.clone(), CudaStorage::new(buf, st.phys)))
         })();
         // SAFETY: balances the retain above.
         unsafe {
@@ -663,6 +672,9 @@ impl Backend for CudaBackend {
     }
 
     fn numerics(&self) -> super::Numerics {
+        if self.opts.moe_fp8 && self.dev.arch == 90 {
+            return super::Numerics::Fp8;
+        }
         super::Numerics::of_dtype(self.opts.dtype.dtype())
     }
 
@@ -720,7 +732,7 @@ impl Backend for CudaBackend {
             // Kernels that read the data run after the copies; no host thread waits for them.
             self.order_after_copies()?;
         }
-        Ok(self.wrap(meta, CudaStorage { buf, phys }))
+        Ok(self.wrap(meta, CudaStorage::new(buf, phys)))
     }
 
     fn upload_storage(&self, st: &DeviceStorage) -> Result<DeviceStorage> {

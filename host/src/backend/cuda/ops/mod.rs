@@ -5,6 +5,7 @@ mod attention_decode;
 mod basic;
 mod linear;
 mod moe;
+pub(crate) mod moe_fp8;
 
 use super::kernels::{Arg, Dims};
 use super::memory::DevBuf;
@@ -48,10 +49,10 @@ impl Cx<'_> {
 
     /// Storage for `numel` elements of `phys`.
     pub fn alloc(&self, numel: usize, phys: DType) -> Result<CudaStorage> {
-        Ok(CudaStorage {
-            buf: self.be.pool.alloc(numel * phys.size())?,
+        Ok(CudaStorage::new(
+            self.be.pool.alloc(numel * phys.size())?,
             phys,
-        })
+        ))
     }
 
     /// Scratch memory (returned to the pool, in stream order, when dropped).
@@ -267,7 +268,12 @@ pub fn capture_safe(cx: &Cx<'_>, op: &Op, metas: &[TensorMeta]) -> std::result::
         Op::MoeExperts(p) => {
             let s = p.shape(metas).map_err(|e| e.to_string())?;
             match moe::ExpertsPath::on_device(cx, &s) {
-                (moe::ExpertsPath::Grouped(_) | moe::ExpertsPath::Wgmma, _) => Ok(()),
+                (
+                    moe::ExpertsPath::Grouped(_)
+                    | moe::ExpertsPath::Wgmma
+                    | moe::ExpertsPath::WgmmaFp8,
+                    _,
+                ) => Ok(()),
                 (moe::ExpertsPath::Blaslt, why) => Err(format!(
                     "the experts run on the cuBLASLt path{}, which synchronises the stream to \
                      read the expert offsets on the host",
@@ -283,7 +289,7 @@ pub fn capture_safe(cx: &Cx<'_>, op: &Op, metas: &[TensorMeta]) -> std::result::
 }
 
 /// The experts path the experts op takes on inputs `metas` on this device: `grouped-<tile>`,
-/// `wgmma` or `blaslt`.
+/// `wgmma`, `wgmma-fp8` or `blaslt`.
 pub fn experts_path_name(
     cx: &Cx<'_>,
     p: &crate::ops::MoeExpertsParams,
@@ -294,6 +300,7 @@ pub fn experts_path_name(
         moe::ExpertsPath::Grouped(t) => format!("grouped-{}", t.name),
         moe::ExpertsPath::Blaslt => "blaslt".to_string(),
         moe::ExpertsPath::Wgmma => "wgmma".to_string(),
+        moe::ExpertsPath::WgmmaFp8 => "wgmma-fp8".to_string(),
     })
 }
 

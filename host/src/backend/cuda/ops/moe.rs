@@ -10,12 +10,16 @@
 //! - `blaslt` (default above 32 rows per expert off Hopper): gather, one cuBLASLt GEMM per expert (twice), SwiGLU,
 //!   combine; reads the expert offsets on the host first (a stream synchronisation).
 //!
+//! - `wgmma-fp8` (with [`CudaOptions::moe_fp8`] on sm_90): the wgmma kernels on e4m3 operands
+//!   ([`super::moe_fp8`]).
+//!
 //! [`CudaOptions::moe_experts`] (`TANDEM_MOE_EXPERTS=blaslt|grouped|wgmma`) forces one,
 //! [`CudaOptions::moe_tile`] (`TANDEM_MOE_TILE=l|m|s`) the grouped GEMMs' tile (default by the
 //! mean rows per expert, T*k/E); see [`ExpertsPath::select`].
 //!
 //! [`CudaOptions::moe_experts`]: crate::options::CudaOptions::moe_experts
 //! [`CudaOptions::moe_tile`]: crate::options::CudaOptions::moe_tile
+//! [`CudaOptions::moe_fp8`]: crate::options::CudaOptions::moe_fp8
 
 use cudarc::driver::result as drv;
 use tandem_gpu_kernels::{MOE_TILE_MAP_THREADS, MOE_TILES, MoeTile};
@@ -304,6 +308,9 @@ pub enum ExpertsPath {
     Blaslt,
     /// Hopper persistent grouped GEMMs on wgmma (no host synchronisation).
     Wgmma,
+    /// The same on e4m3 weights and activations with f32 scales
+    /// ([`crate::options::CudaOptions::moe_fp8`]; [`super::moe_fp8`]).
+    WgmmaFp8,
 }
 
 /// Mean rows per expert up to which the `s` tile is picked (decode-sized batches).
@@ -316,7 +323,36 @@ impl ExpertsPath {
     pub fn on_device(cx: &Cx<'_>, s: &ExpertsShape) -> (Self, Option<String>) {
         let hopper = tandem_gpu_kernels::Module::MoeExpertsSm90a.runs_on(cx.be.dev.arch);
         let o = &cx.be.opts;
-        Self::select(s, hopper, o.moe_experts, o.moe_tile)
+        let (path, why) = Self::select(s, hopper, o.moe_experts, o.moe_tile);
+        let (path, not_fp8) = path.fp8(s, o.moe_fp8);
+        (path, not_fp8.or(why))
+    }
+
+    /// The FP8 build of this path where it is asked for (`fp8`) and runs: the wgmma path with
+    /// H and F multiples of 16 (16-byte e4m3 rows for the TMA); else this path and why not.
+    pub fn fp8(self, s: &ExpertsShape, fp8: bool) -> (Self, Option<String>) {
+        if !fp8 {
+            return (self, None);
+        }
+        match self {
+            ExpertsPath::Wgmma if s.h % 16 == 0 && s.f % 16 == 0 => (ExpertsPath::WgmmaFp8, None),
+            ExpertsPath::Wgmma => (
+                self,
+                Some(format!(
+                    "hidden {} and ffn {} must be multiples of 16 for the FP8 experts \
+                     (16-byte e4m3 rows); they run in the storage precision",
+                    s.h, s.f
+                )),
+            ),
+            other => (
+                other,
+                Some(
+                    "the FP8 experts run on the Hopper wgmma path only (sm_90, not another \
+                     path forced); they run in the storage precision"
+                        .to_string(),
+                ),
+            ),
+        }
     }
 
     /// The path for this shape on a device where the Hopper kernels run or not (`hopper`:
@@ -417,7 +453,7 @@ fn grids(s: &ExpertsShape, t: MoeTile) -> (usize, usize) {
 }
 
 /// The element type of the grouped kernels for an output stored as `phys`.
-fn precision(phys: DType) -> Result<&'static str> {
+pub(super) fn precision(phys: DType) -> Result<&'static str> {
     match phys {
         DType::BF16 => Ok("bf16"),
         DType::F16 => Ok("f16"),
@@ -454,7 +490,13 @@ pub fn experts(
             }
             experts_grouped(cx, &s, t, ins, outs)
         }
-        (ExpertsPath::Wgmma, _) => experts_wgmma(cx, &s, ins, outs),
+        (ExpertsPath::Wgmma, why) => {
+            if let Some(why) = why {
+                tracing::debug!(%why, "moe_experts: wgmma path");
+            }
+            experts_wgmma(cx, &s, ins, outs)
+        }
+        (ExpertsPath::WgmmaFp8, _) => super::moe_fp8::experts(cx, &s, ins, outs),
         (ExpertsPath::Blaslt, why) => {
             if let Some(why) = why {
                 tracing::debug!(%why, "moe_experts: cuBLASLt path");
@@ -490,7 +532,7 @@ impl<'a> GroupedInputs<'a> {
 }
 
 /// The combine kernel for outputs stored as `phys`.
-fn combine_kernel(phys: DType) -> &'static str {
+pub(super) fn combine_kernel(phys: DType) -> &'static str {
     match phys {
         DType::F16 => "moe_combine_slots_f16",
         _ => "moe_combine_slots_bf16",
@@ -499,7 +541,7 @@ fn combine_kernel(phys: DType) -> &'static str {
 
 /// The down GEMM's output, one zeroed row per slot ([T*k, H] in `phys`): a slot missing from
 /// the permutation (dropped by a capacity limit) adds nothing in the combine.
-fn slot_rows(cx: &Cx<'_>, s: &ExpertsShape, phys: DType) -> Result<CudaStorage> {
+pub(super) fn slot_rows(cx: &Cx<'_>, s: &ExpertsShape, phys: DType) -> Result<CudaStorage> {
     let n = s.t * s.k * s.h;
     let rows = cx.alloc(n, phys)?;
     // SAFETY: rows holds n elements of phys; the memset is ordered on the compute stream after
@@ -510,11 +552,11 @@ fn slot_rows(cx: &Cx<'_>, s: &ExpertsShape, phys: DType) -> Result<CudaStorage> 
 }
 
 /// The tile map's two tables, `soff` and `tstart` ([E+1] i32 each), in one scratch block.
-struct TileMap(crate::backend::cuda::memory::pool::DevBuf, usize);
+pub(super) struct TileMap(crate::backend::cuda::memory::pool::DevBuf, usize);
 
 impl TileMap {
     /// Device addresses of `soff` and `tstart`.
-    fn tables(&self) -> (u64, u64) {
+    pub(super) fn tables(&self) -> (u64, u64) {
         (self.0.ptr(), self.0.ptr() + ((self.1 + 1) * 4) as u64)
     }
 }
@@ -522,7 +564,7 @@ impl TileMap {
 /// Queues `moe_tile_map`: the routing's offsets made monotone (`soff`) and the prefix count of
 /// `block_m`-row tiles per expert segment (`tstart`), both read by the grouped GEMMs on the
 /// device.
-fn tile_map(
+pub(super) fn tile_map(
     cx: &Cx<'_>,
     s: &ExpertsShape,
     offsets: &CudaStorage,
@@ -547,7 +589,7 @@ fn tile_map(
 
 /// Queues `kernel` (`moe_combine_slots_{prec}`): y[t] = sum_j w[t, j] * rows[t*k + j], j
 /// ascending.
-fn combine_slots(
+pub(super) fn combine_slots(
     cx: &Cx<'_>,
     s: &ExpertsShape,
     kernel: &'static str,
@@ -963,6 +1005,7 @@ mod tests {
             ExpertsPath::Grouped(tile) => tile.name,
             ExpertsPath::Blaslt => "blaslt",
             ExpertsPath::Wgmma => "wgmma",
+            ExpertsPath::WgmmaFp8 => "wgmma-fp8",
         }
     }
 
@@ -1016,6 +1059,30 @@ mod tests {
             pick_on(true, 64, Some(MoeExpertsPath::Blaslt), None),
             "blaslt"
         );
+    }
+
+    #[test]
+    fn fp8_runs_on_the_wgmma_path_with_rows_of_16_bytes() {
+        let big = shape(4096, 4096, 14336, 8, 2);
+        assert_eq!(
+            ExpertsPath::Wgmma.fp8(&big, false),
+            (ExpertsPath::Wgmma, None)
+        );
+        assert_eq!(
+            ExpertsPath::Wgmma.fp8(&big, true),
+            (ExpertsPath::WgmmaFp8, None)
+        );
+        let (p, why) = ExpertsPath::Wgmma.fp8(&shape(64, 72, 40, 4, 2), true);
+        assert_eq!(p, ExpertsPath::Wgmma);
+        assert!(why.is_some_and(|w| w.contains("multiples of 16")));
+        for other in [
+            ExpertsPath::Blaslt,
+            ExpertsPath::Grouped(MoeTileSize::S.tile()),
+        ] {
+            let (p, why) = other.fp8(&big, true);
+            assert_eq!(p, other);
+            assert!(why.is_some_and(|w| w.contains("wgmma path only")));
+        }
     }
 
     #[test]

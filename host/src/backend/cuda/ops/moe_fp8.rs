@@ -1,0 +1,226 @@
+//! The MoE experts in FP8 on Hopper ([`crate::options::CudaOptions::moe_fp8`]): the wgmma
+//! path of [`super::moe`] on e4m3 operands.
+//!
+//! - The expert weights are quantized once per weight storage, on the device, to e4m3 rows
+//!   with one f32 scale per row (an output channel: `gate_up` has `E * 2F` rows of `H`, `down`
+//!   `E * H` rows of `F`), and kept beside the storage ([`CudaStorage`]'s derived forms) for
+//!   as long as it lives: 1 byte + 4/K bytes per weight on top of the 16-bit copy.
+//! - Each call quantizes the permuted activations per row (`moe_quant_e4m3_{s}` gathering x
+//!   through the permutation), runs `moe_ws_swiglu_e4m3_{s}` (f32 accumulation, both scales
+//!   applied in the epilogue, SwiGLU, h stored in the storage precision), quantizes h per row,
+//!   runs `moe_ws_down_e4m3_{s}` into one row per slot and combines as the 16-bit path.
+//!
+//! Every quantization is `scale = amax / 448`, `q = e4m3_rn_satfinite(v * (448 / amax))` with
+//! correctly rounded f32 division and product, so a host model reproduces every byte
+//! (`tests/tests/cuda_moe_experts.rs` checks the op against one, and against the f64
+//! reference of the unquantized op within [`crate::backend::Numerics::Fp8`]'s bound).
+
+use std::sync::Arc;
+
+use tandem_gpu_kernels::{MOE_QUANT_THREADS, MOE_WS_BLOCK_M, MOE_WS_BLOCK_N, MOE_WS_THREADS};
+
+use super::moe::{combine_kernel, combine_slots, precision, slot_rows, tile_map};
+use super::{Arg, Cx, Dims};
+use crate::backend::cuda::CudaStorage;
+use crate::backend::cuda::error::DrvResultExt;
+use crate::backend::cuda::memory::pool::DevBuf;
+use crate::backend::cuda::tma;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::ops::moe::ExpertsShape;
+
+/// A matrix quantized to e4m3 by rows: `rows x cols` bytes and one f32 scale a row.
+#[derive(Debug)]
+pub struct E4m3Rows {
+    q: DevBuf,
+    scale: DevBuf,
+}
+
+/// The quantization kernel for data stored as `phys`.
+fn quant_kernel(phys: DType) -> &'static str {
+    match phys {
+        DType::F16 => "moe_quant_e4m3_f16",
+        _ => "moe_quant_e4m3_bf16",
+    }
+}
+
+/// How `moe_quant_e4m3_{s}` picks its source rows.
+#[derive(Clone, Copy)]
+enum Rows<'a> {
+    /// Row r from row r.
+    All,
+    /// Row r from x's row `sorted[r] / k` for a real slot, else zeros (the permuted x).
+    Gather(&'a CudaStorage, usize, usize),
+    /// Row r from row r for a real slot, else zeros (h: its padding rows are never written).
+    Slots(&'a CudaStorage, usize),
+}
+
+/// Queues the quantization of `rows x cols` of `src` (stored as `phys`) into new buffers.
+fn quantize(
+    cx: &Cx<'_>,
+    src: u64,
+    phys: DType,
+    rows: usize,
+    cols: usize,
+    how: Rows<'_>,
+) -> Result<E4m3Rows> {
+    let out = E4m3Rows {
+        q: cx.scratch(rows * cols)?,
+        scale: cx.scratch(rows * 4)?,
+    };
+    if rows == 0 {
+        return Ok(out);
+    }
+    let (sorted, k, sentinel, gather) = match how {
+        Rows::All => (0, 1, 0, 0),
+        Rows::Gather(s, k, slots) => (s.ptr(), k, slots, 1),
+        Rows::Slots(s, slots) => (s.ptr(), 1, slots, 0),
+    };
+    cx.k(
+        quant_kernel(phys),
+        Dims::linear(rows as u32, MOE_QUANT_THREADS),
+        &[
+            Arg::Ptr(src),
+            Arg::Ptr(sorted),
+            Arg::Ptr(out.q.ptr()),
+            Arg::Ptr(out.scale.ptr()),
+            Arg::I32(rows as i32),
+            Arg::I32(cols as i32),
+            Arg::I32(k as i32),
+            Arg::I32(sentinel as i32),
+            Arg::I32(gather),
+        ],
+    )?;
+    Ok(out)
+}
+
+/// The e4m3 rows of weight storage `w` (`rows x cols`), quantized at first use and kept
+/// beside it. Under graph capture nothing runs and the blocks allocated belong to the graph,
+/// so a first use there is quantized into the graph (each replay quantizes again) and not kept;
+/// a block's automatic capture comes at its second call, after an eager one kept the weights.
+fn weights(
+    cx: &Cx<'_>,
+    w: &CudaStorage,
+    phys: DType,
+    rows: usize,
+    cols: usize,
+) -> Result<Arc<E4m3Rows>> {
+    let mut slot = w.e4m3.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(q) = slot.as_ref() {
+        return Ok(q.clone());
+    }
+    let src = cx.cast(w, rows * cols, phys)?;
+    let q = Arc::new(quantize(cx, src.ptr, phys, rows, cols, Rows::All)?);
+    // SAFETY: the compute stream is live for the backend's lifetime.
+    let status = unsafe { cudarc::driver::result::stream::is_capturing(cx.stream()) }
+        .ctx(&cx.be.dev.label, "cuStreamIsCapturing")?;
+    if status == cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        *slot = Some(q.clone());
+    }
+    Ok(q)
+}
+
+/// The FP8 experts op (see the module doc); the kernels it queued, `+`-joined.
+pub fn experts(
+    cx: &Cx<'_>,
+    s: &ExpertsShape,
+    ins: &[&CudaStorage],
+    outs: &[CudaStorage],
+) -> Result<String> {
+    let (t, h, e, k, f) = (s.t, s.h, s.e, s.k, s.f);
+    let phys = outs[0].phys;
+    precision(phys)?;
+    let (up, down_k) = match phys {
+        DType::F16 => ("moe_ws_swiglu_e4m3_f16", "moe_ws_down_e4m3_f16"),
+        _ => ("moe_ws_swiglu_e4m3_bf16", "moe_ws_down_e4m3_bf16"),
+    };
+    let quant = quant_kernel(phys);
+    let combine = combine_kernel(phys);
+    let names = format!("moe_tile_map+{quant}+memset_d8+{up}+{quant}+{down_k}+{combine}");
+    if t == 0 {
+        return Ok(names);
+    }
+    let wq_up = weights(cx, ins[5], phys, e * 2 * f, h)?;
+    let wq_down = weights(cx, ins[6], phys, e * h, f)?;
+    let x = cx.cast(ins[0], t * h, phys)?;
+    let w = cx.f32(ins[2], t * k)?;
+    let (sorted, offsets) = (ins[3], ins[4]);
+    let bm = MOE_WS_BLOCK_M;
+    let map = tile_map(cx, s, offsets, bm)?;
+    let (soff, tstart) = map.tables();
+    let slots = t * k;
+    let xq = quantize(cx, x.ptr, phys, s.p, h, Rows::Gather(sorted, k, slots))?;
+    let hbuf = cx.alloc(s.p * f, phys)?;
+    let rows = slot_rows(cx, s, phys)?;
+    let label = &cx.be.dev.label;
+    let m_tiles = s.p.div_ceil(bm) + e;
+    let grid = |n_tile: usize, n: usize| -> u32 {
+        (m_tiles * n.div_ceil(n_tile)).min(cx.sms() as usize).max(1) as u32
+    };
+    let dims = |g: u32| Dims::linear(g, MOE_WS_THREADS).smem(tandem_gpu_kernels::MOE_WS_SMEM);
+    let box_k = tandem_gpu_kernels::MOE_WS_FP8_BLOCK_K as u32;
+    let gemm = |name: &'static str,
+                g: u32,
+                a: &E4m3Rows,
+                k_len: usize,
+                wt: &E4m3Rows,
+                w_rows: usize,
+                o: u64,
+                n: usize| {
+        cx.k(
+            name,
+            dims(g),
+            &[
+                Arg::TensorMap(tma::tiled_3d_sw128(
+                    label,
+                    a.q.ptr(),
+                    DType::I8,
+                    [1, s.p, k_len],
+                    bm as u32,
+                    box_k,
+                )?),
+                Arg::TensorMap(tma::tiled_3d_sw128(
+                    label,
+                    wt.q.ptr(),
+                    DType::I8,
+                    [1, e * w_rows, k_len],
+                    bm as u32,
+                    box_k,
+                )?),
+                Arg::Ptr(o),
+                Arg::Ptr(sorted.ptr()),
+                Arg::Ptr(soff),
+                Arg::Ptr(tstart),
+                Arg::I32(e as i32),
+                Arg::I32(n as i32),
+                Arg::I32(k_len as i32),
+                Arg::I32(slots as i32),
+                Arg::Ptr(a.scale.ptr()),
+                Arg::Ptr(wt.scale.ptr()),
+            ],
+        )
+    };
+    gemm(
+        up,
+        grid(MOE_WS_BLOCK_N, f),
+        &xq,
+        h,
+        &wq_up,
+        2 * f,
+        hbuf.ptr(),
+        f,
+    )?;
+    let hq = quantize(cx, hbuf.ptr(), phys, s.p, f, Rows::Slots(sorted, slots))?;
+    gemm(
+        down_k,
+        grid(2 * MOE_WS_BLOCK_N, h),
+        &hq,
+        f,
+        &wq_down,
+        h,
+        rows.ptr(),
+        h,
+    )?;
+    combine_slots(cx, s, combine, rows.ptr(), w.ptr, outs[0].ptr())?;
+    Ok(names)
+}
