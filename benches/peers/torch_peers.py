@@ -157,6 +157,13 @@ def moe_experts_fp8_peer(a, dev, bf, rnd, g):
     disagrees), outputs in the storage precision."""
     t, h, f, e, k = a.tokens, a.hidden, a.ffn, a.experts, a.top_k
     _, sets_bf, flops, _, shape, _ = moe_experts_peer(a, dev, bf, rnd, g)
+    quant, quant_name = e4m3_rows, "eager"
+    try:  # Inductor fuses the row quantization into one kernel (what a tuned PyTorch user runs)
+        compiled = torch.compile(e4m3_rows, dynamic=False)
+        compiled(sets_bf[0][0][:8])
+        quant, quant_name = compiled, "torch.compile"
+    except Exception as ex:  # report, then quantize eagerly
+        print(f"  torch.compile unavailable here ({type(ex).__name__}: {ex}); quantizing eagerly")
     sets = []
     for (x, tok, order, wsorted, offs, counts, gate_up, down) in sets_bf:
         gq, gs = e4m3_rows(gate_up)   # [E, 2F, H], [E, 2F]
@@ -170,11 +177,15 @@ def moe_experts_fp8_peer(a, dev, bf, rnd, g):
         return slots.view(t, k, h).sum(1)
 
     def fn_grouped(x, tok, order, wsorted, offs, counts, gq, gs, dq, ds):
-        xq, xs = e4m3_rows(x.index_select(0, tok))
+        xq, xs = quant(x.index_select(0, tok))
         gu = torch._scaled_grouped_mm(xq, gq.transpose(-2, -1), xs, gs, offs=offs, out_dtype=bf)
-        aq, as_ = e4m3_rows(F.silu(gu[:, :f]) * gu[:, f:])
+        aq, as_ = quant(F.silu(gu[:, :f]) * gu[:, f:])
         o = torch._scaled_grouped_mm(aq, dq.transpose(-2, -1), as_, ds, offs=offs, out_dtype=bf)
         return unpermute(o, order, wsorted)
+
+    def pad16(v):  # cuBLASLt's rowwise-scaled FP8 GEMM wants rows in multiples of 16
+        r = (-v.shape[0]) % 16
+        return torch.cat([v, v.new_zeros((r,) + tuple(v.shape[1:]))]) if r else v
 
     def fn_loop(x, tok, order, wsorted, offs, counts, gq, gs, dq, ds):
         xq, xs = e4m3_rows(x.index_select(0, tok))
@@ -182,11 +193,11 @@ def moe_experts_fp8_peer(a, dev, bf, rnd, g):
         s = 0
         for i, c in enumerate(counts):
             if c:
-                gu = torch._scaled_mm(xq[s:s + c], gq[i].t(), scale_a=xs[s:s + c, None],
-                                      scale_b=gs[i][None, :], out_dtype=bf)
+                gu = torch._scaled_mm(pad16(xq[s:s + c]), gq[i].t(), scale_a=pad16(xs[s:s + c, None]),
+                                      scale_b=gs[i][None, :], out_dtype=bf)[:c]
                 aq, as_ = e4m3_rows(F.silu(gu[:, :f]) * gu[:, f:])
-                o[s:s + c] = torch._scaled_mm(aq, dq[i].t(), scale_a=as_[:, None],
-                                              scale_b=ds[i][None, :], out_dtype=bf)
+                o[s:s + c] = torch._scaled_mm(pad16(aq), dq[i].t(), scale_a=pad16(as_[:, None]),
+                                              scale_b=ds[i][None, :], out_dtype=bf)[:c]
             s += c
         return unpermute(o, order, wsorted)
 
@@ -205,7 +216,16 @@ def moe_experts_fp8_peer(a, dev, bf, rnd, g):
                 print(f"  peer check: _scaled_grouped_mm vs _scaled_mm loop rel err {err:.2e}")
                 ok = err < 2e-2
             if ok:
-                fn, what = fn_grouped, "FP8: torch._scaled_grouped_mm (rowwise scales), silu, un-permute"
+                fn, what = fn_grouped, f"FP8: torch._scaled_grouped_mm (rowwise scales), silu, un-permute; rows quantized by {quant_name}"
+                x, tok, order, wsorted, offs, counts, gq, gs, dq, ds = sets[0]
+                xq, xs = quant(x.index_select(0, tok))
+                aq, as_ = quant(torch.randn(t * k, f, device=dev).to(bf))
+
+                def gemms_only():
+                    torch._scaled_grouped_mm(xq, gq.transpose(-2, -1), xs, gs, offs=offs, out_dtype=bf)
+                    torch._scaled_grouped_mm(aq, dq.transpose(-2, -1), as_, ds, offs=offs, out_dtype=bf)
+                gm = bench(gemms_only, [()], 20, 3)
+                print(f"  torch FP8 grouped GEMMs alone (inputs quantized already): {gm*1e3:.3f} ms")
         except Exception as ex:  # report, then use the loop
             print(f"  _scaled_grouped_mm unavailable here ({type(ex).__name__}: {ex}); using the loop")
     nbytes = 1.0 * e * 3 * h * f  # e4m3 expert weights

@@ -223,12 +223,19 @@ fn cuda_moe_experts_many_tiles() {
     );
 }
 
+/// Tolerance of the FP8 experts against the host model of what they compute: the storage
+/// precision's rounding of h and y (2e-3 in bf16, 3e-4 in f16 on most cases, H100
+/// 2026-11-27), and now and then an element of h whose device value (f32, fast exp) and model
+/// value (f64) round to neighbouring e4m3 codes, 2^-4 of that element: up to 1.4e-2 seen on
+/// the smallest cases (one token, F 16), where one element weighs most.
+const FP8_MODEL_TOL: f64 = 3e-2;
+
 /// The FP8 experts (`CudaOptions::moe_fp8`, Hopper only) on fresh random inputs with a zero
 /// token row and a row 100x larger than the rest (scales from 0 to large), in both storage
 /// precisions. Two checks each: against `tandem_tests::fp8::experts`, the f64 model of what
-/// FP8 computes (operands quantized as the device quantizes them, byte for byte), within the
-/// storage precision's tolerance; and against the f64 reference of the unquantized op within
-/// `Numerics::Fp8`'s declared bound (1e-1). On sm_90 the e4m3 kernels must have run (off
+/// FP8 computes (operands quantized as the device quantizes them, byte for byte), within
+/// [`FP8_MODEL_TOL`]; and against the f64 reference of the unquantized op within
+/// `Numerics::Fp8`'s declared bound (1.5e-1; 4e-2 to 9e-2 measured). On sm_90 the e4m3 kernels must have run (off
 /// Hopper the request falls back, and the case checks the fallback at the storage tolerance);
 /// H or F not a multiple of 16 falls back to the 16-bit wgmma kernels.
 #[test]
@@ -313,7 +320,7 @@ fn cuda_moe_experts_fp8() {
                 },
                 |v| round(dt, v as f32),
             );
-            check("y vs the FP8 model", &out[0], &model, dt.tolerance());
+            check("y vs the FP8 model", &out[0], &model, FP8_MODEL_TOL);
             check(
                 "y vs the unquantized f64 reference",
                 &out[0],

@@ -20,7 +20,7 @@ use crate::dtype::DType;
 /// | `f16` | f16 storage, f32 accumulate | 5e-3 |
 /// | `bf16` | bf16 storage, f32 accumulate | 1e-2 |
 /// | `int8` | int8 operands with scales, int32 accumulate, fixed-point softmax | 5e-2 |
-/// | `fp8` | 16-bit storage, MoE experts on e4m3 operands with f32 scales | 1e-1 |
+/// | `fp8` | 16-bit storage, MoE experts on e4m3 operands with f32 scales | 1.5e-1 |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Numerics {
@@ -62,7 +62,7 @@ impl Numerics {
             Numerics::F16 => 5e-3,
             Numerics::Bf16 => 1e-2,
             Numerics::Int8 => 5e-2,
-            Numerics::Fp8 => 1e-1,
+            Numerics::Fp8 => 1.5e-1,
         }
     }
 

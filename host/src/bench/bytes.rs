@@ -22,17 +22,26 @@ pub fn storage_dtype(compute: DType) -> DType {
 }
 
 /// Bytes the figure of merit counts, and what they are: the expert weights for moe_experts
-/// (what a decode step must stream), the KV cache for attention_decode (every sequence at the
-/// cache's capacity, as the bench fills it), else every input and output once at `storage`.
-pub fn counted_bytes(op: &Op, metas: &[TensorMeta], storage: DType) -> (f64, &'static str) {
+/// (what a decode step must stream; one byte each where the device runs the experts in FP8,
+/// `fp8_experts`), the KV cache for attention_decode (every sequence at the cache's capacity,
+/// as the bench fills it), else every input and output once at `storage`.
+pub fn counted_bytes(
+    op: &Op,
+    metas: &[TensorMeta],
+    storage: DType,
+    fp8_experts: bool,
+) -> (f64, &'static str) {
     match op {
         Op::MoeExperts(_) => {
+            let w: usize = metas.iter().skip(5).take(2).map(TensorMeta::numel).sum();
+            if fp8_experts {
+                return (w as f64, "expert weights (e4m3)");
+            }
             let size = if storage.size() < 4 {
                 storage.size()
             } else {
                 4
             };
-            let w: usize = metas.iter().skip(5).take(2).map(TensorMeta::numel).sum();
             ((w * size) as f64, "expert weights")
         }
         Op::AttentionDecode(p) => {
@@ -111,9 +120,12 @@ mod tests {
         }
         .problem(crate::ops::OpKind::MoeExperts)?;
         assert!(matches!(p.op, Op::MoeExperts(MoeExpertsParams {})));
-        let (bytes, what) = counted_bytes(&p.op, &p.inputs, DType::BF16);
+        let (bytes, what) = counted_bytes(&p.op, &p.inputs, DType::BF16, false);
         assert_eq!(what, "expert weights");
         assert_eq!(bytes, (2 * (4 * 16 * 16 + 4 * 16 * 8)) as f64);
+        let (bytes, what) = counted_bytes(&p.op, &p.inputs, DType::BF16, true);
+        assert_eq!(what, "expert weights (e4m3)");
+        assert_eq!(bytes, (4 * 16 * 16 + 4 * 16 * 8) as f64);
         assert_eq!(storage_dtype(DType::I8), DType::F32);
         assert_eq!(storage_dtype(DType::F16), DType::F16);
         Ok(())

@@ -133,7 +133,8 @@ pub fn run(backend: &dyn Backend, problem: &Problem, opts: &BenchOptions) -> Res
     let info = backend.info();
     let cost = op.cost(metas);
     let storage = storage_dtype(info.compute_dtype);
-    let (bytes, bytes_counted) = counted_bytes(op, metas, storage);
+    let fp8 = backend.numerics() == crate::backend::Numerics::Fp8;
+    let (bytes, bytes_counted) = counted_bytes(op, metas, storage, fp8);
     // One launch only where that is all that was asked (a simulated device: its time is
     // modelled, the same every run): the first launch is the sample, on one input set.
     let once = opts.iters == 1 && opts.warmup == 0;
