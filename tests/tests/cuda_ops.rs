@@ -298,6 +298,13 @@ fn cuda_attention(be: &CudaBackend, dt: CudaDType) {
         (2, 2, 2, 513, 390, 64, true),
         (1, 2, 2, 1000, 1000, 128, false),
         (1, 2, 1, 450, 1000, 64, false),
+        // more tiles than an H100 has multiprocessors: the persistent ws build's blocks take
+        // several tiles each, carrying the K/V ring and the Q buffer over
+        (2, 16, 4, 800, 800, 64, true),
+        (1, 32, 8, 600, 700, 128, false),
+        // and rows that see no key (Nq > Nkv, causal): tiles with no key tiles among the rest
+        (4, 16, 2, 600, 100, 64, true),
+        (2, 16, 4, 500, 200, 128, true),
     ] {
         for variant in AttentionVariant::ALL {
             if variant == AttentionVariant::Ws

@@ -119,25 +119,49 @@ struct WsLayout {
 template <int D, int BN, int NC, bool F16>
 __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t* mk, const tma_map_t* mv,
                                             unsigned short* __restrict__ O, float* __restrict__ LSE, int Hq,
-                                            int Hkv, int Nq, int Nkv, float scale_log2, int causal) {
+                                            int Hkv, int Nq, int Nkv, float scale_log2, int causal, int B,
+                                            int* __restrict__ next_tile) {
     constexpr int BM = 64 * NC, HALVES = D / 64, NS = BN / 8, ND = D / 8;
-    // registers: the producer keeps 24, the consumers share the rest of the 64K file
+    // registers: the producer keeps PRODUCER_REGS, the consumers share the rest of what the
+    // block was launched with (its __launch_bounds__: 168 a thread for 384 threads, 128 for
+    // 512): setmaxnreg.inc waits for registers the block does not have, so the two must add up
+    // to no more (d128: 24 + 2 x 240 = 504 = 3 x 168; d64: 32 + 3 x 160 = 512 = 4 x 128)
+    constexpr int PRODUCER_REGS = NC == 2 ? 24 : 32;
     constexpr int CONSUMER_REGS = NC == 2 ? 240 : 160;
+    static_assert(PRODUCER_REGS + NC * CONSUMER_REGS <= (NC + 1) * (65536 / (128 * (NC + 1)) / 8 * 8),
+                  "setmaxnreg budget beyond the launch's registers");
     using L = WsLayout<D, BN, NC>;
     extern __shared__ __align__(1024) unsigned char ws_smem[];
     const unsigned base = (smem_addr(ws_smem) + 1023u) & ~1023u;
     const unsigned sQ = base + L::Q, sK = base + L::K, sV = base + L::V, bars = base + L::BARS;
     // mbarriers: Q full; K full[2], V full[2] (producer arrives + TMA bytes); K empty[2], V
-    // empty[2] (the 4 * NC consumer warps arrive once they no longer read the stage).
-    const unsigned full_q = bars, full_k = bars + 8, full_v = bars + 24, empty_k = bars + 40, empty_v = bars + 56;
+    // empty[2] (the 4 * NC consumer warps arrive once they no longer read the stage); Q empty
+    // (the consumer warps arrive once their last S of a tile is done).
+    const unsigned full_q = bars, full_k = bars + 8, full_v = bars + 24, empty_k = bars + 40, empty_v = bars + 56,
+                   empty_q = bars + 72, tile_slot = bars + 80;
 
-    const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest causal blocks first
-    const int h = blockIdx.y, b = blockIdx.z;
-    const int bh_q = b * Hq + h, bh_kv = b * Hkv + h / (Hq / Hkv);
-    const int m0 = m_block * BM;
+    // Persistent: block blockIdx.x takes tile blockIdx.x of the m_blocks x Hq x B tiles, then
+    // whichever is next when its producer is ready for one (`next_tile`, zeroed by the host,
+    // counts the tiles taken past the first gridDim.x), so the causal tiles' unequal work
+    // balances itself. The K/V ring and the Q buffer carry on from one tile to the next: the
+    // next tile's first K/V tiles and its Q load while this one's last products and stores run.
+    const int m_blocks = (Nq + BM - 1) / BM, heads = Hq * B, tiles = m_blocks * heads;
     const int diag = Nkv - Nq;  // causal: key j is visible to query i when j <= i + diag
-    const int n_end = causal ? min(Nkv, m0 + BM + diag) : Nkv;
-    const int n_blocks = n_end > 0 ? (n_end + BN - 1) / BN : 0;
+    struct Tile {
+        int m0, bh_q, bh_kv, n_blocks;
+    };
+    auto tile_of = [&](int t) {
+        Tile r;
+        // head-major (the blocks running at once share a head's K and V in L2), the heaviest
+        // causal row blocks of each head first
+        const int bh = t / m_blocks, mb = m_blocks - 1 - t % m_blocks, h = bh % Hq, b = bh / Hq;
+        r.m0 = mb * BM;
+        r.bh_q = bh;
+        r.bh_kv = b * Hkv + h / (Hq / Hkv);
+        const int n_end = causal ? min(Nkv, r.m0 + BM + diag) : Nkv;
+        r.n_blocks = n_end > 0 ? (n_end + BN - 1) / BN : 0;
+        return r;
+    };
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wg = warp >> 2;
 
     if (threadIdx.x == 0) {
@@ -149,167 +173,207 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
             mbar_init(empty_k + 8 * s, 4 * NC);
             mbar_init(empty_v + 8 * s, 4 * NC);
         }
+        mbar_init(empty_q, 4 * NC);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 
     if (wg == 0) {
         // Producer: one thread issues every copy.
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-        if (threadIdx.x == 0 && n_blocks > 0) {
-            mbar_expect_tx(full_q, BM * D * 2);
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS) : "memory");
+        if (threadIdx.x == 0) {
+            int g = 0, qi = 0;  // K/V tiles and Q tiles loaded so far (ring and buffer positions)
+            // Tells the consumers their next tile (t; tiles or more: none left) once the Q buffer
+            // is free, with its Q load (or a plain arrival where the tile has no key tile or
+            // there is no tile).
+            auto announce = [&](int t, int m0, int bh_q, bool load) {
+                if (qi > 0) mbar_wait(empty_q, (qi - 1) & 1);
+                *(volatile int*)(ws_smem + (tile_slot - smem_addr(ws_smem))) = t;
+                if (load) {
+                    mbar_expect_tx(full_q, BM * D * 2);
 #pragma unroll
-            for (int hh = 0; hh < HALVES; ++hh) tma_load_3d(sQ + hh * BM * 128, mq, full_q, hh * 64, m0, bh_q);
-            for (int j = 0; j < n_blocks; ++j) {
-                const int s = j & 1;
-                const unsigned ph = ((j >> 1) & 1) ^ 1;  // the first use of a stage does not wait
-                mbar_wait(empty_k + 8 * s, ph);
-                mbar_expect_tx(full_k + 8 * s, L::TILE);
+                    for (int hh = 0; hh < HALVES; ++hh) tma_load_3d(sQ + hh * BM * 128, mq, full_q, hh * 64, m0, bh_q);
+                } else {
+                    mbar_arrive(full_q);
+                }
+                ++qi;
+            };
+            for (int t = blockIdx.x;; t = atomicAdd(next_tile, 1) + gridDim.x) {
+                if (t >= tiles) {
+                    announce(t, 0, 0, false);
+                    break;
+                }
+                const Tile tl = tile_of(t);
+                if (tl.n_blocks == 0) announce(t, 0, 0, false);
+                for (int j = 0; j < tl.n_blocks; ++j, ++g) {
+                    const int s = g & 1;
+                    const unsigned ph = ((g >> 1) & 1) ^ 1;  // the first use of a stage does not wait
+                    mbar_wait(empty_k + 8 * s, ph);
+                    mbar_expect_tx(full_k + 8 * s, L::TILE);
 #pragma unroll
-                for (int hh = 0; hh < HALVES; ++hh)
-                    tma_load_3d(sK + s * L::TILE + hh * BN * 128, mk, full_k + 8 * s, hh * 64, j * BN, bh_kv);
-                mbar_wait(empty_v + 8 * s, ph);
-                mbar_expect_tx(full_v + 8 * s, L::TILE);
+                    for (int hh = 0; hh < HALVES; ++hh)
+                        tma_load_3d(sK + s * L::TILE + hh * BN * 128, mk, full_k + 8 * s, hh * 64, j * BN, tl.bh_kv);
+                    // Q after the first K: the buffer frees when the last tile's S are done
+                    if (j == 0) announce(t, tl.m0, tl.bh_q, true);
+                    mbar_wait(empty_v + 8 * s, ph);
+                    mbar_expect_tx(full_v + 8 * s, L::TILE);
 #pragma unroll
-                for (int hh = 0; hh < HALVES; ++hh)
-                    tma_load_3d(sV + s * L::TILE + hh * BN * 128, mv, full_v + 8 * s, hh * 64, j * BN, bh_kv);
+                    for (int hh = 0; hh < HALVES; ++hh)
+                        tma_load_3d(sV + s * L::TILE + hh * BN * 128, mv, full_v + 8 * s, hh * 64, j * BN, tl.bh_kv);
+                }
             }
         }
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS) : "memory");
         const int cw = wg - 1;  // consumer 0 .. NC-1: query rows m0 + 64 * cw + [0, 64)
         const int g = lane >> 2, tq = lane & 3;
-        const int row0 = m0 + cw * 64 + (warp & 3) * 16 + g;  // this thread's rows: row0, row0 + 8
-        float acc_o[ND][4], acc_s[NS][4];
-        unsigned pa[BN / 16][4];
+        int gk = 0, qi = 0;  // K/V tiles and Q tiles consumed so far (as the producer counts)
+        for (;;) {
+            mbar_wait(full_q, qi & 1);
+            const int t = *(volatile int*)(ws_smem + (tile_slot - smem_addr(ws_smem)));
+            if (t >= tiles) break;
+            const Tile tl = tile_of(t);
+            const int m0 = tl.m0, n_blocks = tl.n_blocks;
+            const int row0 = m0 + cw * 64 + (warp & 3) * 16 + g;  // this thread's rows: row0, row0 + 8
+            float acc_o[ND][4], acc_s[NS][4];
+            unsigned pa[BN / 16][4];
 #pragma unroll
-        for (int i = 0; i < ND; ++i) acc_o[i][0] = acc_o[i][1] = acc_o[i][2] = acc_o[i][3] = 0.f;
+            for (int i = 0; i < ND; ++i) acc_o[i][0] = acc_o[i][1] = acc_o[i][2] = acc_o[i][3] = 0.f;
 #pragma unroll
-        for (int i = 0; i < BN / 16; ++i) pa[i][0] = pa[i][1] = pa[i][2] = pa[i][3] = 0u;
-        float m_r[2] = {TANDEM_NEG_INF, TANDEM_NEG_INF}, l_r[2] = {0.f, 0.f};
+            for (int i = 0; i < BN / 16; ++i) pa[i][0] = pa[i][1] = pa[i][2] = pa[i][3] = 0u;
+            float m_r[2] = {TANDEM_NEG_INF, TANDEM_NEG_INF}, l_r[2] = {0.f, 0.f};
 #pragma unroll
-        for (int i = 0; i < NS; ++i) acc_s[i][0] = acc_s[i][1] = acc_s[i][2] = acc_s[i][3] = 0.f;
-        if (n_blocks > 0) {
-            // Turn-taking: barrier 1 + c is consumer c's turn to issue; consumer 0 starts.
-            if (cw == NC - 1) named_arrive(1, 256);
-            mbar_wait(full_q, 0);
-            const unsigned qa = sQ + cw * 64 * 128;
-            // One step of the loop over key tiles: S of tile j (HS) and P V of tile j - 1 (HP).
-            // The first step has no P V and the last no S; each step's shape is a template
-            // argument so no wgmma sits in a branch the compiler cannot prove uniform (it
-            // would serialise them: ptxas C7520).
-            auto step = [&](auto hs, auto hp, int j) {
-                constexpr bool has_s = decltype(hs)::value, has_pv = decltype(hp)::value;
-                const int s = j & 1, sp = (j + 1) & 1;
-                if constexpr (has_s) mbar_wait(full_k + 8 * s, (j >> 1) & 1);
-                if constexpr (has_pv) mbar_wait(full_v + 8 * sp, ((j - 1) >> 1) & 1);
-                named_sync(1 + cw, 256);
-                ws_fence();
-                if constexpr (has_s) {
+            for (int i = 0; i < NS; ++i) acc_s[i][0] = acc_s[i][1] = acc_s[i][2] = acc_s[i][3] = 0.f;
+            if (n_blocks == 0 && lane == 0) mbar_arrive(empty_q);  // no S: the Q buffer is free
+            if (n_blocks > 0) {
+                // Turn-taking: barrier 1 + c is consumer c's turn to issue; consumer 0 starts.
+                if (cw == NC - 1) named_arrive(1, 256);
+                const unsigned qa = sQ + cw * 64 * 128;
+                // One step of the loop over key tiles: S of tile j (HS) and P V of tile j - 1 (HP);
+                // gj = gk + j is tile j's place in the K/V ring.
+                // The first step has no P V and the last no S; each step's shape is a template
+                // argument so no wgmma sits in a branch the compiler cannot prove uniform (it
+                // would serialise them: ptxas C7520).
+                auto step = [&](auto hs, auto hp, int j) {
+                    constexpr bool has_s = decltype(hs)::value, has_pv = decltype(hp)::value;
+                    const int gj = gk + j;
+                    const int s = gj & 1, sp = (gj + 1) & 1;
+                    if constexpr (has_s) mbar_wait(full_k + 8 * s, (gj >> 1) & 1);
+                    if constexpr (has_pv) mbar_wait(full_v + 8 * sp, ((gj - 1) >> 1) & 1);
+                    named_sync(1 + cw, 256);
+                    ws_fence();
+                    if constexpr (has_s) {
 #pragma unroll
-                    for (int kk = 0; kk < D / 16; ++kk) {
-                        const unsigned col = (kk & 3) * 32;
-                        ws_qk<F16>(acc_s, desc_sw128(qa + (kk >> 2) * BM * 128 + col, 16, 1024),
-                                   desc_sw128(sK + s * L::TILE + (kk >> 2) * BN * 128 + col, 16, 1024), kk > 0);
-                    }
-                    ws_commit();
-                }
-                if constexpr (has_pv) {
-#pragma unroll
-                    for (int kk = 0; kk < BN / 16; ++kk)
-                        ws_pv<F16, D>(acc_o, pa[kk], desc_sw128(sV + sp * L::TILE + kk * 16 * 128, BN * 128, 1024));
-                    ws_commit();
-                }
-                // Hand the turn to the next consumer (the last one's final hand-over would have no
-                // taker).
-                if (cw < NC - 1 || has_s) named_arrive(1 + (cw + 1) % NC, 256);
-                float alpha[2] = {1.f, 1.f};  // O's rescale factor from this tile's softmax
-                if constexpr (has_s) {
-                    if constexpr (has_pv) ws_wait<1>();
-                    else ws_wait<0>();
-                    pin(acc_s);
-                    if (lane == 0) mbar_arrive(empty_k + 8 * s);
-                    const int n0 = j * BN;
-                    if (n0 + BN > Nkv || (causal && n0 + BN - 1 > m0 + cw * 64 + diag)) {
-#pragma unroll
-                        for (int nt = 0; nt < NS; ++nt)
-#pragma unroll
-                            for (int e = 0; e < 4; ++e) {
-                                const int key = n0 + nt * 8 + tq * 2 + (e & 1);
-                                const int i = row0 + (e >> 1) * 8;
-                                if (key >= Nkv || (causal && key > i + diag)) acc_s[nt][e] = TANDEM_NEG_INF;
-                            }
-                    }
-#pragma unroll
-                    for (int r = 0; r < 2; ++r) {
-                        // four partial maxima and sums: short dependency chains
-                        float mp[4] = {m_r[r], TANDEM_NEG_INF, TANDEM_NEG_INF, TANDEM_NEG_INF};
-#pragma unroll
-                        for (int nt = 0; nt < NS; ++nt)
-                            mp[nt & 3] = fmaxf(mp[nt & 3], fmaxf(acc_s[nt][2 * r], acc_s[nt][2 * r + 1]));
-                        float mx = fmaxf(fmaxf(mp[0], mp[1]), fmaxf(mp[2], mp[3]));
-                        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                        const float m_use = mx == TANDEM_NEG_INF ? 0.f : mx;
-                        alpha[r] = fast_exp2((m_r[r] - m_use) * scale_log2);
-                        m_r[r] = mx;
-                        const float mb = m_use * scale_log2;
-                        float sp[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-                        for (int nt = 0; nt < NS; ++nt) {
-                            acc_s[nt][2 * r] = fast_exp2(fmaf(acc_s[nt][2 * r], scale_log2, -mb));
-                            acc_s[nt][2 * r + 1] = fast_exp2(fmaf(acc_s[nt][2 * r + 1], scale_log2, -mb));
-                            sp[nt & 3] += acc_s[nt][2 * r] + acc_s[nt][2 * r + 1];
+                        for (int kk = 0; kk < D / 16; ++kk) {
+                            const unsigned col = (kk & 3) * 32;
+                            ws_qk<F16>(acc_s, desc_sw128(qa + (kk >> 2) * BM * 128 + col, 16, 1024),
+                                       desc_sw128(sK + s * L::TILE + (kk >> 2) * BN * 128 + col, 16, 1024), kk > 0);
                         }
-                        const float rs = (sp[0] + sp[1]) + (sp[2] + sp[3]);
-                        l_r[r] = l_r[r] * alpha[r] + rs;
+                        ws_commit();
                     }
-                }
-                if constexpr (has_pv) {
-                    ws_wait<0>();
-                    pin(acc_o);
-                    pin(pa);
-                    if (lane == 0) mbar_arrive(empty_v + 8 * sp);
-                }
-                if constexpr (has_s) {
+                    if constexpr (has_pv) {
 #pragma unroll
-                    for (int dt = 0; dt < ND; ++dt) {
-                        acc_o[dt][0] *= alpha[0];
-                        acc_o[dt][1] *= alpha[0];
-                        acc_o[dt][2] *= alpha[1];
-                        acc_o[dt][3] *= alpha[1];
+                        for (int kk = 0; kk < BN / 16; ++kk)
+                            ws_pv<F16, D>(acc_o, pa[kk], desc_sw128(sV + sp * L::TILE + kk * 16 * 128, BN * 128, 1024));
+                        ws_commit();
                     }
+                    // Hand the turn to the next consumer (the last one's final hand-over would have no
+                    // taker).
+                    if (cw < NC - 1 || has_s) named_arrive(1 + (cw + 1) % NC, 256);
+                    float alpha[2] = {1.f, 1.f};  // O's rescale factor from this tile's softmax
+                    if constexpr (has_s) {
+                        if constexpr (has_pv) ws_wait<1>();
+                        else ws_wait<0>();
+                        pin(acc_s);
+                        if (lane == 0) mbar_arrive(empty_k + 8 * s);
+                        const int n0 = j * BN;
+                        if (n0 + BN > Nkv || (causal && n0 + BN - 1 > m0 + cw * 64 + diag)) {
 #pragma unroll
-                    for (int kk = 0; kk < BN / 16; ++kk) {
-                        pa[kk][0] = ws_pack<F16>(acc_s[2 * kk][0], acc_s[2 * kk][1]);
-                        pa[kk][1] = ws_pack<F16>(acc_s[2 * kk][2], acc_s[2 * kk][3]);
-                        pa[kk][2] = ws_pack<F16>(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]);
-                        pa[kk][3] = ws_pack<F16>(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3]);
+                            for (int nt = 0; nt < NS; ++nt)
+#pragma unroll
+                                for (int e = 0; e < 4; ++e) {
+                                    const int key = n0 + nt * 8 + tq * 2 + (e & 1);
+                                    const int i = row0 + (e >> 1) * 8;
+                                    if (key >= Nkv || (causal && key > i + diag)) acc_s[nt][e] = TANDEM_NEG_INF;
+                                }
+                        }
+#pragma unroll
+                        for (int r = 0; r < 2; ++r) {
+                            // four partial maxima and sums: short dependency chains
+                            float mp[4] = {m_r[r], TANDEM_NEG_INF, TANDEM_NEG_INF, TANDEM_NEG_INF};
+#pragma unroll
+                            for (int nt = 0; nt < NS; ++nt)
+                                mp[nt & 3] = fmaxf(mp[nt & 3], fmaxf(acc_s[nt][2 * r], acc_s[nt][2 * r + 1]));
+                            float mx = fmaxf(fmaxf(mp[0], mp[1]), fmaxf(mp[2], mp[3]));
+                            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                            const float m_use = mx == TANDEM_NEG_INF ? 0.f : mx;
+                            alpha[r] = fast_exp2((m_r[r] - m_use) * scale_log2);
+                            m_r[r] = mx;
+                            const float mb = m_use * scale_log2;
+                            float sp[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                            for (int nt = 0; nt < NS; ++nt) {
+                                acc_s[nt][2 * r] = fast_exp2(fmaf(acc_s[nt][2 * r], scale_log2, -mb));
+                                acc_s[nt][2 * r + 1] = fast_exp2(fmaf(acc_s[nt][2 * r + 1], scale_log2, -mb));
+                                sp[nt & 3] += acc_s[nt][2 * r] + acc_s[nt][2 * r + 1];
+                            }
+                            const float rs = (sp[0] + sp[1]) + (sp[2] + sp[3]);
+                            l_r[r] = l_r[r] * alpha[r] + rs;
+                        }
                     }
-                }
-            };
-            step(ws_bool<true>(), ws_bool<false>(), 0);
-            for (int j = 1; j < n_blocks; ++j) step(ws_bool<true>(), ws_bool<true>(), j);
-            step(ws_bool<false>(), ws_bool<true>(), n_blocks);
-        }
-        unsigned short* o = O + (u64_t)bh_q * Nq * D;
-        float* lse = LSE + (u64_t)bh_q * Nq;
+                    if constexpr (has_pv) {
+                        ws_wait<0>();
+                        pin(acc_o);
+                        pin(pa);
+                        if (lane == 0) mbar_arrive(empty_v + 8 * sp);
+                    }
+                    if constexpr (has_s) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float l = l_r[r];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            const int i = row0 + r * 8;
-            const float inv = l > 0.f ? 1.f / l : 0.f;
-            if (i < Nq) {
-                unsigned short* orow = o + (u64_t)i * D;
+                        for (int dt = 0; dt < ND; ++dt) {
+                            acc_o[dt][0] *= alpha[0];
+                            acc_o[dt][1] *= alpha[0];
+                            acc_o[dt][2] *= alpha[1];
+                            acc_o[dt][3] *= alpha[1];
+                        }
 #pragma unroll
-                for (int dt = 0; dt < ND; ++dt)
-                    *(unsigned*)(orow + dt * 8 + tq * 2) =
-                        ws_pack<F16>(acc_o[dt][2 * r] * inv, acc_o[dt][2 * r + 1] * inv);
-                if (tq == 0)
-                    lse[i] = l > 0.f ? (m_r[r] * scale_log2 + __log2f(l)) * 0.69314718055994531f : TANDEM_NEG_INF;
+                        for (int kk = 0; kk < BN / 16; ++kk) {
+                            pa[kk][0] = ws_pack<F16>(acc_s[2 * kk][0], acc_s[2 * kk][1]);
+                            pa[kk][1] = ws_pack<F16>(acc_s[2 * kk][2], acc_s[2 * kk][3]);
+                            pa[kk][2] = ws_pack<F16>(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]);
+                            pa[kk][3] = ws_pack<F16>(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3]);
+                        }
+                    }
+                };
+                step(ws_bool<true>(), ws_bool<false>(), 0);
+                for (int j = 1; j < n_blocks; ++j) step(ws_bool<true>(), ws_bool<true>(), j);
+                // every S of this tile is done: the producer may load the next Q
+                if (lane == 0) mbar_arrive(empty_q);
+                step(ws_bool<false>(), ws_bool<true>(), n_blocks);
+                gk += n_blocks;
+                // every consumer is past its last turn before the next tile's first hand-over
+                named_sync(1 + NC, 128 * NC);
             }
+            unsigned short* o = O + (u64_t)tl.bh_q * Nq * D;
+            float* lse = LSE + (u64_t)tl.bh_q * Nq;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                float l = l_r[r];
+                l += __shfl_xor_sync(0xffffffffu, l, 1);
+                l += __shfl_xor_sync(0xffffffffu, l, 2);
+                const int i = row0 + r * 8;
+                const float inv = l > 0.f ? 1.f / l : 0.f;
+                if (i < Nq) {
+                    unsigned short* orow = o + (u64_t)i * D;
+#pragma unroll
+                    for (int dt = 0; dt < ND; ++dt)
+                        *(unsigned*)(orow + dt * 8 + tq * 2) =
+                            ws_pack<F16>(acc_o[dt][2 * r] * inv, acc_o[dt][2 * r + 1] * inv);
+                    if (tq == 0)
+                        lse[i] = l > 0.f ? (m_r[r] * scale_log2 + __log2f(l)) * 0.69314718055994531f : TANDEM_NEG_INF;
+                }
+            }
+            ++qi;
         }
     }
 }
@@ -318,9 +382,9 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
     extern "C" __global__ void __launch_bounds__(128 * (1 + (D == 128 ? WS_NC_D128 : WS_NC_D64)), 1) NAME( \
             const __grid_constant__ tma_map_t mq, const __grid_constant__ tma_map_t mk,                \
             const __grid_constant__ tma_map_t mv, unsigned short* __restrict__ o, float* __restrict__ lse, \
-            int Hq, int Hkv, int Nq, int Nkv, float scale_log2, int causal) {                          \
+            int Hq, int Hkv, int Nq, int Nkv, float scale_log2, int causal, int B, int* next_tile) {   \
         attn_fwd_ws<D, D == 128 ? WS_BN_D128 : WS_BN_D64, D == 128 ? WS_NC_D128 : WS_NC_D64, F16>(     \
-            &mq, &mk, &mv, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal);                              \
+            &mq, &mk, &mv, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal, B, next_tile);                \
     }
 WS_ENTRY(mha_bf16_fwd_d64_ws, 64, false)
 WS_ENTRY(mha_bf16_fwd_d128_ws, 128, false)

@@ -2,7 +2,10 @@
 //! sm_80+ device) and the Hopper build in FlashAttention-3's structure (sm90a/attention_ws.cu:
 //! TMA producer warp, two consumer warpgroups taking turns on wgmma), chosen by arch.
 
+use cudarc::driver::result as drv;
+
 use super::{Arg, Cx};
+use crate::backend::cuda::error::DrvResultExt;
 use crate::backend::cuda::kernels::Dims;
 use crate::backend::cuda::tma;
 use crate::backend::cuda::{CudaDType, CudaStorage};
@@ -92,6 +95,10 @@ pub fn attention(
         // no keys: nothing for the TMA to map; the mma.sync build writes the empty result
         var = Variant::M2;
     }
+    if var == Variant::Ws && s.nq.div_ceil(var.block_m(s.d)) * s.hq * s.b > i32::MAX as usize {
+        // the persistent build numbers its tiles in 32 bits
+        var = Variant::M2;
+    }
     let name = var.kernel(s.d, cx.dtype())?;
     let q = cx.half(ins[0], metas[0].numel())?;
     let k = cx.half(ins[1], metas[1].numel())?;
@@ -102,7 +109,13 @@ pub fn attention(
     let bm = var.block_m(s.d);
     let bn = var.block_n(s.d);
     let scale_log2 = p.scale_for(s.d) * std::f32::consts::LOG2_E;
-    let grid = (s.nq.div_ceil(bm) as u32, s.hq as u32, s.b as u32);
+    // ws: persistent, one block a multiprocessor over every (row block, head, batch) tile
+    let tiles = s.nq.div_ceil(bm) * s.hq * s.b;
+    let grid = if var == Variant::Ws {
+        (tiles.min(cx.sms() as usize).max(1) as u32, 1, 1)
+    } else {
+        (s.nq.div_ceil(bm) as u32, s.hq as u32, s.b as u32)
+    };
     let block = (var.threads(s.d) as u32, 1, 1);
     let tail = [
         Arg::Ptr(outs[0].ptr()),
@@ -137,11 +150,25 @@ pub fn attention(
         (bm + 2 * bn) * (s.d + 8) * 2
     };
     args.extend(tail);
+    // ws: the batch, and the tile counter its blocks take tiles from after their first
+    // (zeroed here, in stream order; returned to the pool after the kernel)
+    let counter = if var == Variant::Ws {
+        let c = cx.scratch(4)?;
+        // SAFETY: c holds 4 bytes; the memset is ordered on the compute stream before the kernel.
+        unsafe { drv::memset_d8_async(c.ptr(), 0, 4, cx.stream()) }
+            .ctx(&cx.be.dev.label, "cuMemsetD8Async(attention tile counter)")?;
+        args.push(Arg::I32(s.b as i32));
+        args.push(Arg::Ptr(c.ptr()));
+        Some(c)
+    } else {
+        None
+    };
     let dims = Dims {
         grid,
         block,
         smem: smem as u32,
     };
     cx.k(name, dims, &args)?;
+    drop(counter);
     Ok(name.into())
 }
