@@ -188,7 +188,9 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
             // there is no tile).
             auto announce = [&](int t, int m0, int bh_q, bool load) {
                 if (qi > 0) mbar_wait(empty_q, (qi - 1) & 1);
-                *(volatile int*)(ws_smem + (tile_slot - smem_addr(ws_smem))) = t;
+                // an atomic store, as the consumers' reads are atomic (the mbarrier below orders
+                // them)
+                atomicExch((int*)(ws_smem + (tile_slot - smem_addr(ws_smem))), t);
                 if (load) {
                     mbar_expect_tx(full_q, BM * D * 2);
 #pragma unroll
@@ -230,7 +232,11 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
         int gk = 0, qi = 0;  // K/V tiles and Q tiles consumed so far (as the producer counts)
         for (;;) {
             mbar_wait(full_q, qi & 1);
-            const int t = *(volatile int*)(ws_smem + (tile_slot - smem_addr(ws_smem)));
+            // one atomic read a warp (atomic, so racecheck sees no plain read racing the
+            // producer's store; one a warp, as a block's 384 or 512 on one word serialise)
+            int t = 0;
+            if (lane == 0) t = atomicOr((int*)(ws_smem + (tile_slot - smem_addr(ws_smem))), 0);
+            t = __shfl_sync(0xffffffffu, t, 0);
             if (t >= tiles) break;
             const Tile tl = tile_of(t);
             const int m0 = tl.m0, n_blocks = tl.n_blocks;
