@@ -438,9 +438,6 @@ pub const MOE_WS_BLOCK_M: usize = 128;
 /// Output columns of a tile of the Hopper gate/up GEMM (MWS_BN): 128 gate and 128 up weight
 /// rows give 128 SwiGLU columns. The down GEMM's tiles are `2 * MOE_WS_BLOCK_N` wide.
 pub const MOE_WS_BLOCK_N: usize = 128;
-/// Elements of K a stage of the Hopper e4m3 experts GEMMs holds (128 bytes a row, as the
-/// 16-bit builds' 64): their K must be a multiple of 16 (16-byte TMA rows).
-pub const MOE_WS_FP8_BLOCK_K: usize = 128;
 /// Threads per block of `moe_quant_e4m3_{s}` (one block a row).
 pub const MOE_QUANT_THREADS: u32 = 256;
 /// Most experts the Hopper MoE experts GEMMs take (MWS_MAX_E: their tile tables live in

@@ -676,7 +676,7 @@ fn experts_wgmma(
     ins: &[&CudaStorage],
     outs: &[CudaStorage],
 ) -> Result<String> {
-    let (t, h, e, k, f) = (s.t, s.h, s.e, s.k, s.f);
+    let (t, h, k, f) = (s.t, s.h, s.k, s.f);
     let phys = outs[0].phys;
     precision(phys)?;
     let (up, down_k) = match phys {
@@ -699,7 +699,6 @@ fn experts_wgmma(
     } = GroupedInputs::of(cx, s, ins, phys)?;
     let bm = tandem_gpu_kernels::MOE_WS_BLOCK_M;
     let map = tile_map(cx, s, offsets, bm)?;
-    let (soff, tstart) = map.tables();
     let slots = (t * k) as i32;
     // Every row of the permutation (the host does not know where the segments end); padding
     // rows are zeros.
@@ -719,80 +718,123 @@ fn experts_wgmma(
     )?;
     let hbuf = cx.alloc(s.p * f, phys)?;
     let rows = slot_rows(cx, s, phys)?;
-    let label = &cx.be.dev.label;
-    let ty = phys;
-    let box_rows = bm as u32;
-    // One block a multiprocessor, at most the tiles the segments can need (one partial tile
-    // per expert) times the n-tiles.
-    let m_tiles = s.p.div_ceil(bm) + e;
-    let grid = |n_tile: usize, n: usize| -> u32 {
-        (m_tiles * n.div_ceil(n_tile)).min(cx.sms() as usize).max(1) as u32
-    };
     let bn = tandem_gpu_kernels::MOE_WS_BLOCK_N;
-    let dims = |g: u32| {
-        Dims::linear(g, tandem_gpu_kernels::MOE_WS_THREADS).smem(tandem_gpu_kernels::MOE_WS_SMEM)
-    };
-    let gemm = |name: &'static str,
-                g: u32,
-                a: u64,
-                a_cols: usize,
-                wt: u64,
-                w_rows: usize,
-                o: u64,
-                n: usize| {
-        cx.k(
-            name,
-            dims(g),
-            &[
-                Arg::TensorMap(tma::tiled_3d_sw128(
-                    label,
-                    a,
-                    ty,
-                    [1, s.p, a_cols],
-                    box_rows,
-                    64,
-                )?),
-                Arg::TensorMap(tma::tiled_3d_sw128(
-                    label,
-                    wt,
-                    ty,
-                    [1, e * w_rows, a_cols],
-                    box_rows,
-                    64,
-                )?),
-                Arg::Ptr(o),
-                Arg::Ptr(sorted.ptr()),
-                Arg::Ptr(soff),
-                Arg::Ptr(tstart),
-                Arg::I32(e as i32),
-                Arg::I32(n as i32),
-                Arg::I32(a_cols as i32),
-                Arg::I32(slots),
-            ],
-        )
-    };
-    gemm(
-        up,
-        grid(bn, f),
-        xg.ptr(),
-        h,
-        gate_up.ptr,
-        2 * f,
-        hbuf.ptr(),
-        f,
+    ws_gemm(
+        cx,
+        s,
+        &map,
+        sorted,
+        &WsGemm {
+            name: up,
+            n_tile: bn,
+            a: xg.ptr(),
+            w: gate_up.ptr,
+            elem: phys,
+            k_len: h,
+            w_rows: 2 * f,
+            out: hbuf.ptr(),
+            n: f,
+            scales: None,
+        },
     )?;
-    gemm(
-        down_k,
-        grid(2 * bn, h),
-        hbuf.ptr(),
-        f,
-        down.ptr,
-        h,
-        rows.ptr(),
-        h,
+    ws_gemm(
+        cx,
+        s,
+        &map,
+        sorted,
+        &WsGemm {
+            name: down_k,
+            n_tile: 2 * bn,
+            a: hbuf.ptr(),
+            w: down.ptr,
+            elem: phys,
+            k_len: f,
+            w_rows: h,
+            out: rows.ptr(),
+            n: h,
+            scales: None,
+        },
     )?;
     combine_slots(cx, s, combine, rows.ptr(), w.ptr, outs[0].ptr())?;
     Ok(names)
+}
+
+/// One launch of a Hopper experts GEMM (`moe_ws_*`, sm90a/moe_experts_ws.cu).
+pub(super) struct WsGemm {
+    /// Entry point.
+    pub name: &'static str,
+    /// Output columns a tile: [`tandem_gpu_kernels::MOE_WS_BLOCK_N`] for gate/up, twice that
+    /// for down.
+    pub n_tile: usize,
+    /// A [P, k_len] (the permuted activations).
+    pub a: u64,
+    /// W [E * w_rows, k_len] (the expert weights, K-major).
+    pub w: u64,
+    /// The element type of A and W: bf16 or f16, or `I8` for e4m3 bytes.
+    pub elem: DType,
+    /// K.
+    pub k_len: usize,
+    /// Weight rows per expert.
+    pub w_rows: usize,
+    /// The output: h [P, n] for gate/up, one row per slot [T*k, n] for down.
+    pub out: u64,
+    /// Output columns.
+    pub n: usize,
+    /// The e4m3 builds' f32 scales: per row of A and per row (channel) of W.
+    pub scales: Option<(u64, u64)>,
+}
+
+/// Queues `g` over the tile map `map`: one block a multiprocessor, at most the tiles the
+/// segments can need (one partial tile per expert) times the n-tiles; A and W through 128-byte
+/// swizzled tensor maps of 128-row boxes, 128 bytes of K a stage (64 bf16/f16 elements, 128
+/// e4m3).
+pub(super) fn ws_gemm(
+    cx: &Cx<'_>,
+    s: &ExpertsShape,
+    map: &TileMap,
+    sorted: &CudaStorage,
+    g: &WsGemm,
+) -> Result<()> {
+    let bm = tandem_gpu_kernels::MOE_WS_BLOCK_M;
+    let m_tiles = s.p.div_ceil(bm) + s.e;
+    let grid = (m_tiles * g.n.div_ceil(g.n_tile))
+        .min(cx.sms() as usize)
+        .max(1) as u32;
+    let box_k = (128 / g.elem.size()) as u32;
+    let label = &cx.be.dev.label;
+    let (soff, tstart) = map.tables();
+    let mut args = vec![
+        Arg::TensorMap(tma::tiled_3d_sw128(
+            label,
+            g.a,
+            g.elem,
+            [1, s.p, g.k_len],
+            bm as u32,
+            box_k,
+        )?),
+        Arg::TensorMap(tma::tiled_3d_sw128(
+            label,
+            g.w,
+            g.elem,
+            [1, s.e * g.w_rows, g.k_len],
+            bm as u32,
+            box_k,
+        )?),
+        Arg::Ptr(g.out),
+        Arg::Ptr(sorted.ptr()),
+        Arg::Ptr(soff),
+        Arg::Ptr(tstart),
+        Arg::I32(s.e as i32),
+        Arg::I32(g.n as i32),
+        Arg::I32(g.k_len as i32),
+        Arg::I32((s.t * s.k) as i32),
+    ];
+    if let Some((sa, sw)) = g.scales {
+        args.extend([Arg::Ptr(sa), Arg::Ptr(sw)]);
+    }
+    let dims = Dims::linear(grid, tandem_gpu_kernels::MOE_WS_THREADS)
+        .smem(tandem_gpu_kernels::MOE_WS_SMEM);
+    cx.k(g.name, dims, &args)
 }
 
 /// Gather, per-expert cuBLASLt GEMMs, SwiGLU, combine (synchronises the stream to read the

@@ -17,14 +17,13 @@
 
 use std::sync::Arc;
 
-use tandem_gpu_kernels::{MOE_QUANT_THREADS, MOE_WS_BLOCK_M, MOE_WS_BLOCK_N, MOE_WS_THREADS};
+use tandem_gpu_kernels::{MOE_QUANT_THREADS, MOE_WS_BLOCK_M, MOE_WS_BLOCK_N};
 
-use super::moe::{combine_kernel, combine_slots, precision, slot_rows, tile_map};
+use super::moe::{WsGemm, combine_kernel, combine_slots, precision, slot_rows, tile_map, ws_gemm};
 use super::{Arg, Cx, Dims};
 use crate::backend::cuda::CudaStorage;
 use crate::backend::cuda::error::DrvResultExt;
 use crate::backend::cuda::memory::pool::DevBuf;
-use crate::backend::cuda::tma;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::moe::ExpertsShape;
@@ -145,81 +144,47 @@ pub fn experts(
     let x = cx.cast(ins[0], t * h, phys)?;
     let w = cx.f32(ins[2], t * k)?;
     let (sorted, offsets) = (ins[3], ins[4]);
-    let bm = MOE_WS_BLOCK_M;
-    let map = tile_map(cx, s, offsets, bm)?;
-    let (soff, tstart) = map.tables();
+    let map = tile_map(cx, s, offsets, MOE_WS_BLOCK_M)?;
     let slots = t * k;
     let xq = quantize(cx, x.ptr, phys, s.p, h, Rows::Gather(sorted, k, slots))?;
     let hbuf = cx.alloc(s.p * f, phys)?;
     let rows = slot_rows(cx, s, phys)?;
-    let label = &cx.be.dev.label;
-    let m_tiles = s.p.div_ceil(bm) + e;
-    let grid = |n_tile: usize, n: usize| -> u32 {
-        (m_tiles * n.div_ceil(n_tile)).min(cx.sms() as usize).max(1) as u32
-    };
-    let dims = |g: u32| Dims::linear(g, MOE_WS_THREADS).smem(tandem_gpu_kernels::MOE_WS_SMEM);
-    let box_k = tandem_gpu_kernels::MOE_WS_FP8_BLOCK_K as u32;
-    let gemm = |name: &'static str,
-                g: u32,
-                a: &E4m3Rows,
-                k_len: usize,
-                wt: &E4m3Rows,
-                w_rows: usize,
-                o: u64,
-                n: usize| {
-        cx.k(
-            name,
-            dims(g),
-            &[
-                Arg::TensorMap(tma::tiled_3d_sw128(
-                    label,
-                    a.q.ptr(),
-                    DType::I8,
-                    [1, s.p, k_len],
-                    bm as u32,
-                    box_k,
-                )?),
-                Arg::TensorMap(tma::tiled_3d_sw128(
-                    label,
-                    wt.q.ptr(),
-                    DType::I8,
-                    [1, e * w_rows, k_len],
-                    bm as u32,
-                    box_k,
-                )?),
-                Arg::Ptr(o),
-                Arg::Ptr(sorted.ptr()),
-                Arg::Ptr(soff),
-                Arg::Ptr(tstart),
-                Arg::I32(e as i32),
-                Arg::I32(n as i32),
-                Arg::I32(k_len as i32),
-                Arg::I32(slots as i32),
-                Arg::Ptr(a.scale.ptr()),
-                Arg::Ptr(wt.scale.ptr()),
-            ],
-        )
-    };
-    gemm(
-        up,
-        grid(MOE_WS_BLOCK_N, f),
-        &xq,
-        h,
-        &wq_up,
-        2 * f,
-        hbuf.ptr(),
-        f,
+    ws_gemm(
+        cx,
+        s,
+        &map,
+        sorted,
+        &WsGemm {
+            name: up,
+            n_tile: MOE_WS_BLOCK_N,
+            a: xq.q.ptr(),
+            w: wq_up.q.ptr(),
+            elem: DType::I8,
+            k_len: h,
+            w_rows: 2 * f,
+            out: hbuf.ptr(),
+            n: f,
+            scales: Some((xq.scale.ptr(), wq_up.scale.ptr())),
+        },
     )?;
     let hq = quantize(cx, hbuf.ptr(), phys, s.p, f, Rows::Slots(sorted, slots))?;
-    gemm(
-        down_k,
-        grid(2 * MOE_WS_BLOCK_N, h),
-        &hq,
-        f,
-        &wq_down,
-        h,
-        rows.ptr(),
-        h,
+    ws_gemm(
+        cx,
+        s,
+        &map,
+        sorted,
+        &WsGemm {
+            name: down_k,
+            n_tile: 2 * MOE_WS_BLOCK_N,
+            a: hq.q.ptr(),
+            w: wq_down.q.ptr(),
+            elem: DType::I8,
+            k_len: f,
+            w_rows: h,
+            out: rows.ptr(),
+            n: h,
+            scales: Some((hq.scale.ptr(), wq_down.scale.ptr())),
+        },
     )?;
     combine_slots(cx, s, combine, rows.ptr(), w.ptr, outs[0].ptr())?;
     Ok(names)
