@@ -291,7 +291,7 @@ MWS_ENTRY(moe_ws_down_f16, false, true)
 
 // The e4m3 builds (outputs in the storage precision named last): A and W are e4m3 with f32
 // scales sa [P] and sw [E * W_ROWS] (moe_quant_e4m3_{s}); K a multiple of 16.
-#define MWS_ENTRY_FP8(NAME, SWIGLU, F16)                                                                 \
+#define MWS_FP8_ENTRY(NAME, SWIGLU, F16)                                                                 \
     extern "C" __global__ void __launch_bounds__(384, 1)                                                 \
         NAME(const __grid_constant__ tma_map_t ma, const __grid_constant__ tma_map_t mw,                 \
              unsigned short* __restrict__ out, const int* __restrict__ sorted, const int* __restrict__ soff, \
@@ -299,10 +299,10 @@ MWS_ENTRY(moe_ws_down_f16, false, true)
              const float* __restrict__ sw) {                                                             \
         moe_ws_gemm<SWIGLU, F16, true>(&ma, &mw, out, sorted, soff, tstart, E, N, K, slots, sa, sw);    \
     }
-MWS_ENTRY_FP8(moe_ws_swiglu_e4m3_bf16, true, false)
-MWS_ENTRY_FP8(moe_ws_down_e4m3_bf16, false, false)
-MWS_ENTRY_FP8(moe_ws_swiglu_e4m3_f16, true, true)
-MWS_ENTRY_FP8(moe_ws_down_e4m3_f16, false, true)
+MWS_FP8_ENTRY(moe_ws_swiglu_e4m3_bf16, true, false)
+MWS_FP8_ENTRY(moe_ws_down_e4m3_bf16, false, false)
+MWS_FP8_ENTRY(moe_ws_swiglu_e4m3_f16, true, true)
+MWS_FP8_ENTRY(moe_ws_down_e4m3_f16, false, true)
 
 // Row-wise e4m3 quantization (the FP8 experts' activations and weights): for each row r of
 // `rows` x `cols` (storage S), with src row i = r, or, given `sorted`, only for a real slot
