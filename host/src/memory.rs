@@ -16,7 +16,7 @@ mod tests;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-pub use budget::{DeviceMemory, DeviceMemoryReport, DeviceUsage, Direction};
+pub use budget::{Charge, DeviceMemory, DeviceMemoryReport, DeviceUsage, Direction};
 
 use crate::backend::{DeviceId, DeviceRegistry, DeviceStorage};
 use crate::error::{Error, Result};

@@ -330,3 +330,56 @@ fn cuda_moe_experts_fp8() {
         }
     }
 }
+
+/// The e4m3 copies of the expert weights are charged to the registry's memory accounts once,
+/// at first use, and given back with the weights.
+#[test]
+fn cuda_moe_fp8_weight_copies_are_charged() {
+    use std::sync::Arc;
+    use tandem::backend::{Backend, DeviceRegistry, DeviceStorage};
+    let dt = CudaDType::Bf16;
+    let opts = CudaOptions {
+        moe_fp8: true,
+        ..options(dt)
+    };
+    let Some(shared) = gpu_with(opts.clone()) else {
+        return;
+    };
+    if shared.arch() != 90 {
+        println!(
+            "skipped: the FP8 experts (and their e4m3 copies) run on sm_90 only, this GPU is sm_{}",
+            shared.arch()
+        );
+        return;
+    }
+    // A backend of its own: one registry's accounts are attached to it.
+    let be = Arc::new(CudaBackend::open(0, opts).expect("open cuda:0"));
+    let mut reg = DeviceRegistry::cpu_only();
+    reg.add(be.clone());
+    let c = case(64, 128, 8, 2, 96, 16, Routing::Random);
+    let ins = inputs(&shared, dt, &mut rng("moe_experts fp8 charge"), &c);
+    let op = Op::MoeExperts(MoeExpertsParams {});
+    let st: Vec<DeviceStorage> = ins
+        .iter()
+        .enumerate()
+        .map(|(i, t)| be.upload_for(t, &op, i).expect("upload"))
+        .collect();
+    let refs: Vec<&DeviceStorage> = st.iter().collect();
+    let used = || reg.memory().usage(be.id()).used;
+    assert_eq!(used(), 0, "uploads outside a buffer are not charged");
+    // gate_up [E, 2F, H] and down [E, H, F]: a byte an element and an f32 scale a row.
+    let (e, h, f) = (c.e, c.h, c.f);
+    let want = (e * 2 * f * (h + 4) + e * h * (f + 4)) as u64;
+    for run in 0..2 {
+        let l = be.launch(&op, &refs).expect("launch");
+        l.done
+            .wait(std::time::Duration::from_secs(120), op.name())
+            .expect("kernel finished");
+        let kernel = l.info.lock().expect("info").kernel.clone();
+        assert!(kernel.contains("e4m3"), "ran {kernel}");
+        assert_eq!(used(), want, "run {run}: the copies are charged once");
+    }
+    drop(refs);
+    drop(st);
+    assert_eq!(used(), 0, "the copies go with the weights");
+}

@@ -302,6 +302,11 @@ pub trait Backend: Send + Sync + fmt::Debug {
         meta.bytes() as u64
     }
 
+    /// Hands the device its registry's memory accounts, which it charges for what it keeps
+    /// on the device beyond the storage it is handed (forms derived from a replica, such as
+    /// the CUDA backend's e4m3 expert weights). By default a device keeps nothing more.
+    fn attach_memory(&self, _accounts: &std::sync::Arc<crate::memory::DeviceMemory>) {}
+
     /// Copies a host tensor to the device.
     fn upload(&self, host: &Tensor) -> Result<DeviceStorage>;
 

@@ -78,6 +78,9 @@ impl DeviceRegistry {
         // The CPU as the options configure it (its BLAS, its threads).
         r.backends[0] = Arc::new(super::cpu::CpuBackend::with_options(&probe.options.cpu));
         r.memory.set_limits(probe.options.memory_limits.clone());
+        for b in &r.backends {
+            b.attach_memory(&r.memory);
+        }
         r.options = probe.options;
         r
     }
@@ -129,6 +132,7 @@ impl DeviceRegistry {
 
     /// Adds a backend (tests, and devices opened by hand).
     pub fn add(&mut self, b: Arc<dyn Backend>) {
+        b.attach_memory(&self.memory);
         self.backends.push(b);
     }
 

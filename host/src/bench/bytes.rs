@@ -22,8 +22,8 @@ pub fn storage_dtype(compute: DType) -> DType {
 }
 
 /// Bytes the figure of merit counts, and what they are: the expert weights for moe_experts
-/// (what a decode step must stream; one byte each where the device runs the experts in FP8,
-/// `fp8_experts`), the KV cache for attention_decode (every sequence at the cache's capacity,
+/// (what a decode step must stream; one byte each where the experts ran on the e4m3
+/// kernels, `fp8_experts`), the KV cache for attention_decode (every sequence at the cache's capacity,
 /// as the bench fills it), else every input and output once at `storage`.
 pub fn counted_bytes(
     op: &Op,

@@ -72,9 +72,10 @@ pub struct DeviceMemory {
     state: Mutex<State>,
 }
 
-/// A charge for one replica; released (the bytes given back) when dropped.
+/// Bytes charged to a device: one replica, or a form a backend derived from one and keeps
+/// beside it ([`DeviceMemory::charge_derived`]); released (the bytes given back) when dropped.
 #[derive(Debug)]
-pub(super) struct Charge {
+pub struct Charge {
     mem: Arc<DeviceMemory>,
     device: DeviceId,
     bytes: u64,
@@ -195,6 +196,35 @@ impl DeviceMemory {
         state: &Arc<Mutex<Replicas>>,
         must_fit: bool,
     ) -> Result<Charge> {
+        let c = self.reserve(device, capacity, bytes, must_fit, "")?;
+        self.touch(device, state);
+        Ok(c)
+    }
+
+    /// Charges `bytes` on `device` for a form a backend derived from a replica and keeps
+    /// beside it (the FP8 experts' e4m3 weights), `what` naming it for the error: replicas are
+    /// evicted as for [`DeviceMemory::charge`], and a charge that does not fit even then is an
+    /// [`Error::OutOfMemory`]. The form is not evicted by itself; it goes with its replica.
+    pub fn charge_derived(
+        self: &Arc<Self>,
+        device: DeviceId,
+        capacity: u64,
+        bytes: u64,
+        what: &str,
+    ) -> Result<Charge> {
+        self.reserve(device, capacity, bytes, true, what)
+    }
+
+    /// The accounting of [`DeviceMemory::charge`], without marking a replica used; `what`
+    /// (where not empty) names what the bytes are for in the error.
+    fn reserve(
+        self: &Arc<Self>,
+        device: DeviceId,
+        capacity: u64,
+        bytes: u64,
+        must_fit: bool,
+        what: &str,
+    ) -> Result<Charge> {
         let limit = self.limit(device, capacity);
         let mut evicted = Vec::new();
         let result = {
@@ -212,7 +242,9 @@ impl DeviceMemory {
             if must_fit && u.used.saturating_add(bytes) > limit {
                 Err(Error::out_of_memory(
                     format!(
-                        "{device} (limit {}, {} held that cannot be evicted)",
+                        "{device}{}{} (limit {}, {} held that cannot be evicted)",
+                        if what.is_empty() { "" } else { ", for " },
+                        what,
                         human_bytes(limit),
                         human_bytes(u.used)
                     ),
@@ -228,7 +260,6 @@ impl DeviceMemory {
         // The evicted replicas' storage is freed here, outside the accounts' lock.
         drop(evicted);
         result?;
-        self.touch(device, state);
         Ok(Charge {
             mem: self.clone(),
             device,

@@ -358,3 +358,35 @@ fn transfer_accounting_is_exact() -> Result<()> {
     assert_eq!(again, [(xb, 0), (ab, 0), (nb, 0)]);
     Ok(())
 }
+
+#[test]
+fn a_derived_form_is_charged_evicts_for_room_and_is_given_back() -> Result<()> {
+    let g = chain(4)?;
+    let reg = registry(&format!("fpga:0={}", 5 * U))?;
+    let p = plan(&g, &reg, BackendChoice::Only(DeviceKind::FpgaXrt))?;
+    // The run's replicas stay while `_e` lives; the weights' can be evicted.
+    let _e = Executor::new().execute(&g, &p, &reg, &ExecOptions::default())?;
+    let before = reg.memory().usage(DEV);
+    assert!(before.used > 0, "{before:?}");
+    // A form as large as what is free plus one replica: a weight goes to make room.
+    let mem = reg.memory().clone();
+    let c = mem.charge_derived(DEV, 1 << 40, 5 * U - before.used + U, "a test form")?;
+    let during = reg.memory().usage(DEV);
+    assert!(during.used <= 5 * U, "{during:?}");
+    assert!(during.evictions > before.evictions, "{during:?}");
+    // Past the limit even with nothing left to evict: an error naming the form and the limit.
+    let err = mem
+        .charge_derived(DEV, 1 << 40, 5 * U, "a second test form")
+        .expect_err("over the limit");
+    assert_eq!(err.kind(), ErrorKind::ResourceExhausted);
+    let msg = err.to_string();
+    assert!(msg.contains("a second test form"), "{msg}");
+    assert!(msg.contains("limit"), "{msg}");
+    let held = reg.memory().usage(DEV).used;
+    drop(c);
+    assert_eq!(
+        reg.memory().usage(DEV).used,
+        held - (5 * U - before.used + U)
+    );
+    Ok(())
+}

@@ -7,8 +7,19 @@
 // Each consumer overlaps its own softmax of tile j with its P V product of tile j-1 (issued
 // together, waited apart), and the two consumers take turns issuing their products (named
 // barriers 1 and 2), so one warpgroup's exponentials run under the other's matrix work.
-// The producer gives its registers to the consumers (setmaxnreg). TMA, mbarrier and wgmma
-// helpers: sm90a/hopper.cuh (compiled ahead of this file).
+// The producer gives its registers to the consumers (setmaxnreg; the producer's count plus
+// the consumers' must fit the registers the block was launched with, or setmaxnreg.inc waits
+// forever: static_assert below). TMA, mbarrier and wgmma helpers: sm90a/hopper.cuh (compiled
+// ahead of this file).
+//
+// Persistent: the grid is min(tiles, SMs) blocks. A block takes tile blockIdx.x, then the next
+// one from `next_tile` (a device counter the host zeroes; atomicAdd + gridDim.x). Tiles are
+// numbered head-major and, within a head, the heaviest causal row blocks first, so the blocks
+// running at once share K/V in L2 and the long tiles start early. The K/V ring and the Q
+// buffer carry over from one tile to the next: an `empty_q` mbarrier tells the producer the
+// consumers are done with Q, and the producer hands each tile's index to the consumers through
+// a shared-memory slot written and read with atomics (one read a warp, then a shuffle), ordered
+// by the Q mbarrier. The consumers meet at a named barrier at the end of each tile.
 //
 // Shared memory (1024-byte aligned, as the 128-byte swizzle needs): Q [BM x D], K[2][BN x D],
 // V[2][BN x D], each as D/64 column halves of [rows][64] bf16 rows of 128 bytes, swizzled by

@@ -29,6 +29,14 @@
 // ahead into the next tile while the consumers store this one.
 // Requirements (checked by the host): K and the output width multiples of 8 (16-byte rows for
 // the TMA), E <= MWS_MAX_E.
+//
+// e4m3 builds (moe_ws_{swiglu,down}_e4m3_{s}, the FP8 option; host: ops/moe_fp8.rs): A and W
+// are e4m3 bytes quantized by moe_quant_e4m3_{s} (A per row, W per output channel, each with an
+// f32 scale: scale = amax / 448, q = cvt.rn.satfinite(v * (448 / amax))). A stage's K slice is
+// 128 elements (still 128 bytes a row, the same swizzle and ring), the products are wgmma
+// m64n128k32.e4m3 into f32, and the epilogue multiplies each accumulator by its row's and its
+// column's scale before the SwiGLU or the store. K and the output width must be multiples of
+// 16 (16-byte e4m3 rows).
 
 #define MWS_BM 128
 #define MWS_BN 128

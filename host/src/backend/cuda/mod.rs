@@ -92,7 +92,7 @@ pub struct CudaStorage {
     /// Precision on the device (bf16 or f16 as the backend stores, f32 or i32).
     pub phys: DType,
     /// The data quantized to e4m3 rows, made at first use by the FP8 experts path.
-    e4m3: std::sync::Mutex<Option<std::sync::Arc<ops::moe_fp8::E4m3Rows>>>,
+    e4m3: std::sync::Mutex<Option<ops::moe_fp8::Kept>>,
 }
 
 impl CudaStorage {
@@ -135,6 +135,8 @@ pub struct CudaBackend {
     /// are kept out by `launch_lock`, which a capture holds too.
     capturing: std::sync::RwLock<()>,
     opts: CudaOptions,
+    /// The registry's memory accounts, charged for the derived forms kept beside storages.
+    accounts: std::sync::OnceLock<Arc<crate::memory::DeviceMemory>>,
 }
 
 impl CudaBackend {
@@ -177,6 +179,7 @@ impl CudaBackend {
             dev,
             launch_lock: Mutex::new(()),
             capturing: std::sync::RwLock::new(()),
+            accounts: std::sync::OnceLock::new(),
             opts,
         })
     }
@@ -672,7 +675,7 @@ impl Backend for CudaBackend {
     }
 
     fn numerics(&self) -> super::Numerics {
-        if self.opts.moe_fp8 && self.dev.arch == 90 {
+        if self.opts.moe_fp8 && tandem_gpu_kernels::Module::MoeExpertsSm90a.runs_on(self.dev.arch) {
             return super::Numerics::Fp8;
         }
         super::Numerics::of_dtype(self.opts.dtype.dtype())
@@ -680,6 +683,11 @@ impl Backend for CudaBackend {
 
     fn supports(&self, op: &Op, inputs: &[TensorMeta]) -> Support {
         ops::supports(self.dev.arch, self.opts.attention_variant, op, inputs)
+    }
+
+    fn attach_memory(&self, accounts: &Arc<crate::memory::DeviceMemory>) {
+        // Set once: a backend belongs to one registry.
+        let _ = self.accounts.set(accounts.clone());
     }
 
     fn stored_bytes(&self, meta: &TensorMeta) -> u64 {

@@ -35,6 +35,14 @@ pub struct E4m3Rows {
     scale: DevBuf,
 }
 
+/// The e4m3 rows kept beside a weight storage, with their charge to the device's memory
+/// accounts (none where the backend belongs to no registry); both go with the storage.
+#[derive(Debug)]
+pub struct Kept {
+    rows: Arc<E4m3Rows>,
+    _charge: Option<crate::memory::Charge>,
+}
+
 /// The quantization kernel for data stored as `phys`.
 fn quant_kernel(phys: DType) -> &'static str {
     match phys {
@@ -94,9 +102,12 @@ fn quantize(
 }
 
 /// The e4m3 rows of weight storage `w` (`rows x cols`), quantized at first use and kept
-/// beside it. Under graph capture nothing runs and the blocks allocated belong to the graph,
-/// so a first use there is quantized into the graph (each replay quantizes again) and not kept;
-/// a block's automatic capture comes at its second call, after an eager one kept the weights.
+/// beside it, charged to the device's memory accounts (`rows x cols` bytes and a 4-byte scale a
+/// row; a device at its `--memory-limit` evicts replicas for them, or fails with
+/// [`crate::error::Error::OutOfMemory`]). Under graph capture nothing runs and the blocks
+/// allocated belong to the graph, so a first use there is quantized into the graph (each replay
+/// quantizes again) and not kept; a block's automatic capture comes at its second call, after
+/// an eager one kept the weights.
 fn weights(
     cx: &Cx<'_>,
     w: &CudaStorage,
@@ -105,16 +116,29 @@ fn weights(
     cols: usize,
 ) -> Result<Arc<E4m3Rows>> {
     let mut slot = w.e4m3.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(q) = slot.as_ref() {
-        return Ok(q.clone());
+    if let Some(k) = slot.as_ref() {
+        return Ok(k.rows.clone());
     }
-    let src = cx.cast(w, rows * cols, phys)?;
-    let q = Arc::new(quantize(cx, src.ptr, phys, rows, cols, Rows::All)?);
     // SAFETY: the compute stream is live for the backend's lifetime.
     let status = unsafe { cudarc::driver::result::stream::is_capturing(cx.stream()) }
         .ctx(&cx.be.dev.label, "cuStreamIsCapturing")?;
-    if status == cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-        *slot = Some(q.clone());
+    let keep = status == cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let charge = match cx.be.accounts.get() {
+        Some(acc) if keep => Some(acc.charge_derived(
+            cx.be.info.id,
+            cx.be.info.memory_bytes,
+            (rows * cols + rows * 4) as u64,
+            "the e4m3 copy of an expert weight (FP8 experts)",
+        )?),
+        _ => None,
+    };
+    let src = cx.cast(w, rows * cols, phys)?;
+    let q = Arc::new(quantize(cx, src.ptr, phys, rows, cols, Rows::All)?);
+    if keep {
+        *slot = Some(Kept {
+            rows: q.clone(),
+            _charge: charge,
+        });
     }
     Ok(q)
 }
