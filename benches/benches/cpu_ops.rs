@@ -93,6 +93,7 @@ fn linear(c: &mut Criterion) {
     let op = Op::Linear(LinearParams {
         act: Activation::Gelu,
         bias: true,
+        f32_out: false,
     });
     for (size, m, k, n) in [
         ("small_m64_k256_n256", 64, 256, 256),

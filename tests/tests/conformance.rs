@@ -308,7 +308,15 @@ fn conformance_linear(target: Target) -> TestResult {
         if bias {
             ins.push(t(uniform(&mut r, &[n], 0.5)));
         }
-        check(&*b, &Op::Linear(LinearParams { act, bias }), &ins)?;
+        check(
+            &*b,
+            &Op::Linear(LinearParams {
+                act,
+                bias,
+                f32_out: false,
+            }),
+            &ins,
+        )?;
     }
     Ok(())
 }

@@ -111,6 +111,7 @@ fn linear_off_block_sizes() -> TestResult {
                 let p = LinearParams {
                     act: acts[case % acts.len()],
                     bias: case % 3 != 0,
+                    f32_out: false,
                 };
                 let mut inputs = vec![uniform(&mut r, &[m, k], 1.0), uniform(&mut r, &[n, k], 1.0)];
                 if p.bias {
@@ -124,6 +125,7 @@ fn linear_off_block_sizes() -> TestResult {
                 let plain = Op::Linear(LinearParams {
                     act: Activation::None,
                     bias: p.bias,
+                    f32_out: false,
                 });
                 let scale = plain.reference(&abs)?[0].mapv(|v| v * v).sum().sqrt();
                 let tensors: Vec<Tensor> = inputs.into_iter().map(Tensor::from_f32).collect();
@@ -144,7 +146,11 @@ fn linear_with_leading_dims_and_large_values() -> TestResult {
     let w = uniform(&mut r, &[40, 96], 0.2);
     let b = uniform(&mut r, &[40], 5.0);
     for act in [Activation::Gelu, Activation::Silu] {
-        let op = Op::Linear(LinearParams { act, bias: true });
+        let op = Op::Linear(LinearParams {
+            act,
+            bias: true,
+            f32_out: false,
+        });
         let t = [
             Tensor::from_f32(x.clone()),
             Tensor::from_f32(w.clone()),
@@ -368,6 +374,7 @@ fn backend_follows_its_blas_option() -> TestResult {
     let op = Op::Linear(LinearParams {
         act: Activation::Gelu,
         bias: false,
+        f32_out: false,
     });
     let want = op.reference(&[x.to_f64(), w.to_f64()])?;
     let launch = |b: &CpuBackend| -> tandem::Result<Tensor> {

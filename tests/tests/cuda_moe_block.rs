@@ -115,6 +115,7 @@ fn op_by_op(be: &CudaBackend, x: &DeviceStorage, w: &Weights) -> DeviceStorage {
     let lin = Op::Linear(LinearParams {
         act: Activation::None,
         bias: false,
+        f32_out: false,
     });
     let logits = run(&lin, &[x, &w.router]);
     let r = run(&Op::MoeRoute(ROUTE), &[&logits[0]]);

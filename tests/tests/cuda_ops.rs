@@ -54,6 +54,7 @@ per_dtype!(
     cuda_rmsnorm,
     cuda_rope,
     cuda_linear,
+    cuda_router_logits_keep_near_ties,
     cuda_attention,
     cuda_moe_route,
     cuda_moe_experts,
@@ -238,14 +239,19 @@ fn cuda_rope(be: &CudaBackend, dt: CudaDType) {
 
 fn cuda_linear(be: &CudaBackend, dt: CudaDType) {
     let mut r = rng("linear");
-    for (m, n, k, act, bias) in [
-        (37usize, 96usize, 64usize, Activation::Gelu, true),
-        (128, 256, 512, Activation::Relu, true),
-        (5, 64, 40, Activation::Silu, true),
-        (64, 128, 256, Activation::None, false),
-        (3, 8, 16, Activation::Gelu, false),
+    for (m, n, k, act, bias, f32_out) in [
+        (37usize, 96usize, 64usize, Activation::Gelu, true, false),
+        (128, 256, 512, Activation::Relu, true, false),
+        (5, 64, 40, Activation::Silu, true, false),
+        (64, 128, 256, Activation::None, false, false),
+        (3, 8, 16, Activation::Gelu, false, false),
+        // f32 output (router logits): f32 accumulators stored as they are
+        (50, 64, 96, Activation::None, false, true),
+        (33, 40, 72, Activation::Relu, true, true),
+        // SiLU runs after the GEMM as a 16-bit kernel: the output stays 16-bit
+        (5, 64, 40, Activation::Silu, true, true),
     ] {
-        let op = Op::Linear(LinearParams { act, bias });
+        let op = Op::Linear(LinearParams { act, bias, f32_out });
         let mut ins = vec![
             rand_t(&mut r, dt, &[m, k], 1.0),
             rand_t(&mut r, dt, &[n, k], 1.0 / (k as f32).sqrt()),
@@ -253,10 +259,74 @@ fn cuda_linear(be: &CudaBackend, dt: CudaDType) {
         if bias {
             ins.push(rand_t(&mut r, dt, &[n], 0.5));
         }
-        println!(" {m}x{n}x{k} {act:?} bias {bias}");
-        let out = run_gpu(be, &op, &ins);
-        check("y", &out[0], &reference(&op, &ins)[0], dt.tolerance());
+        println!(" {m}x{n}x{k} {act:?} bias {bias} f32_out {f32_out}");
+        let (out, kernel) = run_gpu_named(be, &op, &ins);
+        let want = &reference(&op, &ins)[0];
+        let f32_stored = f32_out && act != Activation::Silu;
+        assert_eq!(kernel.contains("_f32out"), f32_stored, "ran {kernel}");
+        // f32 storage: only the f32 accumulation's error (16-bit storage: ~4e-3 for bf16)
+        let tol = if f32_stored { 1e-5 } else { dt.tolerance() };
+        check("y", &out[0], want, tol);
     }
+}
+
+/// Router logits whose top experts differ by less than a bf16 step: stored in f32
+/// (`f32_out`, as the layer's router_logits node asks), the routing picks the f32
+/// reference's experts exactly; the same logits stored in 16 bits are printed for contrast.
+fn cuda_router_logits_keep_near_ties(be: &CudaBackend, dt: CudaDType) {
+    let mut r = rng("router near ties");
+    let (t, e, h, k) = (50usize, 64usize, 64usize, 2usize);
+    let x = rand_t(&mut r, dt, &[t, h], 1.0);
+    // Experts in pairs: the odd one is the even one with one element a step of the storage
+    // precision away, so the pair's logits differ by about 2^-11 of their size.
+    let mut w = rand_t(&mut r, dt, &[e, h], 1.0 / (h as f32).sqrt())
+        .as_f32()
+        .expect("f32")
+        .clone();
+    for j in (0..e).step_by(2) {
+        for c in 0..h {
+            w[[j + 1, c]] = w[[j, c]];
+        }
+        let c = r.gen_range(0..h);
+        let v = w[[j, c]];
+        w[[j + 1, c]] = rnd(dt, v * (1.0 + 1.0 / 64.0));
+    }
+    let w = Tensor::from_f32(w);
+    let route = Op::MoeRoute(MoeRouteParams {
+        top_k: k,
+        renormalize: true,
+        block_size: 16,
+    });
+    // the reference: f64 logits (rounded to f32 only to be an input), then routing
+    let lin = |f32_out| {
+        Op::Linear(LinearParams {
+            act: Activation::None,
+            bias: false,
+            f32_out,
+        })
+    };
+    let exact_logits = reference(&lin(true), &[x.clone(), w.clone()])[0].mapv(|v| v as f32);
+    let want = reference(&route, &[Tensor::from_f32(exact_logits)]);
+    let mut flipped = 0;
+    for f32_out in [true, false] {
+        let (logits, kernel) = run_gpu_named(be, &lin(f32_out), &[x.clone(), w.clone()]);
+        let (out, _) = launch(be, &route, &[logits[0].clone()]);
+        if f32_out {
+            assert!(kernel.contains("_f32out"), "ran {kernel}");
+            check_route(&out, &want);
+        } else {
+            let got = out[0].to_f64();
+            flipped = got
+                .iter()
+                .zip(want[0].iter())
+                .filter(|(a, b)| a != b)
+                .count();
+        }
+    }
+    println!(
+        "  {dt} logits: {flipped} of {} expert ids differ from the f32 reference",
+        t * k
+    );
 }
 
 /// LSE where the reference says -inf (rows that see no key) must be -inf too.

@@ -116,6 +116,7 @@ fn cuda_timing() {
     let op = Op::Linear(LinearParams {
         act: Activation::Gelu,
         bias: true,
+        f32_out: false,
     });
     time(
         &be,

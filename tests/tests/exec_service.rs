@@ -40,7 +40,15 @@ fn random_request(seed: u64) -> Result<Graph> {
         g.param("b", random_tensor(&[n], 0.1, seed + 2)?);
         ins.push("b");
     }
-    let y = g.add("lin", Op::Linear(LinearParams { act, bias }), &ins);
+    let y = g.add(
+        "lin",
+        Op::Linear(LinearParams {
+            act,
+            bias,
+            f32_out: false,
+        }),
+        &ins,
+    );
     let out = match r.gen_range(0..3) {
         0 => {
             g.param("g", random_tensor(&[n], 1.0, seed + 3)?);

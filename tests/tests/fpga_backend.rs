@@ -159,7 +159,11 @@ fn linear_on_the_simulated_card_is_within_int8_error() {
     let w = Tensor::from_vec_f32(&[n, k], r(n * k)).expect("w");
     let bias = Tensor::from_vec_f32(&[n], r(n)).expect("b");
     for act in [Activation::None, Activation::Relu] {
-        let op = Op::Linear(LinearParams { act, bias: true });
+        let op = Op::Linear(LinearParams {
+            act,
+            bias: true,
+            f32_out: false,
+        });
         let ins = [x.clone(), w.clone(), bias.clone()];
         let metas: Vec<TensorMeta> = ins.iter().map(|t| t.meta()).collect();
         assert_eq!(b.supports(&op, &metas), Support::Native);
@@ -183,6 +187,7 @@ fn linear_on_the_simulated_card_is_within_int8_error() {
     let gelu = Op::Linear(LinearParams {
         act: Activation::Gelu,
         bias: false,
+        f32_out: false,
     });
     assert!(matches!(
         b.supports(&gelu, &[x.meta(), w.meta()]),

@@ -80,6 +80,7 @@ fn ops(rng: &mut rand_chacha::ChaCha8Rng) -> Vec<(Op, Vec<Tensor>)> {
             Op::Linear(LinearParams {
                 act: Activation::Relu,
                 bias: true,
+                f32_out: false,
             }),
             vec![
                 random(rng, &[40, 200]),
@@ -138,6 +139,7 @@ fn the_modelled_card_takes_what_the_rtl_simulation_declines() {
     let op = Op::Linear(LinearParams {
         act: Activation::None,
         bias: false,
+        f32_out: false,
     });
     let inputs = vec![
         random(&mut rng, &[512, 1024]),
@@ -181,6 +183,7 @@ fn the_u55c_profile_runs_the_card_sized_gemm() {
     let op = Op::Linear(LinearParams {
         act: Activation::Relu,
         bias: true,
+        f32_out: false,
     });
     // N and K off the 64 lanes, K past k_max (two passes)
     let inputs = vec![

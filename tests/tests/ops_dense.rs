@@ -99,7 +99,11 @@ fn linear_case(
     }
     let wide: Vec<ArrayD<f64>> = inputs.iter().map(|a| a.mapv(f64::from)).collect();
     let want = naive_linear(&wide[0], &wide[1], wide.get(2), a);
-    let op = Op::Linear(LinearParams { act: a, bias });
+    let op = Op::Linear(LinearParams {
+        act: a,
+        bias,
+        f32_out: false,
+    });
     check("linear", run(&op, &inputs)?, &[want])
 }
 
@@ -302,6 +306,7 @@ fn linear_odd_shapes_and_thread_counts() -> TestResult {
                 let op = Op::Linear(LinearParams {
                     act: Activation::Gelu,
                     bias: true,
+                    f32_out: false,
                 });
                 let single = one.install(|| run(&op, &inputs).map_err(|e| e.to_string()))?;
                 let multi = many.install(|| run(&op, &inputs).map_err(|e| e.to_string()))?;
@@ -312,6 +317,7 @@ fn linear_odd_shapes_and_thread_counts() -> TestResult {
                 let plain = Op::Linear(LinearParams {
                     act: Activation::None,
                     bias: true,
+                    f32_out: false,
                 });
                 let scale = plain.reference(&abs)?[0].mapv(|v| v * v).sum().sqrt();
                 let diff = (&single.0[0] - &single.1[0]).mapv(|v| v * v).sum().sqrt();

@@ -227,6 +227,7 @@ fn linear_rejects_bad_inputs() {
         Op::Linear(LinearParams {
             act: Activation::Relu,
             bias,
+            f32_out: false,
         })
     };
     let (x, w) = (f32s(&[3, 8]), f32s(&[5, 8]));
@@ -248,6 +249,7 @@ fn linear_rejects_bad_inputs() {
         LinearParams {
             act: Activation::None,
             bias: true,
+            f32_out: false,
         }
         .cpu(&[&x, &w]),
         &["takes 3 inputs"],

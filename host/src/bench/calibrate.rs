@@ -219,6 +219,7 @@ pub fn layer_problems(c: &MixtralConfig) -> Result<Vec<Problem>> {
     let lin = Op::Linear(LinearParams {
         act: Activation::None,
         bias: false,
+        f32_out: false,
     });
     let route = MoeRouteParams {
         top_k: c.top_k,
@@ -300,8 +301,13 @@ pub fn layer_problems(c: &MixtralConfig) -> Result<Vec<Problem>> {
             vec![f(vec![t, d]), f(vec![d]), f(vec![t, d])],
             format!("{t}x{d}+residual"),
         ),
+        // the router logits, kept in f32 (as the layer's node asks)
         p(
-            lin,
+            Op::Linear(LinearParams {
+                act: Activation::None,
+                bias: false,
+                f32_out: true,
+            }),
             vec![f(vec![t, d]), f(vec![c.experts, d])],
             format!("M{t} N{} K{d}", c.experts),
         ),

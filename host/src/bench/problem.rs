@@ -220,6 +220,7 @@ impl BenchShape {
                     Op::Linear(LinearParams {
                         act: self.act,
                         bias: self.bias,
+                        f32_out: false,
                     }),
                     v,
                 )

@@ -107,6 +107,7 @@ pub fn run(args: &OpArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
         OpKind::Linear => Op::Linear(LinearParams {
             act: args.act,
             bias: has("b"),
+            f32_out: false,
         }),
         OpKind::RmsNorm => Op::RmsNorm(RmsNormParams {
             eps: args.eps,

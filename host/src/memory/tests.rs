@@ -125,6 +125,7 @@ fn chain_rows(layers: usize, rows: usize) -> Result<Graph> {
         let lin = Op::Linear(LinearParams {
             act: Activation::None,
             bias: false,
+            f32_out: false,
         });
         prev = g.add(&format!("layers.{i}.lin"), lin, &[&prev, &w])[0].clone();
     }
@@ -310,6 +311,7 @@ fn transfer_accounting_is_exact() -> Result<()> {
         Op::Linear(LinearParams {
             act: Activation::None,
             bias: false,
+            f32_out: false,
         })
     };
     let a = g.add("lin0", lin(), &["x", "w0"]);

@@ -64,6 +64,13 @@ pub struct LinearParams {
     pub act: Activation,
     /// Whether a bias input `b` `[N]` is given.
     pub bias: bool,
+    /// Keep the output in f32 on a device that stores floats in 16 bits (the CUDA backend:
+    /// cuBLASLt writes f32 from its f32 accumulators). For outputs whose rounding would change
+    /// a decision downstream: the router's logits, where bf16 rounding turns near-ties into
+    /// different experts. Honoured for every activation but SiLU (which runs as a 16-bit kernel
+    /// after the GEMM); devices computing in f32 store f32 anyway.
+    #[serde(default)]
+    pub f32_out: bool,
 }
 
 impl LinearParams {

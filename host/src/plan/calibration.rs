@@ -363,6 +363,7 @@ mod tests {
             Op::Linear(LinearParams {
                 act: Activation::None,
                 bias: false,
+                f32_out: false,
             }),
             vec![
                 TensorMeta::new(vec![64, 32], DType::F32),

@@ -631,6 +631,7 @@ mod tests {
             Op::Linear(LinearParams {
                 act: Activation::None,
                 bias: false,
+                f32_out: false,
             }),
             &["x", "w"],
         );

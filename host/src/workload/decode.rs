@@ -162,6 +162,7 @@ pub fn decode_layer(c: &MixtralConfig, step: &DecodeStep, limits: &Limits) -> Re
     let lin = Op::Linear(LinearParams {
         act: Activation::None,
         bias: false,
+        f32_out: false,
     });
     let h1 = g.add(
         "input_norm",

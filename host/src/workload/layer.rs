@@ -294,6 +294,7 @@ pub fn add_layer(
     let lin = Op::Linear(LinearParams {
         act: Activation::None,
         bias: false,
+        f32_out: false,
     });
     let split = |heads| {
         Op::SplitHeads(SplitHeadsParams {
@@ -339,7 +340,13 @@ pub fn add_layer(
         }),
         &[&o[0], ln2, input],
     );
-    let logits = g.add(&n("router_logits"), lin, &[&h2[0], gate]);
+    // f32 logits wherever the storage is 16-bit: routing decides on near-ties.
+    let router_lin = Op::Linear(LinearParams {
+        act: Activation::None,
+        bias: false,
+        f32_out: true,
+    });
+    let logits = g.add(&n("router_logits"), router_lin, &[&h2[0], gate]);
     let r = g.add(
         &n("router"),
         Op::MoeRoute(MoeRouteParams {
@@ -388,4 +395,51 @@ pub fn weight_names() -> BTreeMap<&'static str, &'static str> {
         ("gate_up", "mlp.experts.gate_up_proj"),
         ("down", "mlp.experts.down_proj"),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_router_logits_are_kept_in_f32() -> Result<()> {
+        let c = MixtralConfig {
+            seq_len: 8,
+            d_model: 64,
+            heads: 4,
+            kv_heads: 2,
+            experts: 4,
+            top_k: 2,
+            ffn: 32,
+            ..MixtralConfig::default()
+        };
+        let g = mixtral_layer(&c, None, None)?;
+        let kept: Vec<&str> = g
+            .nodes
+            .iter()
+            .filter(|n| matches!(n.op, Op::Linear(p) if p.f32_out))
+            .map(|n| n.name.as_str())
+            .collect();
+        assert_eq!(kept, ["router_logits"]);
+        Ok(())
+    }
+
+    #[test]
+    fn linear_params_written_before_f32_out_read_as_16_bit_outputs() {
+        let p = LinearParams {
+            act: Activation::Gelu,
+            bias: true,
+            f32_out: true,
+        };
+        let mut v = serde_json::to_value(p).expect("serialises");
+        v.as_object_mut().expect("object").remove("f32_out");
+        let old: LinearParams = serde_json::from_value(v).expect("reads without f32_out");
+        assert_eq!(
+            old,
+            LinearParams {
+                f32_out: false,
+                ..p
+            }
+        );
+    }
 }

@@ -266,6 +266,7 @@ pub fn model_graph(
                 Op::Linear(LinearParams {
                     act: Activation::None,
                     bias: false,
+                    f32_out: false,
                 }),
                 &[&x, LM_HEAD],
             )

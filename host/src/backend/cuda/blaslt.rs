@@ -65,8 +65,8 @@ impl Epilogue {
     }
 }
 
-/// What a plan is built for: storage, M, N, K and epilogue.
-type PlanKey = (CudaDType, usize, usize, usize, Epilogue);
+/// What a plan is built for: storage, f32 output, M, N, K and epilogue.
+type PlanKey = (CudaDType, bool, usize, usize, usize, Epilogue);
 
 struct Plan {
     desc: ltsys::cublasLtMatmulDesc_t,
@@ -117,13 +117,16 @@ impl BlasLt {
         self.calls.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    fn plan(&self, dt: CudaDType, m: usize, n: usize, k: usize, epi: Epilogue) -> Result<Plan> {
+    fn plan(&self, key: PlanKey) -> Result<Plan> {
+        let (dt, f32_out, m, n, k, epi) = key;
         let l = &self.label;
         use ltsys::cudaDataType::{CUDA_R_16BF, CUDA_R_16F, CUDA_R_32F};
         let ty = match dt {
             CudaDType::Bf16 => CUDA_R_16BF,
             CudaDType::F16 => CUDA_R_16F,
         };
+        // The output (and bias) type: the storage's, or f32.
+        let out_ty = if f32_out { CUDA_R_32F } else { ty };
         let desc =
             lt::create_matmul_desc(ltsys::cublasComputeType_t::CUBLAS_COMPUTE_32F, CUDA_R_32F)
                 .ctx(l, "cublasLtMatmulDescCreate")?;
@@ -146,7 +149,7 @@ impl BlasLt {
         if epi.has_bias() {
             // The bias is stored like the output (cuBLASLt's default for 16-bit D; set so the
             // plan says so).
-            set(D::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, ty as i32)?;
+            set(D::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, out_ty as i32)?;
         }
         // Column-major view: D^T[N, M] = W^T[N, K] (W stored [N, K] row-major = [K, N] col-major,
         // transposed) times x^T[K, M] (x row-major [M, K] = col-major [K, M]).
@@ -154,7 +157,7 @@ impl BlasLt {
             .ctx(l, "cublasLtMatrixLayoutCreate")?;
         let b = lt::create_matrix_layout(ty, k as u64, m as u64, k as i64)
             .ctx(l, "cublasLtMatrixLayoutCreate")?;
-        let d = lt::create_matrix_layout(ty, n as u64, m as u64, n as i64)
+        let d = lt::create_matrix_layout(out_ty, n as u64, m as u64, n as i64)
             .ctx(l, "cublasLtMatrixLayoutCreate")?;
         let pref = lt::create_matmul_pref().ctx(l, "cublasLtMatmulPreferenceCreate")?;
         let ws = WORKSPACE;
@@ -177,13 +180,18 @@ impl BlasLt {
         let heur = unsafe { lt::get_matmul_algo_heuristic(self.handle, desc, a, b, d, d, pref) }
             .ctx(
                 l,
-                &format!("no cuBLASLt algorithm for {dt} {m}x{n}x{k}{}", epi.name()),
+                &format!(
+                    "no cuBLASLt algorithm for {dt} {m}x{n}x{k}{}{}",
+                    epi.name(),
+                    if f32_out { " (f32 output)" } else { "" }
+                ),
             );
         // SAFETY: created above.
         let _ = unsafe { lt::destroy_matmul_pref(pref) };
         let heur = heur?;
         tracing::debug!(
             dtype = dt.name(),
+            f32_out,
             m,
             n,
             k,
@@ -213,12 +221,14 @@ impl BlasLt {
     }
 
     /// Queues y = epi(x W^T + b) on `stream`. Pointers are device arrays of `dt` (bf16 or
-    /// f16): x [M, K], w [N, K], bias [N] (when the epilogue has one), y [M, N].
+    /// f16): x [M, K], w [N, K]; bias [N] (when the epilogue has one) and y [M, N] in `dt`, or
+    /// in f32 with `f32_out`.
     #[allow(clippy::too_many_arguments)]
     pub fn matmul(
         &self,
         stream: sys::CUstream,
         dt: CudaDType,
+        f32_out: bool,
         m: usize,
         n: usize,
         k: usize,
@@ -232,10 +242,10 @@ impl BlasLt {
             return Ok(());
         }
         let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (dt, m, n, k, epi);
+        let key = (dt, f32_out, m, n, k, epi);
         let p = match plans.entry(key) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => v.insert(self.plan(dt, m, n, k, epi)?),
+            std::collections::hash_map::Entry::Vacant(v) => v.insert(self.plan(key)?),
         };
         if epi.has_bias() {
             self.set_bias(p.desc, bias)?;
@@ -264,7 +274,10 @@ impl BlasLt {
                 stream as ltsys::cudaStream_t,
             )
         }
-        .ctx(&self.label, &format!("cublasLtMatmul {dt} {m}x{n}x{k}"))?;
+        .ctx(
+            &self.label,
+            &format!("cublasLtMatmul {dt} {m}x{n}x{k} (f32 output: {f32_out})"),
+        )?;
         self.calls
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())

@@ -162,6 +162,7 @@ impl MoeBlock {
             Op::Linear(LinearParams {
                 act: Activation::None,
                 bias: false,
+                f32_out: true,
             }),
             Op::MoeRoute(self.route),
             Op::MoeExperts(MoeExpertsParams {}),

@@ -19,6 +19,12 @@ pub fn epilogue(act: Activation, bias: bool) -> (Epilogue, bool) {
     }
 }
 
+/// Whether the output is stored in f32 ([`LinearParams::f32_out`], every activation but
+/// SiLU, which runs as a 16-bit kernel after the GEMM).
+pub fn writes_f32(p: &LinearParams) -> bool {
+    p.f32_out && p.act != Activation::Silu
+}
+
 pub fn linear(
     cx: &Cx<'_>,
     p: &LinearParams,
@@ -29,15 +35,18 @@ pub fn linear(
     let (m, n, k) = p.mnk(metas)?;
     let x = cx.half(ins[0], m * k)?;
     let w = cx.half(ins[1], n * k)?;
-    let b = if p.bias {
-        Some(cx.half(ins[2], n)?)
-    } else {
-        None
+    let f32_out = writes_f32(p);
+    // The bias is stored as the output is.
+    let b = match (p.bias, f32_out) {
+        (false, _) => None,
+        (true, false) => Some(cx.half(ins[2], n)?),
+        (true, true) => Some(cx.f32(ins[2], n)?),
     };
     let (epi, silu) = epilogue(p.act, p.bias);
     cx.be.blas.matmul(
         cx.stream(),
         cx.dtype(),
+        f32_out,
         m,
         n,
         k,
@@ -47,7 +56,12 @@ pub fn linear(
         b.as_ref().map(|b| b.ptr).unwrap_or(0),
         outs[0].ptr(),
     )?;
-    let mut name = format!("cublaslt_{}_gemm{}", cx.dtype(), epi.name());
+    let mut name = format!(
+        "cublaslt_{}_gemm{}{}",
+        cx.dtype(),
+        epi.name(),
+        if f32_out { "_f32out" } else { "" }
+    );
     if silu && m * n > 0 {
         let total = (m * n) as u64;
         let silu = cx.kernel("silu_{s}")?;

@@ -201,6 +201,7 @@ pub fn supports(
 fn output_precisions(op: &Op, metas: &[TensorMeta], half: DType) -> Vec<DType> {
     match op {
         Op::Attention(_) | Op::AttentionDecode(_) => vec![half, DType::F32],
+        Op::Linear(p) if linear::writes_f32(p) => vec![DType::F32],
         Op::MoeRoute(_) => vec![
             DType::I32,
             DType::F32,

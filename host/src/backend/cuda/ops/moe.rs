@@ -899,6 +899,7 @@ fn experts_blaslt(
         cx.be.blas.matmul(
             cx.stream(),
             cx.dtype(),
+            false,
             len,
             2 * f,
             h,
@@ -930,6 +931,7 @@ fn experts_blaslt(
         cx.be.blas.matmul(
             cx.stream(),
             cx.dtype(),
+            false,
             len,
             h,
             f,
