@@ -268,6 +268,23 @@ pub fn summary_lines(r: &RunReport) -> String {
     if let (Some(a), Some(z)) = (r.aux_loss, r.z_loss) {
         s.push_str(&format!("router aux loss {a:.6}, z loss {z:.6}\n"));
     }
+    // Fused units, from the node that ran each (the launch count is in its kernels).
+    for n in &r.nodes {
+        if let Some(f) = &n.run.fused
+            && f.ends_with(crate::exec::RUNS_THE_UNIT)
+        {
+            let time = n
+                .run
+                .launch
+                .device_time
+                .map(|d| format!(" in {:.3} ms", d.as_secs_f64() * 1e3))
+                .unwrap_or_default();
+            s.push_str(&format!(
+                "fused on {}: {f}; {}{time}\n",
+                n.run.device, n.run.launch.kernel
+            ));
+        }
+    }
     for n in &r.nodes {
         if let Some(f) = &n.run.fallback {
             s.push_str(&format!(

@@ -79,14 +79,19 @@ pub fn run_graph_with(
         }
         None => plan_with(graph, reg, opts.backend, None, &opts.placement)?,
     };
+    // Checking each node needs every node's outputs: no fused units then.
+    let exec_opts = ExecOptions {
+        fuse: opts.exec.fuse && !opts.check,
+        ..opts.exec.clone()
+    };
     let mut weights_uploaded = 0u64;
     for _ in 0..opts.warmup {
         weights_uploaded += executor
-            .execute(graph, &plan, reg, &opts.exec)?
+            .execute(graph, &plan, reg, &exec_opts)?
             .resident_bytes();
     }
     reg.memory().reset_peaks();
-    let exec = executor.execute(graph, &plan, reg, &opts.exec)?;
+    let exec = executor.execute(graph, &plan, reg, &exec_opts)?;
     let memory = crate::report::memory_of(reg, &exec);
     weights_uploaded += exec.resident_bytes();
     check_finite_outputs(graph, &exec, reg, opts.check)?;
@@ -104,6 +109,10 @@ pub fn run_graph_with(
             .any(|r| r.device.kind == DeviceKind::FpgaSim);
         let mut h = h.lock().unwrap_or_else(|e| e.into_inner());
         for ((node, run), err) in graph.nodes.iter().zip(&exec.runs).zip(&errors) {
+            // A fused unit's time is not one op's.
+            if run.fused.is_some() {
+                continue;
+            }
             let ins: Vec<TensorMeta> = node.inputs.iter().map(|i| metas[i].clone()).collect();
             h.record_sample(
                 run.device,

@@ -305,3 +305,79 @@ fn cuda_moe_block_on_the_cublaslt_path_runs_eagerly_and_says_why() {
     }
     assert_eq!(be.block_graphs(), 0, "no graph kept");
 }
+
+/// A whole layer run by the executor with fusion on (`ExecOptions::fuse`): its MoE block runs
+/// as one unit, eagerly the first time, captured the second, replayed after, and the layer's
+/// outputs (hidden state, aux and z losses) equal the node-by-node run's bit for bit.
+#[test]
+fn cuda_layer_runs_its_moe_block_as_one_graph() {
+    use std::sync::Arc;
+    use tandem::DeviceRegistry;
+    use tandem::backend::DeviceKind;
+    use tandem::exec::{ExecOptions, Executor, fetch};
+    use tandem::plan::{BackendChoice, plan};
+    use tandem::workload::{self, MixtralConfig};
+    let opts = options(CudaDType::Bf16);
+    if gpu_with(opts.clone()).is_none() {
+        return;
+    }
+    // A backend of its own, in a registry of its own.
+    let be = Arc::new(CudaBackend::open(0, opts).expect("open cuda:0"));
+    let mut reg = DeviceRegistry::cpu_only();
+    reg.add(be);
+    let c = MixtralConfig {
+        seq_len: 64,
+        d_model: 256,
+        heads: 4,
+        kv_heads: 2,
+        experts: 8,
+        top_k: 2,
+        ffn: 96,
+        ..MixtralConfig::default()
+    };
+    let g = workload::mixtral_layer(&c, None, None).expect("layer");
+    let p = plan(&g, &reg, BackendChoice::Only(DeviceKind::Cuda)).expect("plan");
+    let ex = Executor::new();
+    let bits = |e: &tandem::exec::Execution| -> Vec<Vec<u32>> {
+        fetch(e, &reg, &g.outputs)
+            .expect("fetch")
+            .iter()
+            .map(|t| t.to_f32().iter().map(|v| v.to_bits()).collect())
+            .collect()
+    };
+    let apart = ex
+        .execute(&g, &p, &reg, &ExecOptions::default())
+        .expect("node by node");
+    assert!(apart.runs.iter().all(|r| r.fused.is_none()));
+    let want = bits(&apart);
+    let fuse = ExecOptions {
+        fuse: true,
+        ..ExecOptions::default()
+    };
+    for how in ["eager", "captured as one graph", "one graph replayed"] {
+        let e = ex.execute(&g, &p, &reg, &fuse).expect("fused");
+        let head = e
+            .runs
+            .iter()
+            .find(|r| r.node.as_str() == "router_logits")
+            .expect("router_logits ran");
+        println!("  {}: {}", head.node.as_str(), head.launch.kernel);
+        assert!(
+            head.launch.kernel.starts_with("moe block ["),
+            "{}",
+            head.launch.kernel
+        );
+        assert!(
+            head.launch.kernel.contains(how),
+            "{how}: {}",
+            head.launch.kernel
+        );
+        let fused = e.runs.iter().filter(|r| r.fused.is_some()).count();
+        assert_eq!(fused, 3, "router_logits, router and experts in one unit");
+        assert_eq!(
+            bits(&e),
+            want,
+            "{how}: the outputs differ from the node-by-node run"
+        );
+    }
+}

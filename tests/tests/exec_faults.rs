@@ -210,6 +210,7 @@ fn opts(timeout: Duration) -> RunOptions {
         exec: ExecOptions {
             timeout,
             fallback: true,
+            fuse: false,
         },
         check: true,
         workload: "faults".into(),

@@ -241,6 +241,27 @@ pub struct LaunchInfo {
     pub cycles: Option<u64>,
 }
 
+/// Graph nodes a device may run as one unit ([`Backend::launch_fused`]; the executor fuses
+/// them where `crate::exec::ExecOptions::fuse` allows and nothing outside the unit reads what
+/// stays inside it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FusedUnit {
+    /// The MoE block: router logits (a linear without bias or activation) -> routing (these
+    /// parameters) -> experts. Inputs: x [T, H], the router weight [E, H], gate_up [E, 2F, H],
+    /// down [E, H, F]; outputs: the experts' output [T, H] and the routing's aux and z losses.
+    /// The logits and the routing's other outputs stay inside.
+    MoeBlock(crate::ops::MoeRouteParams),
+}
+
+impl FusedUnit {
+    /// Short name, for reports.
+    pub fn name(&self) -> &'static str {
+        match self {
+            FusedUnit::MoeBlock(_) => "moe block",
+        }
+    }
+}
+
 /// An op handed to a device: its outputs (valid once `done` completes) and how it ran.
 #[derive(Debug)]
 pub struct Launch {
@@ -360,6 +381,17 @@ pub trait Backend: Send + Sync + fmt::Debug {
         _deadline: &crate::sync::Deadline,
     ) -> Result<Launch> {
         self.launch(op, inputs)
+    }
+
+    /// Starts `unit` (several graph nodes as one piece of work, see [`FusedUnit`]) on inputs
+    /// that live on this device, where the device runs it fused; `None`: it does not, and the
+    /// nodes run one by one. By default no device fuses.
+    fn launch_fused(
+        &self,
+        _unit: &FusedUnit,
+        _inputs: &[&DeviceStorage],
+    ) -> Option<Result<Launch>> {
+        None
     }
 
     /// Estimated time of `op` on this device (from the op's cost and the device's rates,

@@ -61,6 +61,8 @@ pub fn run(args: &CompareArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
             exec: ExecOptions {
                 timeout: Duration::from_secs(args.exec.timeout),
                 fallback: true,
+                // fused units leave intermediates unwritten: only where no op is checked
+                fuse: args.exec.no_check,
             },
             check: !args.exec.no_check,
             workload: label.clone(),

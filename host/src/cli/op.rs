@@ -155,6 +155,7 @@ pub fn run(args: &OpArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
         exec: ExecOptions {
             timeout: Duration::from_secs(args.timeout),
             fallback: !policy.strict,
+            fuse: false,
         },
         check: true,
         history: Some(super::history(reg.options())),

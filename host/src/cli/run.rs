@@ -347,6 +347,8 @@ pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
             timeout: Duration::from_secs(args.exec.timeout),
             // --strict: a node that fails on the requested device fails the run.
             fallback: !policy.strict,
+            // fused units leave intermediates unwritten: only where no op is checked
+            fuse: args.exec.no_check,
         },
         check: !args.exec.no_check,
         workload: label.clone(),

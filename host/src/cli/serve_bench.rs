@@ -55,6 +55,8 @@ pub fn run(args: &ServeBenchArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
         exec: ExecOptions {
             timeout: Duration::from_secs(args.timeout),
             fallback: true,
+            // no op is checked: the MoE block may run as one unit
+            fuse: true,
         },
     };
     let tokens = config.batch * config.seq_len;

@@ -50,6 +50,11 @@ pub struct ExecOptions {
     pub timeout: Duration,
     /// Re-run an op on the CPU when its device fails with an error the CPU can avoid.
     pub fallback: bool,
+    /// Run groups of nodes as one unit where their device can ([`crate::backend::FusedUnit`]:
+    /// the MoE block, one CUDA graph on a GPU) and nothing outside the group reads what stays
+    /// inside it. Those intermediates are then never written: leave it off to read or check
+    /// every node's outputs.
+    pub fuse: bool,
 }
 
 impl Default for ExecOptions {
@@ -57,9 +62,13 @@ impl Default for ExecOptions {
         Self {
             timeout: Duration::from_secs(300),
             fallback: true,
+            fuse: false,
         }
     }
 }
+
+/// How [`NodeRun::fused`] ends for the node that ran its unit.
+pub const RUNS_THE_UNIT: &str = "(this node runs it)";
 
 /// What happened to one node.
 #[derive(Debug, Clone, Serialize)]
@@ -89,6 +98,11 @@ pub struct NodeRun {
     pub resident_bytes: u64,
     /// Why it ran elsewhere than planned, if it did.
     pub fallback: Option<String>,
+    /// Where it ran as part of a fused unit ([`ExecOptions::fuse`]): the unit and its nodes.
+    /// The first node of the unit carries the unit's launch, kernels and time; the others
+    /// ran inside it (no launch, no time of their own).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fused: Option<String>,
 }
 
 /// The result of executing a graph.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::names::Names;
 
-use crate::backend::DeviceId;
+use crate::backend::{DeviceId, FusedUnit};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, GraphIndex};
 use crate::ops::Op;
@@ -41,6 +41,21 @@ pub(crate) struct PNode {
     pub deps: u32,
 }
 
+/// A node's part in a group that may run as one unit ([`crate::exec::ExecOptions::fuse`]).
+#[derive(Debug, Clone)]
+pub(crate) enum Role {
+    /// The group's first node: it runs the unit on `inputs` and writes the unit's outputs to
+    /// `outputs` (slots); `members` run inside it.
+    Head {
+        unit: FusedUnit,
+        inputs: Vec<u32>,
+        outputs: Vec<u32>,
+        members: Vec<u32>,
+    },
+    /// Runs inside the unit of node `head`, where that ran fused.
+    Member { head: u32 },
+}
+
 /// A graph with its plan, validated and indexed for the executor ([`super::Executor`],
 /// [`super::Service`]). Prepare once, execute many times: the graph's data (inputs and
 /// weights) is held by `Arc`, so preparing copies no tensor data.
@@ -61,6 +76,8 @@ pub struct Prepared {
     pub(crate) names: Arc<Names>,
     /// The nodes' names, shared with the executions' node runs ([`super::NodeName`]).
     pub(crate) node_names: Arc<Names>,
+    /// Each node's part in a group that may run fused (empty: no group in the graph).
+    pub(crate) roles: Vec<Option<Role>>,
 }
 
 impl Prepared {
@@ -138,7 +155,9 @@ impl Prepared {
             dependents[fill[d as usize] as usize] = j;
             fill[d as usize] += 1;
         }
+        let roles = moe_blocks(graph, index, plan);
         Ok(Self {
+            roles,
             names,
             node_names,
             index: index.clone(),
@@ -184,4 +203,85 @@ impl Prepared {
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
     }
+}
+
+/// The MoE blocks of `graph` that may run as one unit ([`FusedUnit::MoeBlock`]), as each
+/// node's role (an empty list where there is none). A block is a linear without bias or
+/// activation (the router logits) read only by a routing node, whose ids, weights,
+/// permutation and offsets only an experts node reads, on the same x as the logits, none of
+/// those intermediates (nor the routing's counts) read by any other node or being a graph
+/// output, and all three nodes planned on one device. The routing's losses may be read
+/// anywhere: the unit writes them.
+fn moe_blocks(graph: &Graph, index: &GraphIndex, plan: &Plan) -> Vec<Option<Role>> {
+    let mut readers = vec![0u32; index.slots()];
+    for i in 0..graph.nodes.len() {
+        for &s in index.inputs(i) {
+            readers[s as usize] += 1;
+        }
+    }
+    let outputs: std::collections::BTreeSet<u32> = index
+        .slot_names(graph)
+        .enumerate()
+        .filter(|(_, n)| graph.outputs.contains(n))
+        .map(|(s, _)| s as u32)
+        .collect();
+    // Read by exactly `n` inputs, and not a graph output.
+    let inner = |s: u32, n: u32| readers[s as usize] == n && !outputs.contains(&s);
+    let mut roles: Vec<Option<Role>> = Vec::new();
+    for (e, node) in graph.nodes.iter().enumerate() {
+        if !matches!(node.op, Op::MoeExperts(_)) {
+            continue;
+        }
+        let &[x, ids, w, sorted, offs, gate_up, down] = index.inputs(e) else {
+            continue;
+        };
+        let Some(r) = index.producer(ids) else {
+            continue;
+        };
+        let Op::MoeRoute(route) = graph.nodes[r as usize].op else {
+            continue;
+        };
+        let r_out = index.outputs(r as usize);
+        let at = |k: u32| r_out.start + k;
+        if r_out.len() != 7 || [ids, w, sorted, offs] != [at(0), at(1), at(3), at(4)] {
+            continue;
+        }
+        let &[logits] = index.inputs(r as usize) else {
+            continue;
+        };
+        let Some(h) = index.producer(logits) else {
+            continue;
+        };
+        let router_linear = matches!(graph.nodes[h as usize].op,
+            Op::Linear(p) if !p.bias && p.act == crate::ops::Activation::None);
+        let &[hx, router_w] = index.inputs(h as usize) else {
+            continue;
+        };
+        let device = plan.placements[e].device;
+        let same_device = [h as usize, r as usize]
+            .iter()
+            .all(|&n| plan.placements[n].device == device);
+        if !router_linear
+            || hx != x
+            || !same_device
+            || !inner(logits, 1)
+            || ![ids, w, sorted, offs].iter().all(|&s| inner(s, 1))
+            || !inner(at(2), 0)
+        {
+            continue;
+        }
+        if roles.is_empty() {
+            roles = vec![None; graph.nodes.len()];
+        }
+        let e_out = index.outputs(e);
+        roles[h as usize] = Some(Role::Head {
+            unit: FusedUnit::MoeBlock(route),
+            inputs: vec![x, router_w, gate_up, down],
+            outputs: vec![e_out.start, at(5), at(6)],
+            members: vec![r, e as u32],
+        });
+        roles[r as usize] = Some(Role::Member { head: h });
+        roles[e] = Some(Role::Member { head: h });
+    }
+    roles
 }

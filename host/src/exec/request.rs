@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, bounded};
 
 use super::buffers::Slab;
-use super::prepared::{Prepared, Source};
+use super::prepared::{Prepared, Role, Source};
 use super::queue::Permit;
 use super::runs::{NodeRuns, RunSlots};
 use super::worker::Router;
 use super::{Buffers, ExecOptions, Execution, NodeName, NodeRun};
-use crate::backend::{Backend, DeviceId, DeviceRegistry, LaunchInfo};
+use crate::backend::{Backend, DeviceId, DeviceRegistry, DeviceStorage, Launch, LaunchInfo};
 use crate::error::{Error, ErrorKind, Result};
 use crate::memory::Access;
 use crate::ops::Op;
@@ -44,6 +44,9 @@ pub(crate) struct RunState {
     resident: Arc<ResidentCache>,
     buffers: Arc<Slab>,
     waiting: Vec<AtomicU32>,
+    /// Per node (empty where the graph has no fusable group): whether it ran a fused unit
+    /// (set before its dependents are released, so its members see it).
+    fused: Vec<AtomicBool>,
     /// Nodes handed to a worker and not finished: the execution ends when it reaches 0.
     in_flight: AtomicUsize,
     runs: Arc<RunSlots>,
@@ -83,6 +86,7 @@ impl RunState {
         let buffers = Arc::new(Slab::new(&prep, &resident));
         let n = prep.nodes.len();
         let waiting = prep.nodes.iter().map(|p| AtomicU32::new(p.deps)).collect();
+        let fused = prep.roles.iter().map(|_| AtomicBool::new(false)).collect();
         let runs = Arc::new(RunSlots::new(n));
         let (done_tx, done_rx) = bounded(1);
         let run = Arc::new(RunState {
@@ -91,6 +95,7 @@ impl RunState {
             resident,
             buffers,
             waiting,
+            fused,
             in_flight: AtomicUsize::new(prep.roots.len()),
             runs,
             troubled: AtomicBool::new(false),
@@ -301,44 +306,76 @@ impl RunState {
 
     fn run_node(&self, i: u32, device: DeviceId, backend: &dyn Backend) -> Result<NodeRun> {
         let node = &self.prep.nodes[i as usize];
+        let quiet = |launch: LaunchInfo, fused: Option<String>| NodeRun {
+            node: NodeName::of(&self.prep.node_names, i),
+            op: node.op.name(),
+            device,
+            launch,
+            start: Duration::ZERO,
+            wall: Duration::ZERO,
+            transfer: Duration::ZERO,
+            resident_transfer: Duration::ZERO,
+            transfer_bytes: 0,
+            resident_bytes: 0,
+            fallback: None,
+            fused,
+        };
         if matches!(node.op, Op::Nop) {
             // Nothing to move, launch or write: the scheduling is the whole cost.
-            return Ok(NodeRun {
-                node: NodeName::of(&self.prep.node_names, i),
-                op: node.op.name(),
-                device,
-                launch: LaunchInfo::default(),
-                start: Duration::ZERO,
-                wall: Duration::ZERO,
-                transfer: Duration::ZERO,
-                resident_transfer: Duration::ZERO,
-                transfer_bytes: 0,
-                resident_bytes: 0,
-                fallback: None,
-            });
+            return Ok(quiet(LaunchInfo::default(), None));
         }
-        let (mut transfer, mut resident_transfer) = (Duration::ZERO, Duration::ZERO);
-        let (mut transfer_bytes, mut resident_bytes) = (0u64, 0u64);
-        let mut inputs = Vec::with_capacity(self.prep.inputs(i).len());
-        for &s in self.prep.inputs(i) {
-            let slot = &self.prep.slots[s as usize];
-            let name = || self.prep.names.name(s);
-            let t_in = Instant::now();
-            let (st, moved) =
-                self.buffers[s as usize].acquire_counted(&self.reg, device, Access::Read)?;
-            let st =
-                st.ok_or_else(|| Error::Internal(format!("'{}' has no data on {device}", name())))?;
-            if matches!(slot.source, Source::Param(_)) {
-                resident_transfer += t_in.elapsed();
-                resident_bytes += moved.uploaded + moved.peer + moved.downloaded;
-            } else {
-                transfer += t_in.elapsed();
-                // Copies toward this device: uploads, peer copies, and downloads for the host.
-                transfer_bytes += moved.uploaded + moved.peer + moved.downloaded;
+        match self.prep.roles.get(i as usize).and_then(Option::as_ref) {
+            Some(Role::Head {
+                unit,
+                inputs,
+                outputs,
+                members,
+            }) if self.opts.fuse && !self.troubled.load(Ordering::Acquire) => {
+                let ins = self.acquire(inputs, device)?;
+                let refs: Vec<&DeviceStorage> = ins.storages.iter().collect();
+                let t0 = Instant::now();
+                let deadline = Deadline::after(self.opts.timeout);
+                if let Some(launch) = backend.launch_fused(unit, &refs) {
+                    let names: Vec<&str> = std::iter::once(i)
+                        .chain(members.iter().copied())
+                        .map(|n| self.prep.node_name(n))
+                        .collect();
+                    let what = format!("{} ({}) on {device}", names.join(" + "), unit.name());
+                    let info = self.wait_and_write(launch?, outputs, &what, &deadline)?;
+                    self.fused[i as usize].store(true, Ordering::Release);
+                    return Ok(NodeRun {
+                        wall: t0.elapsed(),
+                        transfer: ins.transfer,
+                        resident_transfer: ins.resident_transfer,
+                        transfer_bytes: ins.transfer_bytes,
+                        resident_bytes: ins.resident_bytes,
+                        ..quiet(
+                            info,
+                            Some(format!(
+                                "{}: {} {}",
+                                unit.name(),
+                                names.join(" + "),
+                                super::RUNS_THE_UNIT
+                            )),
+                        )
+                    });
+                }
+                // The device runs the nodes one by one.
             }
-            inputs.push(st);
+            Some(Role::Member { head }) if self.fused[*head as usize].load(Ordering::Acquire) => {
+                let head = self.prep.node_name(*head);
+                return Ok(quiet(
+                    LaunchInfo {
+                        kernel: format!("(inside the fused unit of {head})"),
+                        ..LaunchInfo::default()
+                    },
+                    Some(format!("ran inside the unit of {head}")),
+                ));
+            }
+            _ => {}
         }
-        let refs: Vec<_> = inputs.iter().collect();
+        let ins = self.acquire(self.prep.inputs(i), device)?;
+        let refs: Vec<_> = ins.storages.iter().collect();
         let t0 = Instant::now();
         let what = format!(
             "{} ({}) on {device}",
@@ -356,35 +393,77 @@ impl RunState {
                 },
                 e => e,
             })?;
-        launch.done.wait(deadline.remaining(), &what)?;
-        let wall = t0.elapsed();
-        let outputs = self.prep.outputs(i);
+        let outputs: Vec<u32> = self.prep.outputs(i).collect();
+        let info = self.wait_and_write(launch, &outputs, &what, &deadline)?;
+        Ok(NodeRun {
+            wall: t0.elapsed(),
+            transfer: ins.transfer,
+            resident_transfer: ins.resident_transfer,
+            transfer_bytes: ins.transfer_bytes,
+            resident_bytes: ins.resident_bytes,
+            ..quiet(info, None)
+        })
+    }
+
+    /// The data of `slots` on `device`, migrated there where needed, with what moving it took.
+    fn acquire(&self, slots: &[u32], device: DeviceId) -> Result<Acquired> {
+        let mut a = Acquired {
+            storages: Vec::with_capacity(slots.len()),
+            ..Acquired::default()
+        };
+        for &s in slots {
+            let slot = &self.prep.slots[s as usize];
+            let name = || self.prep.names.name(s);
+            let t_in = Instant::now();
+            let (st, moved) =
+                self.buffers[s as usize].acquire_counted(&self.reg, device, Access::Read)?;
+            let st =
+                st.ok_or_else(|| Error::Internal(format!("'{}' has no data on {device}", name())))?;
+            if matches!(slot.source, Source::Param(_)) {
+                a.resident_transfer += t_in.elapsed();
+                a.resident_bytes += moved.uploaded + moved.peer + moved.downloaded;
+            } else {
+                a.transfer += t_in.elapsed();
+                // Copies toward this device: uploads, peer copies, and downloads for the host.
+                a.transfer_bytes += moved.uploaded + moved.peer + moved.downloaded;
+            }
+            a.storages.push(st);
+        }
+        Ok(a)
+    }
+
+    /// Waits for `launch` (until `deadline`, `what` naming it), makes its outputs
+    /// the data of `outputs` (slots), and returns its kernels and timing.
+    fn wait_and_write(
+        &self,
+        launch: Launch,
+        outputs: &[u32],
+        what: &str,
+        deadline: &Deadline,
+    ) -> Result<LaunchInfo> {
+        launch.done.wait(deadline.remaining(), what)?;
         if launch.outputs.len() != outputs.len() {
             return Err(Error::Internal(format!(
-                "{device} returned {} outputs for {}, expected {}",
+                "{what} returned {} outputs, expected {}",
                 launch.outputs.len(),
-                node.op.name(),
                 outputs.len()
             )));
         }
-        for (s, st) in outputs.zip(launch.outputs) {
+        for (&s, st) in outputs.iter().zip(launch.outputs) {
             self.buffers[s as usize].set_written_in(&self.reg, st)?;
         }
-        let info = lock(&launch.info).clone();
-        Ok(NodeRun {
-            node: NodeName::of(&self.prep.node_names, i),
-            op: node.op.name(),
-            device,
-            launch: info,
-            start: Duration::ZERO,
-            wall,
-            transfer,
-            resident_transfer,
-            transfer_bytes,
-            resident_bytes,
-            fallback: None,
-        })
+        Ok(lock(&launch.info).clone())
     }
+}
+
+/// A node's inputs on its device and what moving them took.
+#[derive(Default)]
+struct Acquired {
+    storages: Vec<DeviceStorage>,
+    transfer: Duration,
+    resident_transfer: Duration,
+    transfer_bytes: u64,
+    resident_bytes: u64,
 }
 
 impl Ticket {

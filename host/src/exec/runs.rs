@@ -146,6 +146,7 @@ mod tests {
             transfer_bytes: 0,
             resident_bytes: 0,
             fallback: Some(format!("{name} moved")),
+            fused: None,
         }
     }
 

@@ -12,10 +12,13 @@
 //! ([`GraphUse::Eager`]; a `tracing` info line once per key).
 //!
 //! Memory: the graph owns every block it addresses (see [`super::graph`]): the intermediates
-//! (held from the pool during the capture), its output, and a slot for x. A replay copies x
-//! into the slot (skipped when x already is the slot), launches the graph, and copies the
-//! output into a fresh pool block the caller owns like any launch's output, so a later replay
-//! never overwrites a result still in use. The weights are read where they lie: their
+//! (held from the pool during the capture), its outputs (the experts' output and the routing's
+//! two losses), and a slot for x. A replay copies x into the slot (skipped when x already is
+//! the slot), launches the graph, and copies the outputs into fresh pool blocks the caller owns
+//! like any launch's outputs, so a later replay never overwrites a result still in use.
+//!
+//! The executor runs the block through `Backend::launch_fused` ([`crate::backend::FusedUnit`])
+//! where `crate::exec::ExecOptions::fuse` is on. The weights are read where they lie: their
 //! addresses are part of the key, so new weights capture a new graph. At most
 //! [`GRAPHS_KEPT`] graphs are kept per device, least recently used dropped first.
 
@@ -103,6 +106,8 @@ impl GraphUse {
 pub struct BlockLaunch {
     /// The block's output [T, H] (valid once `done` completes).
     pub output: DeviceStorage,
+    /// The routing's load-balancing and z losses (scalars, as `moe_route` gives them).
+    pub losses: [DeviceStorage; 2],
     /// Completes when the block's work has.
     pub done: Completion,
     /// The kernels of the three ops (`linear | routing | experts`) and, once `done`
@@ -136,8 +141,15 @@ pub(super) struct BlockKey {
 pub(super) struct BlockGraph {
     graph: Captured,
     x_slot: CudaStorage,
-    out: CudaStorage,
+    out: BlockOut,
     kernels: String,
+}
+
+/// What a block leaves: the experts' output and the routing's two losses.
+#[derive(Debug)]
+struct BlockOut {
+    y: CudaStorage,
+    losses: [CudaStorage; 2],
 }
 
 /// The captured blocks of one device.
@@ -199,8 +211,8 @@ impl MoeBlock {
 impl CudaBackend {
     /// Runs the MoE `block` on `ins` (see the module doc): eagerly, or in [`BlockMode::Auto`]
     /// as a CUDA graph once the same key repeats, where every op of it is capture-safe. The
-    /// output is the experts' combined output [T, H], the routing's other outputs stay inside
-    /// the block. Errors are the ops' (shapes, support) and the device's; a block that cannot
+    /// outputs are the experts' combined output [T, H] and the routing's aux and z losses; the
+    /// routing's other outputs stay inside the block. Errors are the ops' (shapes, support) and the device's; a block that cannot
     /// be captured runs eagerly instead.
     pub fn moe_block(
         &self,
@@ -254,9 +266,10 @@ impl CudaBackend {
             .zip(&plan.ins)
             .find_map(|(op, m)| ops::capture_safe(&cx, op, m).err());
         let out_meta = plan.outs[2][0].clone();
+        let loss_metas = [plan.outs[1][5].clone(), plan.outs[1][6].clone()];
         let region = self.timeline.begin(&self.dev)?;
         // An eager run: its output, kernels, why no graph, and the launches it queued.
-        type Ran = (CudaStorage, String, GraphUse, Option<u64>);
+        type Ran = (BlockOut, String, GraphUse, Option<u64>);
         let eager = |why: String| -> Result<Ran> {
             let before = (self.kernels.launched(), self.blas.calls());
             let (out, kernels) = self.block_ops(&cx, &plan, st)?;
@@ -307,8 +320,11 @@ impl CudaBackend {
             cycles: None,
         }));
         let done = self.timeline.end(&self.dev, region, info.clone())?;
+        let [aux, z] = out.losses;
+        let [aux_meta, z_meta] = loss_metas;
         Ok(BlockLaunch {
-            output: self.wrap(out_meta, out),
+            output: self.wrap(out_meta, out.y),
+            losses: [self.wrap(aux_meta, aux), self.wrap(z_meta, z)],
             done,
             info,
             graph: used,
@@ -328,15 +344,16 @@ impl CudaBackend {
         self.blocks.clear();
     }
 
-    /// Queues the three ops (x, router, gate_up, down in `st`); returns the output and the
-    /// kernels that ran (`linear | routing | experts`). The intermediates go back to the pool
-    /// (or, during a capture, to the graph) when this returns.
+    /// Queues the three ops (x, router, gate_up, down in `st`); returns the output, the
+    /// routing's losses and the kernels that ran (`linear | routing | experts`). The other
+    /// intermediates go back to the pool (or, during a capture, to the graph) when this
+    /// returns.
     fn block_ops(
         &self,
         cx: &ops::Cx<'_>,
         plan: &Plan,
         st: [&CudaStorage; 4],
-    ) -> Result<(CudaStorage, String)> {
+    ) -> Result<(BlockOut, String)> {
         let [x, router, gate_up, down] = st;
         let alloc = |i: usize| -> Result<Vec<CudaStorage>> {
             let outs = ops::alloc_outputs(cx, &plan.ops[i], &plan.outs[i])?;
@@ -359,10 +376,18 @@ impl CudaBackend {
             &plan.ins[2],
             &out,
         )?;
-        let out = out
+        let y = out
             .into_iter()
             .next()
             .ok_or_else(|| Error::Internal("moe_experts: no output".into()))?;
+        let mut r = r.into_iter().skip(5);
+        let (Some(aux), Some(z)) = (r.next(), r.next()) else {
+            return Err(Error::Internal("moe_route: no losses".into()));
+        };
+        let out = BlockOut {
+            y,
+            losses: [aux, z],
+        };
         Ok((out, format!("{k0} | {k1} | {k2}")))
     }
 
@@ -389,8 +414,8 @@ impl CudaBackend {
     }
 
     /// Queues one replay of `g` on x: x copied into the graph's slot, the graph, its output
-    /// copied into a fresh block (returned).
-    fn replay_block(&self, g: &BlockGraph, x: &CudaStorage) -> Result<CudaStorage> {
+    /// and losses copied into fresh blocks (returned).
+    fn replay_block(&self, g: &BlockGraph, x: &CudaStorage) -> Result<BlockOut> {
         let l = &self.dev.label;
         let stream = self.dev.stream;
         let x_bytes = g.x_slot.buf.len();
@@ -401,14 +426,20 @@ impl CudaBackend {
                 .ctx(l, "cuMemcpyDtoDAsync(moe block x)")?;
         }
         g.graph.launch(stream)?;
-        let bytes = g.out.buf.len();
-        let out = CudaStorage::new(self.pool.alloc(bytes)?, g.out.phys);
-        if bytes > 0 {
-            // SAFETY: both hold `bytes`; ordered after the graph on the compute stream.
-            unsafe { drv::memcpy_dtod_async(out.ptr(), g.out.ptr(), bytes, stream) }
-                .ctx(l, "cuMemcpyDtoDAsync(moe block output)")?;
-        }
-        Ok(out)
+        let copy = |src: &CudaStorage| -> Result<CudaStorage> {
+            let bytes = src.buf.len();
+            let dst = CudaStorage::new(self.pool.alloc(bytes)?, src.phys);
+            if bytes > 0 {
+                // SAFETY: both hold `bytes`; ordered after the graph on the compute stream.
+                unsafe { drv::memcpy_dtod_async(dst.ptr(), src.ptr(), bytes, stream) }
+                    .ctx(l, "cuMemcpyDtoDAsync(moe block output)")?;
+            }
+            Ok(dst)
+        };
+        Ok(BlockOut {
+            y: copy(&g.out.y)?,
+            losses: [copy(&g.out.losses[0])?, copy(&g.out.losses[1])?],
+        })
     }
 }
 

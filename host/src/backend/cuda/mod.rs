@@ -833,6 +833,47 @@ impl Backend for CudaBackend {
         })
     }
 
+    fn launch_fused(
+        &self,
+        unit: &super::FusedUnit,
+        inputs: &[&DeviceStorage],
+    ) -> Option<Result<Launch>> {
+        let super::FusedUnit::MoeBlock(route) = unit;
+        let &[x, router, gate_up, down] = inputs else {
+            return Some(Err(Error::Internal(format!(
+                "moe block: {} inputs given, 4 expected (x, router, gate_up, down)",
+                inputs.len()
+            ))));
+        };
+        let ins = MoeBlockInputs {
+            x,
+            router,
+            gate_up,
+            down,
+        };
+        let block = MoeBlock { route: *route };
+        Some(self.moe_block(&block, &ins, BlockMode::Auto).map(|b| {
+            {
+                let mut info = b.info.lock().unwrap_or_else(|e| e.into_inner());
+                let how = match &b.graph {
+                    GraphUse::Eager { why } => match b.eager_launches {
+                        Some(n) => format!("eager, {n} launches ({why})"),
+                        None => format!("eager ({why})"),
+                    },
+                    GraphUse::Captured { nodes } => format!("captured as one graph, {nodes}"),
+                    GraphUse::Replayed { nodes } => format!("one graph replayed, {nodes}"),
+                };
+                info.kernel = format!("moe block [{how}]: {}", info.kernel);
+            }
+            let [aux, z] = b.losses;
+            Launch {
+                outputs: vec![b.output, aux, z],
+                done: b.done,
+                info: b.info,
+            }
+        }))
+    }
+
     fn launch(&self, op: &Op, inputs: &[&DeviceStorage]) -> Result<Launch> {
         self.dev.bind()?;
         let metas: Vec<TensorMeta> = inputs.iter().map(|s| s.meta.clone()).collect();
