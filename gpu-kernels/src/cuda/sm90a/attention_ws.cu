@@ -7,8 +7,6 @@
 // Each consumer overlaps its own softmax of tile j with its P V product of tile j-1 (issued
 // together, waited apart), and the two consumers take turns issuing their products (named
 // barriers 1 and 2), so one warpgroup's exponentials run under the other's matrix work.
-// Option WS_POLY_EXP_NT (default 0, off): at d64, that many of each S tile's 16 eight-column
-// groups take exp2 in software on the FMA pipe (poly_exp2, FlashAttention-4) instead of MUFU ex2.
 // The producer gives its registers to the consumers (setmaxnreg; the producer's count plus
 // the consumers' must fit the registers the block was launched with, or setmaxnreg.inc waits
 // forever: static_assert below). TMA, mbarrier and wgmma helpers: sm90a/hopper.cuh (compiled
@@ -37,29 +35,6 @@
 // d128: 176-key tiles (FlashAttention-3's choice) measured 6% faster than 128 (v9).
 #define WS_BN_D128 176
 #define WS_BN_D64 128
-// How many of the NS = BN / 8 column groups of a d64 (NC == 3) S tile take poly_exp2 instead of
-// fast_exp2 (MUFU ex2: 16 a clock per SM, as slow as the tile's two GEMMs at d64), evenly spread;
-// 0 .. NS. The d128 build ignores it. poly_exp2 is 8 SASS instructions (7 on the FMA pipe) for
-// MUFU's one. ptxas (CUDA 13) keeps the consumers free of spills for 1..4 and 10..16; 5..9 spill.
-#ifndef WS_POLY_EXP_NT
-#define WS_POLY_EXP_NT 0
-#endif
-
-// 2^x for x <= 0 on the FMA pipe (FlashAttention-4's exp2 emulation): x = j + f, j = floor(x)
-// (added to 1.5 * 2^23 rounding down, so j lands in the low mantissa bits of t), f in [0, 1);
-// 2^f from a degree-3 minimax polynomial in relative error with p(0) = 1, so 2^0 = 1 exactly
-// (max relative error 8.6e-5, against bf16's 2^-9); then j is added to the exponent bits. x is
-// clamped to -127 first: -inf and x <= -127 give +0, results below 2^-126 are 0 or denormal
-// (ex2.approx.ftz gives 0 there).
-__device__ __forceinline__ float poly_exp2(float x) {
-    x = fmaxf(x, -127.f);
-    const float t = __fadd_rd(x, 12582912.f);
-    const float f = x - (t - 12582912.f);
-    float p = fmaf(0.07706704f, f, 0.227645f);
-    p = fmaf(p, f, 0.69511676f);
-    p = fmaf(p, f, 1.f);
-    return __uint_as_float(__float_as_uint(p) + (__float_as_uint(t) << 23));
-}
 
 // d[64x176] (+)= A[64x16] * B[176x16]^T, A and B K-major in shared memory (bf16).
 __device__ __forceinline__ void ws_ss_n176_bf16(float (&d)[22][4], u64_t da, u64_t db, int accumulate) {
@@ -164,8 +139,6 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
     // to no more (d128: 24 + 2 x 240 = 504 = 3 x 168; d64: 32 + 3 x 160 = 512 = 4 x 128)
     constexpr int PRODUCER_REGS = NC == 2 ? 24 : 32;
     constexpr int CONSUMER_REGS = NC == 2 ? 240 : 160;
-    constexpr int POLY_NT = NC == 3 ? WS_POLY_EXP_NT : 0;  // column groups on poly_exp2 (d64 only)
-    static_assert(POLY_NT >= 0 && POLY_NT <= NS, "WS_POLY_EXP_NT: 0 .. BN / 8");
     static_assert(PRODUCER_REGS + NC * CONSUMER_REGS <= (NC + 1) * (65536 / (128 * (NC + 1)) / 8 * 8),
                   "setmaxnreg budget beyond the launch's registers");
     using L = WsLayout<D, BN, NC>;
@@ -358,14 +331,8 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
                             float sp[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
                             for (int nt = 0; nt < NS; ++nt) {
-                                // POLY_NT groups, evenly spread, on the FMA pipe (constant once unrolled)
-                                if ((nt * POLY_NT) % NS < POLY_NT) {
-                                    acc_s[nt][2 * r] = poly_exp2(fmaf(acc_s[nt][2 * r], scale_log2, -mb));
-                                    acc_s[nt][2 * r + 1] = poly_exp2(fmaf(acc_s[nt][2 * r + 1], scale_log2, -mb));
-                                } else {
-                                    acc_s[nt][2 * r] = fast_exp2(fmaf(acc_s[nt][2 * r], scale_log2, -mb));
-                                    acc_s[nt][2 * r + 1] = fast_exp2(fmaf(acc_s[nt][2 * r + 1], scale_log2, -mb));
-                                }
+                                acc_s[nt][2 * r] = fast_exp2(fmaf(acc_s[nt][2 * r], scale_log2, -mb));
+                                acc_s[nt][2 * r + 1] = fast_exp2(fmaf(acc_s[nt][2 * r + 1], scale_log2, -mb));
                                 sp[nt & 3] += acc_s[nt][2 * r] + acc_s[nt][2 * r + 1];
                             }
                             const float rs = (sp[0] + sp[1]) + (sp[2] + sp[3]);
