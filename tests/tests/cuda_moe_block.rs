@@ -112,10 +112,11 @@ fn op_by_op(be: &CudaBackend, x: &DeviceStorage, w: &Weights) -> DeviceStorage {
             .expect("finished");
         l.outputs
     };
+    // f32 logits, as the block's router linear writes them
     let lin = Op::Linear(LinearParams {
         act: Activation::None,
         bias: false,
-        f32_out: false,
+        f32_out: true,
     });
     let logits = run(&lin, &[x, &w.router]);
     let r = run(&Op::MoeRoute(ROUTE), &[&logits[0]]);
