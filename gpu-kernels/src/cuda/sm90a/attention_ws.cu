@@ -362,11 +362,31 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
                         }
                     }
                 };
-                step(ws_bool<true>(), ws_bool<false>(), 0);
-                for (int j = 1; j < n_blocks; ++j) step(ws_bool<true>(), ws_bool<true>(), j);
-                // every S of this tile is done: the producer may load the next Q
-                if (lane == 0) mbar_arrive(empty_q);
-                step(ws_bool<false>(), ws_bool<true>(), n_blocks);
+                if (m0 + cw * 64 >= Nq) {
+                    // All 64 of this consumer's rows lie past Nq (the last row block of a head):
+                    // it has no product to take. It keeps its turns and its arrivals, so the
+                    // others' barriers and the ring's counts hold, and issues nothing.
+                    auto idle = [&](bool has_s, bool has_pv, int j) {
+                        const int gj = gk + j;
+                        const int s = gj & 1, sp = (gj + 1) & 1;
+                        if (has_s) mbar_wait(full_k + 8 * s, (gj >> 1) & 1);
+                        if (has_pv) mbar_wait(full_v + 8 * sp, ((gj - 1) >> 1) & 1);
+                        named_sync(1 + cw, 256);
+                        if (cw < NC - 1 || has_s) named_arrive(1 + (cw + 1) % NC, 256);
+                        if (has_s && lane == 0) mbar_arrive(empty_k + 8 * s);
+                        if (has_pv && lane == 0) mbar_arrive(empty_v + 8 * sp);
+                    };
+                    idle(true, false, 0);
+                    for (int j = 1; j < n_blocks; ++j) idle(true, true, j);
+                    if (lane == 0) mbar_arrive(empty_q);
+                    idle(false, true, n_blocks);
+                } else {
+                    step(ws_bool<true>(), ws_bool<false>(), 0);
+                    for (int j = 1; j < n_blocks; ++j) step(ws_bool<true>(), ws_bool<true>(), j);
+                    // every S of this tile is done: the producer may load the next Q
+                    if (lane == 0) mbar_arrive(empty_q);
+                    step(ws_bool<false>(), ws_bool<true>(), n_blocks);
+                }
                 gk += n_blocks;
                 // every consumer is past its last turn before the next tile's first hand-over
                 named_sync(1 + NC, 128 * NC);
