@@ -295,8 +295,10 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
                         ws_commit();
                     }
                     // Hand the turn to the next consumer (the last one's final hand-over would have no
-                    // taker).
-                    if (cw < NC - 1 || has_s) named_arrive(1 + (cw + 1) % NC, 256);
+                    // taker). A d64 consumer that skips the tile's last key tiles (causal) takes a
+                    // step without S before the tile's last one: the others still take turns.
+                    if (cw < NC - 1 || has_s || (NC == 3 && j < n_blocks))
+                        named_arrive(1 + (cw + 1) % NC, 256);
                     float alpha[2] = {1.f, 1.f};  // O's rescale factor from this tile's softmax
                     if constexpr (has_s) {
                         if constexpr (has_pv) ws_wait<1>();
@@ -362,27 +364,49 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
                         }
                     }
                 };
-                // d64 only (NC 3; the d128 build compiles without this branch: it measured 1-2%
-                // slower with it, and its 128-row blocks leave a consumer idle far less often).
+                // d64 only (NC 3; the d128 build compiles without these branches: it measured 1-2%
+                // slower with the first, and its 128-row blocks waste less):
+                // - idle: all 64 of this consumer's rows lie past Nq (a head's last row block), so it
+                //   has no product to take;
+                // - causal: the tile's key tiles end at its last row's diagonal; this consumer's
+                //   rows see only the first n_c of them, the rest are wholly masked for it.
+                // Either way it keeps its turns and its ring arrivals (the others' barriers and the
+                // ring's counts hold) and issues nothing for the tiles it skips.
                 const bool idle = NC == 3 && m0 + cw * 64 >= Nq;
-                if (idle) {
-                    // All 64 of this consumer's rows lie past Nq (the last row block of a head):
-                    // it has no product to take. It keeps its turns and its arrivals, so the
-                    // others' barriers and the ring's counts hold, and issues nothing.
-                    auto idle = [&](bool has_s, bool has_pv, int j) {
-                        const int gj = gk + j;
-                        const int s = gj & 1, sp = (gj + 1) & 1;
-                        if (has_s) mbar_wait(full_k + 8 * s, (gj >> 1) & 1);
-                        if (has_pv) mbar_wait(full_v + 8 * sp, ((gj - 1) >> 1) & 1);
-                        named_sync(1 + cw, 256);
-                        if (cw < NC - 1 || has_s) named_arrive(1 + (cw + 1) % NC, 256);
-                        if (has_s && lane == 0) mbar_arrive(empty_k + 8 * s);
-                        if (has_pv && lane == 0) mbar_arrive(empty_v + 8 * sp);
-                    };
-                    idle(true, false, 0);
-                    for (int j = 1; j < n_blocks; ++j) idle(true, true, j);
+                int n_c = n_blocks;
+                if constexpr (NC == 3) {
+                    if (causal) {
+                        const int end = m0 + cw * 64 + 64 + diag;  // keys below end: visible to a row
+                        n_c = end > 0 ? min(n_blocks, (end + BN - 1) / BN) : 0;
+                    }
+                }
+                auto idle_step = [&](bool has_s, bool has_pv, int j) {
+                    const int gj = gk + j;
+                    const int s = gj & 1, sp = (gj + 1) & 1;
+                    if (has_s) mbar_wait(full_k + 8 * s, (gj >> 1) & 1);
+                    if (has_pv) mbar_wait(full_v + 8 * sp, ((gj - 1) >> 1) & 1);
+                    named_sync(1 + cw, 256);
+                    if (cw < NC - 1 || has_s) named_arrive(1 + (cw + 1) % NC, 256);
+                    if (has_s && lane == 0) mbar_arrive(empty_k + 8 * s);
+                    if (has_pv && lane == 0) mbar_arrive(empty_v + 8 * sp);
+                };
+                if (idle || n_c == 0) {
+                    idle_step(true, false, 0);
+                    for (int j = 1; j < n_blocks; ++j) idle_step(true, true, j);
                     if (lane == 0) mbar_arrive(empty_q);
-                    idle(false, true, n_blocks);
+                    idle_step(false, true, n_blocks);
+                } else if (n_c < n_blocks) {
+                    step(ws_bool<true>(), ws_bool<false>(), 0);
+                    for (int j = 1; j < n_c; ++j) step(ws_bool<true>(), ws_bool<true>(), j);
+                    if (lane == 0) mbar_arrive(empty_q);  // this consumer's S are done
+                    step(ws_bool<false>(), ws_bool<true>(), n_c);  // P V of tile n_c - 1
+                    {  // tile n_c's K, not read
+                        const int gj = gk + n_c;
+                        mbar_wait(full_k + 8 * (gj & 1), (gj >> 1) & 1);
+                        if (lane == 0) mbar_arrive(empty_k + 8 * (gj & 1));
+                    }
+                    for (int j = n_c + 1; j < n_blocks; ++j) idle_step(true, true, j);
+                    idle_step(false, true, n_blocks);
                 } else {
                     step(ws_bool<true>(), ws_bool<false>(), 0);
                     for (int j = 1; j < n_blocks; ++j) step(ws_bool<true>(), ws_bool<true>(), j);
