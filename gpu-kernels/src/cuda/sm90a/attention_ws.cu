@@ -127,7 +127,10 @@ struct WsLayout {
     static constexpr unsigned BYTES = BARS + 128 + 1024;  // + mbarriers + alignment slack
 };
 
-template <int D, int BN, int NC, bool F16>
+// CSKIP (the d64 causal build): a consumer skips the key tiles wholly masked for its rows. A
+// template argument, so the non-causal code stays as it is (with the branch in it, it measured
+// 1% slower).
+template <int D, int BN, int NC, bool F16, bool CSKIP>
 __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t* mk, const tma_map_t* mv,
                                             unsigned short* __restrict__ O, float* __restrict__ LSE, int Hq,
                                             int Hkv, int Nq, int Nkv, float scale_log2, int causal, int B,
@@ -271,8 +274,9 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
                 // The first step has no P V and the last no S; each step's shape is a template
                 // argument so no wgmma sits in a branch the compiler cannot prove uniform (it
                 // would serialise them: ptxas C7520).
-                auto step = [&](auto hs, auto hp, int j) {
+                auto step = [&](auto hs, auto hp, int j, auto hm) {
                     constexpr bool has_s = decltype(hs)::value, has_pv = decltype(hp)::value;
+                    constexpr bool more = decltype(hm)::value;
                     const int gj = gk + j;
                     const int s = gj & 1, sp = (gj + 1) & 1;
                     if constexpr (has_s) mbar_wait(full_k + 8 * s, (gj >> 1) & 1);
@@ -296,9 +300,9 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
                     }
                     // Hand the turn to the next consumer (the last one's final hand-over would have no
                     // taker). A d64 consumer that skips the tile's last key tiles (causal) takes a
-                    // step without S before the tile's last one: the others still take turns.
-                    if (cw < NC - 1 || has_s || (NC == 3 && j < n_blocks))
-                        named_arrive(1 + (cw + 1) % NC, 256);
+                    // step without S before the tile's last one (`hm`: more steps follow), and
+                    // the others still take turns.
+                    if (cw < NC - 1 || has_s || more) named_arrive(1 + (cw + 1) % NC, 256);
                     float alpha[2] = {1.f, 1.f};  // O's rescale factor from this tile's softmax
                     if constexpr (has_s) {
                         if constexpr (has_pv) ws_wait<1>();
@@ -374,11 +378,9 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
                 // ring's counts hold) and issues nothing for the tiles it skips.
                 const bool idle = NC == 3 && m0 + cw * 64 >= Nq;
                 int n_c = n_blocks;
-                if constexpr (NC == 3) {
-                    if (causal) {
-                        const int end = m0 + cw * 64 + 64 + diag;  // keys below end: visible to a row
-                        n_c = end > 0 ? min(n_blocks, (end + BN - 1) / BN) : 0;
-                    }
+                if constexpr (CSKIP) {
+                    const int end = m0 + cw * 64 + 64 + diag;  // keys below end: visible to a row
+                    n_c = end > 0 ? min(n_blocks, (end + BN - 1) / BN) : 0;
                 }
                 auto idle_step = [&](bool has_s, bool has_pv, int j) {
                     const int gj = gk + j;
@@ -396,10 +398,10 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
                     if (lane == 0) mbar_arrive(empty_q);
                     idle_step(false, true, n_blocks);
                 } else if (n_c < n_blocks) {
-                    step(ws_bool<true>(), ws_bool<false>(), 0);
-                    for (int j = 1; j < n_c; ++j) step(ws_bool<true>(), ws_bool<true>(), j);
+                    step(ws_bool<true>(), ws_bool<false>(), 0, ws_bool<false>());
+                    for (int j = 1; j < n_c; ++j) step(ws_bool<true>(), ws_bool<true>(), j, ws_bool<false>());
                     if (lane == 0) mbar_arrive(empty_q);  // this consumer's S are done
-                    step(ws_bool<false>(), ws_bool<true>(), n_c);  // P V of tile n_c - 1
+                    step(ws_bool<false>(), ws_bool<true>(), n_c, ws_bool<true>());  // P V of tile n_c - 1
                     {  // tile n_c's K, not read
                         const int gj = gk + n_c;
                         mbar_wait(full_k + 8 * (gj & 1), (gj >> 1) & 1);
@@ -408,11 +410,11 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
                     for (int j = n_c + 1; j < n_blocks; ++j) idle_step(true, true, j);
                     idle_step(false, true, n_blocks);
                 } else {
-                    step(ws_bool<true>(), ws_bool<false>(), 0);
-                    for (int j = 1; j < n_blocks; ++j) step(ws_bool<true>(), ws_bool<true>(), j);
+                    step(ws_bool<true>(), ws_bool<false>(), 0, ws_bool<false>());
+                    for (int j = 1; j < n_blocks; ++j) step(ws_bool<true>(), ws_bool<true>(), j, ws_bool<false>());
                     // every S of this tile is done: the producer may load the next Q
                     if (lane == 0) mbar_arrive(empty_q);
-                    step(ws_bool<false>(), ws_bool<true>(), n_blocks);
+                    step(ws_bool<false>(), ws_bool<true>(), n_blocks, ws_bool<false>());
                 }
                 gk += n_blocks;
                 // every consumer is past its last turn before the next tile's first hand-over
@@ -447,8 +449,13 @@ __device__ __forceinline__ void attn_fwd_ws(const tma_map_t* mq, const tma_map_t
             const __grid_constant__ tma_map_t mq, const __grid_constant__ tma_map_t mk,                \
             const __grid_constant__ tma_map_t mv, unsigned short* __restrict__ o, float* __restrict__ lse, \
             int Hq, int Hkv, int Nq, int Nkv, float scale_log2, int causal, int B, int* next_tile) {   \
-        attn_fwd_ws<D, D == 128 ? WS_BN_D128 : WS_BN_D64, D == 128 ? WS_NC_D128 : WS_NC_D64, F16>(     \
-            &mq, &mk, &mv, o, lse, Hq, Hkv, Nq, Nkv, scale_log2, causal, B, next_tile);                \
+        constexpr int BN = D == 128 ? WS_BN_D128 : WS_BN_D64, NC = D == 128 ? WS_NC_D128 : WS_NC_D64;  \
+        if (NC == 3 && causal)                                                                         \
+            attn_fwd_ws<D, BN, NC, F16, NC == 3>(&mq, &mk, &mv, o, lse, Hq, Hkv, Nq, Nkv, scale_log2,  \
+                                                  causal, B, next_tile);                               \
+        else                                                                                           \
+            attn_fwd_ws<D, BN, NC, F16, false>(&mq, &mk, &mv, o, lse, Hq, Hkv, Nq, Nkv, scale_log2,    \
+                                               causal, B, next_tile);                                  \
     }
 WS_ENTRY(mha_bf16_fwd_d64_ws, 64, false)
 WS_ENTRY(mha_bf16_fwd_d128_ws, 128, false)
