@@ -365,16 +365,7 @@ mod tests {
 
     #[test]
     fn the_grid_holds_exactly_the_layers_ops() -> Result<()> {
-        let c = MixtralConfig {
-            seq_len: 16,
-            d_model: 64,
-            heads: 4,
-            kv_heads: 2,
-            experts: 4,
-            top_k: 2,
-            ffn: 32,
-            ..MixtralConfig::default()
-        };
+        let c = MixtralConfig::tiny();
         let g = crate::workload::mixtral_layer(&c, None, None)?;
         let metas = g.validate()?;
         let mut from_graph: Vec<String> = g

@@ -227,3 +227,21 @@ impl MixtralConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+impl MixtralConfig {
+    /// A small layer for unit tests: 16 tokens, d_model 64, 4 heads over 2 KV heads, 4 experts
+    /// (top-2) of ffn 32.
+    pub(crate) fn tiny() -> Self {
+        Self {
+            seq_len: 16,
+            d_model: 64,
+            heads: 4,
+            kv_heads: 2,
+            experts: 4,
+            top_k: 2,
+            ffn: 32,
+            ..Self::default()
+        }
+    }
+}

@@ -403,16 +403,7 @@ mod tests {
 
     #[test]
     fn only_the_router_logits_are_kept_in_f32() -> Result<()> {
-        let c = MixtralConfig {
-            seq_len: 8,
-            d_model: 64,
-            heads: 4,
-            kv_heads: 2,
-            experts: 4,
-            top_k: 2,
-            ffn: 32,
-            ..MixtralConfig::default()
-        };
+        let c = MixtralConfig::tiny();
         let g = mixtral_layer(&c, None, None)?;
         let kept: Vec<&str> = g
             .nodes
