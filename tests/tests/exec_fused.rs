@@ -92,10 +92,10 @@ impl Backend for BlockDevice {
             },
         ))
     }
-    fn launch_fused(&self, unit: &FusedUnit, ins: &[&DeviceStorage]) -> Option<Result<Launch>> {
-        if !self.fuses {
-            return None;
-        }
+    fn fuses(&self, _unit: &FusedUnit) -> bool {
+        self.fuses
+    }
+    fn launch_fused(&self, unit: &FusedUnit, ins: &[&DeviceStorage]) -> Result<Launch> {
         let FusedUnit::MoeBlock(route) = unit;
         let run = || -> Result<Launch> {
             let &[x, router, gate_up, down] = ins else {
@@ -127,7 +127,7 @@ impl Backend for BlockDevice {
                 },
             ))
         };
-        Some(run())
+        run()
     }
     fn synchronize(&self) -> Result<()> {
         Ok(())

@@ -383,15 +383,21 @@ pub trait Backend: Send + Sync + fmt::Debug {
         self.launch(op, inputs)
     }
 
+    /// Whether this device runs `unit` as one piece of work ([`Backend::launch_fused`]);
+    /// asked before the unit's inputs are moved here. By default no device fuses.
+    fn fuses(&self, _unit: &FusedUnit) -> bool {
+        false
+    }
+
     /// Starts `unit` (several graph nodes as one piece of work, see [`FusedUnit`]) on inputs
-    /// that live on this device, where the device runs it fused; `None`: it does not, and the
-    /// nodes run one by one. By default no device fuses.
-    fn launch_fused(
-        &self,
-        _unit: &FusedUnit,
-        _inputs: &[&DeviceStorage],
-    ) -> Option<Result<Launch>> {
-        None
+    /// that live on this device; called only where [`Backend::fuses`] says it runs the unit
+    /// (by default it does not: an error).
+    fn launch_fused(&self, unit: &FusedUnit, _inputs: &[&DeviceStorage]) -> Result<Launch> {
+        Err(crate::error::Error::Unsupported {
+            op: unit.name().into(),
+            device: self.id().to_string(),
+            why: "this device runs the unit's nodes one by one".into(),
+        })
     }
 
     /// Estimated time of `op` on this device (from the op's cost and the device's rates,

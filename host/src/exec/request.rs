@@ -330,37 +330,38 @@ impl RunState {
                 inputs,
                 outputs,
                 members,
-            }) if self.opts.fuse && !self.troubled.load(Ordering::Acquire) => {
+            }) if self.opts.fuse
+                && !self.troubled.load(Ordering::Acquire)
+                && backend.fuses(unit) =>
+            {
                 let ins = self.acquire(inputs, device)?;
                 let refs: Vec<&DeviceStorage> = ins.storages.iter().collect();
                 let t0 = Instant::now();
                 let deadline = Deadline::after(self.opts.timeout);
-                if let Some(launch) = backend.launch_fused(unit, &refs) {
-                    let names: Vec<&str> = std::iter::once(i)
-                        .chain(members.iter().copied())
-                        .map(|n| self.prep.node_name(n))
-                        .collect();
-                    let what = format!("{} ({}) on {device}", names.join(" + "), unit.name());
-                    let info = self.wait_and_write(launch?, outputs, &what, &deadline)?;
-                    self.fused[i as usize].store(true, Ordering::Release);
-                    return Ok(NodeRun {
-                        wall: t0.elapsed(),
-                        transfer: ins.transfer,
-                        resident_transfer: ins.resident_transfer,
-                        transfer_bytes: ins.transfer_bytes,
-                        resident_bytes: ins.resident_bytes,
-                        ..quiet(
-                            info,
-                            Some(format!(
-                                "{}: {} {}",
-                                unit.name(),
-                                names.join(" + "),
-                                super::RUNS_THE_UNIT
-                            )),
-                        )
-                    });
-                }
-                // The device runs the nodes one by one.
+                let names: Vec<&str> = std::iter::once(i)
+                    .chain(members.iter().copied())
+                    .map(|n| self.prep.node_name(n))
+                    .collect();
+                let what = format!("{} ({}) on {device}", names.join(" + "), unit.name());
+                let launch = backend.launch_fused(unit, &refs)?;
+                let info = self.wait_and_write(launch, outputs, &what, &deadline)?;
+                self.fused[i as usize].store(true, Ordering::Release);
+                return Ok(NodeRun {
+                    wall: t0.elapsed(),
+                    transfer: ins.transfer,
+                    resident_transfer: ins.resident_transfer,
+                    transfer_bytes: ins.transfer_bytes,
+                    resident_bytes: ins.resident_bytes,
+                    ..quiet(
+                        info,
+                        Some(format!(
+                            "{}: {} {}",
+                            unit.name(),
+                            names.join(" + "),
+                            super::RUNS_THE_UNIT
+                        )),
+                    )
+                });
             }
             Some(Role::Member { head }) if self.fused[*head as usize].load(Ordering::Acquire) => {
                 let head = self.prep.node_name(*head);

@@ -833,17 +833,17 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn launch_fused(
-        &self,
-        unit: &super::FusedUnit,
-        inputs: &[&DeviceStorage],
-    ) -> Option<Result<Launch>> {
+    fn fuses(&self, unit: &super::FusedUnit) -> bool {
+        matches!(unit, super::FusedUnit::MoeBlock(_))
+    }
+
+    fn launch_fused(&self, unit: &super::FusedUnit, inputs: &[&DeviceStorage]) -> Result<Launch> {
         let super::FusedUnit::MoeBlock(route) = unit;
         let &[x, router, gate_up, down] = inputs else {
-            return Some(Err(Error::Internal(format!(
+            return Err(Error::Internal(format!(
                 "moe block: {} inputs given, 4 expected (x, router, gate_up, down)",
                 inputs.len()
-            ))));
+            )));
         };
         let ins = MoeBlockInputs {
             x,
@@ -852,7 +852,7 @@ impl Backend for CudaBackend {
             down,
         };
         let block = MoeBlock { route: *route };
-        Some(self.moe_block(&block, &ins, BlockMode::Auto).map(|b| {
+        self.moe_block(&block, &ins, BlockMode::Auto).map(|b| {
             {
                 let mut info = b.info.lock().unwrap_or_else(|e| e.into_inner());
                 let how = match &b.graph {
@@ -871,7 +871,7 @@ impl Backend for CudaBackend {
                 done: b.done,
                 info: b.info,
             }
-        }))
+        })
     }
 
     fn launch(&self, op: &Op, inputs: &[&DeviceStorage]) -> Result<Launch> {
