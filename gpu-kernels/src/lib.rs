@@ -224,6 +224,8 @@ impl Module {
                 "mha_bf16_fwd_d128_m2",
                 "mha_bf16_fwd_d64_m2n32",
                 "mha_bf16_fwd_d128_m2n32",
+                "mha_bf16_fwd_d256",
+                "mha_bf16_fwd_d256_w8",
                 "mha_f16_fwd_d64",
                 "mha_f16_fwd_d128",
                 "mha_f16_fwd_d64_w8",
@@ -232,12 +234,16 @@ impl Module {
                 "mha_f16_fwd_d128_m2",
                 "mha_f16_fwd_d64_m2n32",
                 "mha_f16_fwd_d128_m2n32",
+                "mha_f16_fwd_d256",
+                "mha_f16_fwd_d256_w8",
             ],
             Module::AttentionSm90aWs => &[
                 "mha_bf16_fwd_d64_ws",
                 "mha_bf16_fwd_d128_ws",
+                "mha_bf16_fwd_d256_ws",
                 "mha_f16_fwd_d64_ws",
                 "mha_f16_fwd_d128_ws",
+                "mha_f16_fwd_d256_ws",
             ],
             Module::MoeExpertsSm80 => &[
                 "moe_tile_map",
@@ -396,12 +402,13 @@ pub const ROUTE_MAX_EXPERTS: usize = 256;
 /// Key rows per attention tile of the default builds (ATT_BN in attention.cu; `_n32` builds
 /// use 32).
 pub const ATTENTION_BLOCK_N: usize = 64;
-/// Consumer warpgroups (64 query rows each) of the `_ws` attention builds for head dims 128
-/// and 64 (WS_NC_D128, WS_NC_D64 in sm90a/attention_ws.cu); one producer warpgroup beside them.
-pub const ATTENTION_WS_CONSUMERS: [(usize, usize); 2] = [(128, 2), (64, 3)];
-/// Key rows per tile of the `_ws` builds for head dims 128 and 64 (WS_BN_D128, WS_BN_D64),
-/// also the rows of their K and V TMA boxes.
-pub const ATTENTION_WS_BLOCK_N: [(usize, usize); 2] = [(128, 176), (64, 128)];
+/// Consumer warpgroups (64 query rows each) of the `_ws` attention builds for head dims 256,
+/// 128 and 64 (WS_NC_D256, WS_NC_D128, WS_NC_D64 in sm90a/attention_ws.cu); one producer
+/// warpgroup beside them.
+pub const ATTENTION_WS_CONSUMERS: [(usize, usize); 3] = [(256, 2), (128, 2), (64, 3)];
+/// Key rows per tile of the `_ws` builds for head dims 256, 128 and 64 (WS_BN_D256,
+/// WS_BN_D128, WS_BN_D64), also the rows of their K and V TMA boxes.
+pub const ATTENTION_WS_BLOCK_N: [(usize, usize); 3] = [(256, 80), (128, 176), (64, 128)];
 
 fn per_head_dim(table: &[(usize, usize)], d: usize, default: usize) -> usize {
     table

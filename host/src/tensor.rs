@@ -181,16 +181,26 @@ impl Tensor {
     /// The first element (in row-major order) that is NaN or infinite, with its index and
     /// value; `None` for integer tensors and finite data.
     pub fn first_non_finite(&self) -> Option<(Vec<usize>, f64)> {
+        self.first_non_finite_but(false)
+    }
+
+    /// As [`Tensor::first_non_finite`], letting -inf pass where `neg_inf_ok` (an output
+    /// whose -inf is a correct value: [`crate::Op::output_may_be_neg_inf`]); NaN and +inf
+    /// are still found.
+    pub fn first_non_finite_but(&self, neg_inf_ok: bool) -> Option<(Vec<usize>, f64)> {
         fn find<T: Copy>(a: &ArrayD<T>, bad: impl Fn(T) -> bool) -> Option<(usize, T)> {
             a.iter()
                 .enumerate()
                 .find(|&(_, &x)| bad(x))
                 .map(|(i, &x)| (i, x))
         }
+        let bad = |x: f64| !x.is_finite() && !(neg_inf_ok && x == f64::NEG_INFINITY);
         let (flat, v) = match &self.data {
-            HostData::F32(a) => find(a, |x: f32| !x.is_finite()).map(|(i, v)| (i, f64::from(v))),
-            HostData::F16(a) => find(a, |x: f16| !x.is_finite()).map(|(i, v)| (i, f64::from(v))),
-            HostData::BF16(a) => find(a, |x: bf16| !x.is_finite()).map(|(i, v)| (i, f64::from(v))),
+            HostData::F32(a) => find(a, |x: f32| bad(f64::from(x))).map(|(i, v)| (i, f64::from(v))),
+            HostData::F16(a) => find(a, |x: f16| bad(f64::from(x))).map(|(i, v)| (i, f64::from(v))),
+            HostData::BF16(a) => {
+                find(a, |x: bf16| bad(f64::from(x))).map(|(i, v)| (i, f64::from(v)))
+            }
             HostData::I8(_) | HostData::I32(_) => None,
         }?;
         Some((unravel(flat, self.shape()), v))

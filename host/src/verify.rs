@@ -133,7 +133,7 @@ pub fn check_finite_outputs(
     all_nodes: bool,
 ) -> Result<()> {
     for (node, run) in graph.nodes.iter().zip(&exec.runs) {
-        for name in &node.outputs {
+        for (index, name) in node.outputs.iter().enumerate() {
             if !all_nodes && !graph.outputs.contains(name) {
                 continue;
             }
@@ -143,7 +143,8 @@ pub fn check_finite_outputs(
             if !b.meta().dtype.is_float() {
                 continue;
             }
-            if let Some((idx, v)) = b.to_host(reg)?.first_non_finite() {
+            let neg_inf_ok = node.op.output_may_be_neg_inf(index);
+            if let Some((idx, v)) = b.to_host(reg)?.first_non_finite_but(neg_inf_ok) {
                 return Err(Error::invalid(
                     format!(
                         "node '{}' ({}) on {}",

@@ -81,8 +81,8 @@ fn bound(b: &dyn Backend, op: &Op, name: &str) -> Bound {
 fn expected_decline(b: &dyn Backend, op: &Op, head_dim: Option<usize>) -> Option<&'static str> {
     if b.id().kind == DeviceKind::Cuda {
         return match op {
-            Op::Attention(_) if !head_dim.is_some_and(|d| d == 64 || d == 128) => {
-                Some("(64 and 128 are supported)")
+            Op::Attention(_) if !head_dim.is_some_and(|d| [64, 128, 256].contains(&d)) => {
+                Some("(64, 128 and 256 are supported)")
             }
             Op::Embedding(_) => Some("no CUDA kernel for the embedding lookup"),
             _ => None,
@@ -239,6 +239,8 @@ fn conformance_attention(target: Target) -> TestResult {
     for d in [80, 96, 112] {
         attention(&*b, d != 96, [1, 2, 1, 33, 40, d])?;
     }
+    // The largest head dim the GPU builds take.
+    attention(&*b, true, [1, 2, 1, 45, 70, 256])?;
     Ok(())
 }
 

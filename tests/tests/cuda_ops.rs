@@ -12,13 +12,14 @@ use ndarray::{ArrayD, IxDyn};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use tandem::backend::Backend;
+use tandem::backend::Support;
 use tandem::backend::cuda::{AttentionVariant, CudaBackend, CudaDType, CudaOptions};
 use tandem::ops::{
     Activation, AttentionParams, LinearParams, MoeExpertsParams, MoeRouteParams, RmsNormParams,
     RopeParams, SplitHeadsParams,
 };
 use tandem::tensor::rel_error;
-use tandem::{Op, Tensor};
+use tandem::{DType, Op, Tensor, TensorMeta};
 use tandem_tests::cuda::{
     backend as gpu, backend_with as gpu_with, check, clock_rng as rng, launch, options,
     rand_rounded as rand_t, round_to as rnd,
@@ -375,8 +376,40 @@ fn cuda_attention(be: &CudaBackend, dt: CudaDType) {
         // and rows that see no key (Nq > Nkv, causal): tiles with no key tiles among the rest
         (4, 16, 2, 600, 100, 64, true),
         (2, 16, 4, 500, 200, 128, true),
+        // head dim 256 (80-key tiles in the ws build): off every tile, GQA 4 and 8, more tiles
+        // than multiprocessors, rows that see no key
+        (1, 4, 2, 37, 53, 256, true),
+        (2, 8, 2, 300, 300, 256, false),
+        (1, 8, 1, 200, 700, 256, true),
+        (2, 16, 4, 600, 500, 256, true),
+        (2, 8, 2, 500, 100, 256, true),
     ] {
         for variant in AttentionVariant::ALL {
+            if !variant.has_head_dim(d) {
+                // the two-m-tile builds have no d256 kernel: forcing one is declined, saying so
+                let op = Op::Attention(AttentionParams {
+                    causal,
+                    scale: None,
+                });
+                let metas = [
+                    TensorMeta::new(vec![b, hq, nq, d], DType::F32),
+                    TensorMeta::new(vec![b, hkv, nkv, d], DType::F32),
+                    TensorMeta::new(vec![b, hkv, nkv, d], DType::F32),
+                ];
+                let Some(vb) = gpu_with(CudaOptions {
+                    attention_variant: Some(variant),
+                    ..options(dt)
+                }) else {
+                    return;
+                };
+                match vb.supports(&op, &metas) {
+                    Support::No(why) => {
+                        println!(" D{d} {variant}: declined as expected: {why}")
+                    }
+                    s => panic!("{variant} has no d{d} kernel but the backend says {s:?}"),
+                }
+                continue;
+            }
             if variant == AttentionVariant::Ws
                 && be
                     .info()

@@ -197,6 +197,64 @@ fn rows_that_see_no_key_give_zero_and_neg_inf() -> TestResult {
     Ok(())
 }
 
+/// A run's finiteness check lets the -inf LSE of rows that see no key through (it is the
+/// op's defined value: `tandem op attention --causal` with Nq > Nkv once failed on it), and
+/// still reports the node when an output holds NaN.
+#[test]
+fn a_checked_run_keeps_the_neg_inf_lse_of_rows_that_see_no_key() -> TestResult {
+    use tandem::backend::DeviceRegistry;
+    use tandem::exec::ExecOptions;
+    use tandem::graph::Graph;
+    use tandem::plan::BackendChoice;
+    use tandem::run::{RunOptions, run_graph};
+    let mut r = rng(5);
+    let mut g = Graph::default();
+    g.constant("q", Tensor::from_f32(uniform(&mut r, &[1, 2, 9, 8], 1.0)));
+    g.constant("k", Tensor::from_f32(uniform(&mut r, &[1, 1, 4, 8], 1.0)));
+    g.constant("v", Tensor::from_f32(uniform(&mut r, &[1, 1, 4, 8], 1.0)));
+    let outs = g.add(
+        "attention",
+        Op::Attention(AttentionParams {
+            causal: true,
+            scale: None,
+        }),
+        &["q", "k", "v"],
+    );
+    g.outputs = outs.clone();
+    let opts = RunOptions {
+        backend: BackendChoice::Only(tandem::DeviceKind::Cpu),
+        placement: Default::default(),
+        backend_label: "cpu".into(),
+        exec: ExecOptions {
+            timeout: std::time::Duration::from_secs(30),
+            fallback: false,
+            fuse: false,
+        },
+        check: true,
+        workload: "attention, rows that see no key".into(),
+        history: None,
+        limits: tandem::limits::Limits::default(),
+        allow_nonfinite: false,
+        warmup: 0,
+    };
+    let reg = DeviceRegistry::cpu_only();
+    let out = run_graph(&g, &reg, &opts)?;
+    let lse = out.exec.buffers[&outs[1]].to_host(&reg)?;
+    assert_eq!(lse.as_f32()?[[0, 0, 0]], f32::NEG_INFINITY);
+    // only -inf passes: NaN and +inf are still found
+    for x in [f32::NAN, f32::INFINITY] {
+        let bad = Tensor::from_f32(ndarray::arr1(&[f32::NEG_INFINITY, x]).into_dyn());
+        assert_eq!(
+            bad.first_non_finite_but(true).map(|(i, _)| i),
+            Some(vec![1])
+        );
+    }
+    let probe = Tensor::from_f32(ndarray::arr1(&[1.0f32, f32::NEG_INFINITY]).into_dyn());
+    assert_eq!(probe.first_non_finite_but(true), None);
+    assert!(probe.first_non_finite().is_some());
+    Ok(())
+}
+
 #[test]
 fn no_queries_give_empty_outputs() -> TestResult {
     let q = Tensor::zeros(&tandem::TensorMeta::new(

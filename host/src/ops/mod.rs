@@ -277,6 +277,12 @@ impl Op {
         }
     }
 
+    /// Whether output `index` may hold -inf as a correct value: attention's LSE of a row
+    /// that sees no key (causal with Nq > Nkv, an empty cache) is -inf by definition.
+    pub fn output_may_be_neg_inf(&self, index: usize) -> bool {
+        matches!(self, Op::Attention(_) | Op::AttentionDecode(_)) && index == 1
+    }
+
     /// Checks the inputs' shapes and dtypes and returns the outputs'.
     pub fn validate(&self, inputs: &[TensorMeta]) -> Result<OutputMetas> {
         check_arity(self, inputs.len())?;

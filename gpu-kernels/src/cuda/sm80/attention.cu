@@ -280,6 +280,13 @@ ATT_ENTRY(mha_bf16_fwd_d64_m2,     BF16, 64, 4, 2, true, 64)
 ATT_ENTRY(mha_bf16_fwd_d128_m2,    BF16, 128, 4, 2, false, 64)
 ATT_ENTRY(mha_bf16_fwd_d64_m2n32,  BF16, 64, 4, 2, true, 32)
 ATT_ENTRY(mha_bf16_fwd_d128_m2n32, BF16, 128, 4, 2, true, 32)
+// head dim 256: O takes 128 registers a thread, so one m-tile a warp and Q re-read from shared
+// memory each tile (the m2 layouts would need 256 for O alone); 4 warps need 99 KB of shared
+// memory (every sm_80+ part has it), 8 warps 132 KB
+ATT_ENTRY(mha_bf16_fwd_d256,       BF16, 256, 4, 1, false, 64)
+ATT_ENTRY(mha_bf16_fwd_d256_w8,    BF16, 256, 8, 1, false, 64)
+ATT_ENTRY(mha_f16_fwd_d256,        F16, 256, 4, 1, false, 64)
+ATT_ENTRY(mha_f16_fwd_d256_w8,     F16, 256, 8, 1, false, 64)
 ATT_ENTRY(mha_f16_fwd_d64,         F16, 64, 4, 1, true, 64)
 ATT_ENTRY(mha_f16_fwd_d128,        F16, 128, 4, 1, true, 64)
 ATT_ENTRY(mha_f16_fwd_d64_w8,      F16, 64, 8, 1, true, 64)

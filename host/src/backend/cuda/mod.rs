@@ -682,7 +682,13 @@ impl Backend for CudaBackend {
     }
 
     fn supports(&self, op: &Op, inputs: &[TensorMeta]) -> Support {
-        ops::supports(self.dev.arch, self.opts.attention_variant, op, inputs)
+        ops::supports(
+            self.dev.arch,
+            self.dev.max_smem_optin,
+            self.opts.attention_variant,
+            op,
+            inputs,
+        )
     }
 
     fn attach_memory(&self, accounts: &Arc<crate::memory::DeviceMemory>) {

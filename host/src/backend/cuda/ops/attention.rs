@@ -9,7 +9,7 @@ use crate::backend::cuda::error::DrvResultExt;
 use crate::backend::cuda::kernels::Dims;
 use crate::backend::cuda::tma;
 use crate::backend::cuda::{CudaDType, CudaStorage};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ops::AttentionParams;
 use crate::tensor::TensorMeta;
 
@@ -19,13 +19,40 @@ pub use crate::options::cuda::AttentionVariant as Variant;
 impl Variant {
     /// The build for a device of compute capability `arch` and head dim `d`: `forced`
     /// ([`crate::options::CudaOptions::attention_variant`], `TANDEM_ATTN_VARIANT`) when given,
-    /// else the fastest measured (docs/PERF.md): `ws` on sm_90, `m2` elsewhere.
+    /// else the fastest measured (docs/PERF.md): `ws` on sm_90, `m2` elsewhere (`w4` for head
+    /// dim 256, which has no `m2` build).
     pub fn select(arch: u32, d: usize, forced: Option<Variant>) -> Self {
         match forced {
             Some(v) => v,
-            None if arch == 90 && (d == 64 || d == 128) => Variant::Ws,
+            None if arch == 90 && HEAD_DIMS.contains(&d) => Variant::Ws,
+            None if d == 256 => Variant::W4,
             None => Variant::M2,
         }
+    }
+
+    /// Whether this build has a kernel for head dim `d`: every build for 64 and 128; `w4`,
+    /// `w8` and `ws` for 256 (the two-m-tile builds would need 256 registers a thread for O).
+    pub fn has_head_dim(self, d: usize) -> bool {
+        self.pattern(d).is_some()
+    }
+
+    /// Why this build cannot take head dim `d` (for a decline or an error).
+    pub fn missing_head_dim(self, d: usize) -> String {
+        format!(
+            "the {} attention build has no head dim {d} kernel (builds for it: {})",
+            self.name(),
+            Variant::names_for(d)
+        )
+    }
+
+    /// The builds with a kernel for head dim `d`, by name ("w4, w8, ws").
+    pub fn names_for(d: usize) -> String {
+        Variant::ALL
+            .iter()
+            .filter(|v| v.has_head_dim(d))
+            .map(|v| v.name())
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// Query rows per block for head dim `d`.
@@ -55,32 +82,56 @@ impl Variant {
         }
     }
 
+    /// Dynamic shared memory a block of this build takes for head dim `d`, bytes.
+    pub fn smem(self, d: usize) -> usize {
+        let (bm, bn) = (self.block_m(d), self.block_n(d));
+        if self == Variant::Ws {
+            tandem_gpu_kernels::attention_ws_smem(d, bn)
+        } else {
+            // Q tile, one K tile, one V tile; rows padded by 8 elements (conflict-free ldmatrix)
+            (bm + 2 * bn) * (d + 8) * 2
+        }
+    }
+
     /// Whether this build needs sm_90 (wgmma, TMA).
     pub fn hopper_only(self) -> bool {
         self == Variant::Ws
     }
 
-    /// The entry point's name pattern for head dim `d` (64 or 128); `{s}` is the storage.
-    fn pattern(self, d: usize) -> &'static str {
-        match (d, self) {
+    /// The entry point's name pattern for head dim `d`; `{s}` is the storage. None where the
+    /// build has no kernel for `d`.
+    fn pattern(self, d: usize) -> Option<&'static str> {
+        Some(match (d, self) {
             (64, Variant::W4) => "mha_{s}_fwd_d64",
             (64, Variant::W8) => "mha_{s}_fwd_d64_w8",
             (64, Variant::M2) => "mha_{s}_fwd_d64_m2",
             (64, Variant::M2N32) => "mha_{s}_fwd_d64_m2n32",
             (64, Variant::Ws) => "mha_{s}_fwd_d64_ws",
-            (_, Variant::W4) => "mha_{s}_fwd_d128",
-            (_, Variant::W8) => "mha_{s}_fwd_d128_w8",
-            (_, Variant::M2) => "mha_{s}_fwd_d128_m2",
-            (_, Variant::M2N32) => "mha_{s}_fwd_d128_m2n32",
-            (_, Variant::Ws) => "mha_{s}_fwd_d128_ws",
-        }
+            (128, Variant::W4) => "mha_{s}_fwd_d128",
+            (128, Variant::W8) => "mha_{s}_fwd_d128_w8",
+            (128, Variant::M2) => "mha_{s}_fwd_d128_m2",
+            (128, Variant::M2N32) => "mha_{s}_fwd_d128_m2n32",
+            (128, Variant::Ws) => "mha_{s}_fwd_d128_ws",
+            (256, Variant::W4) => "mha_{s}_fwd_d256",
+            (256, Variant::W8) => "mha_{s}_fwd_d256_w8",
+            (256, Variant::Ws) => "mha_{s}_fwd_d256_ws",
+            _ => return None,
+        })
     }
 
     /// The entry point of this build for head dim `d` in storage `dtype`.
     pub fn kernel(self, d: usize, dtype: CudaDType) -> Result<&'static str> {
-        super::kernel_for(self.pattern(d), dtype)
+        let pattern = self.pattern(d).ok_or_else(|| Error::Unsupported {
+            op: "attention".into(),
+            device: "cuda".into(),
+            why: self.missing_head_dim(d),
+        })?;
+        super::kernel_for(pattern, dtype)
     }
 }
+
+/// Head dims the CUDA attention kernels take.
+pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
 
 pub fn attention(
     cx: &Cx<'_>,
@@ -143,11 +194,10 @@ pub fn attention(
         args.push(Arg::TensorMap(tma::tiled_3d_sw128(
             label, v.ptr, ty, kv, bn as u32, 64,
         )?));
-        tandem_gpu_kernels::attention_ws_smem(s.d, bn)
+        var.smem(s.d)
     } else {
-        // Q tile, one K tile, one V tile; rows padded by 8 elements (conflict-free ldmatrix)
         args.extend([Arg::Ptr(q.ptr), Arg::Ptr(k.ptr), Arg::Ptr(v.ptr)]);
-        (bm + 2 * bn) * (s.d + 8) * 2
+        var.smem(s.d)
     };
     args.extend(tail);
     // ws: the batch, and the tile counter its blocks take tiles from after their first

@@ -147,10 +147,12 @@ fn storage(dtype: CudaDType) -> tandem_gpu_kernels::Storage {
     }
 }
 
-/// Whether the device (compute capability `arch`, running the attention build `attention`
-/// where one is forced) runs `op` on these inputs.
+/// Whether the device (compute capability `arch`, `max_smem` bytes of shared memory a block
+/// may opt in to, running the attention build `attention` where one is forced) runs `op` on
+/// these inputs.
 pub fn supports(
     arch: u32,
+    max_smem: usize,
     attention: Option<attention::Variant>,
     op: &Op,
     inputs: &[TensorMeta],
@@ -165,15 +167,29 @@ pub fn supports(
     }
     match op {
         Op::Attention(p) => match p.shape(inputs) {
-            Ok(s)
-                if attention::Variant::select(arch, s.d, attention).hopper_only() && arch != 90 =>
-            {
-                Support::No(format!(
-                    "the wgmma attention builds need sm_90 (this device is sm_{arch})"
-                ))
+            Ok(s) if !attention::HEAD_DIMS.contains(&s.d) => {
+                Support::No(format!("head dim {} (64, 128 and 256 are supported)", s.d))
             }
-            Ok(s) if s.d == 64 || s.d == 128 => Support::Native,
-            Ok(s) => Support::No(format!("head dim {} (64 and 128 are supported)", s.d)),
+            Ok(s) => {
+                let v = attention::Variant::select(arch, s.d, attention);
+                if v.hopper_only() && arch != 90 {
+                    Support::No(format!(
+                        "the wgmma attention builds need sm_90 (this device is sm_{arch})"
+                    ))
+                } else if !v.has_head_dim(s.d) {
+                    Support::No(v.missing_head_dim(s.d))
+                } else if v.smem(s.d) > max_smem {
+                    Support::No(format!(
+                        "the {v} attention build at head dim {} needs {} KiB of shared memory a \
+                         block; this device allows {} KiB (w4 fits every sm_80+ part)",
+                        s.d,
+                        v.smem(s.d).div_ceil(1024),
+                        max_smem / 1024
+                    ))
+                } else {
+                    Support::Native
+                }
+            }
             Err(e) => Support::No(e.to_string()),
         },
         Op::MoeRoute(_) => {
@@ -398,6 +414,16 @@ mod tests {
         assert!(kernel_for("nope_{s}", CudaDType::F16).is_err());
     }
 
+    /// The opt-in shared memory of each arch's data-centre part (227 KiB on sm_90, 163 on sm_80,
+    /// 99 on sm_86/89).
+    fn smem_of(arch: u32) -> usize {
+        match arch {
+            90 => 227 * 1024,
+            80 => 163 * 1024,
+            _ => 99 * 1024,
+        }
+    }
+
     #[test]
     fn attention_builds_exist_in_both_precisions() {
         assert_eq!(Variant::select(90, 128, None), Variant::Ws);
@@ -417,6 +443,9 @@ mod tests {
             (Variant::M2N32, 64, "mha_{s}_fwd_d64_m2n32"),
             (Variant::Ws, 128, "mha_{s}_fwd_d128_ws"),
             (Variant::Ws, 64, "mha_{s}_fwd_d64_ws"),
+            (Variant::W4, 256, "mha_{s}_fwd_d256"),
+            (Variant::W8, 256, "mha_{s}_fwd_d256_w8"),
+            (Variant::Ws, 256, "mha_{s}_fwd_d256_ws"),
         ] {
             for dt in CudaDType::ALL {
                 let name = want.replace("{s}", dt.name());
@@ -436,17 +465,65 @@ mod tests {
         for arch in [80, 89, 90] {
             for dt in CudaDType::ALL {
                 assert_eq!(
-                    supports(arch, None, &op, &ins),
+                    supports(arch, smem_of(arch), None, &op, &ins),
                     Support::Native,
                     "sm_{arch} {dt}"
                 );
             }
         }
         // The Hopper build, forced elsewhere, is refused with the reason.
-        assert_eq!(supports(90, Some(Variant::Ws), &op, &ins), Support::Native);
+        assert_eq!(
+            supports(90, smem_of(90), Some(Variant::Ws), &op, &ins),
+            Support::Native
+        );
         assert!(matches!(
-            supports(80, Some(Variant::Ws), &op, &ins),
+            supports(80, smem_of(80), Some(Variant::Ws), &op, &ins),
             Support::No(why) if why.contains("sm_90")
+        ));
+        // Head dim 256: ws on sm_90, w4 elsewhere; the two-m-tile builds have no kernel, and
+        // forcing one is declined naming the builds that have.
+        let d256 = [
+            f(vec![1, 4, 32, 256]),
+            f(vec![1, 2, 32, 256]),
+            f(vec![1, 2, 32, 256]),
+        ];
+        assert_eq!(Variant::select(90, 256, None), Variant::Ws);
+        assert_eq!(Variant::select(80, 256, None), Variant::W4);
+        for arch in [80, 89, 90] {
+            assert_eq!(
+                supports(arch, smem_of(arch), None, &op, &d256),
+                Support::Native
+            );
+        }
+        for v in [Variant::M2, Variant::M2N32] {
+            assert!(!v.has_head_dim(256));
+            assert!(matches!(
+                supports(90, smem_of(90), Some(v), &op, &d256),
+                Support::No(why) if why.contains("no head dim 256 kernel (builds for it: w4, w8, ws)")
+            ));
+            assert!(v.kernel(256, CudaDType::Bf16).is_err());
+        }
+        // w8 at d256 takes 132 KiB: declined on a 99 KiB part, run on sm_80 and sm_90
+        assert!(matches!(
+            supports(89, smem_of(89), Some(Variant::W8), &op, &d256),
+            Support::No(why) if why.contains("needs 132 KiB of shared memory")
+        ));
+        assert_eq!(
+            supports(80, smem_of(80), Some(Variant::W8), &op, &d256),
+            Support::Native
+        );
+        assert_eq!(
+            supports(89, smem_of(89), Some(Variant::W4), &op, &d256),
+            Support::Native
+        );
+        let d96 = [
+            f(vec![1, 4, 32, 96]),
+            f(vec![1, 2, 32, 96]),
+            f(vec![1, 2, 32, 96]),
+        ];
+        assert!(matches!(
+            supports(90, smem_of(90), None, &op, &d96),
+            Support::No(why) if why.contains("head dim 96 (64, 128 and 256 are supported)")
         ));
     }
 
