@@ -194,7 +194,7 @@ impl Tensor {
                 .find(|&(_, &x)| bad(x))
                 .map(|(i, &x)| (i, x))
         }
-        let bad = |x: f64| !x.is_finite() && !(neg_inf_ok && x == f64::NEG_INFINITY);
+        let bad = |x: f64| !(x.is_finite() || (neg_inf_ok && x == f64::NEG_INFINITY));
         let (flat, v) = match &self.data {
             HostData::F32(a) => find(a, |x: f32| bad(f64::from(x))).map(|(i, v)| (i, f64::from(v))),
             HostData::F16(a) => find(a, |x: f16| bad(f64::from(x))).map(|(i, v)| (i, f64::from(v))),
