@@ -212,12 +212,14 @@ inline float __log2f(float x) { return std::log2(x); }
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 // The storage tags of common.cuh.
 struct BF16 {
+    static unsigned pack2(float lo, float hi) { return pack_bf16x2(lo, hi); }
     static float to_f(h16_t h) { return bf16_float(h); }
     static h16_t from_f(float f) { return bf16_bits(f); }
     static float lo(unsigned w) { return bf_lo(w); }
     static float hi(unsigned w) { return bf_hi(w); }
 };
 struct F16 {
+    static unsigned pack2(float lo, float hi) { return f16_bits(lo) | ((unsigned)f16_bits(hi) << 16); }
     static float to_f(h16_t h) { return f16_float(h); }
     static h16_t from_f(float f) { return f16_bits(f); }
     static float lo(unsigned w) { return f16_float((unsigned short)(w & 0xffffu)); }
@@ -250,3 +252,49 @@ inline void dec_cp_async16(void* smem, const void* gmem, bool pred) { moe_cp_asy
 inline void dec_cp_async_commit() { moe_cp_async_commit(); }
 template <int N>
 inline void dec_cp_async_wait() { moe_cp_async_wait<N>(); }
+
+// The decode kernel's tensor-core path (d64, d128): ldmatrix x4 (plain and .trans) and mma
+// m16n8k16 / m16n8k8 with the A rows 8..15 zero, per the PTX ISA fragment layouts.
+inline void dec_ldsm_x4(unsigned (&r)[4], const void* p) { moe_ldsm_x4(r[0], r[1], r[2], r[3], p); }
+// .trans: lane (g, tq) of matrix i gets its rows 2 tq and 2 tq + 1 at column g.
+inline void dec_ldsm_x4_t(unsigned (&r)[4], const void* p) {
+    EmuWarp& x = emu_wx[emu_warp];
+    x.addr[emu_lane] = (const unsigned short*)p;
+    emu_warp_bar[emu_warp]->arrive_and_wait();
+    unsigned t[4];
+    const int g = emu_lane / 4, tq = emu_lane % 4;
+    for (int i = 0; i < 4; ++i)
+        t[i] = x.addr[i * 8 + 2 * tq][g] | ((unsigned)x.addr[i * 8 + 2 * tq + 1][g] << 16);
+    emu_warp_bar[emu_warp]->arrive_and_wait();
+    for (int i = 0; i < 4; ++i) r[i] = t[i];
+}
+template <typename S>
+inline void dec_mma16(float (&c)[4], unsigned a0, unsigned a2, unsigned b0, unsigned b1) {
+    const unsigned a[4] = {a0, 0u, a2, 0u};
+    emu_mma<&S::to_f>(c, a, b0, b1);
+}
+// d = a b + c for m16n8k8: a 16x8 (a0: row g, a1: row g + 8; k 2 tq, 2 tq + 1), b 8x8 (b0: k
+// 2 tq, 2 tq + 1 at n g).
+template <typename S>
+inline void dec_mma8(float (&c)[4], unsigned a0, unsigned b0) {
+    EmuWarp& x = emu_wx[emu_warp];
+    const int l = emu_lane;
+    x.a[l][0] = a0;
+    x.a[l][1] = 0u;
+    x.b[l][0] = b0;
+    for (int i = 0; i < 4; ++i) x.c[l][i] = c[i];
+    emu_warp_bar[emu_warp]->arrive_and_wait();
+    auto half = [](unsigned w, int k) { return S::to_f((unsigned short)((k & 1) ? (w >> 16) : (w & 0xffffu))); };
+    auto A = [&](int m, int k) { return half(x.a[(m % 8) * 4 + k / 2][m >= 8 ? 1 : 0], k); };
+    auto B = [&](int k, int n) { return half(x.b[n * 4 + k / 2][0], k); };
+    const int g = l >> 2, tq = l & 3;
+    float out[4];
+    for (int i = 0; i < 4; ++i) {
+        const int m = g + (i >> 1) * 8, n = 2 * tq + (i & 1);
+        float s = x.c[l][i];
+        for (int k = 0; k < 8; ++k) s += A(m, k) * B(k, n);
+        out[i] = s;
+    }
+    emu_warp_bar[emu_warp]->arrive_and_wait();
+    for (int i = 0; i < 4; ++i) c[i] = out[i];
+}

@@ -54,6 +54,44 @@ template <int N>
 __device__ __forceinline__ void dec_cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+__device__ __forceinline__ void dec_ldsm_x4(unsigned (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void dec_ldsm_x4_t(unsigned (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+// c += a b: m16n8k16 (S = Q K^T; a's rows 8..15 are zero: a1 = a3 = 0) and m16n8k8 (O += P V;
+// a1 = 0), f32 accumulate, in storage S.
+template <typename S>
+__device__ __forceinline__ void dec_mma16(float (&c)[4], unsigned a0, unsigned a2, unsigned b0, unsigned b1);
+template <>
+__device__ __forceinline__ void dec_mma16<BF16>(float (&c)[4], unsigned a0, unsigned a2, unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void dec_mma16<F16>(float (&c)[4], unsigned a0, unsigned a2, unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+template <typename S>
+__device__ __forceinline__ void dec_mma8(float (&c)[4], unsigned a0, unsigned b0);
+template <>
+__device__ __forceinline__ void dec_mma8<BF16>(float (&c)[4], unsigned a0, unsigned b0) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(0u), "r"(b0));
+}
+template <>
+__device__ __forceinline__ void dec_mma8<F16>(float (&c)[4], unsigned a0, unsigned b0) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(0u), "r"(b0));
+}
 // ---- end ptx ----
 
 template <int D, int RB>
@@ -71,8 +109,18 @@ struct DecGeom {
     static constexpr int CPT = TK * VPR / DEC_THREADS;   // K (and V) copies per thread per tile
     static constexpr int KSTEP = DEC_THREADS / VPR;      // keys between a thread's copies
     static constexpr int STAGE = 2 * TK * D;             // elements per stage (K, then V)
+    // Tensor cores (d64, d128): each warp takes KW = TK / DEC_WARPS keys of a tile (16 or 8)
+    // and runs S = Q K^T on mma m16n8k16 and O += P V on m16n8k8, the group's query rows in
+    // the 16-row A operand (rows past RB zero). d256's tiles hold 16 keys, 4 a warp, below
+    // mma's 8: it keeps the CUDA-core path. The ring's 16-byte chunks are swizzled (chunk c
+    // of key row j at c ^ (j % 8)) so ldmatrix's eight rows fall in different banks.
+    static constexpr bool TC = D == 64 || D == 128;
+    static constexpr int KW = TK / DEC_WARPS;
+    static __device__ __forceinline__ int chunk(int key, int c) { return TC ? c ^ (key & 7) : c; }
     static_assert(U >= 1 && TK % (KPW * DEC_WARPS) == 0, "tile not a whole number of warp steps");
     static_assert(CPT >= 1 && CPT * DEC_THREADS == TK * VPR, "tile not a whole number of copies");
+    static_assert(!(D == 64 || D == 128) || (KSTEP % 8 == 0 && TK % (8 * DEC_WARPS) == 0),
+                  "swizzle or warp key split off the 8-key grid");
     // the warps' merge reuses the ring: acc [DEC_WARPS][RB][D], m and l [DEC_WARPS][RB]
     static_assert(DEC_WARPS * RB * (D + 2) * 4 <= DEC_STAGES * STAGE * 2, "merge does not fit");
 };
@@ -145,7 +193,8 @@ __device__ __forceinline__ void decode_partial(
     // Tile `tile` into its stage (nothing past the chunk's tiles); one commit group per call.
     auto issue = [&](int tile) {
         if (tile < ntiles) {
-            h16_t* const sk = ring + (tile % DEC_STAGES) * STAGE + ck * D + cv * 8;
+            // every key this thread copies has the same key % 8 (KSTEP is a multiple of 8)
+            h16_t* const sk = ring + (tile % DEC_STAGES) * STAGE + ck * D + G::chunk(ck, cv) * 8;
             h16_t* const sv = sk + TK * D;
 #pragma unroll
             for (int i = 0; i < CPT; ++i) {
@@ -173,147 +222,263 @@ __device__ __forceinline__ void decode_partial(
 #pragma unroll
     for (int s = 0; s < DEC_STAGES - 1; ++s) issue(s);
 
-    // This lane's q values (scaled into the log2 domain) and the keys each row sees.
-    float qf[RB][8 * VPL];
-    int seen[RB];
-#pragma unroll
-    for (int rr = 0; rr < RB; ++rr) {
-        const int r = rg * RB + rr;
-        if (r < R) {
-            const int h = g * (hq / hkv) + r / nq, i = r % nq;
-            seen[rr] = min(len - nq + i + 1, c1);
-            const h16_t* qp = q + (((long long)b * hq + h) * nq + i) * D;
-#pragma unroll
-            for (int vv = 0; vv < VPL; ++vv) {
-                const uint4 w = *reinterpret_cast<const uint4*>(qp + (vv * LPK + sl) * 8);
-                unpack8_as<S>(w, &qf[rr][vv * 8]);
-#pragma unroll
-                for (int e = 0; e < 8; ++e) qf[rr][vv * 8 + e] *= scale_log2;
-            }
-        } else {
-            seen[rr] = 0;
-#pragma unroll
-            for (int e = 0; e < 8 * VPL; ++e) qf[rr][e] = 0.f;
-        }
-    }
-
-    float acc[RB][8 * VPL];
-    float m[RB], l[RB];
-#pragma unroll
-    for (int rr = 0; rr < RB; ++rr) {
-        m[rr] = TANDEM_NEG_INF;
-        l[rr] = 0.f;
-#pragma unroll
-        for (int e = 0; e < 8 * VPL; ++e) acc[rr][e] = 0.f;
-    }
-
-    for (int t = 0; t < ntiles; ++t) {
-        // Tile t has landed (this thread's copies; the barrier makes everyone's visible), and
-        // every warp is done with tile t - 1, whose stage the next issue refills.
-        dec_cp_async_wait<DEC_STAGES - 2>();
-        __syncthreads();
-        issue(t + DEC_STAGES - 1);
-        const h16_t* const sk = ring + (t % DEC_STAGES) * STAGE;
-        const h16_t* const sv = sk + TK * D;
-        const int t0 = c0 + t * TK;
-        // scores
-        float sc[U][RB];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int kt = (u * DEC_WARPS + warp) * KPW + sg;
-            const int j = t0 + kt;
-            float kf[8 * VPL];
-#pragma unroll
-            for (int x = 0; x < VPL; ++x)
-                unpack8_as<S>(*reinterpret_cast<const uint4*>(sk + kt * D + (x * LPK + sl) * 8),
-                              &kf[x * 8]);
-#pragma unroll
-            for (int rr = 0; rr < RB; ++rr) {
-                float s = 0.f;
-#pragma unroll
-                for (int e = 0; e < 8 * VPL; ++e) s = fmaf(qf[rr][e], kf[e], s);
-#pragma unroll
-                for (int o = LPK / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-                sc[u][rr] = j < seen[rr] ? s : TANDEM_NEG_INF;
-            }
-        }
-        // online softmax step per row, the max shared by the whole warp (so is the branch)
-#pragma unroll
-        for (int rr = 0; rr < RB; ++rr) {
-            float mx = sc[0][rr];
-#pragma unroll
-            for (int u = 1; u < U; ++u) mx = fmaxf(mx, sc[u][rr]);
-#pragma unroll
-            for (int o = 16; o >= LPK; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-            if (mx == TANDEM_NEG_INF) {  // no key of this step for this row
-#pragma unroll
-                for (int u = 0; u < U; ++u) sc[u][rr] = 0.f;
-                continue;
-            }
-            if (mx > m[rr]) {
-                const float corr = fast_exp2(m[rr] - mx);
-                m[rr] = mx;
-                l[rr] *= corr;
-#pragma unroll
-                for (int e = 0; e < 8 * VPL; ++e) acc[rr][e] *= corr;
-            }
-            float sum = 0.f;
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                sc[u][rr] = fast_exp2(sc[u][rr] - m[rr]);
-                sum += sc[u][rr];
-            }
-            l[rr] += sum;
-        }
-        // P V
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int kt = (u * DEC_WARPS + warp) * KPW + sg;
-            float vf[8 * VPL];
-#pragma unroll
-            for (int x = 0; x < VPL; ++x)
-                unpack8_as<S>(*reinterpret_cast<const uint4*>(sv + kt * D + (x * LPK + sl) * 8),
-                              &vf[x * 8]);
-#pragma unroll
-            for (int rr = 0; rr < RB; ++rr) {
-#pragma unroll
-                for (int e = 0; e < 8 * VPL; ++e) acc[rr][e] = fmaf(sc[u][rr], vf[e], acc[rr][e]);
-            }
-        }
-    }
-    dec_cp_async_wait<0>();  // only empty groups can remain
-
-    // Sum the key subgroups of the warp (they share the warp's max), then merge the warps
-    // through the ring, once every warp is done with it.
-#pragma unroll
-    for (int rr = 0; rr < RB; ++rr) {
-#pragma unroll
-        for (int o = 16; o >= LPK; o >>= 1) {
-            l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], o);
-#pragma unroll
-            for (int e = 0; e < 8 * VPL; ++e)
-                acc[rr][e] += __shfl_xor_sync(0xffffffffu, acc[rr][e], o);
-        }
-    }
-    const int any_bad = __syncthreads_or(bad_block);
-    if (any_bad) {
-        write_const(DEC_NAN, DEC_NAN);
-        return;
-    }
+    // the warps' merge area, reusing the drained ring
     float* const s_acc = reinterpret_cast<float*>(dec_smem);  // [DEC_WARPS][RB][D]
     float* const s_m = s_acc + DEC_WARPS * RB * D;             // [DEC_WARPS][RB]
     float* const s_l = s_m + DEC_WARPS * RB;
+    if constexpr (G::TC) {
+        // Lane (gq, tq) of the mma layouts: row gq of the 16-row tile (the group's rows past
+        // RB and R are zero), key/dim pairs 2 tq, 2 tq + 1.
+        constexpr int KD = D / 16, ND = D / 8, NKT = G::KW / 8;
+        const int gq = lane >> 2, tq = lane & 3;
+        const int r = rg * RB + gq;
+        const bool real = gq < RB && r < R;
+        unsigned qa[KD][2];  // A of S: row gq, dims kk * 16 + 2 tq (+8)
+        int seen = c1;       // keys below this are visible to row gq (padding rows: all)
+        if (real) {
+            const int h = g * (hq / hkv) + r / nq, i = r % nq;
+            seen = min(len - nq + i + 1, c1);
+            const h16_t* qp = q + (((long long)b * hq + h) * nq + i) * D;
 #pragma unroll
-    for (int rr = 0; rr < RB; ++rr) {
-        if (sg == 0) {
+            for (int kk = 0; kk < KD; ++kk) {
+                qa[kk][0] = *reinterpret_cast<const unsigned*>(qp + kk * 16 + 2 * tq);
+                qa[kk][1] = *reinterpret_cast<const unsigned*>(qp + kk * 16 + 8 + 2 * tq);
+            }
+        } else {
 #pragma unroll
-            for (int x = 0; x < VPL; ++x)
+            for (int kk = 0; kk < KD; ++kk) qa[kk][0] = qa[kk][1] = 0u;
+        }
+        float acc[ND][4];
 #pragma unroll
-                for (int e = 0; e < 8; ++e)
-                    s_acc[(warp * RB + rr) * D + (x * LPK + sl) * 8 + e] = acc[rr][x * 8 + e];
-            if (sl == 0) {
-                s_m[warp * RB + rr] = m[rr];
-                s_l[warp * RB + rr] = l[rr];
+        for (int nt = 0; nt < ND; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+        float mr = TANDEM_NEG_INF, lr = 0.f;  // row gq's running max (log2 domain) and this lane's sum
+        for (int t = 0; t < ntiles; ++t) {
+            dec_cp_async_wait<DEC_STAGES - 2>();
+            __syncthreads();
+            issue(t + DEC_STAGES - 1);
+            const h16_t* const sk = ring + (t % DEC_STAGES) * STAGE;
+            const h16_t* const sv = sk + TK * D;
+            const int kb = warp * G::KW;  // this warp's first key in the tile
+            float sc[NKT][4];
+#pragma unroll
+            for (int kt = 0; kt < NKT; ++kt) {
+                sc[kt][0] = sc[kt][1] = sc[kt][2] = sc[kt][3] = 0.f;
+                const int key = kb + kt * 8 + (lane & 7);
+#pragma unroll
+                for (int kk = 0; kk < KD; kk += 2) {
+                    unsigned bk[4];  // dims kk * 16 + [0, 32) of keys kb + kt * 8 + [0, 8)
+                    dec_ldsm_x4(bk, sk + key * D + G::chunk(key, 2 * kk + (lane >> 3)) * 8);
+                    dec_mma16<S>(sc[kt], qa[kk][0], qa[kk][1], bk[0], bk[1]);
+                    dec_mma16<S>(sc[kt], qa[kk + 1][0], qa[kk + 1][1], bk[2], bk[3]);
+                }
+            }
+            // row gq's softmax step over the warp's keys (c0, c1; c2, c3 are the zero rows)
+            const int j0 = c0 + t * TK + kb + 2 * tq;
+            float mx = TANDEM_NEG_INF;
+#pragma unroll
+            for (int kt = 0; kt < NKT; ++kt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float x = j0 + kt * 8 + e < seen ? sc[kt][e] * scale_log2 : TANDEM_NEG_INF;
+                    sc[kt][e] = x;
+                    mx = fmaxf(mx, x);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            unsigned pa[NKT];
+            if (mx == TANDEM_NEG_INF) {  // no key of this step for this row
+#pragma unroll
+                for (int kt = 0; kt < NKT; ++kt) pa[kt] = 0u;
+            } else {
+                if (mx > mr) {
+                    const float corr = fast_exp2(mr - mx);
+                    mr = mx;
+                    lr *= corr;
+#pragma unroll
+                    for (int nt = 0; nt < ND; ++nt) {
+                        acc[nt][0] *= corr;
+                        acc[nt][1] *= corr;
+                    }
+                }
+#pragma unroll
+                for (int kt = 0; kt < NKT; ++kt) {
+                    const float p0 = fast_exp2(sc[kt][0] - mr), p1 = fast_exp2(sc[kt][1] - mr);
+                    lr += p0 + p1;
+                    pa[kt] = S::pack2(p0, p1);
+                }
+            }
+            // O += P V: keys kb + kt * 8 + [0, 8) x dims nc * 8 + [0, 32)
+#pragma unroll
+            for (int kt = 0; kt < NKT; ++kt) {
+                const int key = kb + kt * 8 + (lane & 7);
+#pragma unroll
+                for (int nc = 0; nc < ND; nc += 4) {
+                    unsigned bv[4];
+                    dec_ldsm_x4_t(bv, sv + key * D + G::chunk(key, nc + (lane >> 3)) * 8);
+#pragma unroll
+                    for (int x = 0; x < 4; ++x) dec_mma8<S>(acc[nc + x], pa[kt], bv[x]);
+                }
+            }
+        }
+        dec_cp_async_wait<0>();  // only empty groups can remain
+        lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+        lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+        const int any_bad = __syncthreads_or(bad_block);
+        if (any_bad) {
+            write_const(DEC_NAN, DEC_NAN);
+            return;
+        }
+        if (gq < RB) {
+#pragma unroll
+            for (int nt = 0; nt < ND; ++nt) {
+                s_acc[(warp * RB + gq) * D + nt * 8 + 2 * tq] = acc[nt][0];
+                s_acc[(warp * RB + gq) * D + nt * 8 + 2 * tq + 1] = acc[nt][1];
+            }
+            if (tq == 0) {
+                s_m[warp * RB + gq] = mr;
+                s_l[warp * RB + gq] = lr;
+            }
+        }
+    } else {
+        // This lane's q values (scaled into the log2 domain) and the keys each row sees.
+        float qf[RB][8 * VPL];
+        int seen[RB];
+    #pragma unroll
+        for (int rr = 0; rr < RB; ++rr) {
+            const int r = rg * RB + rr;
+            if (r < R) {
+                const int h = g * (hq / hkv) + r / nq, i = r % nq;
+                seen[rr] = min(len - nq + i + 1, c1);
+                const h16_t* qp = q + (((long long)b * hq + h) * nq + i) * D;
+    #pragma unroll
+                for (int vv = 0; vv < VPL; ++vv) {
+                    const uint4 w = *reinterpret_cast<const uint4*>(qp + (vv * LPK + sl) * 8);
+                    unpack8_as<S>(w, &qf[rr][vv * 8]);
+    #pragma unroll
+                    for (int e = 0; e < 8; ++e) qf[rr][vv * 8 + e] *= scale_log2;
+                }
+            } else {
+                seen[rr] = 0;
+    #pragma unroll
+                for (int e = 0; e < 8 * VPL; ++e) qf[rr][e] = 0.f;
+            }
+        }
+
+        float acc[RB][8 * VPL];
+        float m[RB], l[RB];
+    #pragma unroll
+        for (int rr = 0; rr < RB; ++rr) {
+            m[rr] = TANDEM_NEG_INF;
+            l[rr] = 0.f;
+    #pragma unroll
+            for (int e = 0; e < 8 * VPL; ++e) acc[rr][e] = 0.f;
+        }
+
+        for (int t = 0; t < ntiles; ++t) {
+            // Tile t has landed (this thread's copies; the barrier makes everyone's visible), and
+            // every warp is done with tile t - 1, whose stage the next issue refills.
+            dec_cp_async_wait<DEC_STAGES - 2>();
+            __syncthreads();
+            issue(t + DEC_STAGES - 1);
+            const h16_t* const sk = ring + (t % DEC_STAGES) * STAGE;
+            const h16_t* const sv = sk + TK * D;
+            const int t0 = c0 + t * TK;
+            // scores
+            float sc[U][RB];
+    #pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int kt = (u * DEC_WARPS + warp) * KPW + sg;
+                const int j = t0 + kt;
+                float kf[8 * VPL];
+    #pragma unroll
+                for (int x = 0; x < VPL; ++x)
+                    unpack8_as<S>(*reinterpret_cast<const uint4*>(sk + kt * D + (x * LPK + sl) * 8),
+                                  &kf[x * 8]);
+    #pragma unroll
+                for (int rr = 0; rr < RB; ++rr) {
+                    float s = 0.f;
+    #pragma unroll
+                    for (int e = 0; e < 8 * VPL; ++e) s = fmaf(qf[rr][e], kf[e], s);
+    #pragma unroll
+                    for (int o = LPK / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+                    sc[u][rr] = j < seen[rr] ? s : TANDEM_NEG_INF;
+                }
+            }
+            // online softmax step per row, the max shared by the whole warp (so is the branch)
+    #pragma unroll
+            for (int rr = 0; rr < RB; ++rr) {
+                float mx = sc[0][rr];
+    #pragma unroll
+                for (int u = 1; u < U; ++u) mx = fmaxf(mx, sc[u][rr]);
+    #pragma unroll
+                for (int o = 16; o >= LPK; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+                if (mx == TANDEM_NEG_INF) {  // no key of this step for this row
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) sc[u][rr] = 0.f;
+                    continue;
+                }
+                if (mx > m[rr]) {
+                    const float corr = fast_exp2(m[rr] - mx);
+                    m[rr] = mx;
+                    l[rr] *= corr;
+    #pragma unroll
+                    for (int e = 0; e < 8 * VPL; ++e) acc[rr][e] *= corr;
+                }
+                float sum = 0.f;
+    #pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    sc[u][rr] = fast_exp2(sc[u][rr] - m[rr]);
+                    sum += sc[u][rr];
+                }
+                l[rr] += sum;
+            }
+            // P V
+    #pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int kt = (u * DEC_WARPS + warp) * KPW + sg;
+                float vf[8 * VPL];
+    #pragma unroll
+                for (int x = 0; x < VPL; ++x)
+                    unpack8_as<S>(*reinterpret_cast<const uint4*>(sv + kt * D + (x * LPK + sl) * 8),
+                                  &vf[x * 8]);
+    #pragma unroll
+                for (int rr = 0; rr < RB; ++rr) {
+    #pragma unroll
+                    for (int e = 0; e < 8 * VPL; ++e) acc[rr][e] = fmaf(sc[u][rr], vf[e], acc[rr][e]);
+                }
+            }
+        }
+        dec_cp_async_wait<0>();  // only empty groups can remain
+
+        // Sum the key subgroups of the warp (they share the warp's max), then merge the warps
+        // through the ring, once every warp is done with it.
+    #pragma unroll
+        for (int rr = 0; rr < RB; ++rr) {
+    #pragma unroll
+            for (int o = 16; o >= LPK; o >>= 1) {
+                l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], o);
+    #pragma unroll
+                for (int e = 0; e < 8 * VPL; ++e)
+                    acc[rr][e] += __shfl_xor_sync(0xffffffffu, acc[rr][e], o);
+            }
+        }
+        const int any_bad = __syncthreads_or(bad_block);
+        if (any_bad) {
+            write_const(DEC_NAN, DEC_NAN);
+            return;
+        }
+    #pragma unroll
+        for (int rr = 0; rr < RB; ++rr) {
+            if (sg == 0) {
+    #pragma unroll
+                for (int x = 0; x < VPL; ++x)
+    #pragma unroll
+                    for (int e = 0; e < 8; ++e)
+                        s_acc[(warp * RB + rr) * D + (x * LPK + sl) * 8 + e] = acc[rr][x * 8 + e];
+                if (sl == 0) {
+                    s_m[warp * RB + rr] = m[rr];
+                    s_l[warp * RB + rr] = l[rr];
+                }
             }
         }
     }
