@@ -323,6 +323,17 @@ pub trait Backend: Send + Sync + fmt::Debug {
         meta.bytes() as u64
     }
 
+    /// Bytes the device keeps beside input `input` of `op` (on inputs of these shapes) for as
+    /// long as that input's storage stays on the device: forms it derives from a weight at
+    /// first use and charges to its memory accounts ([`Backend::attach_memory`]), such as the
+    /// CUDA backend's e4m3 copies of the MoE experts' weights (one byte a weight and an f32
+    /// scale an output channel) when the FP8 experts run. The planner counts them with the
+    /// weights resident on the device, once per weight like the weights themselves, so a
+    /// `--memory-limit` holds them too. By default a device derives nothing: 0.
+    fn derived_weight_bytes(&self, _op: &Op, _inputs: &[TensorMeta], _input: usize) -> u64 {
+        0
+    }
+
     /// Hands the device its registry's memory accounts, which it charges for what it keeps
     /// on the device beyond the storage it is handed (forms derived from a replica, such as
     /// the CUDA backend's e4m3 expert weights). By default a device keeps nothing more.

@@ -11,17 +11,19 @@ use crate::dtype::DType;
 use crate::error::{ErrorKind, Result};
 use crate::exec::{ExecOptions, Executor, fetch};
 use crate::graph::Graph;
-use crate::ops::{Activation, LinearParams, Op, RmsNormParams};
+use crate::ops::{Activation, LinearParams, MoeExpertsParams, Op, RmsNormParams};
 use crate::options::MemoryLimits;
 use crate::plan::{BackendChoice, plan};
 use crate::tensor::{Tensor, TensorMeta};
 
 /// A device of its own id whose storage is host tensors and whose ops the CPU computes: fast
-/// on paper, so auto placement prefers it.
+/// on paper, so auto placement prefers it. It says it keeps `derived` bytes beside each of
+/// the MoE experts' weights (`gate_up`, `down`), as the CUDA backend does under FP8 experts.
 #[derive(Debug)]
 struct HostDevice {
     info: DeviceInfo,
     cpu: CpuBackend,
+    derived: u64,
 }
 
 const DEV: DeviceId = DeviceId {
@@ -35,6 +37,12 @@ impl Backend for HostDevice {
     }
     fn supports(&self, op: &Op, inputs: &[TensorMeta]) -> Support {
         self.cpu.supports(op, inputs)
+    }
+    fn derived_weight_bytes(&self, op: &Op, _inputs: &[TensorMeta], input: usize) -> u64 {
+        match op {
+            Op::MoeExperts(_) if input == 5 || input == 6 => self.derived,
+            _ => 0,
+        }
     }
     fn upload(&self, host: &Tensor) -> Result<DeviceStorage> {
         Ok(DeviceStorage::new(self.id(), host.meta(), host.clone()))
@@ -68,8 +76,14 @@ fn registry(limits: &str) -> Result<DeviceRegistry> {
 
 /// The CPU and `n` host devices (`fpga:0`, `fpga:1`, ...), with `limits`.
 fn registry_of(n: usize, limits: &str) -> Result<DeviceRegistry> {
+    registry_derived(&vec![0; n], limits)
+}
+
+/// The CPU and a host device per entry of `derived` (`fpga:0`, `fpga:1`, ...), each keeping
+/// that many bytes beside each MoE expert weight, with `limits`.
+fn registry_derived(derived: &[u64], limits: &str) -> Result<DeviceRegistry> {
     let mut r = DeviceRegistry::cpu_only();
-    for index in 0..n {
+    for (index, &derived) in derived.iter().enumerate() {
         r.add(Arc::new(HostDevice {
             info: DeviceInfo {
                 id: DeviceId { index, ..DEV },
@@ -81,6 +95,7 @@ fn registry_of(n: usize, limits: &str) -> Result<DeviceRegistry> {
                 details: Vec::new(),
             },
             cpu: CpuBackend::new(),
+            derived,
         }));
     }
     r.set_memory_limits(MemoryLimits::parse(limits, "--memory-limit")?);
@@ -390,5 +405,144 @@ fn a_derived_form_is_charged_evicts_for_room_and_is_given_back() -> Result<()> {
         reg.memory().usage(DEV).used,
         held - (5 * U - before.used + U)
     );
+    Ok(())
+}
+
+/// MoE sizes of [`moe_layers`]: tokens, hidden, experts, top-k, ffn.
+const MT: usize = 4;
+const MH: usize = 64;
+const ME: usize = 4;
+const MK: usize = 2;
+const MF: usize = 32;
+/// Bytes of one layer's expert weights: gate_up [E, 2F, H] and down [E, H, F] in f32.
+const MW: u64 = (ME * 2 * MF * MH * 4 + ME * MH * MF * 4) as u64;
+/// Bytes of one experts output [T, H] in f32.
+const MY: u64 = (MT * MH * 4) as u64;
+/// Bytes the test device derives from each expert weight (its "FP8 copies").
+const MD: u64 = 16 << 10;
+
+/// `layers` MoE layers `layers.{i}.experts{j}`, `per_layer` experts nodes a layer chained
+/// through their outputs, the nodes of a layer reading the same weights
+/// (`model.layers.{i}.gate_up`, `.down`); the routing is constants shared by all.
+fn moe_layers(layers: usize, per_layer: usize) -> Result<Graph> {
+    let mut g = Graph::default();
+    g.constant("x", Tensor::from_vec_f32(&[MT, MH], values(MT * MH, 1))?);
+    let ids: Vec<i32> = (0..MT * MK).map(|i| (i % ME) as i32).collect();
+    g.constant("ids", Tensor::from_vec_i32(&[MT, MK], ids)?);
+    g.constant("w", Tensor::from_vec_f32(&[MT, MK], vec![0.5; MT * MK])?);
+    g.constant(
+        "sorted",
+        Tensor::from_vec_i32(&[MT * MK], (0..(MT * MK) as i32).collect())?,
+    );
+    let offsets: Vec<i32> = (0..=ME).map(|e| (e * MT * MK / ME) as i32).collect();
+    g.constant("offsets", Tensor::from_vec_i32(&[ME + 1], offsets)?);
+    let mut prev = "x".to_string();
+    for i in 0..layers {
+        let (up, down) = (
+            format!("model.layers.{i}.gate_up"),
+            format!("model.layers.{i}.down"),
+        );
+        g.param(
+            &up,
+            Tensor::from_vec_f32(&[ME, 2 * MF, MH], values(ME * 2 * MF * MH, 20 + i as u64))?,
+        );
+        g.param(
+            &down,
+            Tensor::from_vec_f32(&[ME, MH, MF], values(ME * MH * MF, 40 + i as u64))?,
+        );
+        for j in 0..per_layer {
+            let ins = [prev.as_str(), "ids", "w", "sorted", "offsets", &up, &down];
+            let op = Op::MoeExperts(MoeExpertsParams {});
+            prev = g.add(&format!("layers.{i}.experts{j}"), op, &ins)[0].clone();
+        }
+    }
+    g.outputs = vec![prev];
+    Ok(g)
+}
+
+#[test]
+fn derived_weight_copies_are_counted_once_with_the_resident_weights() -> Result<()> {
+    // One layer, two experts nodes reading the same weights: the copies the device derives
+    // from them are resident once, and in the peak (one node's inputs) once.
+    let g = moe_layers(1, 2)?;
+    let only = BackendChoice::Only(DeviceKind::FpgaXrt);
+    let planned = |derived: u64| -> Result<crate::plan::PlannedMemory> {
+        let p = plan(&g, &registry_derived(&[derived], "")?, only)?;
+        assert!(p.placements.iter().all(|p| p.device == DEV));
+        p.memory
+            .into_iter()
+            .find(|m| m.device == DEV)
+            .ok_or_else(|| crate::error::Error::Internal("no planned memory".into()))
+    };
+    let without = planned(0)?;
+    assert_eq!((without.resident_bytes, without.derived_bytes), (MW, 0));
+    let with = planned(MD)?;
+    assert_eq!(with.resident_bytes, MW + 2 * MD);
+    assert_eq!(with.derived_bytes, 2 * MD);
+    assert_eq!(with.peak_bytes, without.peak_bytes + 2 * MD);
+    // The peak: both outputs held, the second node's inputs (x's successor is held already)
+    // fetched with the copies.
+    let routing = (MT * MK * 4 * 3 + (ME + 1) * 4) as u64;
+    assert_eq!(with.peak_bytes, 2 * MY + routing + MW + 2 * MD);
+    Ok(())
+}
+
+#[test]
+fn weights_that_fit_only_without_their_derived_copies_go_elsewhere() -> Result<()> {
+    // Two layers; fpga:0 derives MD bytes beside each expert weight, fpga:1 nothing. The
+    // limit holds both layers' weights but not their copies too.
+    let limit = 2 * MY + 2 * MW + 3 * MD;
+    let limits = format!("fpga:0={limit},fpga:1={limit}");
+    let g = moe_layers(2, 1)?;
+    let only = BackendChoice::Only(DeviceKind::FpgaXrt);
+    let on = |p: &crate::plan::Plan| -> Vec<String> {
+        p.placements.iter().map(|p| p.device.to_string()).collect()
+    };
+    // Without copies both layers stay on fpga:0.
+    let p = plan(&g, &registry_derived(&[0, 0], &limits)?, only)?;
+    assert_eq!(on(&p), ["fpga:0", "fpga:0"]);
+    // With them, layer 1 goes to fpga:1, and the reason says the copies are what did not fit.
+    let p = plan(&g, &registry_derived(&[MD, 0], &limits)?, only)?;
+    assert_eq!(on(&p), ["fpga:0", "fpga:1"]);
+    let why = p.placements[1].reason.to_string();
+    for want in [
+        "fpga:0: evicts (layer 1's weights (128.0 KiB, of which 32.0 KiB are derived copies \
+         such as FP8 expert weights) would not stay resident",
+        "the derived copies are what does not fit (the weights alone would)",
+    ] {
+        assert!(why.contains(want), "{want:?} not in: {why}");
+    }
+    let m0 = p.memory.iter().find(|m| m.device == DEV).expect("fpga:0");
+    assert_eq!((m0.resident_bytes, m0.derived_bytes), (MW + 2 * MD, 2 * MD));
+    assert!(m0.peak_bytes <= m0.limit_bytes);
+    Ok(())
+}
+
+#[test]
+fn a_limit_under_the_working_set_with_its_derived_copies_is_an_error_naming_them() -> Result<()> {
+    // The node's inputs and outputs fit the limit; with the copies derived from its weights
+    // they do not.
+    let g = moe_layers(1, 1)?;
+    let only = BackendChoice::Only(DeviceKind::FpgaXrt);
+    let limit = MY + MW + 20 * 1024;
+    let limits = format!("fpga:0={limit}");
+    let p = plan(&g, &registry_derived(&[0], &limits)?, only)?;
+    assert!(p.placements.iter().all(|p| p.device == DEV));
+    let e = plan(&g, &registry_derived(&[MD], &limits)?, only).expect_err("too big");
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    let m = e.to_string();
+    // x, the routing, the weights and their copies, the output.
+    let routing = (MT * MK * 4 * 3 + (ME + 1) * 4) as u64;
+    let need = 2 * MY + routing + MW + 2 * MD;
+    for want in [
+        "node 'layers.0.experts0' (moe_experts)".to_string(),
+        format!(
+            "on fpga:0 it needs 130.1 KiB (inputs + outputs, {need} bytes, of which 32.0 KiB are \
+             derived copies such as FP8 expert weights), over the limit of 117.0 KiB"
+        ),
+        "--memory-limit".to_string(),
+    ] {
+        assert!(m.contains(&want), "{want:?} not in: {m}");
+    }
     Ok(())
 }

@@ -17,6 +17,13 @@
 //! [`NoRoom::Evicts`], which the planner weighs against the other devices by adding the time
 //! to fetch those weights again to that device's finish time. A second GPU with room wins
 //! over evicting; the CPU (seconds for a layer) loses to a GPU that re-fetches its weights.
+//!
+//! What a device derives from a weight and keeps beside it ([`Backend::derived_weight_bytes`]:
+//! the CUDA backend's e4m3 copies of the MoE experts' weights under FP8 experts) is counted
+//! with that weight: in the working set of every node that reads it, and once in what stays
+//! resident. The messages name those copies where there are any.
+//!
+//! [`Backend::derived_weight_bytes`]: crate::backend::Backend::derived_weight_bytes
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -35,8 +42,13 @@ pub struct PlannedMemory {
     /// Bytes it may hold (its `--memory-limit`, else its capacity).
     pub limit_bytes: u64,
     /// Most bytes the schedule has it hold at once (outputs kept plus one node's fetched
-    /// inputs).
+    /// inputs, with the copies the device derives from them).
     pub peak_bytes: u64,
+    /// Bytes of the weights its nodes use, kept resident across runs (each weight once), with
+    /// the copies the device derives from them and keeps beside them.
+    pub resident_bytes: u64,
+    /// Of `resident_bytes`, the derived copies ([`crate::backend::Backend::derived_weight_bytes`]).
+    pub derived_bytes: u64,
 }
 
 /// The layer a node belongs to, from its name: the number after `layers.` (`model.layers.3.attn`,
@@ -68,6 +80,8 @@ pub(super) enum NoRoom {
     TooBig {
         /// Its inputs and outputs, bytes on the device.
         need: u64,
+        /// Of `need`, the copies the device derives from its inputs.
+        derived: u64,
         /// The device's limit.
         limit: u64,
     },
@@ -76,15 +90,41 @@ pub(super) enum NoRoom {
     /// The node's layer fits, but its weights would not stay resident beside the weights
     /// and outputs the device keeps: each run would fetch `bytes` of weights again.
     Evicts {
-        /// Bytes of the layer's weights not yet on the device.
+        /// Bytes of the layer's weights not yet on the device (what each run fetches again;
+        /// not the copies derived from them on the device).
         bytes: u64,
         /// What does not fit, for `plan --explain`.
         why: String,
     },
 }
 
+/// The bytes of a node on a device ([`Accounts::need`]).
+#[derive(Debug, Clone, Copy)]
+struct Need {
+    /// Its outputs.
+    outs: u64,
+    /// Its inputs not produced on the device, and the copies derived from its inputs.
+    fetch: u64,
+    /// Its inputs, outputs and derived copies.
+    working: u64,
+    /// Of `working` (and `fetch`), the copies the device derives from its inputs.
+    derived: u64,
+}
+
+/// `, of which X are derived copies ...` for `derived` bytes of copies (nothing for none).
+pub(super) fn copies(derived: u64) -> String {
+    if derived == 0 {
+        return String::new();
+    }
+    format!(
+        ", of which {} are derived copies such as FP8 expert weights",
+        human_bytes(derived)
+    )
+}
+
 /// The accounts of one planning pass.
 pub(super) struct Accounts<'a> {
+    graph: &'a Graph,
     reg: &'a DeviceRegistry,
     index: &'a GraphIndex,
     /// Devices by position (`dev_pos`), with their limits and the bytes per slot as they
@@ -107,7 +147,7 @@ pub(super) struct Accounts<'a> {
     param_slot: Vec<bool>,
     /// The last [`Accounts::need`] asked for, `(node, device position, need)`: a node is
     /// checked on a device, then placed on it, and its need is computed once.
-    last_need: Option<(usize, usize, (u64, u64, u64))>,
+    last_need: Option<(usize, usize, Need)>,
     /// Nodes placed off the device they would have gone to, because it was full: by device.
     pub spilled: BTreeMap<DeviceId, Vec<(String, DeviceId)>>,
 }
@@ -119,10 +159,16 @@ struct DeviceAccount {
     /// Bytes of each slot as the device stores it; empty until the device is first asked
     /// about (then filled for every slot).
     stored: Vec<u64>,
+    /// Bytes the device derives from each slot and keeps beside it
+    /// ([`crate::backend::Backend::derived_weight_bytes`], the most any node reading the slot
+    /// asks for); filled with `stored`.
+    derived: Vec<u64>,
     /// Outputs it holds until the run ends.
     held: u64,
-    /// Weights its nodes use, kept resident across runs.
+    /// Weights its nodes use, kept resident across runs, with their derived copies.
     resident: u64,
+    /// Of `resident`, the derived copies.
+    resident_derived: u64,
     peak: u64,
     /// Whether any node was placed here.
     used: bool,
@@ -142,6 +188,7 @@ impl<'a> Accounts<'a> {
             }
         }
         Self {
+            graph,
             reg,
             index,
             devices: Vec::new(),
@@ -171,13 +218,26 @@ impl<'a> Accounts<'a> {
                 .collect(),
             None => vec![0; self.index.slots()],
         };
+        let mut derived = vec![0; self.index.slots()];
+        if let Some(b) = self.reg.get(dev) {
+            for (j, node) in self.graph.nodes.iter().enumerate().take(self.index.nodes()) {
+                let metas = self.index.input_metas(j);
+                for (k, &i) in self.index.inputs(j).iter().enumerate() {
+                    let d = b.derived_weight_bytes(&node.op, metas, k);
+                    let slot = &mut derived[i as usize];
+                    *slot = (*slot).max(d);
+                }
+            }
+        }
         self.devices.push(DeviceAccount {
             id: dev,
             limit: self.reg.memory_limit(dev).unwrap_or(u64::MAX),
             limit_set: self.reg.memory().limits().limit_for(dev).is_some(),
             stored,
+            derived,
             held: 0,
             resident: 0,
+            resident_derived: 0,
             peak: 0,
             used: false,
         });
@@ -196,9 +256,8 @@ impl<'a> Accounts<'a> {
         self.reg.memory_limit(dev).unwrap_or(u64::MAX)
     }
 
-    /// (outputs, inputs to fetch, working set) of node `node` on the device at `pos`, bytes
-    /// as it stores them.
-    fn need(&mut self, pos: usize, node: usize) -> (u64, u64, u64) {
+    /// The bytes of node `node` on the device at `pos`, as it stores them.
+    fn need(&mut self, pos: usize, node: usize) -> Need {
         if let Some((n, p, need)) = self.last_need
             && (n, p) == (node, pos)
         {
@@ -209,11 +268,11 @@ impl<'a> Accounts<'a> {
         need
     }
 
-    fn compute_need(&self, pos: usize, node: usize) -> (u64, u64, u64) {
+    fn compute_need(&self, pos: usize, node: usize) -> Need {
         let d = &self.devices[pos];
         let outs: u64 = self.index.outputs(node).map(|o| d.stored[o as usize]).sum();
         let ins = self.index.inputs(node);
-        let (mut fetch, mut all) = (0u64, 0u64);
+        let (mut fetch, mut all, mut derived) = (0u64, 0u64, 0u64);
         for (k, &i) in ins.iter().enumerate() {
             if ins[..k].contains(&i) {
                 continue;
@@ -223,18 +282,27 @@ impl<'a> Accounts<'a> {
             if self.produced_on[i as usize] != pos as u32 {
                 fetch += b;
             }
+            // Derived from the input once it is here, wherever it came from.
+            derived += d.derived[i as usize];
         }
-        (outs, fetch, outs + all)
+        Need {
+            outs,
+            fetch: fetch + derived,
+            working: outs + all + derived,
+            derived,
+        }
     }
 
     /// Whether node `index` fits `dev` now.
     pub fn check(&mut self, node: usize, dev: DeviceId) -> Result<(), NoRoom> {
         let pos = self.dev_pos(dev);
         let limit = self.devices[pos].limit;
-        let (outs, fetch, working) = self.need(pos, node);
-        if working > limit {
+        let need = self.need(pos, node);
+        let (outs, fetch) = (need.outs, need.fetch);
+        if need.working > limit {
             return Err(NoRoom::TooBig {
-                need: working,
+                need: need.working,
+                derived: need.derived,
                 limit,
             });
         }
@@ -259,27 +327,43 @@ impl<'a> Accounts<'a> {
                     .sum();
                 if held.saturating_add(layer_outs).saturating_add(fetch) > limit {
                     self.banned.insert((l, dev));
+                    let first = if need.derived > 0 {
+                        format!(
+                            " (and its first node's inputs {}{})",
+                            human_bytes(fetch),
+                            copies(need.derived)
+                        )
+                    } else {
+                        String::new()
+                    };
                     return Err(NoRoom::Full(format!(
-                        "layer {l} needs {} beside the {} {dev} holds, over its limit of {}",
+                        "layer {l} needs {}{first} beside the {} {dev} holds, over its limit of {}",
                         human_bytes(layer_outs),
                         human_bytes(held),
                         human_bytes(limit)
                     )));
                 }
                 if !self.evicting.contains(&(l, dev)) {
-                    let weights = self.layer_weights_new(l, node, pos);
+                    let (weights, derived) = self.layer_weights_new(l, node, pos);
                     let resident = self.devices[pos].resident;
                     let total = held
                         .saturating_add(resident)
                         .saturating_add(layer_outs)
                         .saturating_add(weights);
                     if weights > 0 && total > limit {
+                        // Without the copies they would stay: say that they are what does not fit.
+                        let cause = if derived > 0 && total - derived <= limit {
+                            "; the derived copies are what does not fit (the weights alone would)"
+                        } else {
+                            ""
+                        };
                         return Err(NoRoom::Evicts {
-                            bytes: weights,
+                            bytes: weights - derived,
                             why: format!(
-                                "layer {l}'s weights ({}) would not stay resident beside the {} \
-                                 of weights and outputs {dev} keeps, over its limit of {}",
+                                "layer {l}'s weights ({}{}) would not stay resident beside the {} \
+                                 of weights and outputs {dev} keeps, over its limit of {}{cause}",
                                 human_bytes(weights),
+                                copies(derived),
                                 human_bytes(held + resident),
                                 human_bytes(limit)
                             ),
@@ -290,8 +374,9 @@ impl<'a> Accounts<'a> {
         }
         if held.saturating_add(outs).saturating_add(fetch) > limit {
             return Err(NoRoom::Full(format!(
-                "needs {} beside the {} it holds, over its limit of {}",
+                "needs {}{} beside the {} it holds, over its limit of {}",
                 human_bytes(outs + fetch),
+                copies(need.derived),
                 human_bytes(held),
                 human_bytes(limit)
             )));
@@ -300,11 +385,12 @@ impl<'a> Accounts<'a> {
     }
 
     /// Bytes of the parameter inputs (weights) of layer `l`'s nodes from `node` on that are
-    /// not yet counted as resident on the device at `pos`, each counted once.
-    fn layer_weights_new(&self, l: usize, node: usize, pos: usize) -> u64 {
+    /// not yet counted as resident on the device at `pos`, each counted once, with the copies
+    /// the device derives from them; and of those, the copies.
+    fn layer_weights_new(&self, l: usize, node: usize, pos: usize) -> (u64, u64) {
         let d = &self.devices[pos];
         let mut seen: Vec<u32> = Vec::new();
-        let mut sum = 0u64;
+        let (mut sum, mut derived) = (0u64, 0u64);
         for &j in self.layer_nodes[&l].iter().filter(|&&j| j >= node) {
             for &i in self.index.inputs(j) {
                 if self.param_slot[i as usize]
@@ -312,11 +398,12 @@ impl<'a> Accounts<'a> {
                     && !self.resident_slots.contains(&(pos, i))
                 {
                     seen.push(i);
-                    sum += d.stored[i as usize];
+                    sum += d.stored[i as usize] + d.derived[i as usize];
+                    derived += d.derived[i as usize];
                 }
             }
         }
-        sum
+        (sum, derived)
     }
 
     /// Records that node `node`'s layer goes on `dev` although its weights evict others
@@ -340,17 +427,21 @@ impl<'a> Accounts<'a> {
     /// Records node `node` placed on `dev`.
     pub fn place(&mut self, node: usize, dev: DeviceId) {
         let pos = self.dev_pos(dev);
-        let (outs, fetch, _) = self.need(pos, node);
-        // Its parameter inputs (weights) stay resident there from now on.
-        let mut weights = 0u64;
+        let Need { outs, fetch, .. } = self.need(pos, node);
+        // Its parameter inputs (weights) stay resident there from now on, with what the
+        // device derives from them.
+        let (mut weights, mut derived) = (0u64, 0u64);
         for &i in self.index.inputs(node) {
             if self.param_slot[i as usize] && self.resident_slots.insert((pos, i)) {
-                weights += self.devices[pos].stored[i as usize];
+                let d = &self.devices[pos];
+                weights += d.stored[i as usize] + d.derived[i as usize];
+                derived += d.derived[i as usize];
             }
         }
         let d = &mut self.devices[pos];
         d.held += outs;
         d.resident += weights;
+        d.resident_derived += derived;
         d.used = true;
         d.peak = d.peak.max(d.held + fetch);
         for o in self.index.outputs(node) {
@@ -359,14 +450,16 @@ impl<'a> Accounts<'a> {
     }
 
     /// The error for a node that fits no device: `too_big` lists the devices that support it
-    /// but whose limit is under its working set.
-    pub fn too_big_error(node: &Node, too_big: &[(DeviceId, u64, u64)]) -> Error {
+    /// but whose limit is under its working set, as (device, need, derived copies in it,
+    /// limit).
+    pub fn too_big_error(node: &Node, too_big: &[(DeviceId, u64, u64, u64)]) -> Error {
         let parts: Vec<String> = too_big
             .iter()
-            .map(|(d, need, limit)| {
+            .map(|(d, need, derived, limit)| {
                 format!(
-                    "on {d} it needs {} (inputs + outputs, {need} bytes), over the limit of {} ({limit} bytes)",
+                    "on {d} it needs {} (inputs + outputs, {need} bytes{}), over the limit of {} ({limit} bytes)",
                     human_bytes(*need),
+                    copies(*derived),
                     human_bytes(*limit)
                 )
             })
@@ -393,6 +486,8 @@ impl<'a> Accounts<'a> {
                 device: d.id,
                 limit_bytes: d.limit,
                 peak_bytes: d.peak,
+                resident_bytes: d.resident,
+                derived_bytes: d.resident_derived,
             })
             .collect();
         v.sort_by_key(|m| m.device);

@@ -306,8 +306,9 @@ pub fn plan_indexed(
         let mut best: Option<Best> = None;
         let mut considered = smallvec::SmallVec::<[Considered; 2]>::new();
         let mut lacks: Option<String> = None;
-        // Devices whose limit is under the node's working set: (device, need, limit).
-        let mut too_big: Vec<(DeviceId, u64, u64)> = Vec::new();
+        // Devices whose limit is under the node's working set: (device, need, derived copies
+        // in it, limit).
+        let mut too_big: Vec<(DeviceId, u64, u64, u64)> = Vec::new();
         // The best device had memory not counted, when it is not `best`: a spill.
         let mut best_any: Option<(u8, Duration, DeviceId)> = None;
         let mut full: Vec<String> = Vec::new();
@@ -388,10 +389,15 @@ pub fn plan_indexed(
                         ),
                     ));
                 }
-                Err(memory::NoRoom::TooBig { need, limit }) => {
+                Err(memory::NoRoom::TooBig {
+                    need,
+                    derived,
+                    limit,
+                }) => {
                     let why = format!(
-                        "needs {} for inputs + outputs, over its memory {} of {}",
+                        "needs {} for inputs + outputs{}, over its memory {} of {}",
                         crate::limits::human_bytes(need),
+                        memory::copies(derived),
                         if mem.limit_set(dev) {
                             "limit"
                         } else {
@@ -402,7 +408,7 @@ pub fn plan_indexed(
                     // A limit the user set is held to (an error below); a device's own
                     // capacity is like a missing kernel: the op runs elsewhere.
                     if mem.limit_set(dev) {
-                        too_big.push((dev, need, limit));
+                        too_big.push((dev, need, derived, limit));
                     } else if preferred == Some(dev.kind) && lacks.is_none() {
                         lacks = Some(why.clone());
                     }
@@ -436,7 +442,7 @@ pub fn plan_indexed(
         let requested_too_big =
             preferred.is_some_and(|k| too_big.iter().any(|(d, ..)| d.kind == k));
         if requested_too_big || (best.is_none() && !too_big.is_empty()) {
-            let listed: Vec<(DeviceId, u64, u64)> = too_big
+            let listed: Vec<(DeviceId, u64, u64, u64)> = too_big
                 .iter()
                 .filter(|(d, ..)| !requested_too_big || Some(d.kind) == preferred)
                 .copied()

@@ -696,6 +696,11 @@ impl Backend for CudaBackend {
         let _ = self.accounts.set(accounts.clone());
     }
 
+    fn derived_weight_bytes(&self, op: &Op, inputs: &[TensorMeta], input: usize) -> u64 {
+        // The FP8 experts' e4m3 weights, as their first use charges them.
+        ops::derived_bytes(self.dev.arch, &self.opts, op, inputs, input)
+    }
+
     fn stored_bytes(&self, meta: &TensorMeta) -> u64 {
         // Floats in 16 bits (bf16 or f16), i32 as is.
         let size = if meta.dtype.is_float() {

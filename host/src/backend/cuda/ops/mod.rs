@@ -321,6 +321,31 @@ pub fn experts_path_name(
     })
 }
 
+/// Bytes a device of compute capability `arch` with options `opts` keeps beside input `input`
+/// of `op` on inputs `metas` for as long as that input's storage lives: the e4m3 copy of
+/// `gate_up` or `down` ([`moe_fp8::kept_beside`], the bytes its first use charges to the
+/// device's memory accounts) where the experts take the FP8 path
+/// ([`moe::ExpertsPath::on_arch`], the choice the launch makes); 0 for every other op, input
+/// and path.
+pub fn derived_bytes(
+    arch: u32,
+    opts: &crate::options::CudaOptions,
+    op: &Op,
+    metas: &[TensorMeta],
+    input: usize,
+) -> u64 {
+    let Op::MoeExperts(p) = op else {
+        return 0;
+    };
+    let Ok(s) = p.shape(metas) else {
+        return 0;
+    };
+    match moe::ExpertsPath::on_arch(arch, opts, &s).0 {
+        moe::ExpertsPath::WgmmaFp8 => moe_fp8::kept_beside(&s, input),
+        _ => 0,
+    }
+}
+
 /// Queues `op`; returns the name(s) of the kernels that ran, joined by '+'.
 pub fn run(
     cx: &Cx<'_>,

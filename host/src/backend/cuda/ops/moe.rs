@@ -321,8 +321,18 @@ const MEDIUM_TILE_MAX_ROWS: usize = 96;
 impl ExpertsPath {
     /// [`ExpertsPath::select`] on `cx`'s device with its options.
     pub fn on_device(cx: &Cx<'_>, s: &ExpertsShape) -> (Self, Option<String>) {
-        let hopper = tandem_gpu_kernels::Module::MoeExpertsSm90a.runs_on(cx.be.dev.arch);
-        let o = &cx.be.opts;
+        Self::on_arch(cx.be.dev.arch, &cx.be.opts, s)
+    }
+
+    /// [`ExpertsPath::select`] then [`ExpertsPath::fp8`] on a device of compute capability
+    /// `arch` with options `o` (what [`ExpertsPath::on_device`] runs; the planner's question
+    /// about the FP8 weights kept beside the experts' weights asks it too).
+    pub fn on_arch(
+        arch: u32,
+        o: &crate::options::CudaOptions,
+        s: &ExpertsShape,
+    ) -> (Self, Option<String>) {
+        let hopper = tandem_gpu_kernels::Module::MoeExpertsSm90a.runs_on(arch);
         let (path, why) = Self::select(s, hopper, o.moe_experts, o.moe_tile);
         let (path, not_fp8) = path.fp8(s, o.moe_fp8);
         (path, not_fp8.or(why))

@@ -43,6 +43,39 @@ pub struct Kept {
     _charge: Option<crate::memory::Charge>,
 }
 
+/// The experts op's input `gate_up` ([E, 2F, H]), kept in e4m3 beside its storage.
+const GATE_UP: usize = 5;
+/// The experts op's input `down` ([E, H, F]), kept in e4m3 beside its storage.
+const DOWN: usize = 6;
+
+/// The weights kept in e4m3 beside their storage, as `(input, rows, cols)` with one scale a
+/// row (an output channel): `gate_up` as `E * 2F` rows of `H`, `down` as `E * H` rows of `F`.
+fn kept_weights(s: &ExpertsShape) -> [(usize, usize, usize); 2] {
+    [(GATE_UP, s.e * 2 * s.f, s.h), (DOWN, s.e * s.h, s.f)]
+}
+
+/// Bytes of the e4m3 rows kept beside a `rows x cols` weight, what the device's memory
+/// accounts are charged for them: a byte a weight and a 4-byte f32 scale a row.
+pub fn kept_bytes(rows: usize, cols: usize) -> u64 {
+    let (rows, cols) = (rows as u64, cols as u64);
+    rows.saturating_mul(cols)
+        .saturating_add(rows.saturating_mul(4))
+}
+
+/// Bytes the FP8 experts keep beside input `input` of an experts op of shape `s` (run on
+/// this path) for as long as that input's storage lives: [`kept_bytes`] of `gate_up` or
+/// `down`; 0 for the other inputs, and where no token is routed (`T = 0`: nothing is
+/// quantized then).
+pub fn kept_beside(s: &ExpertsShape, input: usize) -> u64 {
+    if s.t == 0 {
+        return 0;
+    }
+    kept_weights(s)
+        .into_iter()
+        .find(|&(i, ..)| i == input)
+        .map_or(0, |(_, rows, cols)| kept_bytes(rows, cols))
+}
+
 /// The quantization kernel for data stored as `phys`.
 fn quant_kernel(phys: DType) -> &'static str {
     match phys {
@@ -127,7 +160,7 @@ fn weights(
         Some(acc) if keep => Some(acc.charge_derived(
             cx.be.info.id,
             cx.be.info.memory_bytes,
-            (rows * cols + rows * 4) as u64,
+            kept_bytes(rows, cols),
             "the e4m3 copy of an expert weight (FP8 experts)",
         )?),
         _ => None,
@@ -150,7 +183,7 @@ pub fn experts(
     ins: &[&CudaStorage],
     outs: &[CudaStorage],
 ) -> Result<String> {
-    let (t, h, e, k, f) = (s.t, s.h, s.e, s.k, s.f);
+    let (t, h, k, f) = (s.t, s.h, s.k, s.f);
     let phys = outs[0].phys;
     precision(phys)?;
     let (up, down_k) = match phys {
@@ -163,8 +196,9 @@ pub fn experts(
     if t == 0 {
         return Ok(names);
     }
-    let wq_up = weights(cx, ins[5], phys, e * 2 * f, h)?;
-    let wq_down = weights(cx, ins[6], phys, e * h, f)?;
+    let [(up_in, up_rows, up_cols), (down_in, down_rows, down_cols)] = kept_weights(s);
+    let wq_up = weights(cx, ins[up_in], phys, up_rows, up_cols)?;
+    let wq_down = weights(cx, ins[down_in], phys, down_rows, down_cols)?;
     let x = cx.cast(ins[0], t * h, phys)?;
     let w = cx.f32(ins[2], t * k)?;
     let (sorted, offsets) = (ins[3], ins[4]);
@@ -212,4 +246,88 @@ pub fn experts(
     )?;
     combine_slots(cx, s, combine, rows.ptr(), w.ptr, outs[0].ptr())?;
     Ok(names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(t: usize, h: usize, e: usize, f: usize) -> ExpertsShape {
+        ExpertsShape {
+            t,
+            h,
+            e,
+            k: 2,
+            f,
+            p: t * 2 + e * 128,
+        }
+    }
+
+    #[test]
+    fn kept_bytes_are_a_byte_a_weight_and_a_scale_a_row() {
+        // E = 8, F = 64, H = 32: gate_up [8, 128, 32] is 1024 rows of 32, down [8, 32, 64]
+        // 256 rows of 64.
+        let s = shape(16, 32, 8, 64);
+        assert_eq!(kept_bytes(1024, 32), 1024 * 32 + 1024 * 4);
+        assert_eq!(kept_beside(&s, GATE_UP), 32_768 + 4_096);
+        assert_eq!(kept_beside(&s, DOWN), 16_384 + 1_024);
+        // The other inputs (x, routing) keep nothing.
+        for i in 0..5 {
+            assert_eq!(kept_beside(&s, i), 0, "input {i}");
+        }
+        assert_eq!(kept_beside(&s, 7), 0);
+        // No token routed: nothing is quantized, nothing kept.
+        assert_eq!(kept_beside(&shape(0, 32, 8, 64), GATE_UP), 0);
+        assert_eq!(kept_beside(&shape(0, 32, 8, 64), DOWN), 0);
+    }
+
+    /// The experts op's input metas for T tokens, top-2 of E experts, hidden H, ffn F.
+    fn metas(t: usize, h: usize, e: usize, f: usize) -> Vec<crate::tensor::TensorMeta> {
+        use crate::tensor::TensorMeta;
+        vec![
+            TensorMeta::new([t, h], DType::F32),
+            TensorMeta::new([t, 2], DType::I32),
+            TensorMeta::new([t, 2], DType::F32),
+            TensorMeta::new([t * 2 + e * 128], DType::I32),
+            TensorMeta::new([e + 1], DType::I32),
+            TensorMeta::new([e, 2 * f, h], DType::F32),
+            TensorMeta::new([e, h, f], DType::F32),
+        ]
+    }
+
+    #[test]
+    fn the_device_reports_the_kept_bytes_where_the_fp8_path_runs() {
+        use crate::ops::{MoeExpertsParams, Op};
+        use crate::options::CudaOptions;
+        use crate::options::cuda::MoeExpertsPath;
+        let op = Op::MoeExperts(MoeExpertsParams {});
+        let fp8 = CudaOptions {
+            moe_fp8: true,
+            ..CudaOptions::default()
+        };
+        let m = metas(16, 32, 8, 64);
+        let kept = |o: &CudaOptions, arch: u32, m: &[crate::tensor::TensorMeta]| -> Vec<u64> {
+            (0..7)
+                .map(|i| super::super::derived_bytes(arch, o, &op, m, i))
+                .collect()
+        };
+        // sm_90 with FP8 experts: gate_up's and down's e4m3 rows and scales, nothing else.
+        assert_eq!(kept(&fp8, 90, &m), [0, 0, 0, 0, 0, 36_864, 17_408]);
+        // FP8 not asked for, another arch, another path forced, rows not of 16 bytes, no
+        // token: the experts run in the storage precision and nothing is kept.
+        assert_eq!(kept(&CudaOptions::default(), 90, &m), [0; 7]);
+        assert_eq!(kept(&fp8, 80, &m), [0; 7]);
+        assert_eq!(kept(&fp8, 89, &m), [0; 7]);
+        let forced = CudaOptions {
+            moe_experts: Some(MoeExpertsPath::Grouped),
+            ..fp8.clone()
+        };
+        assert_eq!(kept(&forced, 90, &m), [0; 7]);
+        assert_eq!(kept(&fp8, 90, &metas(16, 40, 8, 64)), [0; 7]);
+        assert_eq!(kept(&fp8, 90, &metas(0, 32, 8, 64)), [0; 7]);
+        // Other ops keep nothing.
+        let norm = Op::RmsNorm(crate::ops::RmsNormParams::default());
+        let x = [crate::tensor::TensorMeta::new([16, 32], DType::F32)];
+        assert_eq!(super::super::derived_bytes(90, &fp8, &norm, &x, 0), 0);
+    }
 }
