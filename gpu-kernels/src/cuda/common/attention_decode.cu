@@ -17,11 +17,17 @@
 // cache it reads the block-table entry of each of its keys once for both K and V, one tile
 // ahead of the copies. Keys past the chunk are zero-filled (never read from global memory).
 //
-// Compute from shared memory, on CUDA cores: lanes split a key's D elements into 16-byte
-// vectors (VPL per lane, LPK lanes per key, KPW = 32 / LPK keys per warp step, U steps per
-// warp per tile); each warp runs an online softmax over its keys (scores in the log2 domain,
-// the accumulator rescaled only when the warp's running max grows), then the block's warps
-// are merged through shared memory (the drained ring) and the chunk's (o, lse) written to f32
+// Compute from shared memory. d64 and d128 on the tensor cores: each warp takes TK / 4 keys of
+// a tile (16 or 8), S = Q K^T on mma m16n8k16 with the group's query rows in the 16-row A
+// operand (rows past RB zero, K through ldmatrix), then the online softmax of each row over
+// the warp's keys in registers, and O += P V on m16n8k8 (P packed from S's registers, V
+// through ldmatrix.trans); the ring's 16-byte chunks are swizzled (chunk c of key j at
+// c ^ (j % 8)) so ldmatrix's rows fall in distinct banks. d256 (16 keys a tile, 4 a warp,
+// below mma's 8) on CUDA cores: lanes split a key's D elements into 16-byte vectors (VPL per
+// lane, LPK lanes per key, KPW = 32 / LPK keys per warp step, U steps per warp per tile).
+// Either way each warp keeps an online softmax over its keys (scores in the log2 domain, the
+// accumulator rescaled only when the warp's running max grows), then the block's warps are
+// merged through shared memory (the drained ring) and the chunk's (o, lse) written to f32
 // scratch.
 //
 // Pass 2, decode_merge: one block per query row combines the chunks' partials by their LSE
