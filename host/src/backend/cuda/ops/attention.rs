@@ -179,7 +179,7 @@ pub fn attention(
         Arg::I32(p.causal as i32),
     ];
     let mut args = Vec::with_capacity(11);
-    let smem = if var == Variant::Ws {
+    if var == Variant::Ws {
         // Q in BM-row boxes, K and V in BN-row boxes, 64 columns (128 bytes) each
         let label = &cx.be.dev.label;
         let ty = cx.dtype().dtype();
@@ -194,11 +194,10 @@ pub fn attention(
         args.push(Arg::TensorMap(tma::tiled_3d_sw128(
             label, v.ptr, ty, kv, bn as u32, 64,
         )?));
-        var.smem(s.d)
     } else {
         args.extend([Arg::Ptr(q.ptr), Arg::Ptr(k.ptr), Arg::Ptr(v.ptr)]);
-        var.smem(s.d)
-    };
+    }
+    let smem = var.smem(s.d);
     args.extend(tail);
     // ws: the batch, and the tile counter its blocks take tiles from after their first
     // (zeroed here, in stream order; returned to the pool after the kernel)
