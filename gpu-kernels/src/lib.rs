@@ -267,6 +267,18 @@ impl Module {
                 "moe_ws_down_bf16",
                 "moe_ws_swiglu_f16",
                 "moe_ws_down_f16",
+                "moe_ws_s4_swiglu_bf16",
+                "moe_ws_s4_down_bf16",
+                "moe_ws_s4_swiglu_f16",
+                "moe_ws_s4_down_f16",
+                "moe_ws3_swiglu_bf16",
+                "moe_ws3_down_bf16",
+                "moe_ws3_swiglu_f16",
+                "moe_ws3_down_f16",
+                "moe_ws3_s4_swiglu_bf16",
+                "moe_ws3_s4_down_bf16",
+                "moe_ws3_s4_swiglu_f16",
+                "moe_ws3_s4_down_f16",
                 "moe_ws_swiglu_e4m3_bf16",
                 "moe_ws_down_e4m3_bf16",
                 "moe_ws_swiglu_e4m3_f16",
@@ -439,27 +451,85 @@ pub fn attention_ws_smem(d: usize, bn: usize) -> usize {
     attention_ws_block_m(d) * d * 2 + 4 * bn * d * 2 + 128 + 1024
 }
 
-/// Rows of a tile of the Hopper MoE experts GEMMs (two consumer warpgroups of 64 rows; MWS_BM
-/// in sm90a/moe_experts_ws.cu): the tile map's block for that path.
-pub const MOE_WS_BLOCK_M: usize = 128;
+/// Rows of a Hopper MoE experts tile each consumer warpgroup takes (MWS_WG_ROWS in
+/// sm90a/moe_experts_ws.cu).
+pub const MOE_WS_WG_ROWS: usize = 64;
+
+/// A block shape of the Hopper MoE experts GEMMs (sm90a/moe_experts_ws.cu): how many consumer
+/// warpgroups share a tile, each taking 64 of its rows, beside one producer warpgroup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoeWsBlock {
+    /// Two consumers, 128-row tiles, 384 threads (`moe_ws_*`; the FP8 builds too).
+    Two,
+    /// Two consumers with a 4-stage ring (`moe_ws_s4_*`, bf16/f16 only).
+    TwoDeep,
+    /// Three consumers, 192-row tiles, 512 threads (`moe_ws3_*`, bf16/f16 only): a fifth less
+    /// operand traffic per product than `Two`, more padding on an expert's last tile.
+    Three,
+    /// Three consumers with a 4-stage ring (`moe_ws3_s4_*`, bf16/f16 only).
+    ThreeDeep,
+}
+
+impl MoeWsBlock {
+    /// Every build.
+    pub const ALL: [MoeWsBlock; 4] = [Self::Two, Self::TwoDeep, Self::Three, Self::ThreeDeep];
+
+    /// Consumer warpgroups.
+    pub const fn consumers(self) -> usize {
+        match self {
+            Self::Two | Self::TwoDeep => 2,
+            Self::Three | Self::ThreeDeep => 3,
+        }
+    }
+
+    /// Stages of the TMA ring.
+    pub const fn stages(self) -> usize {
+        match self {
+            Self::TwoDeep | Self::ThreeDeep => 4,
+            Self::Two | Self::Three => MOE_WS_STAGES,
+        }
+    }
+
+    /// Rows of a tile: the tile map's block for this build.
+    pub const fn block_m(self) -> usize {
+        MOE_WS_WG_ROWS * self.consumers()
+    }
+
+    /// Threads per block: the producer warpgroup and the consumers.
+    pub const fn threads(self) -> u32 {
+        128 * (1 + self.consumers() as u32)
+    }
+
+    /// Dynamic shared memory (MwsLayout::BYTES): the ring (each stage a `block_m` x 128-byte
+    /// activation tile and two 128 x 128-byte weight tiles), the mbarriers, and slack for
+    /// 1024-byte alignment.
+    pub const fn smem(self) -> usize {
+        self.stages() * (self.block_m() * 128 + 2 * MOE_WS_BLOCK_N * 128)
+            + 2 * 8 * self.stages()
+            + 1024
+    }
+
+    /// The entry points' prefix: `moe_ws`, `moe_ws_s4`, `moe_ws3` or `moe_ws3_s4` (then
+    /// `_swiglu_{s}` / `_down_{s}`).
+    pub const fn prefix(self) -> &'static str {
+        match self {
+            Self::Two => "moe_ws",
+            Self::TwoDeep => "moe_ws_s4",
+            Self::Three => "moe_ws3",
+            Self::ThreeDeep => "moe_ws3_s4",
+        }
+    }
+}
+
 /// Output columns of a tile of the Hopper gate/up GEMM (MWS_BN): 128 gate and 128 up weight
 /// rows give 128 SwiGLU columns. The down GEMM's tiles are `2 * MOE_WS_BLOCK_N` wide.
 pub const MOE_WS_BLOCK_N: usize = 128;
 /// Threads per block of `moe_quant_e4m3_{s}` (one block a row).
 pub const MOE_QUANT_THREADS: u32 = 256;
-/// Most experts the Hopper MoE experts GEMMs take (MWS_MAX_E: their tile tables live in
-/// shared memory).
+/// Most experts the Hopper MoE experts GEMMs take (MWS_MAX_E, the range their tests cover).
 pub const MOE_WS_MAX_EXPERTS: usize = 256;
-/// Threads per block of the Hopper MoE experts GEMMs: a producer warpgroup and two consumer
-/// warpgroups.
-pub const MOE_WS_THREADS: u32 = 384;
-/// Stages of their TMA ring (MWS_STAGES): each holds a 128 x 64 activation tile and two
-/// 128 x 64 weight tiles (48 KiB).
+/// Stages of their TMA ring in the default builds (MWS_STAGES).
 pub const MOE_WS_STAGES: usize = 3;
-/// Dynamic shared memory of the Hopper MoE experts GEMMs: the ring, the mbarriers and the
-/// tile tables, and slack for 1024-byte alignment (MwsLayout::BYTES).
-pub const MOE_WS_SMEM: usize =
-    MOE_WS_STAGES * 3 * 128 * 64 * 2 + 2 * 8 * MOE_WS_STAGES + 2 * 4 * 264 + 1024;
 
 /// Warps per block of the decode attention's partial kernels (DEC_WARPS in
 /// attention_decode.cu).
@@ -667,15 +737,33 @@ mod tests {
     #[test]
     fn the_hopper_experts_constants_match_their_source() {
         let src = Module::MoeExpertsSm90a.body();
-        assert!(src.contains(&format!("#define MWS_BM {MOE_WS_BLOCK_M}")));
+        assert!(src.contains(&format!("#define MWS_WG_ROWS {MOE_WS_WG_ROWS}")));
         assert!(src.contains(&format!("#define MWS_BN {MOE_WS_BLOCK_N}")));
         assert!(src.contains(&format!("#define MWS_STAGES {MOE_WS_STAGES}")));
         assert!(src.contains(&format!("#define MWS_MAX_E {MOE_WS_MAX_EXPERTS}")));
         assert!(src.contains("#define MWS_BK 64"));
-        assert!(src.contains("#define MWS_TABLE 264"));
-        assert!(src.contains("BYTES = TABLES + 2 * 4 * MWS_TABLE + 1024"));
-        assert!(src.contains(&format!("__launch_bounds__({MOE_WS_THREADS}, 1)")));
-        const { assert!(MOE_WS_SMEM <= 227 * 1024) };
+        assert!(src.contains("TILE_A = BM * 128;"));
+        assert!(src.contains("STAGE = TILE_A + 2 * TILE_W;"));
+        assert!(src.contains("BYTES = BARS + 2 * 8 * S + 1024;"));
+        assert!(src.contains("__launch_bounds__(128 * (CONS + 1), 1)"));
+        for b in MoeWsBlock::ALL {
+            assert!(b.smem() <= 227 * 1024, "{b:?}: {} bytes", b.smem());
+            for (gemm, swiglu) in [("swiglu", true), ("down", false)] {
+                for (prec, f16) in [("bf16", false), ("f16", true)] {
+                    let line = format!(
+                        "MWS_ENTRY({}_{gemm}_{prec}, {swiglu}, {f16}, {}, {})",
+                        b.prefix(),
+                        b.consumers(),
+                        b.stages()
+                    );
+                    assert!(src.contains(&line), "missing: {line}");
+                }
+            }
+        }
+        // the FP8 builds are the two-consumer block's
+        assert!(src.contains("__launch_bounds__(384, 1)"));
+        assert_eq!(MoeWsBlock::Two.threads(), 384);
+        assert!(src.contains("moe_ws_gemm<SWIGLU, F16, true, 2, MWS_STAGES>("));
         // the Hopper header comes first in the sm_90a programs only
         assert!(Module::MoeExpertsSm90a.source(None).contains(HOPPER_HEADER));
         assert!(

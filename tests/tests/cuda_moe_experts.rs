@@ -14,7 +14,7 @@
 use ndarray::ArrayD;
 use rand_chacha::ChaCha8Rng;
 use tandem::backend::CudaDType;
-use tandem::backend::cuda::{CudaBackend, CudaOptions, MoeExpertsPath, MoeTileSize};
+use tandem::backend::cuda::{CudaBackend, CudaOptions, MoeExpertsPath, MoeTileSize, MoeWsTile};
 use tandem::ops::{MoeExpertsParams, MoeRouteParams};
 use tandem::{Op, Tensor};
 use tandem_tests::cuda::{
@@ -67,19 +67,30 @@ const fn case(
 }
 
 /// The experts path and tile of each path the cases run on.
-const PATHS: [(MoeExpertsPath, Option<MoeTileSize>); 5] = [
-    (MoeExpertsPath::Grouped, Some(MoeTileSize::S)),
-    (MoeExpertsPath::Grouped, Some(MoeTileSize::M)),
-    (MoeExpertsPath::Grouped, Some(MoeTileSize::L)),
-    (MoeExpertsPath::Blaslt, None),
-    (MoeExpertsPath::Wgmma, None),
+/// Every path (the grouped kernels with each tile, cuBLASLt, the Hopper kernels with each
+/// block).
+const PATHS: [(MoeExpertsPath, Option<MoeTileSize>, Option<MoeWsTile>); 8] = [
+    (MoeExpertsPath::Grouped, Some(MoeTileSize::S), None),
+    (MoeExpertsPath::Grouped, Some(MoeTileSize::M), None),
+    (MoeExpertsPath::Grouped, Some(MoeTileSize::L), None),
+    (MoeExpertsPath::Blaslt, None, None),
+    (MoeExpertsPath::Wgmma, None, Some(MoeWsTile::R128)),
+    (MoeExpertsPath::Wgmma, None, Some(MoeWsTile::R128S4)),
+    (MoeExpertsPath::Wgmma, None, Some(MoeWsTile::R192)),
+    (MoeExpertsPath::Wgmma, None, Some(MoeWsTile::R192S4)),
 ];
 
-/// The options of the CUDA tests in `dt` with the path and tile forced.
-fn on_path(dt: CudaDType, path: MoeExpertsPath, tile: Option<MoeTileSize>) -> CudaOptions {
+/// The options of the CUDA tests in `dt` with the path, tile and Hopper block forced.
+fn on_path(
+    dt: CudaDType,
+    path: MoeExpertsPath,
+    tile: Option<MoeTileSize>,
+    ws_tile: Option<MoeWsTile>,
+) -> CudaOptions {
     CudaOptions {
         moe_experts: Some(path),
         moe_tile: tile,
+        moe_ws_tile: ws_tile,
         ..options(dt)
     }
 }
@@ -150,18 +161,19 @@ fn run_cases_in(tag: &str, dt: CudaDType, cases: &[Case]) {
         let f64s: Vec<ArrayD<f64>> = ins.iter().map(|t| t.to_f64()).collect();
         let want = op.reference(&f64s).expect("reference");
         let aligned = c.h % 8 == 0 && c.f % 8 == 0;
-        for (path, tile) in PATHS {
-            let Some(pb) = gpu_with(on_path(dt, path, tile)) else {
+        for (path, tile, ws_tile) in PATHS {
+            let Some(pb) = gpu_with(on_path(dt, path, tile, ws_tile)) else {
                 return;
             };
-            println!("  path {path} tile {tile:?}");
+            println!("  path {path} tile {tile:?} {ws_tile:?}");
             let (out, kernel) = run_gpu(&pb, &op, &ins);
             match (path, tile) {
                 (MoeExpertsPath::Wgmma, _) => {
                     let hopper = aligned && pb.arch() == 90;
+                    let prefix = ws_tile.map_or("moe_ws", |r| r.block().prefix());
                     assert_eq!(
-                        kernel.contains(&format!("moe_ws_swiglu_{dt}"))
-                            && kernel.contains(&format!("moe_ws_down_{dt}")),
+                        kernel.contains(&format!("{prefix}_swiglu_{dt}"))
+                            && kernel.contains(&format!("{prefix}_down_{dt}")),
                         hopper,
                         "wgmma asked for on sm_{} (H {} F {}), ran {kernel}",
                         pb.arch(),

@@ -7,6 +7,7 @@
 //! | `TANDEM_ATTN_VARIANT` | [`CudaOptions::attention_variant`] | `w4`, `w8`, `m2`, `m2n32`, `ws` (default: by arch) |
 //! | `TANDEM_MOE_EXPERTS` | [`CudaOptions::moe_experts`] | `blaslt`, `grouped`, `wgmma` (default: by shape and device) |
 //! | `TANDEM_MOE_FP8` | [`CudaOptions::moe_fp8`] | `1`, `0` (default), `on`, `off`, `true`, `false` |
+//! | `TANDEM_MOE_WS_TILE` | [`CudaOptions::moe_ws_tile`] | `128`, `128-s4`, `192`, `192-s4` (default: `128`) |
 //! | `TANDEM_MOE_TILE` | [`CudaOptions::moe_tile`] | `l`, `m`, `s` (default: by shape) |
 //! | `TANDEM_ROUTE_KERNEL` | [`CudaOptions::route_kernel`] | `fused`, `fused-2`, `fused-1`, `fused-memset`, `three` (default: `fused` where the grid fits) |
 //! | `TANDEM_DECODE_CHUNKS` | [`CudaOptions::decode_chunks`] | 1 to 4096 (default: by shape and device) |
@@ -31,6 +32,8 @@ pub const ATTENTION_VARIANT_VAR: &str = "TANDEM_ATTN_VARIANT";
 pub const MOE_EXPERTS_VAR: &str = "TANDEM_MOE_EXPERTS";
 /// `TANDEM_MOE_FP8`: run the MoE experts on e4m3 weights and activations (Hopper).
 pub const MOE_FP8_VAR: &str = "TANDEM_MOE_FP8";
+/// `TANDEM_MOE_WS_TILE`: the block of the Hopper MoE experts GEMMs.
+pub const MOE_WS_TILE_VAR: &str = "TANDEM_MOE_WS_TILE";
 /// `TANDEM_MOE_TILE`: the grouped MoE GEMMs' tile.
 pub const MOE_TILE_VAR: &str = "TANDEM_MOE_TILE";
 /// `TANDEM_ROUTE_KERNEL`: the MoE routing kernel(s).
@@ -72,6 +75,9 @@ pub struct CudaOptions {
     /// F not a multiple of 16, another path forced) the experts run as without it and the
     /// reason is logged. `TANDEM_MOE_FP8=1`.
     pub moe_fp8: bool,
+    /// The block of the Hopper (wgmma) MoE experts GEMMs in bf16/f16; `None`: 128 rows, 3
+    /// stages. `TANDEM_MOE_WS_TILE` (comparisons).
+    pub moe_ws_tile: Option<MoeWsTile>,
     /// The grouped MoE GEMMs' tile (setting it asks for the grouped path); `None` picks by
     /// shape. `TANDEM_MOE_TILE`.
     pub moe_tile: Option<MoeTileSize>,
@@ -107,6 +113,7 @@ impl Default for CudaOptions {
             attention_variant: None,
             moe_experts: None,
             moe_fp8: false,
+            moe_ws_tile: None,
             moe_tile: None,
             route_kernel: None,
             decode_chunks: None,
@@ -164,6 +171,7 @@ impl CudaOptions {
             attention_variant: named(env, ATTENTION_VARIANT_VAR, AttentionVariant::parse_from)?,
             moe_experts: named(env, MOE_EXPERTS_VAR, MoeExpertsPath::parse_from)?,
             moe_fp8: flag(env, MOE_FP8_VAR)?.unwrap_or(false),
+            moe_ws_tile: named(env, MOE_WS_TILE_VAR, MoeWsTile::parse_from)?,
             moe_tile: named(env, MOE_TILE_VAR, MoeTileSize::parse_from)?,
             route_kernel: named(env, ROUTE_KERNEL_VAR, RouteKernel::parse_from)?,
             decode_chunks: named(env, DECODE_CHUNKS_VAR, parse_chunks)?,
@@ -350,6 +358,62 @@ impl MoeTileSize {
     }
 }
 
+/// The block of the Hopper MoE experts GEMMs in bf16/f16 (`TANDEM_MOE_WS_TILE`): a tile's rows
+/// (64 a consumer warpgroup) and the depth of the TMA ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MoeWsTile {
+    /// 128 rows, two consumers, 3 stages (`moe_ws_*`).
+    R128,
+    /// 128 rows, two consumers, 4 stages (`moe_ws_s4_*`).
+    R128S4,
+    /// 192 rows, three consumers, 3 stages (`moe_ws3_*`): less operand traffic per product,
+    /// more padding on each expert's last tile.
+    R192,
+    /// 192 rows, three consumers, 4 stages (`moe_ws3_s4_*`).
+    R192S4,
+}
+
+impl MoeWsTile {
+    /// Every choice.
+    pub const ALL: [MoeWsTile; 4] = [
+        MoeWsTile::R128,
+        MoeWsTile::R128S4,
+        MoeWsTile::R192,
+        MoeWsTile::R192S4,
+    ];
+
+    /// The name in `TANDEM_MOE_WS_TILE`.
+    pub fn name(self) -> &'static str {
+        match self {
+            MoeWsTile::R128 => "128",
+            MoeWsTile::R128S4 => "128-s4",
+            MoeWsTile::R192 => "192",
+            MoeWsTile::R192S4 => "192-s4",
+        }
+    }
+
+    /// Parses a name (any case); `source` names where it came from in the error.
+    pub fn parse_from(value: &str, source: &str) -> Result<Self> {
+        parse_name(
+            &Self::ALL,
+            Self::name,
+            value,
+            source,
+            "a Hopper experts tile",
+        )
+    }
+
+    /// The kernels' block shape.
+    pub fn block(self) -> tandem_gpu_kernels::MoeWsBlock {
+        match self {
+            MoeWsTile::R128 => tandem_gpu_kernels::MoeWsBlock::Two,
+            MoeWsTile::R128S4 => tandem_gpu_kernels::MoeWsBlock::TwoDeep,
+            MoeWsTile::R192 => tandem_gpu_kernels::MoeWsBlock::Three,
+            MoeWsTile::R192S4 => tandem_gpu_kernels::MoeWsBlock::ThreeDeep,
+        }
+    }
+}
+
 /// The MoE routing kernel(s) the CUDA backend runs (`TANDEM_ROUTE_KERNEL`; the default picks
 /// [`RouteKernel::Fused`] where its grid fits the device).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -452,11 +516,12 @@ mod tests {
             (
                 d.attention_variant,
                 d.moe_experts,
+                d.moe_ws_tile,
                 d.moe_tile,
                 d.route_kernel,
                 d.decode_chunks
             ),
-            (None, None, None, None, None)
+            (None, None, None, None, None, None)
         );
         assert!(d.kernel_dir.is_none() && d.toolkit_roots.is_empty());
         assert!(d.python_prefix.is_none());
@@ -563,6 +628,17 @@ mod tests {
             MOE_TILE_VAR,
             "xl",
             &["l", "m", "s"],
+        );
+        for r in MoeWsTile::ALL {
+            let o = CudaOptions::from_source(&[(MOE_WS_TILE_VAR, r.name())])?;
+            assert_eq!(o.moe_ws_tile, Some(r));
+            assert!(r.name().starts_with(&r.block().block_m().to_string()));
+        }
+        refused(
+            &[(MOE_WS_TILE_VAR, "256")],
+            MOE_WS_TILE_VAR,
+            "256",
+            &["128", "128-s4", "192", "192-s4"],
         );
         for k in RouteKernel::ALL {
             let o = CudaOptions::from_source(&[(ROUTE_KERNEL_VAR, k.name())])?;

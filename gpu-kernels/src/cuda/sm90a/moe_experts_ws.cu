@@ -28,7 +28,7 @@
 // one k-step's products kept in flight while the next stage is awaited. The producer runs
 // ahead into the next tile while the consumers store this one.
 // Requirements (checked by the host): K and the output width multiples of 8 (16-byte rows for
-// the TMA), E <= MWS_MAX_E.
+// the TMA), E <= MWS_MAX_E (the range the tests cover).
 //
 // e4m3 builds (moe_ws_{swiglu,down}_e4m3_{s}, the FP8 option; host: ops/moe_fp8.rs): A and W
 // are e4m3 bytes quantized by moe_quant_e4m3_{s} (A per row, W per output channel, each with an
@@ -38,24 +38,27 @@
 // column's scale before the SwiGLU or the store. K and the output width must be multiples of
 // 16 (16-byte e4m3 rows).
 
-#define MWS_BM 128
+#define MWS_WG_ROWS 64  // rows of a tile each consumer warpgroup takes
 #define MWS_BN 128
 #define MWS_BK 64
-#define MWS_STAGES 3
+#define MWS_STAGES 3  // the ring's depth in the default builds (the `_s4` builds: 4)
 // 1: one wgmma m64n256k16 over both W tiles a k-slice; 0: two m64n128k16 (one a W tile).
 // On an H100 (2026-11-27, T4096 H4096 F14336 E8 k2, two interleaved runs each): n128 with 3
 // stages 4.79 / 4.85 ms, n256 with 3 stages 5.11 / 5.10, n128 with 4 stages 5.24 / 5.39, n256
 // with 4 stages 5.45 / 5.36.
 #define MWS_N256 0
 #define MWS_MAX_E 256
-#define MWS_TABLE 264  // ints per table: E + 1 <= 257, rounded up
 
+// The block of a build with CONS consumer warpgroups (2: 128-row tiles, 3: 192-row tiles) and
+// an S-stage ring.
+template <int CONS, int S>
 struct MwsLayout {
-    static constexpr unsigned TILE = MWS_BM * MWS_BK * 2;  // 16 KiB: one 128 x 64 tile
-    static constexpr unsigned STAGE = 3 * TILE;            // A, W0, W1
-    static constexpr unsigned BARS = MWS_STAGES * STAGE;   // full[S], then empty[S]
-    static constexpr unsigned TABLES = BARS + 2 * 8 * MWS_STAGES;
-    static constexpr unsigned BYTES = TABLES + 2 * 4 * MWS_TABLE + 1024;  // + alignment slack
+    static constexpr int BM = MWS_WG_ROWS * CONS;          // rows a tile
+    static constexpr unsigned TILE_A = BM * 128;           // BM rows of 128 bytes of K
+    static constexpr unsigned TILE_W = MWS_BN * 128;       // 16 KiB: one 128-row weight tile
+    static constexpr unsigned STAGE = TILE_A + 2 * TILE_W; // A, W0, W1
+    static constexpr unsigned BARS = S * STAGE;            // full[S], then empty[S]
+    static constexpr unsigned BYTES = BARS + 2 * 8 * S + 1024;  // + alignment slack
 };
 
 __device__ __forceinline__ float mws_silu(float g) { return g / (1.f + fast_exp2(-1.4426950408889634f * g)); }
@@ -102,7 +105,7 @@ __device__ __forceinline__ void mws_ss_n128_e4m3(float (&d)[16][4], u64_t da, u6
 struct MwsTile {
     int e, row0, row_end, nt;
 };
-__device__ __forceinline__ MwsTile mws_tile(int t, int NT, int E, const int* soff, const int* tstart) {
+__device__ __forceinline__ MwsTile mws_tile(int t, int NT, int E, const int* soff, const int* tstart, int bm) {
     int lo = 0, hi = E;  // tstart[lo] * NT <= t < tstart[hi] * NT
     while (hi - lo > 1) {
         const int mid = (lo + hi) >> 1;
@@ -114,7 +117,7 @@ __device__ __forceinline__ MwsTile mws_tile(int t, int NT, int E, const int* sof
     MwsTile r;
     r.e = lo;
     r.nt = local / mcount;
-    r.row0 = soff[lo] + (local - r.nt * mcount) * MWS_BM;
+    r.row0 = soff[lo] + (local - r.nt * mcount) * bm;
     r.row_end = soff[lo + 1];
     return r;
 }
@@ -123,29 +126,28 @@ __device__ __forceinline__ MwsTile mws_tile(int t, int NT, int E, const int* sof
 // F16: the outputs (and, unless FP8, the operands) are f16, else bf16. FP8: A and W are e4m3
 // (128 elements, 128 bytes, a row of a stage) with f32 scales, sa[p] per row of A and sw[row]
 // per weight row (output channel): the products are scaled by sa[p] * sw[row] in the epilogue.
-template <bool SWIGLU, bool F16, bool FP8>
+// CONS: consumer warpgroups, 64 rows of a tile each (the tile map's block is 64 * CONS);
+// STAGES: the ring's depth.
+template <bool SWIGLU, bool F16, bool FP8, int CONS, int STAGES>
 __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t* mw, unsigned short* __restrict__ out,
                                             const int* __restrict__ sorted, const int* __restrict__ soff_g,
                                             const int* __restrict__ tstart_g, int E, int N, int K, int slots,
                                             const float* __restrict__ sa, const float* __restrict__ sw) {
     constexpr int BK = FP8 ? 2 * MWS_BK : MWS_BK;  // elements of K a stage (128 bytes a row)
-    using L = MwsLayout;
+    using L = MwsLayout<CONS, STAGES>;
     extern __shared__ __align__(1024) unsigned char mws_smem[];
     const unsigned base = (smem_addr(mws_smem) + 1023u) & ~1023u;
-    const unsigned full = base + L::BARS, empty = full + 8 * MWS_STAGES;
-    int* soff = (int*)(mws_smem + (base - smem_addr(mws_smem)) + L::TABLES);
-    int* tstart = soff + MWS_TABLE;
+    const unsigned full = base + L::BARS, empty = full + 8 * STAGES;
+    // the tile tables are read where moe_tile_map wrote them (a few L1-resident ints a tile)
+    const int* soff = soff_g;
+    const int* tstart = tstart_g;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wg = warp >> 2;
 
-    for (int i = threadIdx.x; i <= E; i += blockDim.x) {
-        soff[i] = soff_g[i];
-        tstart[i] = tstart_g[i];
-    }
     if (threadIdx.x == 0) {
 #pragma unroll
-        for (int s = 0; s < MWS_STAGES; ++s) {
+        for (int s = 0; s < STAGES; ++s) {
             mbar_init(full + 8 * s, 1);
-            mbar_init(empty + 8 * s, 8);  // the 8 consumer warps
+            mbar_init(empty + 8 * s, 4 * CONS);  // the consumer warps
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -158,75 +160,90 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
     const int KC = (K + BK - 1) / BK;
 
     if (wg == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        // 128 * (CONS + 1) threads launched with 65536 / that registers each: the producer gives
+        // its share to the consumers (40 + 2 * 232 = 3 * 168; 32 + 3 * 160 = 4 * 128)
+        if constexpr (CONS == 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        else asm volatile("setmaxnreg.dec.sync.aligned.u32 32;\n" ::: "memory");
         if (threadIdx.x == 0) {
             int it = 0;
             for (int t = blockIdx.x; t < total; t += gridDim.x) {
-                const MwsTile tl = mws_tile(t, NT, E, soff, tstart);
+                const MwsTile tl = mws_tile(t, NT, E, soff, tstart, L::BM);
                 const int n0 = tl.nt * tile_n;
                 const int w0 = tl.e * w_rows + n0;
                 const int w1 = SWIGLU ? w0 + N : w0 + MWS_BN;  // up rows / the next 128 rows
                 for (int c = 0; c < KC; ++c, ++it) {
-                    const int s = it % MWS_STAGES;
-                    const unsigned ph = ((it / MWS_STAGES) & 1) ^ 1;  // a stage's first use does not wait
+                    const int s = it % STAGES;
+                    const unsigned ph = ((it / STAGES) & 1) ^ 1;  // a stage's first use does not wait
                     const unsigned st = base + s * L::STAGE;
                     mbar_wait(empty + 8 * s, ph);
                     mbar_expect_tx(full + 8 * s, L::STAGE);
                     tma_load_3d(st, ma, full + 8 * s, c * BK, tl.row0, 0);
-                    tma_load_3d(st + L::TILE, mw, full + 8 * s, c * BK, w0, 0);
-                    tma_load_3d(st + 2 * L::TILE, mw, full + 8 * s, c * BK, w1, 0);
+                    tma_load_3d(st + L::TILE_A, mw, full + 8 * s, c * BK, w0, 0);
+                    tma_load_3d(st + L::TILE_A + L::TILE_W, mw, full + 8 * s, c * BK, w1, 0);
                 }
             }
         }
     } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+        if constexpr (CONS == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+        else asm volatile("setmaxnreg.inc.sync.aligned.u32 160;\n" ::: "memory");
         const int cw = wg - 1;  // rows 64 * cw .. + 63 of each tile
         const int g = lane >> 2, tq = lane & 3;
-        const int rw = cw * 64 + (warp & 3) * 16 + g;  // this thread's rows: rw, rw + 8
+        const int rw = cw * MWS_WG_ROWS + (warp & 3) * 16 + g;  // this thread's rows: rw, rw + 8
         int it = 0;
         for (int t = blockIdx.x; t < total; t += gridDim.x) {
-            const MwsTile tl = mws_tile(t, NT, E, soff, tstart);
+            const MwsTile tl = mws_tile(t, NT, E, soff, tstart, L::BM);
             // columns 0..127: gate (W0) / the first 128 outputs; 128..255: up (W1) / the next 128
             float acc[32][4];
 #pragma unroll
             for (int i = 0; i < 32; ++i)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
+            // idle: all 64 of this consumer's rows lie past the expert's segment (its last
+            // tile): it keeps its ring arrivals and issues no product (the loop is whole on
+            // each side of the branch, so no wgmma sits in a divergent path)
+            if (tl.row0 + cw * MWS_WG_ROWS >= tl.row_end) {
+                for (int c = 0; c < KC; ++c, ++it) {
+                    const int s = it % STAGES;
+                    mbar_wait(full + 8 * s, (it / STAGES) & 1);
+                    if (lane == 0) mbar_arrive(empty + 8 * s);
+                }
+                continue;
+            }
             for (int c = 0; c < KC; ++c, ++it) {
-                const int s = it % MWS_STAGES;
+                const int s = it % STAGES;
                 const unsigned st = base + s * L::STAGE;
-                mbar_wait(full + 8 * s, (it / MWS_STAGES) & 1);
+                mbar_wait(full + 8 * s, (it / STAGES) & 1);
                 ws_fence();
 #pragma unroll
                 for (int kk = 0; kk < MWS_BK / 16; ++kk) {
-                    const u64_t da = desc_sw128(st + cw * 64 * 128 + kk * 32, 16, 1024);
+                    const u64_t da = desc_sw128(st + cw * MWS_WG_ROWS * 128 + kk * 32, 16, 1024);
                     float(&lo)[16][4] = *reinterpret_cast<float(*)[16][4]>(&acc[0]);
                     float(&hi)[16][4] = *reinterpret_cast<float(*)[16][4]>(&acc[16]);
                     if constexpr (FP8) {
-                        mws_ss_n128_e4m3(lo, da, desc_sw128(st + L::TILE + kk * 32, 16, 1024), 1);
-                        mws_ss_n128_e4m3(hi, da, desc_sw128(st + 2 * L::TILE + kk * 32, 16, 1024), 1);
+                        mws_ss_n128_e4m3(lo, da, desc_sw128(st + L::TILE_A + kk * 32, 16, 1024), 1);
+                        mws_ss_n128_e4m3(hi, da, desc_sw128(st + L::TILE_A + L::TILE_W + kk * 32, 16, 1024), 1);
                     } else
 #if MWS_N256
                     // W0 and W1 lie back to back: one 256-row operand
-                    mws_mma<F16>(acc, da, desc_sw128(st + L::TILE + kk * 32, 16, 1024), 1);
+                    mws_mma<F16>(acc, da, desc_sw128(st + L::TILE_A + kk * 32, 16, 1024), 1);
 #else
                     if (F16) {
-                        ws_ss_n128_f16(lo, da, desc_sw128(st + L::TILE + kk * 32, 16, 1024), 1);
-                        ws_ss_n128_f16(hi, da, desc_sw128(st + 2 * L::TILE + kk * 32, 16, 1024), 1);
+                        ws_ss_n128_f16(lo, da, desc_sw128(st + L::TILE_A + kk * 32, 16, 1024), 1);
+                        ws_ss_n128_f16(hi, da, desc_sw128(st + L::TILE_A + L::TILE_W + kk * 32, 16, 1024), 1);
                     } else {
-                        ws_ss_n128_bf16(lo, da, desc_sw128(st + L::TILE + kk * 32, 16, 1024), 1);
-                        ws_ss_n128_bf16(hi, da, desc_sw128(st + 2 * L::TILE + kk * 32, 16, 1024), 1);
+                        ws_ss_n128_bf16(lo, da, desc_sw128(st + L::TILE_A + kk * 32, 16, 1024), 1);
+                        ws_ss_n128_bf16(hi, da, desc_sw128(st + L::TILE_A + L::TILE_W + kk * 32, 16, 1024), 1);
                     }
 #endif
                 }
                 ws_commit();
                 // the previous k-step's products are done: its stage can be refilled
                 ws_wait<1>();
-                if (c > 0 && lane == 0) mbar_arrive(empty + 8 * ((it - 1) % MWS_STAGES));
+                if (c > 0 && lane == 0) mbar_arrive(empty + 8 * ((it - 1) % STAGES));
             }
             ws_wait<0>();
             pin(acc);
-            if (KC > 0 && lane == 0) mbar_arrive(empty + 8 * ((it - 1) % MWS_STAGES));
+            if (KC > 0 && lane == 0) mbar_arrive(empty + 8 * ((it - 1) % STAGES));
 
             const int n0 = tl.nt * tile_n;
             if constexpr (FP8) {
@@ -285,17 +302,33 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
     }
 }
 
-#define MWS_ENTRY(NAME, SWIGLU, F16)                                                                     \
-    extern "C" __global__ void __launch_bounds__(384, 1)                                                 \
+#define MWS_ENTRY(NAME, SWIGLU, F16, CONS, STAGES)                                                       \
+    extern "C" __global__ void __launch_bounds__(128 * (CONS + 1), 1)                                    \
         NAME(const __grid_constant__ tma_map_t ma, const __grid_constant__ tma_map_t mw,                 \
              unsigned short* __restrict__ out, const int* __restrict__ sorted, const int* __restrict__ soff, \
              const int* __restrict__ tstart, int E, int N, int K, int slots) {                           \
-        moe_ws_gemm<SWIGLU, F16, false>(&ma, &mw, out, sorted, soff, tstart, E, N, K, slots, nullptr, nullptr); \
+        moe_ws_gemm<SWIGLU, F16, false, CONS, STAGES>(&ma, &mw, out, sorted, soff, tstart, E, N, K, slots, nullptr, nullptr); \
     }
-MWS_ENTRY(moe_ws_swiglu_bf16, true, false)
-MWS_ENTRY(moe_ws_down_bf16, false, false)
-MWS_ENTRY(moe_ws_swiglu_f16, true, true)
-MWS_ENTRY(moe_ws_down_f16, false, true)
+// 128-row tiles, two consumers (384 threads)
+MWS_ENTRY(moe_ws_swiglu_bf16, true, false, 2, 3)
+MWS_ENTRY(moe_ws_down_bf16, false, false, 2, 3)
+MWS_ENTRY(moe_ws_swiglu_f16, true, true, 2, 3)
+MWS_ENTRY(moe_ws_down_f16, false, true, 2, 3)
+// the same with a 4-stage ring
+MWS_ENTRY(moe_ws_s4_swiglu_bf16, true, false, 2, 4)
+MWS_ENTRY(moe_ws_s4_down_bf16, false, false, 2, 4)
+MWS_ENTRY(moe_ws_s4_swiglu_f16, true, true, 2, 4)
+MWS_ENTRY(moe_ws_s4_down_f16, false, true, 2, 4)
+// 192-row tiles, three consumers (512 threads)
+MWS_ENTRY(moe_ws3_swiglu_bf16, true, false, 3, 3)
+MWS_ENTRY(moe_ws3_down_bf16, false, false, 3, 3)
+MWS_ENTRY(moe_ws3_swiglu_f16, true, true, 3, 3)
+MWS_ENTRY(moe_ws3_down_f16, false, true, 3, 3)
+// the same with a 4-stage ring (224 KiB)
+MWS_ENTRY(moe_ws3_s4_swiglu_bf16, true, false, 3, 4)
+MWS_ENTRY(moe_ws3_s4_down_bf16, false, false, 3, 4)
+MWS_ENTRY(moe_ws3_s4_swiglu_f16, true, true, 3, 4)
+MWS_ENTRY(moe_ws3_s4_down_f16, false, true, 3, 4)
 
 // The e4m3 builds (outputs in the storage precision named last): A and W are e4m3 with f32
 // scales sa [P] and sw [E * W_ROWS] (moe_quant_e4m3_{s}); K a multiple of 16.
@@ -305,7 +338,7 @@ MWS_ENTRY(moe_ws_down_f16, false, true)
              unsigned short* __restrict__ out, const int* __restrict__ sorted, const int* __restrict__ soff, \
              const int* __restrict__ tstart, int E, int N, int K, int slots, const float* __restrict__ sa, \
              const float* __restrict__ sw) {                                                             \
-        moe_ws_gemm<SWIGLU, F16, true>(&ma, &mw, out, sorted, soff, tstart, E, N, K, slots, sa, sw);    \
+        moe_ws_gemm<SWIGLU, F16, true, 2, MWS_STAGES>(&ma, &mw, out, sorted, soff, tstart, E, N, K, slots, sa, sw);    \
     }
 MWS_FP8_ENTRY(moe_ws_swiglu_e4m3_bf16, true, false)
 MWS_FP8_ENTRY(moe_ws_down_e4m3_bf16, false, false)

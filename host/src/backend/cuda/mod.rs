@@ -46,7 +46,7 @@ use error::DrvResultExt;
 
 pub use super::CudaDType;
 pub use crate::options::cuda::{
-    AttentionVariant, CudaOptions, MoeExpertsPath, MoeTileSize, RouteKernel,
+    AttentionVariant, CudaOptions, MoeExpertsPath, MoeTileSize, MoeWsTile, RouteKernel,
 };
 pub use block::{BlockLaunch, BlockMode, GRAPHS_KEPT, GraphUse, MoeBlock, MoeBlockInputs};
 pub use graph::NodeCounts;

@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use tandem_gpu_kernels::{MOE_QUANT_THREADS, MOE_WS_BLOCK_M, MOE_WS_BLOCK_N};
+use tandem_gpu_kernels::{MOE_QUANT_THREADS, MOE_WS_BLOCK_N, MoeWsBlock};
 
 use super::moe::{WsGemm, combine_kernel, combine_slots, precision, slot_rows, tile_map, ws_gemm};
 use super::{Arg, Cx, Dims};
@@ -202,7 +202,7 @@ pub fn experts(
     let x = cx.cast(ins[0], t * h, phys)?;
     let w = cx.f32(ins[2], t * k)?;
     let (sorted, offsets) = (ins[3], ins[4]);
-    let map = tile_map(cx, s, offsets, MOE_WS_BLOCK_M)?;
+    let map = tile_map(cx, s, offsets, MoeWsBlock::Two.block_m())?;
     let slots = t * k;
     let xq = quantize(cx, x.ptr, phys, s.p, h, Rows::Gather(sorted, k, slots))?;
     let hbuf = cx.alloc(s.p * f, phys)?;
@@ -214,6 +214,7 @@ pub fn experts(
         sorted,
         &WsGemm {
             name: up,
+            block: MoeWsBlock::Two,
             n_tile: MOE_WS_BLOCK_N,
             a: xq.q.ptr(),
             w: wq_up.q.ptr(),
@@ -233,6 +234,7 @@ pub fn experts(
         sorted,
         &WsGemm {
             name: down_k,
+            block: MoeWsBlock::Two,
             n_tile: 2 * MOE_WS_BLOCK_N,
             a: hq.q.ptr(),
             w: wq_down.q.ptr(),
