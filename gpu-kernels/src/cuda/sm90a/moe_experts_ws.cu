@@ -4,11 +4,11 @@
 // Inputs (T tokens, H hidden, F ffn, E experts, k per token; slot = t*k + j):
 //   A [P, K]: the activations in permuted order (xg, gathered by moe_gather_{s}, for the gate/up
 //     GEMM; h, the SwiGLU output, for the down GEMM), read through the tensor map `ma`
-//     (dims {K, P, 1}, boxes {64, 128, 1}, 128-byte swizzle; rows past P read as zero);
+//     (dims {K, P, 1}, boxes {64, BM, 1}, 128-byte swizzle; rows past P read as zero);
 //   W [E * W_ROWS, K]: the expert weights, K-major (gate_up [E, 2F, H]: W_ROWS = 2F; down
 //     [E, H, F]: W_ROWS = H), through `mw` (dims {K, E * W_ROWS, 1}, boxes {64, 128, 1});
 //   soff [E+1], tstart [E+1]: moe_tile_map's monotone segment bounds and the prefix count of
-//     MWS_BM-row tiles per expert (from the routing's offsets on the device: no host sync);
+//     BM-row tiles per expert (from the routing's offsets on the device: no host sync);
 //   sorted [P]: the slot of each permuted row (padding: anything outside 0..slots).
 // Kernels (grid: one block per SM, each block walks tiles blockIdx.x, + gridDim.x, ...):
 //   moe_ws_swiglu_{s}: h[p, n] = silu(A[p] . gate_e[n]) * (A[p] . up_e[n]) for the 128
@@ -20,13 +20,18 @@
 //     in moe_combine_slots_{s}).
 // Tile order: expert-major, then the n-tile, then the m-tile, so the blocks running at once
 // share each weight tile (one DRAM read, then L2) and one expert's activations.
-// Block: a producer warpgroup (one thread issues the TMA copies into an MWS_STAGES-deep ring
-// of stages, each a 128 x 64 A tile and two 128 x 64 W tiles, guarded by full/empty
-// mbarriers; it gives its registers away with setmaxnreg) and two consumer warpgroups, 64 rows
-// of the tile each, two wgmma m64n128k16 per 16-deep k-slice (one a W tile), or one m64n256k16
-// over both (they lie back to back in the stage; MWS_N256); A and W K-major in shared memory;
-// one k-step's products kept in flight while the next stage is awaited. The producer runs
-// ahead into the next tile while the consumers store this one.
+// Block: a producer warpgroup (one thread issues the TMA copies into a ring of STAGES (3 or 4)
+// stages, each a BM x 64 A tile and two 128 x 64 W tiles, guarded by full/empty mbarriers; it
+// gives its registers away with setmaxnreg) and CONS (2 or 3) consumer warpgroups, 64 rows of
+// the BM = 64 * CONS-row tile each, two wgmma m64n128k16 per 16-deep k-slice (one a W tile), or
+// in the 2-consumer builds one m64n256k16 over both (they lie back to back in the stage;
+// MWS_N256); A and W K-major in shared memory; one k-step's products kept in flight while the
+// next stage is awaited. A consumer whose rows all lie past the expert's segment (its last
+// tile) keeps its ring arrivals and issues no product. The producer runs ahead into the next
+// tile while the consumers store this one. Builds: moe_ws_* (128 rows, 3 stages; also the
+// e4m3 ones), moe_ws_s4_* (128, 4), moe_ws3_* (192, 3), moe_ws3_s4_* (192, 4); the host picks
+// by the rows an expert (ops/moe.rs, ws_block). On an H100 at its 700 W cap, fewer operand
+// bytes per product pay more than a busier tensor pipe (docs/PERF.md, sixteenth session).
 // Requirements (checked by the host): K and the output width multiples of 8 (16-byte rows for
 // the TMA), E <= MWS_MAX_E (the range the tests cover).
 //
@@ -42,10 +47,12 @@
 #define MWS_BN 128
 #define MWS_BK 64
 #define MWS_STAGES 3  // the ring's depth in the default builds (the `_s4` builds: 4)
-// 1: one wgmma m64n256k16 over both W tiles a k-slice; 0: two m64n128k16 (one a W tile).
-// On an H100 (2026-11-27, T4096 H4096 F14336 E8 k2, two interleaved runs each): n128 with 3
-// stages 4.79 / 4.85 ms, n256 with 3 stages 5.11 / 5.10, n128 with 4 stages 5.24 / 5.39, n256
-// with 4 stages 5.45 / 5.36.
+// 1: one wgmma m64n256k16 over both W tiles a k-slice in the two-consumer builds; 0: two
+// m64n128k16 (one a W tile). On an H100 (2026-11-27, T4096 H4096 F14336 E8 k2, two
+// interleaved runs each, the 128-row block): n128 with 3 stages 4.79 / 4.85 ms, n256 with 3
+// stages 5.11 / 5.10, n128 with 4 stages 5.24 / 5.39, n256 with 4 stages 5.45 / 5.36. The
+// three-consumer builds keep n128: ptxas cannot fit an m64n256k16 in their 128-register launch
+// bound (C7602, 2026-11-28).
 #define MWS_N256 0
 #define MWS_MAX_E 256
 
@@ -222,19 +229,16 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
                     if constexpr (FP8) {
                         mws_ss_n128_e4m3(lo, da, desc_sw128(st + L::TILE_A + kk * 32, 16, 1024), 1);
                         mws_ss_n128_e4m3(hi, da, desc_sw128(st + L::TILE_A + L::TILE_W + kk * 32, 16, 1024), 1);
-                    } else
-#if MWS_N256
-                    // W0 and W1 lie back to back: one 256-row operand
-                    mws_mma<F16>(acc, da, desc_sw128(st + L::TILE_A + kk * 32, 16, 1024), 1);
-#else
-                    if (F16) {
+                    } else if constexpr (MWS_N256 && CONS == 2) {
+                        // W0 and W1 lie back to back: one 256-row operand
+                        mws_mma<F16>(acc, da, desc_sw128(st + L::TILE_A + kk * 32, 16, 1024), 1);
+                    } else if (F16) {
                         ws_ss_n128_f16(lo, da, desc_sw128(st + L::TILE_A + kk * 32, 16, 1024), 1);
                         ws_ss_n128_f16(hi, da, desc_sw128(st + L::TILE_A + L::TILE_W + kk * 32, 16, 1024), 1);
                     } else {
                         ws_ss_n128_bf16(lo, da, desc_sw128(st + L::TILE_A + kk * 32, 16, 1024), 1);
                         ws_ss_n128_bf16(hi, da, desc_sw128(st + L::TILE_A + L::TILE_W + kk * 32, 16, 1024), 1);
                     }
-#endif
                 }
                 ws_commit();
                 // the previous k-step's products are done: its stage can be refilled
