@@ -283,6 +283,10 @@ impl Module {
                 "moe_ws_down_e4m3_bf16",
                 "moe_ws_swiglu_e4m3_f16",
                 "moe_ws_down_e4m3_f16",
+                "moe_ws_s4_swiglu_e4m3_bf16",
+                "moe_ws_s4_down_e4m3_bf16",
+                "moe_ws_s4_swiglu_e4m3_f16",
+                "moe_ws_s4_down_e4m3_f16",
                 "moe_quant_e4m3_bf16",
                 "moe_quant_e4m3_f16",
             ],
@@ -760,10 +764,20 @@ mod tests {
                 }
             }
         }
-        // the FP8 builds are the two-consumer block's
-        assert!(src.contains("__launch_bounds__(384, 1)"));
-        assert_eq!(MoeWsBlock::Two.threads(), 384);
-        assert!(src.contains("moe_ws_gemm<SWIGLU, F16, true, 2, MWS_STAGES>("));
+        // the FP8 builds: the two-consumer blocks'
+        for b in [MoeWsBlock::Two, MoeWsBlock::TwoDeep] {
+            for (gemm, swiglu) in [("swiglu", true), ("down", false)] {
+                for (prec, f16) in [("bf16", false), ("f16", true)] {
+                    let line = format!(
+                        "MWS_FP8_ENTRY({}_{gemm}_e4m3_{prec}, {swiglu}, {f16}, {}, {})",
+                        b.prefix(),
+                        b.consumers(),
+                        b.stages()
+                    );
+                    assert!(src.contains(&line), "missing: {line}");
+                }
+            }
+        }
         // the Hopper header comes first in the sm_90a programs only
         assert!(Module::MoeExpertsSm90a.source(None).contains(HOPPER_HEADER));
         assert!(

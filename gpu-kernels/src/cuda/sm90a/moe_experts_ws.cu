@@ -336,18 +336,24 @@ MWS_ENTRY(moe_ws3_s4_down_f16, false, true, 3, 4)
 
 // The e4m3 builds (outputs in the storage precision named last): A and W are e4m3 with f32
 // scales sa [P] and sw [E * W_ROWS] (moe_quant_e4m3_{s}); K a multiple of 16.
-#define MWS_FP8_ENTRY(NAME, SWIGLU, F16)                                                                 \
-    extern "C" __global__ void __launch_bounds__(384, 1)                                                 \
+#define MWS_FP8_ENTRY(NAME, SWIGLU, F16, CONS, STAGES)                                                   \
+    extern "C" __global__ void __launch_bounds__(128 * (CONS + 1), 1)                                    \
         NAME(const __grid_constant__ tma_map_t ma, const __grid_constant__ tma_map_t mw,                 \
              unsigned short* __restrict__ out, const int* __restrict__ sorted, const int* __restrict__ soff, \
              const int* __restrict__ tstart, int E, int N, int K, int slots, const float* __restrict__ sa, \
              const float* __restrict__ sw) {                                                             \
-        moe_ws_gemm<SWIGLU, F16, true, 2, MWS_STAGES>(&ma, &mw, out, sorted, soff, tstart, E, N, K, slots, sa, sw);    \
+        moe_ws_gemm<SWIGLU, F16, true, CONS, STAGES>(&ma, &mw, out, sorted, soff, tstart, E, N, K, slots, sa, sw); \
     }
-MWS_FP8_ENTRY(moe_ws_swiglu_e4m3_bf16, true, false)
-MWS_FP8_ENTRY(moe_ws_down_e4m3_bf16, false, false)
-MWS_FP8_ENTRY(moe_ws_swiglu_e4m3_f16, true, true)
-MWS_FP8_ENTRY(moe_ws_down_e4m3_f16, false, true)
+MWS_FP8_ENTRY(moe_ws_swiglu_e4m3_bf16, true, false, 2, 3)
+MWS_FP8_ENTRY(moe_ws_down_e4m3_bf16, false, false, 2, 3)
+MWS_FP8_ENTRY(moe_ws_swiglu_e4m3_f16, true, true, 2, 3)
+MWS_FP8_ENTRY(moe_ws_down_e4m3_f16, false, true, 2, 3)
+// the 128-row block with a 4-stage ring (the 192-row block's e4m3 down GEMM spills: 580 bytes
+// with its scale epilogue in 160 registers, 2026-11-28)
+MWS_FP8_ENTRY(moe_ws_s4_swiglu_e4m3_bf16, true, false, 2, 4)
+MWS_FP8_ENTRY(moe_ws_s4_down_e4m3_bf16, false, false, 2, 4)
+MWS_FP8_ENTRY(moe_ws_s4_swiglu_e4m3_f16, true, true, 2, 4)
+MWS_FP8_ENTRY(moe_ws_s4_down_e4m3_f16, false, true, 2, 4)
 
 // Row-wise e4m3 quantization (the FP8 experts' activations and weights): for each row r of
 // `rows` x `cols` (storage S), with src row i = r, or, given `sorted`, only for a real slot

@@ -8,7 +8,9 @@
 //! - Each call quantizes the permuted activations per row (`moe_quant_e4m3_{s}` gathering x
 //!   through the permutation), runs `moe_ws_swiglu_e4m3_{s}` (f32 accumulation, both scales
 //!   applied in the epilogue, SwiGLU, h stored in the storage precision), quantizes h per row,
-//!   runs `moe_ws_down_e4m3_{s}` into one row per slot and combines as the 16-bit path.
+//!   runs `moe_ws_down_e4m3_{s}` into one row per slot and combines as the 16-bit path (the
+//!   `moe_ws_s4_*` builds, 128-row tiles with a 4-stage ring, where the device's shared
+//!   memory allows).
 //!
 //! Every quantization is `scale = amax / 448`, `q = e4m3_rn_satfinite(v * (448 / amax))` with
 //! correctly rounded f32 division and product, so a host model reproduces every byte
@@ -186,8 +188,19 @@ pub fn experts(
     let (t, h, k, f) = (s.t, s.h, s.k, s.f);
     let phys = outs[0].phys;
     precision(phys)?;
-    let (up, down_k) = match phys {
-        DType::F16 => ("moe_ws_swiglu_e4m3_f16", "moe_ws_down_e4m3_f16"),
+    // the 128-row block, with the 4-stage ring where it fits (the 192-row block's e4m3 down
+    // GEMM spills)
+    let block = if MoeWsBlock::TwoDeep.smem() <= cx.be.dev.max_smem_optin {
+        MoeWsBlock::TwoDeep
+    } else {
+        MoeWsBlock::Two
+    };
+    let (up, down_k) = match (block, phys) {
+        (MoeWsBlock::TwoDeep, DType::F16) => {
+            ("moe_ws_s4_swiglu_e4m3_f16", "moe_ws_s4_down_e4m3_f16")
+        }
+        (MoeWsBlock::TwoDeep, _) => ("moe_ws_s4_swiglu_e4m3_bf16", "moe_ws_s4_down_e4m3_bf16"),
+        (_, DType::F16) => ("moe_ws_swiglu_e4m3_f16", "moe_ws_down_e4m3_f16"),
         _ => ("moe_ws_swiglu_e4m3_bf16", "moe_ws_down_e4m3_bf16"),
     };
     let quant = quant_kernel(phys);
@@ -202,7 +215,7 @@ pub fn experts(
     let x = cx.cast(ins[0], t * h, phys)?;
     let w = cx.f32(ins[2], t * k)?;
     let (sorted, offsets) = (ins[3], ins[4]);
-    let map = tile_map(cx, s, offsets, MoeWsBlock::Two.block_m())?;
+    let map = tile_map(cx, s, offsets, block.block_m())?;
     let slots = t * k;
     let xq = quantize(cx, x.ptr, phys, s.p, h, Rows::Gather(sorted, k, slots))?;
     let hbuf = cx.alloc(s.p * f, phys)?;
@@ -214,7 +227,7 @@ pub fn experts(
         sorted,
         &WsGemm {
             name: up,
-            block: MoeWsBlock::Two,
+            block,
             n_tile: MOE_WS_BLOCK_N,
             a: xq.q.ptr(),
             w: wq_up.q.ptr(),
@@ -234,7 +247,7 @@ pub fn experts(
         sorted,
         &WsGemm {
             name: down_k,
-            block: MoeWsBlock::Two,
+            block,
             n_tile: 2 * MOE_WS_BLOCK_N,
             a: hq.q.ptr(),
             w: wq_down.q.ptr(),
