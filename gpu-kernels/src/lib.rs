@@ -750,31 +750,24 @@ mod tests {
         assert!(src.contains("STAGE = TILE_A + 2 * TILE_W;"));
         assert!(src.contains("BYTES = BARS + 2 * 8 * S + 1024;"));
         assert!(src.contains("__launch_bounds__(128 * (CONS + 1), 1)"));
-        for b in MoeWsBlock::ALL {
-            assert!(b.smem() <= 227 * 1024, "{b:?}: {} bytes", b.smem());
-            for (gemm, swiglu) in [("swiglu", true), ("down", false)] {
-                for (prec, f16) in [("bf16", false), ("f16", true)] {
-                    let line = format!(
-                        "MWS_ENTRY({}_{gemm}_{prec}, {swiglu}, {f16}, {}, {})",
-                        b.prefix(),
-                        b.consumers(),
-                        b.stages()
-                    );
-                    assert!(src.contains(&line), "missing: {line}");
-                }
-            }
-        }
-        // the FP8 builds: the two-consumer blocks'
-        for b in [MoeWsBlock::Two, MoeWsBlock::TwoDeep] {
-            for (gemm, swiglu) in [("swiglu", true), ("down", false)] {
-                for (prec, f16) in [("bf16", false), ("f16", true)] {
-                    let line = format!(
-                        "MWS_FP8_ENTRY({}_{gemm}_e4m3_{prec}, {swiglu}, {f16}, {}, {})",
-                        b.prefix(),
-                        b.consumers(),
-                        b.stages()
-                    );
-                    assert!(src.contains(&line), "missing: {line}");
+        // every block in both 16-bit precisions; the FP8 builds: the two-consumer blocks'
+        let fp8 = [MoeWsBlock::Two, MoeWsBlock::TwoDeep];
+        for (macro_name, elem, blocks) in [
+            ("MWS_ENTRY", "", &MoeWsBlock::ALL[..]),
+            ("MWS_FP8_ENTRY", "e4m3_", &fp8[..]),
+        ] {
+            for b in blocks {
+                assert!(b.smem() <= 227 * 1024, "{b:?}: {} bytes", b.smem());
+                for (gemm, swiglu) in [("swiglu", true), ("down", false)] {
+                    for (prec, f16) in [("bf16", false), ("f16", true)] {
+                        let line = format!(
+                            "{macro_name}({}_{gemm}_{elem}{prec}, {swiglu}, {f16}, {}, {})",
+                            b.prefix(),
+                            b.consumers(),
+                            b.stages()
+                        );
+                        assert!(src.contains(&line), "missing: {line}");
+                    }
                 }
             }
         }

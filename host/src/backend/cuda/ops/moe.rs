@@ -1056,29 +1056,23 @@ mod tests {
     #[test]
     fn the_hopper_block_follows_the_rows_an_expert_and_the_shared_memory() {
         let h100 = 227 * 1024;
-        // 1024 rows an expert: 192-row tiles; 16: 128-row tiles; both with 4 stages
-        assert_eq!(
-            ws_block(&shape(4096, 4096, 14336, 8, 2), h100),
-            MoeWsBlock::ThreeDeep
-        );
-        assert_eq!(
-            ws_block(&shape(64, 4096, 14336, 8, 2), h100),
-            MoeWsBlock::TwoDeep
-        );
-        assert_eq!(
-            ws_block(&shape(768, 64, 64, 8, 2), h100),
-            MoeWsBlock::ThreeDeep
-        );
-        assert_eq!(
-            ws_block(&shape(760, 64, 64, 8, 2), h100),
-            MoeWsBlock::TwoDeep
-        );
-        assert_eq!(ws_block(&shape(0, 64, 64, 8, 2), h100), MoeWsBlock::TwoDeep);
-        // a part with less shared memory than the 4-stage rings need
-        assert_eq!(
-            ws_block(&shape(4096, 4096, 14336, 8, 2), 160 * 1024),
-            MoeWsBlock::Two
-        );
+        // (T, H, F, shared memory, block): 1024 rows an expert: 192-row tiles; 16: 128-row
+        // tiles; both with 4 stages; 192 rows on average is the bound; a part with less shared
+        // memory than the 4-stage rings need takes the 3-stage 128-row block
+        for (t, h, f, smem, want) in [
+            (4096, 4096, 14336, h100, MoeWsBlock::ThreeDeep),
+            (64, 4096, 14336, h100, MoeWsBlock::TwoDeep),
+            (768, 64, 64, h100, MoeWsBlock::ThreeDeep),
+            (760, 64, 64, h100, MoeWsBlock::TwoDeep),
+            (0, 64, 64, h100, MoeWsBlock::TwoDeep),
+            (4096, 4096, 14336, 160 * 1024, MoeWsBlock::Two),
+        ] {
+            assert_eq!(
+                ws_block(&shape(t, h, f, 8, 2), smem),
+                want,
+                "T{t} smem {smem}"
+            );
+        }
         assert!(MoeWsBlock::ThreeDeep.smem() <= h100);
     }
 
