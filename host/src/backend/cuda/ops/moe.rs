@@ -474,15 +474,38 @@ pub(super) fn precision(phys: DType) -> Result<&'static str> {
     }
 }
 
-/// The entry point `{gemm}_{prec}_{tile}` (`gemm` is moe_gemm_swiglu or moe_gemm_down).
-fn gemm_kernel(gemm: &str, prec: &str, tile: &str) -> Result<&'static str> {
-    let name = format!("{gemm}_{prec}_{tile}");
-    tandem_gpu_kernels::Module::MoeExpertsSm80
+/// The entry point `name` of `module`.
+fn entry_point(module: tandem_gpu_kernels::Module, name: String) -> Result<&'static str> {
+    module
         .entry_points()
         .iter()
         .find(|k| **k == name)
         .copied()
         .ok_or_else(|| Error::Internal(format!("no kernel {name}")))
+}
+
+/// The entry point `{gemm}_{prec}_{tile}` (`gemm` is moe_gemm_swiglu or moe_gemm_down).
+fn gemm_kernel(gemm: &str, prec: &str, tile: &str) -> Result<&'static str> {
+    entry_point(
+        tandem_gpu_kernels::Module::MoeExpertsSm80,
+        format!("{gemm}_{prec}_{tile}"),
+    )
+}
+
+/// The Hopper gate/up and down entry points of `block` in precision `prec` (bf16 or f16),
+/// the e4m3 builds where `fp8`: `{prefix}_swiglu_[e4m3_]{prec}`, `{prefix}_down_[e4m3_]{prec}`.
+pub(super) fn ws_kernels(
+    block: MoeWsBlock,
+    prec: &str,
+    fp8: bool,
+) -> Result<(&'static str, &'static str)> {
+    let elem = if fp8 { "e4m3_" } else { "" };
+    let module = tandem_gpu_kernels::Module::MoeExpertsSm90a;
+    let prefix = block.prefix();
+    Ok((
+        entry_point(module, format!("{prefix}_swiglu_{elem}{prec}"))?,
+        entry_point(module, format!("{prefix}_down_{elem}{prec}"))?,
+    ))
 }
 
 /// The experts op (see the module doc for the two paths).
@@ -689,22 +712,12 @@ fn experts_wgmma(
 ) -> Result<String> {
     let (t, h, k, f) = (s.t, s.h, s.k, s.f);
     let phys = outs[0].phys;
-    precision(phys)?;
-    let block = cx
-        .be
-        .opts
-        .moe_ws_tile
-        .map_or_else(|| ws_block(s, cx.be.dev.max_smem_optin), MoeWsTile::block);
-    let (up, down_k) = match (block, phys) {
-        (MoeWsBlock::Two, DType::F16) => ("moe_ws_swiglu_f16", "moe_ws_down_f16"),
-        (MoeWsBlock::Two, _) => ("moe_ws_swiglu_bf16", "moe_ws_down_bf16"),
-        (MoeWsBlock::TwoDeep, DType::F16) => ("moe_ws_s4_swiglu_f16", "moe_ws_s4_down_f16"),
-        (MoeWsBlock::TwoDeep, _) => ("moe_ws_s4_swiglu_bf16", "moe_ws_s4_down_bf16"),
-        (MoeWsBlock::Three, DType::F16) => ("moe_ws3_swiglu_f16", "moe_ws3_down_f16"),
-        (MoeWsBlock::Three, _) => ("moe_ws3_swiglu_bf16", "moe_ws3_down_bf16"),
-        (MoeWsBlock::ThreeDeep, DType::F16) => ("moe_ws3_s4_swiglu_f16", "moe_ws3_s4_down_f16"),
-        (MoeWsBlock::ThreeDeep, _) => ("moe_ws3_s4_swiglu_bf16", "moe_ws3_s4_down_bf16"),
-    };
+    let prec = precision(phys)?;
+    let block = cx.be.opts.moe_ws_tile.map_or_else(
+        || ws_block(s, cx.be.dev.max_smem_optin, false),
+        MoeWsTile::block,
+    );
+    let (up, down_k) = ws_kernels(block, prec, false)?;
     let gather = cx.kernel("moe_gather_{s}")?;
     let combine = combine_kernel(phys);
     let names = format!("moe_tile_map+{gather}+memset_d8+{up}+{down_k}+{combine}");
@@ -783,15 +796,17 @@ fn experts_wgmma(
 }
 
 /// The Hopper experts block for `s` on a device allowing `max_smem` bytes of shared memory a
-/// block: 192-row tiles (three consumers) where the experts average at least 192 rows, else
-/// 128-row tiles (the third consumer would only add padding), both with a 4-stage ring; the
-/// 3-stage 128-row block where the ring does not fit. Measured on an H100 (2026-11-28, one
-/// call, bf16, H4096 F14336 E8 k2): T4096 4.79 / 4.74 ms for 192 rows and 4 stages against
-/// 5.25 / 5.09 for 128 rows and 3 stages (the GPU held at its 700 W cap: fewer operand bytes
-/// a product is what pays); T64 0.969 ms for 128 rows and 4 stages against 0.996.
-pub(super) fn ws_block(s: &ExpertsShape, max_smem: usize) -> MoeWsBlock {
+/// block: in 16 bits, 192-row tiles (three consumers) where the experts average at least 192
+/// rows, else 128-row tiles (the third consumer would only add padding), both with a 4-stage
+/// ring; in e4m3 (`fp8`), 128-row tiles with a 4-stage ring (the 192-row e4m3 down GEMM
+/// spills, so it is not built); the 3-stage 128-row block where the ring does not fit.
+/// Measured on an H100 (2026-11-28, one call, bf16, H4096 F14336 E8 k2): T4096 4.79 / 4.74 ms
+/// for 192 rows and 4 stages against 5.25 / 5.09 for 128 rows and 3 stages (the GPU held at
+/// its 700 W cap: fewer operand bytes a product is what pays); T64 0.969 ms for 128 rows and 4
+/// stages against 0.996.
+pub(super) fn ws_block(s: &ExpertsShape, max_smem: usize, fp8: bool) -> MoeWsBlock {
     let rows = (s.t * s.k).div_ceil(s.e.max(1));
-    let want = if rows >= MoeWsBlock::ThreeDeep.block_m() {
+    let want = if !fp8 && rows >= MoeWsBlock::ThreeDeep.block_m() {
         MoeWsBlock::ThreeDeep
     } else {
         MoeWsBlock::TwoDeep
@@ -1068,12 +1083,16 @@ mod tests {
             (4096, 4096, 14336, 160 * 1024, MoeWsBlock::Two),
         ] {
             assert_eq!(
-                ws_block(&shape(t, h, f, 8, 2), smem),
+                ws_block(&shape(t, h, f, 8, 2), smem, false),
                 want,
                 "T{t} smem {smem}"
             );
         }
         assert!(MoeWsBlock::ThreeDeep.smem() <= h100);
+        // e4m3: the 128-row block at every size
+        let big = shape(4096, 4096, 14336, 8, 2);
+        assert_eq!(ws_block(&big, h100, true), MoeWsBlock::TwoDeep);
+        assert_eq!(ws_block(&big, 160 * 1024, true), MoeWsBlock::Two);
     }
 
     #[test]

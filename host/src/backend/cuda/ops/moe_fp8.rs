@@ -19,9 +19,12 @@
 
 use std::sync::Arc;
 
-use tandem_gpu_kernels::{MOE_QUANT_THREADS, MOE_WS_BLOCK_N, MoeWsBlock};
+use tandem_gpu_kernels::{MOE_QUANT_THREADS, MOE_WS_BLOCK_N};
 
-use super::moe::{WsGemm, combine_kernel, combine_slots, precision, slot_rows, tile_map, ws_gemm};
+use super::moe::{
+    WsGemm, combine_kernel, combine_slots, precision, slot_rows, tile_map, ws_block, ws_gemm,
+    ws_kernels,
+};
 use super::{Arg, Cx, Dims};
 use crate::backend::cuda::CudaStorage;
 use crate::backend::cuda::error::DrvResultExt;
@@ -187,22 +190,8 @@ pub fn experts(
 ) -> Result<String> {
     let (t, h, k, f) = (s.t, s.h, s.k, s.f);
     let phys = outs[0].phys;
-    precision(phys)?;
-    // the 128-row block, with the 4-stage ring where it fits (the 192-row block's e4m3 down
-    // GEMM spills)
-    let block = if MoeWsBlock::TwoDeep.smem() <= cx.be.dev.max_smem_optin {
-        MoeWsBlock::TwoDeep
-    } else {
-        MoeWsBlock::Two
-    };
-    let (up, down_k) = match (block, phys) {
-        (MoeWsBlock::TwoDeep, DType::F16) => {
-            ("moe_ws_s4_swiglu_e4m3_f16", "moe_ws_s4_down_e4m3_f16")
-        }
-        (MoeWsBlock::TwoDeep, _) => ("moe_ws_s4_swiglu_e4m3_bf16", "moe_ws_s4_down_e4m3_bf16"),
-        (_, DType::F16) => ("moe_ws_swiglu_e4m3_f16", "moe_ws_down_e4m3_f16"),
-        _ => ("moe_ws_swiglu_e4m3_bf16", "moe_ws_down_e4m3_bf16"),
-    };
+    let block = ws_block(s, cx.be.dev.max_smem_optin, true);
+    let (up, down_k) = ws_kernels(block, precision(phys)?, true)?;
     let quant = quant_kernel(phys);
     let combine = combine_kernel(phys);
     let names = format!("moe_tile_map+{quant}+memset_d8+{up}+{quant}+{down_k}+{combine}");
