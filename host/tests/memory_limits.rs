@@ -1,6 +1,7 @@
 //! `--memory-limit` through the binary: bad values refused with what is accepted, a limit
 //! smaller than one op's working set refused before the run (naming the node, the device,
-//! the bytes and the limit), and the peak memory per device in the text and JSON reports.
+//! the bytes and the limit), and the peak memory per device in the text and JSON reports of
+//! `run`, and the memory `plan` expects each device to hold.
 
 mod support;
 
@@ -92,4 +93,58 @@ fn peak_memory_per_device_is_reported() -> TestResult {
     let peak = cpu["peak"].as_u64().ok_or("peak")?;
     assert!(peak > 0 && peak <= 1 << 30, "{cpu}");
     Ok(())
+}
+
+/// `tandem plan` with `SMALL` sizes on the CPU, under `TANDEM_MEMORY_LIMIT=cpu=1G`.
+fn plan(extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["plan", "--backend", "cpu"];
+    args.extend_from_slice(&SMALL);
+    args.extend_from_slice(extra);
+    output(&args, "warn", &[("TANDEM_MEMORY_LIMIT", "cpu=1G")])
+}
+
+#[test]
+fn plan_prints_the_memory_it_plans_per_device() -> TestResult {
+    let o = plan(&["--json"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out)?;
+    let mem = v["memory"]
+        .as_array()
+        .ok_or_else(|| format!("no memory in {out}"))?;
+    // Everything on the CPU: one entry, the CPU's.
+    assert_eq!(mem.len(), 1, "{mem:?}");
+    let cpu = &mem[0];
+    assert_eq!(cpu["device_name"], "cpu");
+    assert_eq!(cpu["limit_bytes"], 1u64 << 30);
+    assert_eq!(cpu["limit_set"], true);
+    assert_eq!(cpu["derived_bytes"], 0);
+    let bytes = |k: &str| cpu[k].as_u64().ok_or_else(|| format!("no {k} in {cpu}"));
+    let (peak, resident) = (bytes("peak_bytes")?, bytes("resident_bytes")?);
+    assert!(resident > 0 && peak > 0, "{cpu}");
+    // The text prints those bytes, and a line for no other device.
+    let o = plan(&[]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let h = tandem::limits::human_bytes;
+    let want = format!(
+        "memory: cpu weights {} resident, peak working set {} of 1.0 GiB limit",
+        h(resident),
+        h(peak)
+    );
+    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("memory: ")).collect();
+    assert_eq!(lines, [want.as_str()], "{out}");
+    // The resident bytes are the layer's weights, each once (all f32 on the CPU).
+    let c: tandem::workload::MixtralConfig =
+        serde_json::from_value(v["workload"]["config"].clone())?;
+    assert_eq!(Some(resident), c.weight_bytes(), "{cpu}");
+    Ok(())
+}
+
+#[test]
+fn plan_in_markdown_has_the_memory_lines_too() {
+    let o = plan(&["--format", "markdown"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("memory: cpu weights "), "{out}");
 }

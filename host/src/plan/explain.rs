@@ -1,6 +1,6 @@
 //! `--explain`: the plan as text (per node the device chosen, its op-time estimate, where the
-//! estimate came from, and every device weighed), and after a run the predicted against the
-//! measured op time per node.
+//! estimate came from, and every device weighed; then per device the memory it plans), and
+//! after a run the predicted against the measured op time per node.
 
 use super::Plan;
 use crate::exec::NodeRun;
@@ -12,7 +12,8 @@ fn ms(d: std::time::Duration) -> f64 {
 
 /// The plan as text, one line per node: device, op-time estimate (from the history, `hist
 /// n=N`, or the backend's model) and the devices weighed (each with its op-time estimate and
-/// the time the node would be done there in the schedule).
+/// the time the node would be done there in the schedule); then the makespan and the
+/// memory each device holds ([`memory_lines`]).
 pub fn explain(graph: &Graph, plan: &Plan) -> String {
     let mut s = format!(
         "{:<22} {:<12} -> {:<12} {:>11}  {:<10} [devices weighed]\n",
@@ -42,6 +43,7 @@ pub fn explain(graph: &Graph, plan: &Plan) -> String {
         plan.placements.len(),
         if plan.policy.fresh { " (--fresh)" } else { "" }
     ));
+    s.push_str(&memory_lines(plan));
     if plan.placements.iter().any(|p| p.numerics.is_lossy()) {
         s.push_str("~ = lossy numerics (bf16/f16 storage or int8 fixed point)\n");
     }
@@ -49,6 +51,19 @@ pub fn explain(graph: &Graph, plan: &Plan) -> String {
         s.push_str(&format!("warning: {w}\n"));
     }
     s
+}
+
+/// A line per device the plan has hold anything ([`PlannedMemory::line`]), by device: its
+/// resident weights (and the copies derived from them), its peak and its limit. Devices that
+/// hold nothing get no line.
+///
+/// [`PlannedMemory::line`]: super::PlannedMemory::line
+pub fn memory_lines(plan: &Plan) -> String {
+    plan.memory
+        .iter()
+        .filter(|m| m.holds_anything())
+        .map(|m| m.line() + "\n")
+        .collect()
 }
 
 /// After a run: per node the device planned and its op-time estimate against the device it

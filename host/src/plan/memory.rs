@@ -39,8 +39,12 @@ use crate::limits::human_bytes;
 pub struct PlannedMemory {
     /// Device.
     pub device: DeviceId,
-    /// Bytes it may hold (its `--memory-limit`, else its capacity).
+    /// Bytes it may hold (its `--memory-limit`, else its capacity; `u64::MAX` where neither
+    /// is known).
     pub limit_bytes: u64,
+    /// Whether `limit_bytes` was set (`--memory-limit`, `TANDEM_MEMORY_LIMIT`) rather than
+    /// the device's capacity.
+    pub limit_set: bool,
     /// Most bytes the schedule has it hold at once (outputs kept plus one node's fetched
     /// inputs, with the copies the device derives from them).
     pub peak_bytes: u64,
@@ -49,6 +53,44 @@ pub struct PlannedMemory {
     pub resident_bytes: u64,
     /// Of `resident_bytes`, the derived copies ([`crate::backend::Backend::derived_weight_bytes`]).
     pub derived_bytes: u64,
+}
+
+impl PlannedMemory {
+    /// Whether the plan has the device hold anything (its peak or its resident weights).
+    pub fn holds_anything(&self) -> bool {
+        self.peak_bytes > 0 || self.resident_bytes > 0
+    }
+
+    /// One line for `plan` and `--explain`, without a newline: `memory: cuda:0 weights
+    /// 1.2 GiB resident (0.6 GiB of it derived copies), peak working set 3.4 GiB of 79.1 GiB
+    /// capacity`. The peak is [`PlannedMemory::peak_bytes`] (outputs kept plus one node's
+    /// inputs), not the resident weights on top: it can be the smaller of the two.
+    pub fn line(&self) -> String {
+        let derived = if self.derived_bytes > 0 {
+            format!(
+                " ({} of it derived copies)",
+                human_bytes(self.derived_bytes)
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            "memory: {} weights {} resident{derived}, peak working set {} {}",
+            self.device,
+            human_bytes(self.resident_bytes),
+            human_bytes(self.peak_bytes),
+            self.limit_text()
+        )
+    }
+
+    /// `of 8.0 GiB limit`, `of 79.1 GiB capacity`, or `(no known limit)`.
+    fn limit_text(&self) -> String {
+        if self.limit_bytes == u64::MAX {
+            return "(no known limit)".into();
+        }
+        let what = if self.limit_set { "limit" } else { "capacity" };
+        format!("of {} {what}", human_bytes(self.limit_bytes))
+    }
 }
 
 /// The layer a node belongs to, from its name: the number after `layers.` (`model.layers.3.attn`,
@@ -485,6 +527,7 @@ impl<'a> Accounts<'a> {
             .map(|d| PlannedMemory {
                 device: d.id,
                 limit_bytes: d.limit,
+                limit_set: d.limit_set,
                 peak_bytes: d.peak,
                 resident_bytes: d.resident,
                 derived_bytes: d.resident_derived,

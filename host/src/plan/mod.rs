@@ -16,7 +16,7 @@ mod reason;
 pub use calibration::{
     CALIBRATION_VERSION, Calibrated, Calibration, DeviceCalibration, LinkFit, OpFit, machine_name,
 };
-pub use explain::{explain, explain_measured};
+pub use explain::{explain, explain_measured, memory_lines};
 pub use history::{HISTORY_VERSION, History, HistoryEntry, MAX_MEAN_S, Stat};
 pub use memory::{PlannedMemory, layer_of};
 pub use policy::PlacementPolicy;
@@ -572,10 +572,12 @@ mod tests {
     use crate::tensor::Tensor;
 
     /// A device that is very fast at linear and has nothing else, of the numerics its
-    /// `compute_dtype` says. The planner only sees what the trait says; nothing launches here.
+    /// `compute_dtype` says, deriving `derived` bytes from a linear's weight. The planner
+    /// only sees what the trait says; nothing launches here.
     #[derive(Debug)]
     struct FastLinear {
         info: DeviceInfo,
+        derived: u64,
     }
 
     impl Backend for FastLinear {
@@ -586,6 +588,12 @@ mod tests {
             match op {
                 Op::Linear(_) => Support::Native,
                 other => Support::No(format!("no {} kernel", other.name())),
+            }
+        }
+        fn derived_weight_bytes(&self, op: &Op, _inputs: &[TensorMeta], input: usize) -> u64 {
+            match op {
+                Op::Linear(_) if input == 1 => self.derived,
+                _ => 0,
             }
         }
         fn upload(&self, host: &Tensor) -> Result<DeviceStorage> {
@@ -610,6 +618,11 @@ mod tests {
     };
 
     fn registry(dtype: DType) -> DeviceRegistry {
+        registry_deriving(dtype, 0)
+    }
+
+    /// [`registry`], with the fast device deriving `derived` bytes from a linear's weight.
+    fn registry_deriving(dtype: DType, derived: u64) -> DeviceRegistry {
         let mut r = DeviceRegistry::cpu_only();
         r.add(Arc::new(FastLinear {
             info: DeviceInfo {
@@ -621,6 +634,7 @@ mod tests {
                 compute_dtype: dtype,
                 details: Vec::new(),
             },
+            derived,
         }));
         r
     }
@@ -847,5 +861,109 @@ mod tests {
             p.warnings
         );
         Ok(())
+    }
+
+    const KIB: u64 = 1 << 10;
+    const MIB: u64 = 1 << 20;
+
+    /// `(limit, limit set, peak, resident, derived)` of `dev` in the plan's memory.
+    fn planned(p: &Plan, dev: DeviceId) -> Option<(u64, bool, u64, u64, u64)> {
+        p.memory.iter().find(|m| m.device == dev).map(|m| {
+            let b = (m.peak_bytes, m.resident_bytes, m.derived_bytes);
+            (m.limit_bytes, m.limit_set, b.0, b.1, b.2)
+        })
+    }
+
+    fn limits(text: &str) -> Result<crate::options::MemoryLimits> {
+        crate::options::MemoryLimits::parse(text, "--memory-limit")
+    }
+
+    #[test]
+    fn memory_lines_give_each_device_its_planned_bytes() -> Result<()> {
+        let g = graph();
+        // The fast device keeps a 3 MiB copy beside the linear's weight (as CUDA's e4m3
+        // expert weights).
+        let reg = registry_deriving(DType::F32, 3 * MIB);
+        reg.set_memory_limits(limits("cpu=1G,fpga:0=512M")?);
+        let p = plan(&g, &reg, BackendChoice::Auto)?;
+        assert_eq!(devices(&p), ["fpga:0", "cpu"]);
+        // fpga:0 runs lin: x (1 MiB) and w (4 MiB) fetched, its 3 MiB copy of w, 1 MiB out;
+        // w and its copy stay resident.
+        assert_eq!(
+            planned(&p, FAST),
+            Some((512 * MIB, true, 9 * MIB, 7 * MIB, 3 * MIB))
+        );
+        // The CPU runs norm: lin's output (1 MiB) and g (4 KiB) fetched, 1 MiB out.
+        assert_eq!(
+            planned(&p, DeviceId::CPU),
+            Some((1 << 30, true, 2 * MIB + 4 * KIB, 4 * KIB, 0))
+        );
+        let lines = memory_lines(&p);
+        assert_eq!(
+            lines,
+            "memory: cpu weights 4.0 KiB resident, peak working set 2.0 MiB of 1.0 GiB limit\n\
+             memory: fpga:0 weights 7.0 MiB resident (3.0 MiB of it derived copies), \
+             peak working set 9.0 MiB of 512.0 MiB limit\n"
+        );
+        // `plan` and `run --explain` print them after the makespan.
+        let text = explain(&g, &p);
+        let after = text.split("estimated makespan").nth(1).unwrap_or_default();
+        assert!(after.contains(&lines), "{text}");
+        Ok(())
+    }
+
+    #[test]
+    fn a_device_that_holds_nothing_gets_no_memory_line() -> Result<()> {
+        let g = graph();
+        let reg = registry(DType::I8);
+        reg.set_memory_limits(limits("cpu=1G")?);
+        // Exact f32 only: the int8 device runs nothing and holds nothing.
+        let mut p = plan(&g, &reg, BackendChoice::Auto)?;
+        assert_eq!(devices(&p), ["cpu", "cpu"]);
+        assert_eq!(planned(&p, FAST), None);
+        // Both weights resident; the peak is lin's: x, w and its output.
+        assert_eq!(
+            planned(&p, DeviceId::CPU),
+            Some((1 << 30, true, 6 * MIB, 4 * MIB + 4 * KIB, 0))
+        );
+        let one =
+            "memory: cpu weights 4.0 MiB resident, peak working set 6.0 MiB of 1.0 GiB limit\n";
+        assert_eq!(memory_lines(&p), one);
+        assert!(!explain(&g, &p).contains("fpga:0 weights"));
+        // An entry of no bytes gets no line either.
+        p.memory.push(PlannedMemory {
+            device: FAST,
+            limit_bytes: u64::MAX,
+            limit_set: false,
+            peak_bytes: 0,
+            resident_bytes: 0,
+            derived_bytes: 0,
+        });
+        assert_eq!(memory_lines(&p), one);
+        Ok(())
+    }
+
+    #[test]
+    fn a_limit_not_known_is_said_so() {
+        let m = PlannedMemory {
+            device: DeviceId::CPU,
+            limit_bytes: u64::MAX,
+            limit_set: false,
+            peak_bytes: 3 * MIB,
+            resident_bytes: MIB,
+            derived_bytes: 0,
+        };
+        assert_eq!(
+            m.line(),
+            "memory: cpu weights 1.0 MiB resident, peak working set 3.0 MiB (no known limit)"
+        );
+        let m = PlannedMemory {
+            limit_bytes: 80 << 30,
+            ..m
+        };
+        assert!(
+            m.line()
+                .ends_with("peak working set 3.0 MiB of 80.0 GiB capacity")
+        );
     }
 }

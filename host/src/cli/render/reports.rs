@@ -78,7 +78,8 @@ pub fn run_tables(r: &RunReport, format: Format, header: bool) -> anyhow::Result
 }
 
 /// The plan as an object: per node its name, op, device, estimate and finish (seconds) and
-/// reason; the makespan; warnings.
+/// reason; the makespan; warnings; per device used the memory it plans (`memory`: limit,
+/// peak, resident and derived bytes, as [`tandem::plan::PlannedMemory`], with `device_name`).
 pub fn plan_json(graph: &Graph, plan: &Plan) -> anyhow::Result<Value> {
     let mut v = serde_json::to_value(plan)?;
     if let Some(ps) = v.get_mut("placements").and_then(Value::as_array_mut) {
@@ -90,8 +91,21 @@ pub fn plan_json(graph: &Graph, plan: &Plan) -> anyhow::Result<Value> {
             }
         }
     }
+    name_memory_devices(&mut v, plan);
     report::seconds_as_numbers(&mut v);
     Ok(v)
+}
+
+/// Adds `device_name` (`cuda:0`) to each entry of the plan object's `memory`.
+fn name_memory_devices(v: &mut Value, plan: &Plan) {
+    let Some(ms) = v.get_mut("memory").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for (m, planned) in ms.iter_mut().zip(&plan.memory) {
+        if let Some(m) = m.as_object_mut() {
+            m.insert("device_name".into(), planned.device.to_string().into());
+        }
+    }
 }
 
 /// `plan` in Markdown or CSV: node, op, device, estimate, finish, reason.
@@ -126,6 +140,7 @@ pub fn plan_tables(
                 "estimated makespan {:.3} ms\n",
                 plan.makespan.as_secs_f64() * 1e3
             );
+            tail.push_str(&tandem::plan::memory_lines(plan));
             for w in &plan.warnings {
                 tail.push_str(&format!("warning: {w}\n"));
             }
