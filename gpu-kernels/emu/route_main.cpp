@@ -36,6 +36,8 @@ thread_local emu_dim3 threadIdx, blockIdx;
 emu_dim3 blockDim, gridDim;
 
 #define TANDEM_NEG_INF (-INFINITY)
+struct uint4 { unsigned x, y, z, w; };
+struct uint2 { unsigned x, y; };
 
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
@@ -104,6 +106,27 @@ inline int __shfl_up_sync(unsigned, int v, int o) {
     w.bar->arrive_and_wait();
     return r;
 }
+inline int __shfl_sync(unsigned, int v, int src) {
+    Warp& w = my_warp();
+    const int lane = threadIdx.x & 31;
+    w.i[lane] = v;
+    w.bar->arrive_and_wait();
+    const int r = w.i[src & 31];
+    w.bar->arrive_and_wait();
+    return r;
+}
+inline unsigned __ballot_sync(unsigned, bool p) {
+    Warp& w = my_warp();
+    const int lane = threadIdx.x & 31;
+    w.i[lane] = p ? 1 : 0;
+    w.bar->arrive_and_wait();
+    unsigned m = 0;
+    for (int l = 0; l < 32; ++l)
+        if (w.i[l]) m |= 1u << l;
+    w.bar->arrive_and_wait();
+    return m;
+}
+inline int __ffs(unsigned v) { return __builtin_ffs((int)v); }
 inline unsigned __match_any_sync(unsigned, int v) {
     Warp& w = my_warp();
     const int lane = threadIdx.x & 31;
@@ -114,6 +137,12 @@ inline unsigned __match_any_sync(unsigned, int v) {
         if (w.i[l] == v) m |= 1u << l;
     w.bar->arrive_and_wait();
     return m;
+}
+
+// common.cuh's ex2.approx.ftz.f32 (the hardware's is within 2 ulp of this)
+inline float fast_exp2(float x) {
+    const float r = std::exp2(x);
+    return std::fpclassify(r) == FP_SUBNORMAL ? 0.f : r;
 }
 
 // common.cuh's reductions, as written there
@@ -135,15 +164,25 @@ inline float block_sum(float v, float* red) {
 struct RouteF32 {
     typedef float T;
     static float ld(const float* p) { return *p; }
+    template <int N>
+    static void words(const unsigned (&w)[N], float* out) {
+        for (int i = 0; i < N; ++i) out[i] = __uint_as_float(w[i]);
+    }
 };
-struct RouteBF16 {
+template <float (*CV)(h16_t)>
+struct Route16 {
     typedef h16_t T;
-    static float ld(const h16_t* p) { return bf2f(*p); }
+    static float ld(const h16_t* p) { return CV(*p); }
+    template <int N>
+    static void words(const unsigned (&w)[N], float* out) {
+        for (int i = 0; i < N; ++i) {
+            out[2 * i] = CV((h16_t)(w[i] & 0xffffu));
+            out[2 * i + 1] = CV((h16_t)(w[i] >> 16));
+        }
+    }
 };
-struct RouteF16 {
-    typedef h16_t T;
-    static float ld(const h16_t* p) { return h2f(*p); }
-};
+typedef Route16<bf2f> RouteBF16;
+typedef Route16<h2f> RouteF16;
 
 #include "route.inc"
 
@@ -252,21 +291,28 @@ Ref reference(const std::vector<float>& l, int T, int E, int k, bool renorm, int
 // private to each block's process here): one word for the whole run, zeroed once, never
 // poisoned, so every launch finds it as the previous one left it (self-resetting).
 unsigned* gen_bar = nullptr;
-template <int V>
+template <int V, int W>
 void fused_g(const float* l, int T, int E, int k, int renorm, int bs, int P, int* ids, float* w,
              int* counts, int* sorted, int* offsets, float* aux, float* z, int* cnt, float* ps,
              float* zs, int* tc, float* tp, float* tz, unsigned*) {
-    moe_route_fused_impl<RouteF32, V, true>(l, T, E, k, renorm, bs, P, ids, w, counts, sorted,
+    moe_route_fused_impl<RouteF32, V, true, W>(l, T, E, k, renorm, bs, P, ids, w, counts, sorted,
                                             offsets, aux, z, cnt, ps, zs, tc, tp, tz, gen_bar);
 }
 
-Kernel pick(int E, bool gen) {
-    if (E <= 32) return gen ? fused_g<1> : moe_route_fused_f32_v1;
-    if (E <= 64) return gen ? fused_g<2> : moe_route_fused_f32_v2;
-    if (E <= 128) return gen ? fused_g<4> : moe_route_fused_f32_v4;
-    return gen ? fused_g<8> : moe_route_fused_f32_v8;
-}
 bool use_gen = false;
+int warps = 16;  // 16: the shipped 512-thread builds; 8: 256 threads (gen only)
+Kernel pick(int E, bool gen) {
+    if (warps == 8) {
+        if (E <= 32) return fused_g<1, 8>;
+        if (E <= 64) return fused_g<2, 8>;
+        if (E <= 128) return fused_g<4, 8>;
+        return fused_g<8, 8>;
+    }
+    if (E <= 32) return gen ? fused_g<1, 16> : moe_route_fused_f32_v1;
+    if (E <= 64) return gen ? fused_g<2, 16> : moe_route_fused_f32_v2;
+    if (E <= 128) return gen ? fused_g<4, 16> : moe_route_fused_f32_v4;
+    return gen ? fused_g<8, 16> : moe_route_fused_f32_v8;
+}
 
 int fails = 0;
 
@@ -301,7 +347,7 @@ void run_case(std::mt19937& rng, int T, int E, int k, bool renorm, int bs, unsig
     std::memset(arena, 0x7f, used);  // poison everything, the barrier zeroed as the host does
     std::memcpy(dl, l.data(), l.size() * 4);
     *bar = 0;
-    launch(pick(E, use_gen), grid, 256,
+    launch(pick(E, use_gen), grid, 32 * warps,
            {dl, ids, w, counts, sorted, offsets, aux, z, cnt, ps, zs, tc, tp, tz, bar}, T, E, k,
            renorm, bs, P);
     Ref r = reference(l, T, E, k, renorm, bs, P);
@@ -328,8 +374,8 @@ void run_case(std::mt19937& rng, int T, int E, int k, bool renorm, int bs, unsig
                     *z, r.z);
         f = true;
     }
-    std::printf("%s %s T%d E%d k%d renorm %d bs %d grid %u kind %d\n", f ? "FAIL" : "ok  ",
-                use_gen ? "gen " : "memset", T, E, k, renorm, bs, grid, kind);
+    std::printf("%s %s w%d T%d E%d k%d renorm %d bs %d grid %u kind %d\n", f ? "FAIL" : "ok  ",
+                use_gen ? "gen " : "memset", warps, T, E, k, renorm, bs, grid, kind);
     if (use_gen && *gen_bar != 0u && *gen_bar != 0x80000000u) {
         std::printf("FAIL the gen barrier word is %#x after the launch\n", *gen_bar);
         f = true;
@@ -344,8 +390,11 @@ int main() {
     if (arena == MAP_FAILED) return 2;
     gen_bar = (unsigned*)(arena + ARENA - 256);
     *gen_bar = 0u;
-    for (int mode = 0; mode < 2; ++mode) {
-    use_gen = mode == 1;
+    // 0: memset builds, 1: self-resetting builds (both 16 warps a block, as shipped),
+    // 2: self-resetting with 8 warps a block
+    for (int mode = 0; mode < 3; ++mode) {
+    use_gen = mode >= 1;
+    warps = mode == 2 ? 8 : 16;
     std::mt19937 rng(12345);
     // (T, E, k, renorm, bs, grid, kind: 0 random, 1 tied, 2 one expert)
     run_case(rng, 0, 8, 2, true, 16, 1, 0);

@@ -418,17 +418,16 @@ impl MoeWsTile {
 /// [`RouteKernel::Fused`] where its grid fits the device).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum RouteKernel {
-    /// One cooperative launch (`moe_route_fused_*_g`), its grid barriers on a self-resetting
-    /// module global (no memset before it), up to 4 blocks per multiprocessor (2 for the
-    /// widest build, E > 128).
+    /// One cooperative launch (`moe_route_fused_*_g`, 512-thread blocks), its grid barriers on
+    /// a self-resetting module global (no memset before it), up to 2 blocks per
+    /// multiprocessor (1 for the widest build, E > 128).
     Fused,
-    /// The same kernel with at most 2 blocks per multiprocessor (fewer blocks to synchronise
-    /// and scan, fewer warps hiding phase 1's latency).
+    /// The same kernel with at most 2 blocks per multiprocessor (the widest build too).
     Fused2,
     /// The same kernel with one block per multiprocessor.
     Fused1,
     /// One cooperative launch (`moe_route_fused_*`) after a 4-byte memset of its barrier
-    /// counter, up to 4 blocks per multiprocessor (the 2026-11-23 build).
+    /// counter, blocks per multiprocessor as [`RouteKernel::Fused`] (the 2026-11-23 design).
     FusedMemset,
     /// Three launches: top-k and block histograms, a one-block scan, the scatter (k <= 32).
     Three,

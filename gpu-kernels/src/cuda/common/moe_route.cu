@@ -20,18 +20,40 @@
 #define ROUTE_TPB (ROUTE_WARPS * ROUTE_TOKENS_PER_WARP)
 #define ROUTE_MAX_VPL 8  // logits per lane: E <= 256
 
-// How logits stored as f32, bf16 or f16 are read (the math is f32 whatever the storage).
+// How logits stored as f32, bf16 or f16 are read (the math is f32 whatever the storage):
+// one value (`ld`), or the values packed in 32-bit words (`words`, lowest address first).
 struct RouteF32 {
     typedef float T;
     static __device__ __forceinline__ float ld(const float* p) { return __ldg(p); }
+    template <int N>
+    static __device__ __forceinline__ void words(const unsigned (&w)[N], float* out) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) out[i] = __uint_as_float(w[i]);
+    }
 };
 struct RouteBF16 {
     typedef h16_t T;
     static __device__ __forceinline__ float ld(const h16_t* p) { return bf2f(__ldg(p)); }
+    template <int N>
+    static __device__ __forceinline__ void words(const unsigned (&w)[N], float* out) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            out[2 * i] = bf2f((h16_t)(w[i] & 0xffffu));
+            out[2 * i + 1] = bf2f((h16_t)(w[i] >> 16));
+        }
+    }
 };
 struct RouteF16 {
     typedef h16_t T;
     static __device__ __forceinline__ float ld(const h16_t* p) { return h2f(__ldg(p)); }
+    template <int N>
+    static __device__ __forceinline__ void words(const unsigned (&w)[N], float* out) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            out[2 * i] = h2f((h16_t)(w[i] & 0xffffu));
+            out[2 * i + 1] = h2f((h16_t)(w[i] >> 16));
+        }
+    }
 };
 
 // Logits are stored as S::T; the softmax, top-k and sums run in f32.
@@ -282,14 +304,17 @@ extern "C" __global__ void __launch_bounds__(32) moe_align_scatter(
 // co-resident (the host sizes the grid from the occupancy and launches it cooperatively, so
 // the spin barriers below cannot dead-lock). Block b owns the contiguous tokens
 // [b*C, (b+1)*C), C = ceil(T / G); warp w of it the contiguous sub-range
-// [b*C + w*Cw, b*C + (w+1)*Cw), Cw = ceil(C / 8). So the slots t*k+j of a warp, of a block,
+// [b*C + w*Cw, b*C + (w+1)*Cw), Cw = ceil(C / W) for W warps a block (W = FR_WARPS in the
+// shipped builds, 16; the probe and the emulator also instantiate 8). So the slots t*k+j of a warp, of a block,
 // are one contiguous range each, and placing each warp's slots in ascending order after the
 // slots of the warps and blocks before it keeps every expert's segment in slot order (stable,
 // as the reference's counting sort).
-//  phase 1  per token (one warp): softmax in f32, top-k by logit (equal logits: lower expert
-//           first), optional renormalisation; per warp the expert histogram (shared), per
-//           lane the summed probabilities of its experts and lse^2 (registers). Per block:
-//           counts and probability sums to cnt[e][b], ps[e][b], lse^2 sum to zs[b].
+//  phase 1  per token (one warp; lane l holds experts l*V .. l*V+V-1): softmax in f32, top-k
+//           by logit (equal logits: lower expert first) from each lane's candidates sorted
+//           once in registers (each round: the warp's largest head, its lane pops it),
+//           optional renormalisation; per warp the expert histogram (shared), per lane the
+//           summed probabilities of its experts and lse^2 (registers). Per block: counts and
+//           probability sums to cnt[e][b], ps[e][b], lse^2 sum to zs[b].
 //  barrier
 //  phase 2a block b, for experts e = b, b+G, ...: exclusive scan of cnt[e][0..G) in place
 //           (where block b's slots of expert e start within the segment), the total count
@@ -302,7 +327,10 @@ extern "C" __global__ void __launch_bounds__(32) moe_align_scatter(
 //           counts, ranks among equal experts in 32-slot steps by __match_any_sync.
 // Sums are reduced in a fixed order for a given G (deterministic on a given device).
 
-#define FR_THREADS 256
+// 512 threads: against 256, a block a multiprocessor fewer for the same warps, so shorter
+// barriers and columns (benches/peers/route_probe.cu, an H200, 2026-11-28: 0.3-3 us less on
+// each of issue 15's routing rows).
+#define FR_THREADS 512
 #define FR_WARPS (FR_THREADS / 32)
 #define FR_MAX_E 256
 static_assert(FR_THREADS >= FR_MAX_E, "phase 2b/3 give each thread at most one expert");
@@ -365,32 +393,113 @@ __device__ __forceinline__ void route_grid_sync_gen(unsigned* bar) {
     __syncthreads();
 }
 
+// Phase stamps for benches/peers/route_probe.cu (never in the shipped builds): thread 0 of
+// each block writes %globaltimer at the kernel's start, around each grid barrier and at its end.
+#ifdef TANDEM_ROUTE_PROBE
+__device__ unsigned long long route_probe_stamps[4096 * 6];
+#define ROUTE_STAMP(i)                                                                          \
+    do {                                                                                        \
+        if (threadIdx.x == 0) {                                                                 \
+            unsigned long long t_;                                                              \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                              \
+            route_probe_stamps[blockIdx.x * 6 + (i)] = t_;                                      \
+        }                                                                                       \
+    } while (0)
+#else
+#define ROUTE_STAMP(i) \
+    do {               \
+    } while (0)
+#endif
+
+// Lane `lane`'s V logits of token t, experts lane * V .. lane * V + V - 1 (absent ones 0).
+// `whole`: E == 32 V and the logits 16-byte aligned, so each lane's run is one aligned block
+// of V values, read 16, 8 or 4 bytes at a time.
+template <typename S, int V>
+__device__ __forceinline__ void route_ld_token(const typename S::T* __restrict__ logits, int t,
+                                               int E, int lane, bool whole, float (&v)[V]) {
+    const typename S::T* p = logits + (u64_t)t * E + lane * V;
+    constexpr int NW = V * (int)sizeof(typename S::T) / 4;  // 32-bit words in a lane's run
+    constexpr int PER_WORD = 4 / (int)sizeof(typename S::T);
+    if (whole) {
+        if constexpr (NW >= 4) {
+#pragma unroll
+            for (int q = 0; q < NW / 4; ++q) {
+                const uint4 x = __ldg((const uint4*)p + q);
+                const unsigned w[4] = {x.x, x.y, x.z, x.w};
+                S::words(w, v + q * 4 * PER_WORD);
+            }
+            return;
+        } else if constexpr (NW == 2) {
+            const uint2 x = __ldg((const uint2*)p);
+            const unsigned w[2] = {x.x, x.y};
+            S::words(w, v);
+            return;
+        } else if constexpr (NW == 1) {
+            const unsigned w[1] = {__ldg((const unsigned*)p)};
+            S::words(w, v);
+            return;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = lane * V + j < E ? S::ld(p + j) : 0.f;
+}
+
+// Sorts a[0..V) (V 1, 2, 4 or 8) into descending order in registers: Batcher's odd-even merge
+// sort written out (19 compare-exchanges at V 8), so every index is a constant and `a` never
+// leaves registers.
+template <int I, int J, int V>
+__device__ __forceinline__ void route_cx(u64_t (&a)[V]) {
+    const u64_t x = a[I], y = a[J];
+    a[I] = x > y ? x : y;
+    a[J] = x > y ? y : x;
+}
+template <int V>
+__device__ __forceinline__ void route_sort_desc(u64_t (&a)[V]) {
+    static_assert(V == 1 || V == 2 || V == 4 || V == 8, "V is 1, 2, 4 or 8");
+    if constexpr (V == 2) {
+        route_cx<0, 1>(a);
+    } else if constexpr (V == 4) {
+        route_cx<0, 1>(a); route_cx<2, 3>(a);
+        route_cx<0, 2>(a); route_cx<1, 3>(a);
+        route_cx<1, 2>(a);
+    } else if constexpr (V == 8) {
+        route_cx<0, 1>(a); route_cx<2, 3>(a); route_cx<4, 5>(a); route_cx<6, 7>(a);
+        route_cx<0, 2>(a); route_cx<1, 3>(a); route_cx<4, 6>(a); route_cx<5, 7>(a);
+        route_cx<1, 2>(a); route_cx<5, 6>(a);
+        route_cx<0, 4>(a); route_cx<1, 5>(a); route_cx<2, 6>(a); route_cx<3, 7>(a);
+        route_cx<2, 4>(a); route_cx<3, 5>(a);
+        route_cx<1, 2>(a); route_cx<3, 4>(a); route_cx<5, 6>(a);
+    }
+}
+
 // V logits per lane: E <= 32 * V. Scratch (ws): cnt [E][G] ints, ps [E][G] floats, zs [G],
 // tot_cnt [E], tot_p [E], tot_z [1]; bar: one counter, zeroed before the launch (GEN false),
 // or the self-resetting word of route_grid_sync_gen (GEN true).
-template <typename S, int V, bool GEN>
+template <typename S, int V, bool GEN, int W = FR_WARPS>
 __device__ __forceinline__ void moe_route_fused_impl(
         const typename S::T* __restrict__ logits, int T, int E, int k, int renorm, int bs, int P,
         int* __restrict__ topk_ids, float* __restrict__ topk_w, int* __restrict__ expert_counts,
         int* __restrict__ sorted, int* __restrict__ expert_offsets, float* __restrict__ aux_loss,
         float* __restrict__ z_loss, int* cnt, float* ps, float* zs, int* tot_cnt, float* tot_p,
         float* tot_z, unsigned* bar) {
-    __shared__ int hist[FR_WARPS][FR_MAX_E];    // per-warp counts, then per-warp cursors
-    __shared__ float psw[FR_WARPS][FR_MAX_E];   // per-warp probability sums
+    __shared__ int hist[W][FR_MAX_E];    // per-warp counts, then per-warp cursors
+    __shared__ float psw[W][FR_MAX_E];   // per-warp probability sums
     __shared__ int off[FR_MAX_E + 1];
     __shared__ int ecnt[FR_MAX_E];
-    __shared__ float zw[FR_WARPS];
+    __shared__ float zw[W];
     __shared__ int itmp[32];
     __shared__ float red[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
     const int G = gridDim.x, b = blockIdx.x;
     const unsigned full = 0xffffffffu;
+    static_assert(W * 32 >= FR_MAX_E, "phase 2b/3 give each thread at most one expert");
+    ROUTE_STAMP(0);
 
     // ---- phase 1
     const long long C = ((long long)T + G - 1) / G;
     const int c0 = (int)min((long long)T, (long long)b * C);
     const int c1 = (int)min((long long)T, (long long)c0 + C);
-    const int cw = (c1 - c0 + FR_WARPS - 1) / FR_WARPS;
+    const int cw = (c1 - c0 + W - 1) / W;
     const int t0 = min(c1, c0 + warp * cw), t1 = min(c1, t0 + cw);
     for (int e = lane; e < FR_MAX_E; e += 32) hist[warp][e] = 0;
     __syncwarp();
@@ -398,39 +507,66 @@ __device__ __forceinline__ void moe_route_fused_impl(
 #pragma unroll
     for (int j = 0; j < V; ++j) acc[j] = 0.f;
     float zacc = 0.f;
+    // Lane `lane` holds experts lane * V + j: a contiguous run, so among equal logits at the
+    // heads of the lanes' lists the lowest lane holds the lowest expert.
+    const bool whole = E == 32 * V && ((u64_t)logits & 15u) == 0;
+    const float L2E = 1.4426950408889634f;  // exp(x) = 2^(x log2 e), on the MUFU unit
     float nv[V];
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-        const int e = lane + 32 * j;
-        nv[j] = (t0 < t1 && e < E) ? S::ld(logits + (u64_t)t0 * E + e) : 0.f;
-    }
+    if (t0 < t1) route_ld_token<S, V>(logits, t0, E, lane, whole, nv);
     for (int t = t0; t < t1; ++t) {
         float v[V];
 #pragma unroll
         for (int j = 0; j < V; ++j) v[j] = nv[j];
-        if (t + 1 < t1) {  // the next token's logits load while this one is routed
+        // the next token's logits load while this one is routed
+        if (t + 1 < t1) route_ld_token<S, V>(logits, t + 1, E, lane, whole, nv);
+        // the lane's candidates, largest key first (equal keys: lower j first); 0 = none
+        u64_t a[V];
 #pragma unroll
-            for (int j = 0; j < V; ++j) {
-                const int e = lane + 32 * j;
-                nv[j] = e < E ? S::ld(logits + (u64_t)(t + 1) * E + e) : 0.f;
+        for (int j = 0; j < V; ++j)
+            a[j] = lane * V + j < E ? ((u64_t)route_key(v[j]) << 32) | (unsigned)(V - 1 - j) : 0ull;
+        route_sort_desc<V>(a);
+        const unsigned m0 = __reduce_max_sync(full, (unsigned)(a[0] >> 32));
+        const float mx = route_unkey(m0);
+        // k rounds: the largest head wins (equal heads: the lowest lane) and its lane pops it.
+        // k <= 32: lane r keeps place r's expert and key; the weights come after the loop.
+        float wsum = 0.f;
+        unsigned my_key = 0u;
+        int my_id = 0;
+        for (int r = 0; r < k; ++r) {
+            const unsigned hk = (unsigned)(a[0] >> 32);
+            const unsigned m = r == 0 ? m0 : __reduce_max_sync(full, hk);
+            const int wl = __ffs(__ballot_sync(full, hk == m)) - 1;
+            const int win = wl * V + __shfl_sync(full, V - 1 - (int)(a[0] & 0xffu), wl);
+            if (lane == wl) {
+#pragma unroll
+                for (int j = 0; j + 1 < V; ++j) a[j] = a[j + 1];
+                a[V - 1] = 0ull;
+            }
+            if (lane == r) { my_id = win; my_key = m; }
+            if (k > 32) {  // more places than lanes: written as they are found, unnormalised
+                const float w = fast_exp2((route_unkey(m) - mx) * L2E);
+                wsum += w;
+                if (lane == 0) {
+                    topk_ids[(u64_t)t * k + r] = win;
+                    topk_w[(u64_t)t * k + r] = w;
+                    atomicAdd(&hist[warp][win], 1);
+                }
             }
         }
-        unsigned key[V];
-        unsigned lb = 0u;
-        int lj = 0;
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-            key[j] = (lane + 32 * j) < E ? route_key(v[j]) : 0u;
-            if (key[j] > lb) { lb = key[j]; lj = j; }
-        }
-        const float mx = route_unkey(__reduce_max_sync(full, lb));
+        // the softmax's sum and the top-k weights' sum, reduced together
         float s = 0.f, ex[V];
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-            ex[j] = (lane + 32 * j) < E ? expf(v[j] - mx) : 0.f;
+            ex[j] = lane * V + j < E ? fast_exp2((v[j] - mx) * L2E) : 0.f;
             s += ex[j];
         }
-        s = warp_sum(s);
+        const float wk = k <= 32 && lane < k ? fast_exp2((route_unkey(my_key) - mx) * L2E) : 0.f;
+        float ws = wk;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            s += __shfl_xor_sync(full, s, o);
+            ws += __shfl_xor_sync(full, ws, o);
+        }
         const float inv = 1.f / s;
 #pragma unroll
         for (int j = 0; j < V; ++j) acc[j] += ex[j] * inv;
@@ -438,102 +574,97 @@ __device__ __forceinline__ void moe_route_fused_impl(
             const float lse = mx + logf(s);
             zacc += lse * lse;
         }
-        // k <= 32: lane r keeps place r's expert and key, and the weights are taken after the
-        // loop, one expf a lane in parallel (not k in the loop)
-        float wsum = 0.f;
-        unsigned my_key = 0u;
-        int my_id = 0;
-        for (int r = 0; r < k; ++r) {
-            const unsigned m = __reduce_max_sync(full, lb);
-            const unsigned cand = lb == m ? (unsigned)(lane + 32 * lj) : 0xffffffffu;
-            const unsigned win = __reduce_min_sync(full, cand);
-            if (lane == r) { my_id = (int)win; my_key = m; }
-            if (k > 32) {
-                const float w = expf(route_unkey(m) - mx) * inv;
-                wsum += w;
-                if (lane == 0) {  // more places than lanes: written as they are found
-                    topk_ids[(u64_t)t * k + r] = (int)win;
-                    topk_w[(u64_t)t * k + r] = w;
-                    atomicAdd(&hist[warp][win], 1);
-                }
-            }
-            lb = 0u;
-            lj = 0;
-#pragma unroll
-            for (int j = 0; j < V; ++j) {
-                if ((unsigned)(lane + 32 * j) == win) key[j] = 0u;
-                if (key[j] > lb) { lb = key[j]; lj = j; }
-            }
-        }
         if (k <= 32) {
-            const float my_w = lane < k ? expf(route_unkey(my_key) - mx) * inv : 0.f;
-            if (renorm) wsum = warp_sum(my_w);
             if (lane < k) {
                 topk_ids[(u64_t)t * k + lane] = my_id;
-                topk_w[(u64_t)t * k + lane] = renorm ? my_w / wsum : my_w;
+                topk_w[(u64_t)t * k + lane] = renorm ? wk / ws : wk * inv;
                 atomicAdd(&hist[warp][my_id], 1);
             }
-        } else if (renorm) {
+        } else {
             __syncwarp();
-            for (int r = lane; r < k; r += 32) topk_w[(u64_t)t * k + r] /= wsum;
+            for (int r = lane; r < k; r += 32) {
+                const float w = topk_w[(u64_t)t * k + r];
+                topk_w[(u64_t)t * k + r] = renorm ? w / wsum : w * inv;
+            }
         }
     }
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-        const int e = lane + 32 * j;
+        const int e = lane * V + j;
         if (e < E) psw[warp][e] = acc[j];
     }
     if (lane == 0) zw[warp] = zacc;
     __syncthreads();
-    for (int e = tid; e < E; e += FR_THREADS) {
+    for (int e = tid; e < E; e += (W * 32)) {
         int c = 0;
         float p = 0.f;
 #pragma unroll
-        for (int w = 0; w < FR_WARPS; ++w) { c += hist[w][e]; p += psw[w][e]; }
+        for (int w = 0; w < W; ++w) { c += hist[w][e]; p += psw[w][e]; }
         cnt[(u64_t)e * G + b] = c;
         ps[(u64_t)e * G + b] = p;
     }
     if (tid == 0) {
         float z = 0.f;
 #pragma unroll
-        for (int w = 0; w < FR_WARPS; ++w) z += zw[w];
+        for (int w = 0; w < W; ++w) z += zw[w];
         zs[b] = z;
     }
+    ROUTE_STAMP(1);
     if (GEN) route_grid_sync_gen(bar);
     else route_grid_sync(bar, 1);
+    ROUTE_STAMP(2);
 
     // ---- phase 2a
-    const int ipt = (G + FR_THREADS - 1) / FR_THREADS;
+    const int ipt = (G + (W * 32) - 1) / (W * 32);
     const int g0 = min(G, tid * ipt), g1 = min(G, g0 + ipt);
     for (int e = b; e < E; e += G) {
         int* col = cnt + (u64_t)e * G;
         const float* pcol = ps + (u64_t)e * G;
+        // a thread's first KEEP counts stay in registers between the scan's two passes (one
+        // L2 round trip, not two, while G <= KEEP * threads)
+        constexpr int KEEP = 4;
+        int xs[KEEP];
         int c = 0;
         float p = 0.f;
-        for (int g = g0; g < g1; ++g) { c += __ldcg(col + g); p += __ldcg(pcol + g); }
+#pragma unroll
+        for (int i = 0; i < KEEP; ++i) {
+            xs[i] = g0 + i < g1 ? __ldcg(col + g0 + i) : 0;
+            p += g0 + i < g1 ? __ldcg(pcol + g0 + i) : 0.f;
+            c += xs[i];
+        }
+        for (int g = g0 + KEEP; g < g1; ++g) { c += __ldcg(col + g); p += __ldcg(pcol + g); }
         int total;
-        int run = block_exclusive_scan(c, itmp, &total);
-        for (int g = g0; g < g1; ++g) {
+        int at = block_exclusive_scan(c, itmp, &total);
+#pragma unroll
+        for (int i = 0; i < KEEP; ++i) {
+            if (g0 + i < g1) {
+                __stcg(col + g0 + i, at);
+                at += xs[i];
+            }
+        }
+        for (int g = g0 + KEEP; g < g1; ++g) {
             const int x = __ldcg(col + g);
-            __stcg(col + g, run);
-            run += x;
+            __stcg(col + g, at);
+            at += x;
         }
         p = block_sum(p, red);
         if (tid == 0) { tot_cnt[e] = total; tot_p[e] = p; }
     }
     if (b == G - 1) {
         float z = 0.f;
-        for (int g = tid; g < G; g += FR_THREADS) z += __ldcg(zs + g);
+        for (int g = tid; g < G; g += (W * 32)) z += __ldcg(zs + g);
         z = block_sum(z, red);
         if (tid == 0) tot_z[0] = z;
     }
+    ROUTE_STAMP(3);
     if (GEN) route_grid_sync_gen(bar);
     else route_grid_sync(bar, 2);
+    ROUTE_STAMP(4);
 
     // ---- phase 2b
     const int sentinel = T * k;
     // phase 3's loads issued first, so their latency overlaps the scan below: where this
-    // block's slots of expert tid start within the segment (FR_THREADS >= FR_MAX_E: one
+    // block's slots of expert tid start within the segment (W * 32 >= FR_MAX_E: one
     // expert a thread), and the first 32 slots of this warp
     const int my_start = tid < E ? __ldcg(cnt + (u64_t)tid * G + b) : 0;
     const int last = t1 * k;
@@ -564,17 +695,17 @@ __device__ __forceinline__ void moe_route_fused_impl(
         }
     }
     for (int e = b; e < E; e += G)
-        for (int pos = off[e] + ecnt[e] + tid; pos < off[e + 1]; pos += FR_THREADS)
+        for (int pos = off[e] + ecnt[e] + tid; pos < off[e + 1]; pos += (W * 32))
             sorted[pos] = sentinel;
-    for (long long pos = (long long)off[E] + (long long)b * FR_THREADS + tid; pos < P;
-         pos += (long long)G * FR_THREADS)
+    for (long long pos = (long long)off[E] + (long long)b * (W * 32) + tid; pos < P;
+         pos += (long long)G * (W * 32))
         sorted[pos] = sentinel;
 
     // ---- phase 3: per-warp cursors, then the stable scatter
     if (tid < E) {
         int run = off[tid] + my_start;
 #pragma unroll
-        for (int w = 0; w < FR_WARPS; ++w) {
+        for (int w = 0; w < W; ++w) {
             const int h = hist[w][tid];
             hist[w][tid] = run;
             run += h;
@@ -595,6 +726,7 @@ __device__ __forceinline__ void moe_route_fused_impl(
         if (ok && lower == 0) hist[warp][e] += __popc(peers);
         __syncwarp();
     }
+    ROUTE_STAMP(5);
 }
 
 // `moe_route_fused_{s}_v{V}`: the barrier counter in `bar`, zeroed by the host before the

@@ -76,22 +76,21 @@ pub fn fused_kernel(phys: DType, e: usize, self_reset: bool) -> Result<&'static 
 
 /// Threads per block of the fused routing kernels `moe_route_fused_*` (FR_THREADS in
 /// common/moe_route.cu).
-const FUSED_THREADS: u32 = 256;
+const FUSED_THREADS: u32 = 512;
 /// Logits per lane the fused routing kernels come in (`_v1` .. `_v8`): the build for E
 /// experts is the smallest v with E <= 32 * v.
 const FUSED_VPL: [usize; 4] = [1, 2, 4, 8];
 
-/// Most blocks per multiprocessor the fused routing grid takes by default (more blocks make
-/// the barriers and the per-block partial sums longer, for no gain: phase 1 is latency-bound
-/// and 32 warps per SM hide it); [`RouteKernel::Fused2`] takes 2.
-const FUSED_MAX_BLOCKS_PER_SM: u32 = 4;
-/// The same for the widest build (`_v8`, E > 128): its phase 1 is issue-bound, not
-/// latency-bound, so fewer, fuller blocks make the barriers and the column scan shorter
-/// (T8192 E256 k8 on an H200, 2026-11-24: 2 a multiprocessor 25 us, 3 a multiprocessor 27 us;
-/// the narrower builds were as fast or faster at 4).
-const FUSED_MAX_BLOCKS_PER_SM_WIDE: u32 = 2;
+/// Most blocks per multiprocessor the fused routing grid takes by default: 32 warps, and no
+/// more blocks than that (more blocks make the barriers and the per-block column scan
+/// longer); [`RouteKernel::Fused1`] takes 1.
+const FUSED_MAX_BLOCKS_PER_SM: u32 = 2;
+/// The same for the widest build (`_v8`, E > 128), whose phase 1 is issue-bound: 16 warps a
+/// multiprocessor in one block (T8192 E256 k8 on an H200, 2026-11-28, probe: 24.7 us at one
+/// 512-thread block a multiprocessor, 24.8-25.0 at two 256-thread blocks, 26.1 at three).
+const FUSED_MAX_BLOCKS_PER_SM_WIDE: u32 = 1;
 /// Fewest tokens per block of the fused grid (2 per warp): small batches take fewer blocks.
-const FUSED_MIN_TOKENS_PER_BLOCK: usize = 16;
+const FUSED_MIN_TOKENS_PER_BLOCK: usize = 32;
 
 /// Blocks of the fused routing grid for `t` tokens on `sms` multiprocessors that each hold
 /// `per_sm` blocks of it at once, at most `cap` a multiprocessor; `None` when it cannot be
@@ -1056,16 +1055,27 @@ mod tests {
 
     #[test]
     fn the_fused_routing_grid_fits_the_device() {
-        // at most 4 blocks per SM, at least 16 tokens per block, one block for T = 0
+        // at most `cap` blocks per SM, at least 32 tokens per block, one block for T = 0
+        assert_eq!(
+            fused_grid(65536, 132, 4, FUSED_MAX_BLOCKS_PER_SM),
+            Some(264)
+        );
+        assert_eq!(
+            fused_grid(65536, 132, 1, FUSED_MAX_BLOCKS_PER_SM),
+            Some(132)
+        );
+        assert_eq!(
+            fused_grid(65536, 132, 3, FUSED_MAX_BLOCKS_PER_SM_WIDE),
+            Some(132)
+        );
         assert_eq!(fused_grid(65536, 132, 8, 4), Some(528));
-        assert_eq!(fused_grid(65536, 132, 3, 4), Some(396));
-        assert_eq!(fused_grid(65536, 132, 3, 2), Some(264));
-        assert_eq!(fused_grid(8192, 132, 4, 4), Some(512));
-        assert_eq!(fused_grid(1000, 132, 4, 4), Some(63));
-        assert_eq!(fused_grid(1, 132, 4, 4), Some(1));
-        assert_eq!(fused_grid(0, 132, 4, 4), Some(1));
+        assert_eq!(fused_grid(16384, 132, 2, 2), Some(264));
+        assert_eq!(fused_grid(8192, 132, 2, 2), Some(256));
+        assert_eq!(fused_grid(1000, 132, 2, 2), Some(32));
+        assert_eq!(fused_grid(1, 132, 2, 2), Some(1));
+        assert_eq!(fused_grid(0, 132, 2, 2), Some(1));
         // nothing co-resident: the three-launch path
-        assert_eq!(fused_grid(4096, 132, 0, 4), None);
+        assert_eq!(fused_grid(4096, 132, 0, 2), None);
     }
 
     #[test]
