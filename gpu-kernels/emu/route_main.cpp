@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -391,8 +392,10 @@ int main() {
     gen_bar = (unsigned*)(arena + ARENA - 256);
     *gen_bar = 0u;
     // 0: memset builds, 1: self-resetting builds (both 16 warps a block, as shipped),
-    // 2: self-resetting with 8 warps a block
+    // 2: self-resetting with 8 warps a block. EMU_ROUTE_MODES (e.g. "1") picks some of them.
+    const char* modes = std::getenv("EMU_ROUTE_MODES");
     for (int mode = 0; mode < 3; ++mode) {
+    if (modes && !std::strchr(modes, '0' + mode)) continue;
     use_gen = mode >= 1;
     warps = mode == 2 ? 8 : 16;
     std::mt19937 rng(12345);

@@ -3,6 +3,8 @@
 # no NVRTC): one process per block (its `__shared__` arrays are the process's statics), one
 # std::thread per CUDA thread, device memory in a shared mapping, so the grid barriers and the
 # cross-block scan run as on the GPU. Checks against a plain C++ reference (route_main.cpp).
+# EMU_ROUTE_MODES picks the builds (0 memset, 1 self-resetting, 2 self-resetting with 8 warps;
+# default all three).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${EMU_OUT:-/tmp/tandem-route-emu}
