@@ -31,29 +31,25 @@ struct RouteF32 {
         for (int i = 0; i < N; ++i) out[i] = __uint_as_float(w[i]);
     }
 };
-struct RouteBF16 {
+// 16-bit storage (CRTP): `Self::cv` widens one raw value to f32.
+template <typename Self>
+struct Route16 {
     typedef h16_t T;
-    static __device__ __forceinline__ float ld(const h16_t* p) { return bf2f(__ldg(p)); }
+    static __device__ __forceinline__ float ld(const h16_t* p) { return Self::cv(__ldg(p)); }
     template <int N>
     static __device__ __forceinline__ void words(const unsigned (&w)[N], float* out) {
 #pragma unroll
         for (int i = 0; i < N; ++i) {
-            out[2 * i] = bf2f((h16_t)(w[i] & 0xffffu));
-            out[2 * i + 1] = bf2f((h16_t)(w[i] >> 16));
+            out[2 * i] = Self::cv((h16_t)(w[i] & 0xffffu));
+            out[2 * i + 1] = Self::cv((h16_t)(w[i] >> 16));
         }
     }
 };
-struct RouteF16 {
-    typedef h16_t T;
-    static __device__ __forceinline__ float ld(const h16_t* p) { return h2f(__ldg(p)); }
-    template <int N>
-    static __device__ __forceinline__ void words(const unsigned (&w)[N], float* out) {
-#pragma unroll
-        for (int i = 0; i < N; ++i) {
-            out[2 * i] = h2f((h16_t)(w[i] & 0xffffu));
-            out[2 * i + 1] = h2f((h16_t)(w[i] >> 16));
-        }
-    }
+struct RouteBF16 : Route16<RouteBF16> {
+    static __device__ __forceinline__ float cv(h16_t h) { return bf2f(h); }
+};
+struct RouteF16 : Route16<RouteF16> {
+    static __device__ __forceinline__ float cv(h16_t h) { return h2f(h); }
 };
 
 // Logits are stored as S::T; the softmax, top-k and sums run in f32.
