@@ -300,11 +300,11 @@ extern "C" __global__ void __launch_bounds__(32) moe_align_scatter(
 // co-resident (the host sizes the grid from the occupancy and launches it cooperatively, so
 // the spin barriers below cannot dead-lock). Block b owns the contiguous tokens
 // [b*C, (b+1)*C), C = ceil(T / G); warp w of it the contiguous sub-range
-// [b*C + w*Cw, b*C + (w+1)*Cw), Cw = ceil(C / W) for W warps a block (W = FR_WARPS in the
-// shipped builds, 16; the probe and the emulator also instantiate 8). So the slots t*k+j of a warp, of a block,
-// are one contiguous range each, and placing each warp's slots in ascending order after the
-// slots of the warps and blocks before it keeps every expert's segment in slot order (stable,
-// as the reference's counting sort).
+// [b*C + w*Cw, b*C + (w+1)*Cw), Cw = ceil(C / W) for W warps a block (16 in the shipped
+// builds; the probe and the emulator also instantiate 8). So the slots t*k+j of a warp, of a
+// block, are one contiguous range each, and placing each warp's slots in ascending order
+// after the slots of the warps and blocks before it keeps every expert's segment in slot
+// order (stable, as the reference's counting sort).
 //  phase 1  per token (one warp; lane l holds experts l*V .. l*V+V-1): softmax in f32, top-k
 //           by logit (equal logits: lower expert first) from each lane's candidates sorted
 //           once in registers (each round: the warp's largest head, its lane pops it),
@@ -395,7 +395,7 @@ __device__ __forceinline__ void route_grid_sync_gen(unsigned* bar) {
 __device__ unsigned long long route_probe_stamps[4096 * 6];
 #define ROUTE_STAMP(i)                                                                          \
     do {                                                                                        \
-        if (threadIdx.x == 0) {                                                                 \
+        if (threadIdx.x == 0 && blockIdx.x < 4096) {                                            \
             unsigned long long t_;                                                              \
             asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                              \
             route_probe_stamps[blockIdx.x * 6 + (i)] = t_;                                      \
