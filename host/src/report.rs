@@ -271,7 +271,7 @@ pub fn summary_lines(r: &RunReport) -> String {
     // Fused units, from the node that ran each (the launch count is in its kernels).
     for n in &r.nodes {
         if let Some(f) = &n.run.fused
-            && f.ends_with(crate::exec::RUNS_THE_UNIT)
+            && n.run.runs_unit()
         {
             let time = n
                 .run

@@ -69,6 +69,9 @@ impl Default for ExecOptions {
 
 /// How [`NodeRun::fused`] ends for the node that ran its unit.
 pub const RUNS_THE_UNIT: &str = "(this node runs it)";
+/// How [`NodeRun::fused`] starts for a node that ran inside another node's unit, before that
+/// node's name.
+pub const INSIDE_THE_UNIT_OF: &str = "ran inside the unit of ";
 
 /// What happened to one node.
 #[derive(Debug, Clone, Serialize)]
@@ -103,6 +106,20 @@ pub struct NodeRun {
     /// ran inside it (no launch, no time of their own).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fused: Option<String>,
+}
+
+impl NodeRun {
+    /// Whether this node ran a fused unit (its launch and time are the unit's).
+    pub fn runs_unit(&self) -> bool {
+        self.fused
+            .as_deref()
+            .is_some_and(|f| f.ends_with(RUNS_THE_UNIT))
+    }
+
+    /// The node whose fused unit this node ran inside (no launch or time of its own).
+    pub fn unit_head(&self) -> Option<&str> {
+        self.fused.as_deref()?.strip_prefix(INSIDE_THE_UNIT_OF)
+    }
 }
 
 /// The result of executing a graph.

@@ -370,7 +370,7 @@ impl RunState {
                         kernel: format!("(inside the fused unit of {head})"),
                         ..LaunchInfo::default()
                     },
-                    Some(format!("ran inside the unit of {head}")),
+                    Some(format!("{}{head}", super::INSIDE_THE_UNIT_OF)),
                 ));
             }
             _ => {}

@@ -2,6 +2,9 @@
 //! estimate came from, and every device weighed; then per device the memory it plans), and
 //! after a run the predicted against the measured op time per node.
 
+use std::collections::HashMap;
+use std::time::Duration;
+
 use super::Plan;
 use crate::exec::NodeRun;
 use crate::graph::Graph;
@@ -68,41 +71,59 @@ pub fn memory_lines(plan: &Plan) -> String {
 
 /// After a run: per node the device planned and its op-time estimate against the device it
 /// ran on and the op time measured there (device-reported where the device reports it, else
-/// wall), with measured / predicted.
+/// wall), with measured / predicted. A fused unit is measured as one launch: the node that ran
+/// it is compared with the estimates of all the unit's nodes together (`u`), and the nodes
+/// that ran inside it have no time of their own.
 pub fn explain_measured(graph: &Graph, plan: &Plan, runs: &[NodeRun]) -> String {
     let mut s = format!(
         "{:<22} {:<12} {:<12} {:>12} {:<12} {:>12} {:>8}\n",
         "node", "op", "planned", "predicted ms", "ran on", "measured ms", "ratio"
     );
+    // what the members of each fused unit were expected to take, by the unit's node
+    let mut inside: HashMap<&str, Duration> = HashMap::new();
+    for (p, r) in plan.placements.iter().zip(runs) {
+        if let Some(head) = r.unit_head() {
+            *inside.entry(head).or_default() += p.estimate;
+        }
+    }
     let (mut predicted, mut measured) = (0.0, 0.0);
     for ((n, p), r) in graph.nodes.iter().zip(&plan.placements).zip(runs) {
-        let t = r.launch.device_time.unwrap_or(r.wall);
-        let src = if r.launch.device_time.is_some() {
-            ""
-        } else {
-            " w"
-        };
         predicted += ms(p.estimate);
-        measured += ms(t);
-        let ratio = if p.estimate.is_zero() {
-            "-".to_string()
+        let (estimate, unit) = match inside.get(n.name.as_str()) {
+            Some(more) if r.runs_unit() => (p.estimate + *more, " u"),
+            _ => (p.estimate, ""),
+        };
+        let (shown, ratio) = if r.unit_head().is_some() {
+            ("in unit".to_string(), "-".to_string())
         } else {
-            format!("{:.2}", t.as_secs_f64() / p.estimate.as_secs_f64())
+            let t = r.launch.device_time.unwrap_or(r.wall);
+            measured += ms(t);
+            let src = if r.launch.device_time.is_some() {
+                ""
+            } else {
+                " w"
+            };
+            let ratio = if estimate.is_zero() {
+                "-".to_string()
+            } else {
+                format!("{:.2}", t.as_secs_f64() / estimate.as_secs_f64())
+            };
+            (format!("{:.3}{src}", ms(t)), ratio)
         };
         s.push_str(&format!(
-            "{:<22} {:<12} {:<12} {:>12.3} {:<12} {:>12} {:>8}\n",
+            "{:<22} {:<12} {:<12} {:>12} {:<12} {:>12} {:>8}\n",
             n.name,
             n.op.name(),
             p.device.to_string(),
-            ms(p.estimate),
+            format!("{:.3}{unit}", ms(estimate)),
             r.device.to_string(),
-            format!("{:.3}{src}", ms(t)),
+            shown,
             ratio
         ));
     }
     s.push_str(&format!(
-        "sum of op times: predicted {predicted:.3} ms, measured {measured:.3} ms (w = wall time; \
-         the others device-reported)\n"
+        "sum of op times: predicted {predicted:.3} ms, measured {measured:.3} ms (w = wall time, \
+         the others device-reported; u = a fused unit's nodes together, measured as one launch)\n"
     ));
     s
 }

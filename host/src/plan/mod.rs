@@ -966,4 +966,66 @@ mod tests {
                 .ends_with("peak working set 3.0 MiB of 80.0 GiB capacity")
         );
     }
+
+    /// A fused unit's node is compared with all the unit's estimates together; the nodes that
+    /// ran inside it show no time of their own and count once in the measured sum.
+    #[test]
+    fn a_fused_unit_is_compared_with_its_nodes_together() -> Result<()> {
+        use crate::backend::LaunchInfo;
+        use crate::exec::{INSIDE_THE_UNIT_OF, NodeRun, RUNS_THE_UNIT};
+        let g = graph();
+        let p = plan(
+            &g,
+            &registry(DType::F32),
+            BackendChoice::Only(DeviceKind::Cpu),
+        )?;
+        let (lin, norm) = (p.placements[0].estimate, p.placements[1].estimate);
+        assert!(!lin.is_zero() && !norm.is_zero());
+        let unit = (lin + norm) * 2;
+        let run = |name: &str, time: Option<Duration>, fused: String| NodeRun {
+            node: name.into(),
+            op: "x",
+            device: DeviceId::CPU,
+            launch: LaunchInfo {
+                kernel: String::new(),
+                device_time: time,
+                cycles: None,
+            },
+            start: Duration::ZERO,
+            wall: Duration::ZERO,
+            transfer: Duration::ZERO,
+            resident_transfer: Duration::ZERO,
+            transfer_bytes: 0,
+            resident_bytes: 0,
+            fallback: None,
+            fused: Some(fused),
+        };
+        let runs = [
+            run(
+                "lin",
+                Some(unit),
+                format!("moe_block: lin + norm {RUNS_THE_UNIT}"),
+            ),
+            run("norm", None, format!("{INSIDE_THE_UNIT_OF}lin")),
+        ];
+        assert!(runs[0].runs_unit() && runs[0].unit_head().is_none());
+        assert_eq!(runs[1].unit_head(), Some("lin"));
+        let text = explain_measured(&g, &p, &runs);
+        let rows: Vec<&str> = text.lines().collect();
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        assert!(
+            rows[1].contains(&format!("{:.3} u", ms(lin + norm))),
+            "{text}"
+        );
+        assert!(rows[1].trim_end().ends_with("2.00"), "{text}");
+        assert!(
+            rows[2].contains("in unit") && rows[2].trim_end().ends_with('-'),
+            "{text}"
+        );
+        assert!(
+            rows[3].contains(&format!("measured {:.3} ms", ms(unit))),
+            "{text}"
+        );
+        Ok(())
+    }
 }
