@@ -109,6 +109,32 @@ pub struct NodeRun {
 }
 
 impl NodeRun {
+    /// A run that moved nothing and took no time of its own: `launch` and `fused` as given,
+    /// every time, byte count and fallback zero or absent (an empty op, a fused unit's
+    /// member; the caller fills in what it measured).
+    pub fn quiet(
+        node: NodeName,
+        op: &'static str,
+        device: DeviceId,
+        launch: LaunchInfo,
+        fused: Option<String>,
+    ) -> Self {
+        Self {
+            node,
+            op,
+            device,
+            launch,
+            start: Duration::ZERO,
+            wall: Duration::ZERO,
+            transfer: Duration::ZERO,
+            resident_transfer: Duration::ZERO,
+            transfer_bytes: 0,
+            resident_bytes: 0,
+            fallback: None,
+            fused,
+        }
+    }
+
     /// Whether this node ran a fused unit (its launch and time are the unit's).
     pub fn runs_unit(&self) -> bool {
         self.fused

@@ -306,19 +306,9 @@ impl RunState {
 
     fn run_node(&self, i: u32, device: DeviceId, backend: &dyn Backend) -> Result<NodeRun> {
         let node = &self.prep.nodes[i as usize];
-        let quiet = |launch: LaunchInfo, fused: Option<String>| NodeRun {
-            node: NodeName::of(&self.prep.node_names, i),
-            op: node.op.name(),
-            device,
-            launch,
-            start: Duration::ZERO,
-            wall: Duration::ZERO,
-            transfer: Duration::ZERO,
-            resident_transfer: Duration::ZERO,
-            transfer_bytes: 0,
-            resident_bytes: 0,
-            fallback: None,
-            fused,
+        let quiet = |launch: LaunchInfo, fused: Option<String>| {
+            let name = NodeName::of(&self.prep.node_names, i);
+            NodeRun::quiet(name, node.op.name(), device, launch, fused)
         };
         if matches!(node.op, Op::Nop) {
             // Nothing to move, launch or write: the scheduling is the whole cost.

@@ -982,23 +982,13 @@ mod tests {
         let (lin, norm) = (p.placements[0].estimate, p.placements[1].estimate);
         assert!(!lin.is_zero() && !norm.is_zero());
         let unit = (lin + norm) * 2;
-        let run = |name: &str, time: Option<Duration>, fused: String| NodeRun {
-            node: name.into(),
-            op: "x",
-            device: DeviceId::CPU,
-            launch: LaunchInfo {
+        let run = |name: &str, time: Option<Duration>, fused: String| {
+            let launch = LaunchInfo {
                 kernel: String::new(),
                 device_time: time,
                 cycles: None,
-            },
-            start: Duration::ZERO,
-            wall: Duration::ZERO,
-            transfer: Duration::ZERO,
-            resident_transfer: Duration::ZERO,
-            transfer_bytes: 0,
-            resident_bytes: 0,
-            fallback: None,
-            fused: Some(fused),
+            };
+            NodeRun::quiet(name.into(), "x", DeviceId::CPU, launch, Some(fused))
         };
         let runs = [
             run(
