@@ -135,18 +135,9 @@ mod tests {
 
     fn run(name: &str) -> NodeRun {
         NodeRun {
-            node: name.into(),
-            op: "nop",
-            device: DeviceId::CPU,
-            launch: Default::default(),
-            start: Duration::ZERO,
             wall: Duration::from_nanos(name.len() as u64),
-            transfer: Duration::ZERO,
-            resident_transfer: Duration::ZERO,
-            transfer_bytes: 0,
-            resident_bytes: 0,
             fallback: Some(format!("{name} moved")),
-            fused: None,
+            ..NodeRun::quiet(name.into(), "nop", DeviceId::CPU, Default::default(), None)
         }
     }
 

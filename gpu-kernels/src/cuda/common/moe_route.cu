@@ -329,7 +329,6 @@ extern "C" __global__ void __launch_bounds__(32) moe_align_scatter(
 #define FR_THREADS 512
 #define FR_WARPS (FR_THREADS / 32)
 #define FR_MAX_E 256
-static_assert(FR_THREADS >= FR_MAX_E, "phase 2b/3 give each thread at most one expert");
 
 // A total order on finite floats as unsigned keys (larger float, larger key); -0 is keyed as
 // +0 so the two tie, as the f32 comparison of the reference has them. 0 is below every key
@@ -488,7 +487,8 @@ __device__ __forceinline__ void moe_route_fused_impl(
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
     const int G = gridDim.x, b = blockIdx.x;
     const unsigned full = 0xffffffffu;
-    static_assert(W * 32 >= FR_MAX_E, "phase 2b/3 give each thread at most one expert");
+    constexpr int NT = W * 32;  // threads a block
+    static_assert(NT >= FR_MAX_E, "phase 2b/3 give each thread at most one expert");
     ROUTE_STAMP(0);
 
     // ---- phase 1
@@ -591,7 +591,7 @@ __device__ __forceinline__ void moe_route_fused_impl(
     }
     if (lane == 0) zw[warp] = zacc;
     __syncthreads();
-    for (int e = tid; e < E; e += (W * 32)) {
+    for (int e = tid; e < E; e += NT) {
         int c = 0;
         float p = 0.f;
 #pragma unroll
@@ -611,7 +611,7 @@ __device__ __forceinline__ void moe_route_fused_impl(
     ROUTE_STAMP(2);
 
     // ---- phase 2a
-    const int ipt = (G + (W * 32) - 1) / (W * 32);
+    const int ipt = (G + NT - 1) / NT;
     const int g0 = min(G, tid * ipt), g1 = min(G, g0 + ipt);
     for (int e = b; e < E; e += G) {
         int* col = cnt + (u64_t)e * G;
@@ -648,7 +648,7 @@ __device__ __forceinline__ void moe_route_fused_impl(
     }
     if (b == G - 1) {
         float z = 0.f;
-        for (int g = tid; g < G; g += (W * 32)) z += __ldcg(zs + g);
+        for (int g = tid; g < G; g += NT) z += __ldcg(zs + g);
         z = block_sum(z, red);
         if (tid == 0) tot_z[0] = z;
     }
@@ -691,10 +691,10 @@ __device__ __forceinline__ void moe_route_fused_impl(
         }
     }
     for (int e = b; e < E; e += G)
-        for (int pos = off[e] + ecnt[e] + tid; pos < off[e + 1]; pos += (W * 32))
+        for (int pos = off[e] + ecnt[e] + tid; pos < off[e + 1]; pos += NT)
             sorted[pos] = sentinel;
-    for (long long pos = (long long)off[E] + (long long)b * (W * 32) + tid; pos < P;
-         pos += (long long)G * (W * 32))
+    for (long long pos = (long long)off[E] + (long long)b * NT + tid; pos < P;
+         pos += (long long)G * NT)
         sorted[pos] = sentinel;
 
     // ---- phase 3: per-warp cursors, then the stable scatter
