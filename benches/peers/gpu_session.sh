@@ -94,7 +94,6 @@ for part in "$@"; do
         for bin in $bins; do
           tb=$T; [ "$bin" = old ] && tb=.gpu/bin/tandem-old
           for nb in ${DECODE_BLOCKS:-auto}; do
-            [ "$bin" = old ] && [ "$nb" != auto ] && continue  # the earlier build reads no TANDEM_DECODE_BLOCKS
             for pg in contiguous paged; do
               args=$D; [ $pg = paged ] && args="$D --block-size 16"
               vars=(); [ "$nb" != auto ] && vars+=("TANDEM_DECODE_BLOCKS=$nb")

@@ -140,14 +140,12 @@ struct DecGeom {
 
 // ---- the work: the pairs' tiles laid end to end, cut evenly over the grid ----
 //
-// Pair p = (rg * B + b) * hkv + g (row group rg, sequence b, kv head g) holds its sequence's
-// n_b = ceil(len_b / TK) tiles, one tile where len_b is bad (its rows come out NaN). Laid end
-// to end the pairs make a line of total = rgroups * hkv * sum_b n_b tiles, row group major, so
-// the row groups of one (b, g), which read the same K/V, are streamed at about the same time
-// by blocks a 1/rgroups of the grid apart (their second reads hit L2). Block blk takes tiles
-// [blk * w, blk * w + w) of the line, where w = max(ceil(total / blocks), ceil(cap_tiles /
-// (parts - 1))), so every block streams the same number of tiles and a pair is cut into at
-// most `parts` pieces (one per block it meets).
+// Pair p = (b * hkv + g) * rgroups + rg (sequence b, kv head g, row group rg) holds its
+// sequence's n_b = ceil(len_b / TK) tiles, one tile where len_b is bad (its rows come out
+// NaN). Laid end to end the pairs make a line of total = H * sum_b n_b tiles (H = hkv *
+// rgroups); block blk takes tiles [blk * w, blk * w + w) of it, where w = max(ceil(total /
+// blocks), ceil(cap_tiles / (parts - 1))), so every block streams the same number of tiles
+// and a pair is cut into at most `parts` pieces (one per block it meets).
 
 // The launch's arguments, and the row counts they imply.
 struct DecProblem {
@@ -185,10 +183,10 @@ template <int TK>
 __device__ __forceinline__ void dec_at(DecCursor& c, const DecProblem& P, int p, int tp) {
     c.p = p;
     c.tp = tp;
-    c.rg = p / (P.nb * P.hkv);
-    c.b = p / P.hkv % P.nb;
-    c.g = p % P.hkv;
-    const int l = c.rg < P.rgroups ? P.seq_lens[c.b] : 0;  // past the last pair: a bad one, never read
+    c.b = p / (P.hkv * P.rgroups);
+    c.g = p / P.rgroups % P.hkv;
+    c.rg = p % P.rgroups;
+    const int l = c.b < P.nb ? P.seq_lens[c.b] : 0;  // past the last pair: a bad one, never read
     c.bad = l < P.nq || l > P.capacity;
     c.len = c.bad ? 0 : l;
     c.n = dec_tiles(l, P.nq, P.capacity, TK);
@@ -204,6 +202,7 @@ __device__ __forceinline__ void dec_next(DecCursor& c, const DecProblem& P) {
 template <int TK>
 __device__ __forceinline__ void dec_locate(const DecProblem& P, int* hdr) {
     const int lane = threadIdx.x & 31;
+    const int H = P.hkv * P.rgroups;
     int sum = 0;  // sum of n_b
     for (int b0 = 0; b0 < P.nb; b0 += 32) {
         const int b = b0 + lane;
@@ -212,13 +211,11 @@ __device__ __forceinline__ void dec_locate(const DecProblem& P, int* hdr) {
         for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
         sum += n;
     }
-    const int per_rg = P.hkv * sum;  // tiles of one row group's pairs
-    const int total = P.rgroups * per_rg;
+    const int total = H * sum;
     const int cap_tiles = (P.capacity + TK - 1) / TK;
     const int blocks = gridDim.x;
     const int w = max((total + blocks - 1) / blocks, (cap_tiles + P.parts - 2) / (P.parts - 1));
     const int s = blockIdx.x * w;
-    const int rg = s < total ? s / per_rg : 0, s1 = s - rg * per_rg;  // s1: within row group rg
     int base = 0;  // sum of n_b over the chunks before
     for (int b0 = 0; b0 < P.nb && s < total; b0 += 32) {
         const int b = b0 + lane;
@@ -229,10 +226,10 @@ __device__ __forceinline__ void dec_locate(const DecProblem& P, int* hdr) {
             const int y = __shfl_up_sync(0xffffffffu, incl, o);
             if (lane >= o) incl += y;
         }
-        const int lo = P.hkv * (base + incl - n), hi = P.hkv * (base + incl);
-        if (n > 0 && lo <= s1 && s1 < hi) {
-            hdr[5] = (rg * P.nb + b) * P.hkv + (s1 - lo) / n;
-            hdr[6] = (s1 - lo) % n;
+        const int lo = H * (base + incl - n), hi = H * (base + incl);
+        if (n > 0 && lo <= s && s < hi) {
+            hdr[5] = b * H + (s - lo) / n;
+            hdr[6] = (s - lo) % n;
         }
         base += __shfl_sync(0xffffffffu, incl, 31);
     }
