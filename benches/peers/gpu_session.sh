@@ -14,10 +14,9 @@
 #             MOE_BLOCK_PATHS (default "default grouped"),
 #             each beside the PyTorch peer (eager, torch.cuda.graphs, launches by torch.profiler)
 #   decode    attention_decode B64 Hq32 Hkv8 ctx 8192 d128 (contiguous, paged) beside SDPA
-#   decode-sweep  the same decode shape, contiguous and paged, once per TANDEM_DECODE_BLOCKS value
-#             in DECODE_BLOCKS (default "auto"), with the current binary and, where
-#             .gpu/bin/tandem-old exists (an earlier build, carried for comparison), that one too,
-#             interleaved over DECODE_ROUNDS rounds (default 2)
+#   decode-sweep  the same decode shape, contiguous and paged, once per TANDEM_DECODE_CHUNKS value
+#             in DECODE_CHUNKS (default "auto 8 16 32"), with the current kernel and, where
+#             .gpu/old-kernels/common/attention_decode.cu exists, that earlier one beside it
 #   two-gpu   on a machine with two GPUs: their link (nvidia-smi topo), the peer-copy test,
 #             tandem bench transfer (copy_peer each way) beside PyTorch's peer copy_, and the
 #             4-layer T4096 model split over both GPUs by --memory-limit
@@ -89,18 +88,16 @@ for part in "$@"; do
       $T run --decode 4 --context 3000 --kv-block-size 16 --batch 4 --backend cuda 2>&1 | tail -12 | tee "$out/decode_run.txt" ;;
     decode-sweep)
       D="--batch 64 --heads 32 --kv-heads 8 --context 8192 --head-dim 128 --new-tokens 1 --cuda-dtype bf16"
-      bins=current; [ -x .gpu/bin/tandem-old ] && bins="current old"
-      for round in $(seq "${DECODE_ROUNDS:-2}"); do
-        for bin in $bins; do
-          tb=$T; [ "$bin" = old ] && tb=.gpu/bin/tandem-old
-          for nb in ${DECODE_BLOCKS:-auto}; do
-            for pg in contiguous paged; do
-              args=$D; [ $pg = paged ] && args="$D --block-size 16"
-              vars=(); [ "$nb" != auto ] && vars+=("TANDEM_DECODE_BLOCKS=$nb")
-              env "${vars[@]}" $tb bench attention-decode $args --json > "$out/sweep.json" 2> "$out/sweep.err"
-              python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(f\"round={sys.argv[6]} binary={sys.argv[2]} blocks={sys.argv[3]} {sys.argv[4]}: {d['median_s']*1e6:.1f} us {d['gbps']:.0f} GB/s {100*d['gbps']/float(sys.argv[5]):.1f}% {d['kernel']}\")" \
-                "$out/sweep.json" "$bin" "$nb" "$pg" "$peak" "$round" 2>&1 | tee -a "$out/decode_sweep.txt" || tail -3 "$out/sweep.err"
-            done
+      kds=current; [ -f .gpu/old-kernels/common/attention_decode.cu ] && kds="current .gpu/old-kernels"
+      for kd in $kds; do
+        for ch in ${DECODE_CHUNKS:-auto 8 16 32}; do
+          for pg in contiguous paged; do
+            args=$D; [ $pg = paged ] && args="$D --block-size 16"
+            vars=(); [ "$kd" != current ] && vars+=("TANDEM_KERNEL_DIR=$kd")
+            [ "$ch" != auto ] && vars+=("TANDEM_DECODE_CHUNKS=$ch")
+            env "${vars[@]}" $T bench attention-decode $args --json > "$out/sweep.json" 2> "$out/sweep.err"
+            python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(f\"kernel={sys.argv[2]} chunks={sys.argv[3]} {sys.argv[4]}: {d['median_s']*1e6:.1f} us {d['gbps']:.0f} GB/s {100*d['gbps']/float(sys.argv[5]):.1f}% {d['kernel']}\")" \
+              "$out/sweep.json" "$kd" "$ch" "$pg" "$peak" 2>&1 | tee -a "$out/decode_sweep.txt" || tail -3 "$out/sweep.err"
           done
         done
       done ;;

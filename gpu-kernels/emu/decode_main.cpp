@@ -1,13 +1,11 @@
-// Runs attention_decode.cu's kernels on the CPU (see shim.h) against a double-precision
-// reference: the launch, grid, piece slots and shared memory of
+// Runs attention_decode.cu's partial and merge kernels on the CPU (see shim.h) against a
+// double-precision reference: the launches, grids, chunking and shared memory of
 // host/src/backend/cuda/ops/attention_decode.rs, on small random problems (lengths off every
-// tile and block, grids from one block to more blocks than tiles, so pairs are cut into many
-// pieces, into one, and blocks get no work; GQA 1/2/4/8/12 rows, d 64/128/256, Nq 1..3), contiguous
+// tile, block and chunk, empty chunks, GQA 1/2/4/8/12 rows, d 64/128/256, Nq 1..3), contiguous
 // and paged (shuffled block table, NaN in every cache row no sequence owns, table entries past
 // a sequence -1), every output NaN-poisoned first; then a bad length and bad block ids (NaN
 // for that sequence only). The shared memory is poisoned before every block and its bytes
-// past the host's size checked after it. The pieces' scratch is NaN-poisoned and the pairs'
-// counters are checked to be zero again after every launch.
+// past the host's size checked after it.
 //   gpu-kernels/emu/run_decode.sh              (deferred cp.async)
 //   EMU_EAGER=1 gpu-kernels/emu/run_decode.sh  (cp.async copies land at once; the odd warps
 //                                              slowed, see emu_skew; EMU_SKEW=0: not)
@@ -23,8 +21,9 @@
 #include <string>
 #include <thread>
 
-typedef void (*DecodeFn)(const h16_t*, const h16_t*, const h16_t*, const int*, const int*, float*, float*,
-                         h16_t*, float*, int*, int, int, int, int, int, int, int, int, int, float);
+typedef void (*PartialFn)(const h16_t*, const h16_t*, const h16_t*, const int*, const int*, float*, float*,
+                          int, int, int, int, int, int, int, int, float);
+typedef void (*MergeFn)(const float*, const float*, h16_t*, float*, int);
 
 #define DEC_FNS(P, D)                                                                          \
     {{attn_decode_##P##_d##D##_r1, attn_decode_##P##_d##D##_r2, attn_decode_##P##_d##D##_r4,     \
@@ -32,16 +31,19 @@ typedef void (*DecodeFn)(const h16_t*, const h16_t*, const h16_t*, const int*, c
      {attn_decode_paged_##P##_d##D##_r1, attn_decode_paged_##P##_d##D##_r2,                      \
       attn_decode_paged_##P##_d##D##_r4, attn_decode_paged_##P##_d##D##_r8}}
 // [prec][d index][paged][rb index]
-static const DecodeFn DECODE[2][3][2][4] = {
+static const PartialFn PARTIAL[2][3][2][4] = {
     {DEC_FNS(bf16, 64), DEC_FNS(bf16, 128), DEC_FNS(bf16, 256)},
     {DEC_FNS(f16, 64), DEC_FNS(f16, 128), DEC_FNS(f16, 256)},
 };
+static const MergeFn MERGE[2][3] = {
+    {attn_decode_merge_bf16_d64, attn_decode_merge_bf16_d128, attn_decode_merge_bf16_d256},
+    {attn_decode_merge_f16_d64, attn_decode_merge_f16_d128, attn_decode_merge_f16_d256},
+};
 static const int ROW_BLOCKS[4] = {1, 2, 4, 8};
 
-// The host's numbers (gpu-kernels/src/lib.rs): keys per tile and dynamic shared memory (the
-// ring, the header, the warps' merge area).
+// The host's numbers (gpu-kernels/src/lib.rs): keys per tile and dynamic shared memory.
 static int keys_per_tile(int d) { return 4096 / d; }
-static size_t smem_bytes(int d, int rows) { return (size_t)4 * 2 * keys_per_tile(d) * d * 2 + 64 + (size_t)4 * rows * (d + 2) * 4; }
+static size_t smem_bytes(int d) { return (size_t)4 * 2 * keys_per_tile(d) * d * 2; }
 static const unsigned char SENTINEL = 0xA5;
 
 static void launch(unsigned gx, unsigned gy, unsigned gz, unsigned threads, size_t smem,
@@ -70,7 +72,7 @@ struct Case {
     int hq, hkv, nq, d;
     std::vector<int> lens;
     int nmax;                // contiguous capacity
-    int grid;                // blocks of the launch (the host's TANDEM_DECODE_BLOCKS path)
+    int chunks;              // forced chunk count (the host's TANDEM_DECODE_CHUNKS path)
     std::vector<int> blocks; // paged block sizes run besides the contiguous cache
     const char* what;
 };
@@ -186,8 +188,8 @@ struct Out {
     std::string kernel;
 };
 
-// The host's plan and launch (attention_decode.rs), outputs poisoned first.
-static Out run(const Problem& p, int blocks) {
+// The host's plan and launches (attention_decode.rs), outputs poisoned first.
+static Out run(const Problem& p, int forced_chunks) {
     const int group = p.hq / p.hkv * p.nq;
     int ri = 3;
     for (int i = 0; i < 4; ++i)
@@ -195,35 +197,31 @@ static Out run(const Problem& p, int blocks) {
     const int rows = ROW_BLOCKS[ri];
     const int row_groups = (group + rows - 1) / rows;
     const int tile = keys_per_tile(p.d);
-    const int pairs = p.B * p.hkv * row_groups;
-    const int cap_tiles = (p.cap + tile - 1) / tile;
-    const int parts = std::clamp((4 * blocks + pairs - 1) / pairs + 2, 2, cap_tiles + 1);
+    const int chunks0 = std::max(1, forced_chunks);
+    int chunk_len = (p.cap + chunks0 - 1) / chunks0;
+    chunk_len = (chunk_len + tile - 1) / tile * tile;
+    const int chunks = (p.cap + chunk_len - 1) / chunk_len;
     const int di = p.d == 64 ? 0 : p.d == 128 ? 1 : 2;
-    DecodeFn fn = DECODE[p.prec][di][p.paged ? 1 : 0][ri];
+    PartialFn partial = PARTIAL[p.prec][di][p.paged ? 1 : 0][ri];
+    MergeFn merge = MERGE[p.prec][di];
     const int rows_total = p.B * p.hq * p.nq;
-    std::vector<float> part_o((size_t)rows_total * parts * p.d, NAN), part_lse((size_t)rows_total * parts, NAN);
-    std::vector<int> counters(pairs, 0);
+    std::vector<float> part_o((size_t)rows_total * chunks * p.d, NAN), part_lse((size_t)rows_total * chunks, NAN);
     const float scale_log2 = (float)(1.0 / std::sqrt((double)p.d)) * 1.4426950408889634f;
     int block_log2 = 0;
     while ((1 << block_log2) < (p.paged ? p.bs : p.cap)) ++block_log2;
     if (!p.paged) block_log2 = __builtin_ctz((unsigned)p.cap);  // as the host: unused
     const int* table = p.paged ? p.table.data() : nullptr;
+    launch(chunks, p.hkv * row_groups, p.B, 128, smem_bytes(p.d), [&] {
+        partial(p.q.data(), p.k.data(), p.v.data(), p.lens.data(), table, part_o.data(), part_lse.data(), p.hq,
+                p.hkv, p.nq, p.cap, block_log2, p.max_blocks, p.num_blocks, chunk_len, scale_log2);
+    });
     Out out;
     out.o.assign((size_t)rows_total * p.d, nan_bits(p.prec));
     out.lse.assign(rows_total, NAN);
-    launch(blocks, 1, 1, 128, smem_bytes(p.d, rows), [&] {
-        fn(p.q.data(), p.k.data(), p.v.data(), p.lens.data(), table, part_o.data(), part_lse.data(), out.o.data(),
-           out.lse.data(), counters.data(), p.B, p.hq, p.hkv, p.nq, p.cap, block_log2, p.max_blocks, p.num_blocks,
-           parts, scale_log2);
-    });
-    for (int c : counters)
-        if (c != 0) {
-            std::printf("a pair's counter is %d after the launch\n", c);
-            std::exit(2);
-        }
+    launch(rows_total, 1, 1, 128, 0, [&] { merge(part_o.data(), part_lse.data(), out.o.data(), out.lse.data(), chunks); });
     char buf[160];
-    std::snprintf(buf, sizeof buf, "%s_r%d x%d groups, %d blocks, %d slots", p.paged ? "paged" : "contiguous", rows,
-                  row_groups, blocks, parts);
+    std::snprintf(buf, sizeof buf, "%s_r%d x%d groups, %d chunks of %d", p.paged ? "paged" : "contiguous", rows,
+                  row_groups, chunks, chunk_len);
     out.kernel = buf;
     return out;
 }
@@ -277,12 +275,12 @@ static int run_case(const Case& c, int prec, std::mt19937& rng) {
     for (int b = 0; b < p.B; ++b) every[b] = b;
     int fails = 0;
     double eo = 0, el = 0;
-    Out out = run(p, c.grid);
+    Out out = run(p, c.chunks);
     bool ok = compare(p, out, ro, rl, every, eo, el);
     fails += report(ok, p, out, c.what, eo, el);
     for (int bs : c.blocks) {
         Problem pp = paged(p, bs, 3, rng);
-        Out po = run(pp, c.grid);
+        Out po = run(pp, c.chunks);
         char what[64];
         std::snprintf(what, sizeof what, "block %d", bs);
         ok = compare(pp, po, ro, rl, every, eo, el);
@@ -294,7 +292,7 @@ static int run_case(const Case& c, int prec, std::mt19937& rng) {
 // A length past the capacity, a block id past the cache and a -1 inside a sequence: NaN for
 // that sequence, the others right.
 static int run_bad(int prec, std::mt19937& rng) {
-    const Case c{8, 2, 1, 128, {150, 97}, 150, 3, {}, "bad values"};
+    const Case c{8, 2, 1, 128, {150, 97}, 150, 2, {}, "bad values"};
     Problem p = contiguous(c, prec, rng);
     std::vector<double> ro, rl;
     reference(p, ro, rl);
@@ -302,13 +300,13 @@ static int run_bad(int prec, std::mt19937& rng) {
     double eo = 0, el = 0;
     Problem bad = p;
     bad.lens[1] = 1000000;
-    Out out = run(bad, c.grid);
+    Out out = run(bad, c.chunks);
     bool ok = compare(p, out, ro, rl, {0}, eo, el) && all_nan(p, out, 1);
     fails += report(ok, p, out, "length past capacity", eo, el);
     for (int id : {1 << 30, -1}) {
         Problem pp = paged(p, 16, 0, rng);
         pp.table[(size_t)1 * pp.max_blocks + 3] = id;
-        Out po = run(pp, c.grid);
+        Out po = run(pp, c.chunks);
         char what[64];
         std::snprintf(what, sizeof what, "block id %d", id);
         ok = compare(pp, po, ro, rl, {0}, eo, el) && all_nan(pp, po, 1);
@@ -322,18 +320,17 @@ int main() {
     emu_skew = emu_eager && !(std::getenv("EMU_SKEW") && std::getenv("EMU_SKEW")[0] == '0');
     std::mt19937 rng(20261127);
     const std::vector<Case> cases = {
-        // hq hkv nq d    lens               nmax grid   page sizes
-        {8, 2, 1, 128, {5, 100, 257}, 260, 5, {16, 64}, "GQA 4 (the target's group)"},
-        {8, 2, 1, 128, {700, 1, 333}, 700, 13, {16}, "GQA 4, pieces of 4 tiles"},
-        {2, 2, 1, 64, {1, 37, 600}, 601, 40, {16, 1}, "MHA, blocks with no work"},
-        {8, 1, 1, 128, {33, 400}, 410, 3, {16, 128}, "GQA 8"},
+        // hq hkv nq d    lens               nmax chunks blocks
+        {8, 2, 1, 128, {5, 100, 257}, 260, 3, {16, 64}, "GQA 4 (the target's group)"},
+        {8, 2, 1, 128, {700, 1, 333}, 700, 2, {16}, "GQA 4, 11 tiles a chunk"},
+        {2, 2, 1, 64, {1, 37, 600}, 601, 2, {16, 1}, "MHA, empty chunks"},
+        {8, 1, 1, 128, {33, 400}, 410, 2, {16, 128}, "GQA 8"},
         {4, 1, 3, 64, {3, 70}, 75, 1, {4}, "Nq 3: 12 rows, 2 groups"},
-        {2, 1, 1, 256, {61, 19}, 64, 7, {32}, "d256, 2 rows"},
-        {4, 4, 2, 128, {2, 45}, 50, 2, {8}, "Nq 2, 2 rows"},
-        {8, 1, 1, 256, {40}, 41, 4, {16}, "d256, 8 rows"},
-        {4, 1, 1, 64, {90, 200}, 201, 9, {16}, "d64, 4 rows"},
-        {4, 2, 1, 128, {300}, 333, 1, {}, "one block, many tiles"},
-        {8, 2, 1, 128, {1000}, 1000, 50, {16}, "16 pieces a pair"},
+        {2, 1, 1, 256, {61, 19}, 64, 2, {32}, "d256, 2 rows"},
+        {4, 4, 2, 128, {2, 45}, 50, 1, {8}, "Nq 2, 2 rows"},
+        {8, 1, 1, 256, {40}, 41, 1, {16}, "d256, 8 rows"},
+        {4, 1, 1, 64, {90, 200}, 201, 4, {16}, "d64, 4 rows, 4 chunks"},
+        {4, 2, 1, 128, {300}, 333, 1, {}, "one chunk, many tiles"},
     };
     int fails = 0;
     const char* lim = std::getenv("EMU_CASES");

@@ -245,29 +245,6 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
     return r;
 }
 inline int __syncthreads_or(int pred) { return __syncthreads_count(pred) != 0; }
-// The integer shuffles (xor, up, broadcast) through the same exchange, as the GPU's: every
-// lane of the warp calls them.
-int emu_ixchg[32][32];
-inline int emu_ishfl(int v, int src_of_lane) {
-    emu_ixchg[emu_warp][emu_lane] = v;
-    emu_warp_bar[emu_warp]->arrive_and_wait();
-    const int r = emu_ixchg[emu_warp][src_of_lane];
-    emu_warp_bar[emu_warp]->arrive_and_wait();
-    return r;
-}
-inline int __shfl_xor_sync(unsigned, int v, int o) { return emu_ishfl(v, emu_lane ^ o); }
-inline int __shfl_up_sync(unsigned, int v, int o) { return emu_ishfl(v, emu_lane >= o ? emu_lane - o : emu_lane); }
-inline int __shfl_sync(unsigned, int v, int src) { return emu_ishfl(v, src & 31); }
-// Global memory between blocks (the harness runs blocks one after another, but the threads of
-// a block at once).
-inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
-inline float __ldcg(const float* p) {
-    unsigned u = __atomic_load_n(reinterpret_cast<const unsigned*>(p), __ATOMIC_RELAXED);
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
 // The dynamic shared memory of the partial kernels (the `extern __shared__` line is dropped);
 // the harness checks that nothing past the host's byte count is written.
 alignas(16) unsigned char dec_smem[128 * 1024];

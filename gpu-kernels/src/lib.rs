@@ -299,6 +299,7 @@ impl Module {
                 "attn_decode_paged_bf16_d64_r2",
                 "attn_decode_paged_bf16_d64_r4",
                 "attn_decode_paged_bf16_d64_r8",
+                "attn_decode_merge_bf16_d64",
                 "attn_decode_bf16_d128_r1",
                 "attn_decode_bf16_d128_r2",
                 "attn_decode_bf16_d128_r4",
@@ -307,6 +308,7 @@ impl Module {
                 "attn_decode_paged_bf16_d128_r2",
                 "attn_decode_paged_bf16_d128_r4",
                 "attn_decode_paged_bf16_d128_r8",
+                "attn_decode_merge_bf16_d128",
                 "attn_decode_bf16_d256_r1",
                 "attn_decode_bf16_d256_r2",
                 "attn_decode_bf16_d256_r4",
@@ -315,6 +317,7 @@ impl Module {
                 "attn_decode_paged_bf16_d256_r2",
                 "attn_decode_paged_bf16_d256_r4",
                 "attn_decode_paged_bf16_d256_r8",
+                "attn_decode_merge_bf16_d256",
                 "attn_decode_f16_d64_r1",
                 "attn_decode_f16_d64_r2",
                 "attn_decode_f16_d64_r4",
@@ -323,6 +326,7 @@ impl Module {
                 "attn_decode_paged_f16_d64_r2",
                 "attn_decode_paged_f16_d64_r4",
                 "attn_decode_paged_f16_d64_r8",
+                "attn_decode_merge_f16_d64",
                 "attn_decode_f16_d128_r1",
                 "attn_decode_f16_d128_r2",
                 "attn_decode_f16_d128_r4",
@@ -331,6 +335,7 @@ impl Module {
                 "attn_decode_paged_f16_d128_r2",
                 "attn_decode_paged_f16_d128_r4",
                 "attn_decode_paged_f16_d128_r8",
+                "attn_decode_merge_f16_d128",
                 "attn_decode_f16_d256_r1",
                 "attn_decode_f16_d256_r2",
                 "attn_decode_f16_d256_r4",
@@ -339,6 +344,7 @@ impl Module {
                 "attn_decode_paged_f16_d256_r2",
                 "attn_decode_paged_f16_d256_r4",
                 "attn_decode_paged_f16_d256_r8",
+                "attn_decode_merge_f16_d256",
             ],
         }
     }
@@ -529,34 +535,35 @@ pub const MOE_WS_MAX_EXPERTS: usize = 256;
 /// Stages of their TMA ring in the default builds (MWS_STAGES).
 pub const MOE_WS_STAGES: usize = 3;
 
-/// Warps per block of the decode attention kernels (DEC_WARPS in attention_decode.cu).
+/// Warps per block of the decode attention's partial kernels (DEC_WARPS in
+/// attention_decode.cu).
 pub const DECODE_WARPS: u32 = 4;
-/// Query rows per block of the decode kernels (their `_r{RB}` suffix): the host takes the
-/// smallest that holds a kv head's group (Hq/Hkv * Nq rows), else the largest and several row
-/// groups.
+/// Query rows per block of the decode partial kernels (their `_r{RB}` suffix): the host
+/// takes the smallest that holds a kv head's group (Hq/Hkv * Nq rows), else the largest and
+/// several row groups.
 pub const DECODE_ROW_BLOCKS: [usize; 4] = [1, 2, 4, 8];
+/// Threads per block of the decode merge kernels.
+pub const DECODE_MERGE_THREADS: u32 = 128;
 
-/// Stages of the decode kernels' shared-memory ring of K/V tiles, filled by cp.async
+/// Stages of the decode partial kernels' shared-memory ring of K/V tiles, filled by cp.async
 /// (DEC_STAGES in attention_decode.cu): `DECODE_STAGES - 1` tiles in flight.
 pub const DECODE_STAGES: usize = 4;
 /// Elements of K, and as many of V, per stage of that ring (DEC_TILE_ELEMS): 8 KB each.
 pub const DECODE_TILE_ELEMS: usize = 4096;
-/// Bytes of the ring (DEC_RING_BYTES): 64 KB.
-pub const DECODE_RING_BYTES: usize = DECODE_STAGES * 2 * DECODE_TILE_ELEMS * 2;
-/// Bytes of the header after the ring (DEC_HDR_BYTES): stage flags and the block's share.
-pub const DECODE_HDR_BYTES: usize = 64;
+/// Largest dynamic shared memory of a decode partial kernel (the merge of its warps reuses
+/// the ring, so this is all it takes).
+pub const DECODE_SMEM_BYTES: usize = DECODE_STAGES * 2 * DECODE_TILE_ELEMS * 2;
 
-/// Keys a block of the decode kernel takes per tile (one stage of its ring) for head dim `d`
-/// (DecGeom::TK in attention_decode.cu): 64, 32, 16 for d 64, 128, 256.
+/// Keys a block of the decode partial kernel takes per tile (one stage of its ring) for head
+/// dim `d` (DecGeom::TK in attention_decode.cu): 64, 32, 16 for d 64, 128, 256.
 pub fn decode_keys_per_tile(d: usize) -> usize {
     DECODE_TILE_ELEMS / d
 }
 
-/// Dynamic shared memory of a decode kernel for head dim `d` and `rows` query rows a block:
-/// the ring, the header, and the merge area of its warps (`DecGeom::MERGE_BYTES`: each warp's
-/// f32 accumulator, max and sum per row).
-pub fn decode_smem_bytes(d: usize, rows: usize) -> usize {
-    DECODE_RING_BYTES + DECODE_HDR_BYTES + DECODE_WARPS as usize * rows * (d + 2) * 4
+/// Dynamic shared memory of a decode partial kernel for head dim `d`: the ring of
+/// [`DECODE_STAGES`] stages of K and V tiles (64 KB).
+pub fn decode_smem_bytes(d: usize) -> usize {
+    DECODE_STAGES * 2 * decode_keys_per_tile(d) * d * 2
 }
 
 /// 16-byte vectors per thread of `rmsnorm_bf16` (RMS_VPT in norm.cu).
@@ -701,22 +708,19 @@ mod tests {
         assert!(Module::Norm.body().contains("#define RMS_VPT 4"));
         let dec = Module::AttentionDecode.body();
         assert!(dec.contains(&format!("#define DEC_WARPS {DECODE_WARPS}")));
+        assert!(dec.contains("__launch_bounds__(128) name("));
+        assert_eq!(DECODE_MERGE_THREADS, 128);
         assert!(dec.contains(&format!("#define DEC_STAGES {DECODE_STAGES}")));
         assert!(dec.contains(&format!("#define DEC_TILE_ELEMS {DECODE_TILE_ELEMS}")));
-        assert!(dec.contains(&format!("#define DEC_HDR_BYTES {DECODE_HDR_BYTES}")));
-        assert!(dec.contains("#define DEC_RING_BYTES (DEC_STAGES * DEC_TILE_ELEMS * 2 * 2)"));
         assert!(dec.contains("TK = DEC_TILE_ELEMS / D;"));
         assert!(dec.contains("STAGE = 2 * TK * D;"));
-        assert!(dec.contains("MERGE_BYTES = DEC_WARPS * RB * (D + 2) * 4;"));
-        // d128: 32-key tiles, 16 KB a stage, 64 KB of ring; the target's r4 build takes 73,920
-        // bytes, so 3 blocks fit an H100's 227 KB
+        // d128: 32-key tiles, 16 KB a stage, 64 KB a block (3 blocks fit an H100's 227 KB)
         assert_eq!(decode_keys_per_tile(128), 32);
         for d in [64, 128, 256] {
             assert_eq!(decode_keys_per_tile(d) * d, DECODE_TILE_ELEMS);
+            assert_eq!(decode_smem_bytes(d), DECODE_SMEM_BYTES);
         }
-        assert_eq!(DECODE_RING_BYTES, 64 * 1024);
-        assert_eq!(decode_smem_bytes(128, 4), 73_920);
-        assert!(3 * (decode_smem_bytes(128, 4) + 1024) <= 228 * 1024);
+        assert_eq!(DECODE_SMEM_BYTES, 64 * 1024);
         let ws = Module::AttentionSm90aWs.body();
         for (d, nc) in ATTENTION_WS_CONSUMERS {
             assert!(ws.contains(&format!("#define WS_NC_D{d} {nc}")));

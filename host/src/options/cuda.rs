@@ -10,7 +10,7 @@
 //! | `TANDEM_MOE_WS_TILE` | [`CudaOptions::moe_ws_tile`] | `128`, `128-s4`, `192`, `192-s4` (default: `128`) |
 //! | `TANDEM_MOE_TILE` | [`CudaOptions::moe_tile`] | `l`, `m`, `s` (default: by shape) |
 //! | `TANDEM_ROUTE_KERNEL` | [`CudaOptions::route_kernel`] | `fused`, `fused-2`, `fused-1`, `fused-memset`, `three` (default: `fused` where the grid fits) |
-//! | `TANDEM_DECODE_BLOCKS` | [`CudaOptions::decode_blocks`] | 1 to 65536 (default: as many as the device holds at once) |
+//! | `TANDEM_DECODE_CHUNKS` | [`CudaOptions::decode_chunks`] | 1 to 4096 (default: by shape and device) |
 //! | `TANDEM_KERNEL_DIR` | [`CudaOptions::kernel_dir`] | a folder laid out like `gpu-kernels/src/cuda/` |
 //! | `TANDEM_CACHE_DIR` | [`CudaOptions::cache_dir`] | a folder (`cuda/` in it holds the CUBINs) |
 //! | `CUDA_HOME`, `CUDA_PATH` | [`CudaOptions::toolkit_roots`] | CUDA toolkit folders |
@@ -38,10 +38,10 @@ pub const MOE_WS_TILE_VAR: &str = "TANDEM_MOE_WS_TILE";
 pub const MOE_TILE_VAR: &str = "TANDEM_MOE_TILE";
 /// `TANDEM_ROUTE_KERNEL`: the MoE routing kernel(s).
 pub const ROUTE_KERNEL_VAR: &str = "TANDEM_ROUTE_KERNEL";
-/// `TANDEM_DECODE_BLOCKS`: the blocks of the decode attention kernel's grid.
-pub const DECODE_BLOCKS_VAR: &str = "TANDEM_DECODE_BLOCKS";
-/// The most blocks `TANDEM_DECODE_BLOCKS` accepts.
-pub const MAX_DECODE_BLOCKS: usize = 65536;
+/// `TANDEM_DECODE_CHUNKS`: the KV chunks per sequence of decode attention.
+pub const DECODE_CHUNKS_VAR: &str = "TANDEM_DECODE_CHUNKS";
+/// The most KV chunks per sequence `TANDEM_DECODE_CHUNKS` accepts.
+pub const MAX_DECODE_CHUNKS: usize = 4096;
 /// `TANDEM_KERNEL_DIR`: a folder the kernel sources are read from at run time.
 pub const KERNEL_DIR_VAR: &str = "TANDEM_KERNEL_DIR";
 /// `TANDEM_CACHE_DIR`: the folder of compiled kernels (in its `cuda/`).
@@ -84,9 +84,9 @@ pub struct CudaOptions {
     /// The MoE routing kernel(s); `None`: the fused cooperative kernel where its grid fits
     /// the device, else three launches. `TANDEM_ROUTE_KERNEL` (comparisons).
     pub route_kernel: Option<RouteKernel>,
-    /// Blocks of decode attention's grid; `None` takes as many as the device holds at once
-    /// (every multiprocessor full). `TANDEM_DECODE_BLOCKS` (comparisons).
-    pub decode_blocks: Option<usize>,
+    /// KV chunks per sequence for decode attention's split (at most the cache's keys / 64);
+    /// `None` picks by shape and device. `TANDEM_DECODE_CHUNKS` (comparisons).
+    pub decode_chunks: Option<usize>,
     /// A folder laid out like `gpu-kernels/src/cuda/` whose `.cu` files replace the embedded
     /// ones (kernel work without rebuilding the host; a file missing there is taken from the
     /// embedded sources). `TANDEM_KERNEL_DIR`.
@@ -116,7 +116,7 @@ impl Default for CudaOptions {
             moe_ws_tile: None,
             moe_tile: None,
             route_kernel: None,
-            decode_blocks: None,
+            decode_chunks: None,
             kernel_dir: None,
             cache_dir: default_cache_dir(),
             toolkit_roots: Vec::new(),
@@ -174,7 +174,7 @@ impl CudaOptions {
             moe_ws_tile: named(env, MOE_WS_TILE_VAR, MoeWsTile::parse_from)?,
             moe_tile: named(env, MOE_TILE_VAR, MoeTileSize::parse_from)?,
             route_kernel: named(env, ROUTE_KERNEL_VAR, RouteKernel::parse_from)?,
-            decode_blocks: named(env, DECODE_BLOCKS_VAR, parse_blocks)?,
+            decode_chunks: named(env, DECODE_CHUNKS_VAR, parse_chunks)?,
             kernel_dir,
             ..Self::machine(env)
         })
@@ -190,13 +190,13 @@ fn named<T>(
     env.text(var)?.map(|v| parse(&v, var)).transpose()
 }
 
-/// A grid size for `TANDEM_DECODE_BLOCKS`: 1 to [`MAX_DECODE_BLOCKS`].
-fn parse_blocks(value: &str, var: &str) -> Result<usize> {
+/// A chunk count for `TANDEM_DECODE_CHUNKS`: 1 to [`MAX_DECODE_CHUNKS`].
+fn parse_chunks(value: &str, var: &str) -> Result<usize> {
     match value.trim().parse::<usize>() {
-        Ok(n) if (1..=MAX_DECODE_BLOCKS).contains(&n) => Ok(n),
+        Ok(n) if (1..=MAX_DECODE_CHUNKS).contains(&n) => Ok(n),
         _ => Err(Error::invalid(
             var,
-            format!("'{value}' is not a block count (accepted: 1 to {MAX_DECODE_BLOCKS})"),
+            format!("'{value}' is not a chunk count (accepted: 1 to {MAX_DECODE_CHUNKS})"),
         )),
     }
 }
@@ -518,7 +518,7 @@ mod tests {
                 d.moe_ws_tile,
                 d.moe_tile,
                 d.route_kernel,
-                d.decode_blocks
+                d.decode_chunks
             ),
             (None, None, None, None, None, None)
         );
@@ -650,13 +650,13 @@ mod tests {
             "fused-3",
             &["fused", "fused-2", "fused-1", "fused-memset", "three"],
         );
-        let o = CudaOptions::from_source(&[(DECODE_BLOCKS_VAR, " 264 ")])?;
-        assert_eq!(o.decode_blocks, Some(264));
-        for bad in ["0", "65537", "-3", "many"] {
-            let e = CudaOptions::from_source(&[(DECODE_BLOCKS_VAR, bad)]).expect_err(bad);
+        let o = CudaOptions::from_source(&[(DECODE_CHUNKS_VAR, " 12 ")])?;
+        assert_eq!(o.decode_chunks, Some(12));
+        for bad in ["0", "4097", "-3", "many"] {
+            let e = CudaOptions::from_source(&[(DECODE_CHUNKS_VAR, bad)]).expect_err(bad);
             assert_eq!(
                 e.to_string(),
-                format!("{DECODE_BLOCKS_VAR}: '{bad}' is not a block count (accepted: 1 to 65536)")
+                format!("{DECODE_CHUNKS_VAR}: '{bad}' is not a chunk count (accepted: 1 to 4096)")
             );
         }
         let e = "xl".parse::<MoeTileSize>().expect_err("xl");

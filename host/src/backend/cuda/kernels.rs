@@ -198,10 +198,6 @@ impl Kernels {
             }
         }
         let f = self.function(name)?;
-        // counted against the raised limit, as the launch will run it
-        let bytes = u32::try_from(smem)
-            .map_err(|_| Error::Internal(format!("{name}: {smem} bytes of shared memory")))?;
-        self.raise_smem(name, f, bytes)?;
         // SAFETY: f is a valid function.
         let n =
             unsafe { drv::occupancy::max_active_block_per_multiprocessor(f, threads as i32, smem) }

@@ -261,7 +261,7 @@ pub fn prepare(cx: &Cx<'_>, op: &Op) -> Result<()> {
             }
             v
         }
-        Op::AttentionDecode(_) => vec![cx.kernel("attn_decode_{s}_d64_r1")?, "fill_u16"],
+        Op::AttentionDecode(_) => vec![cx.kernel("attn_decode_merge_{s}_d64")?, "fill_u16"],
         Op::MoeRoute(_) => vec![moe::topk_kernel(DType::F32), "fill_u16"],
         Op::RmsNorm(_) => vec![cx.kernel("rmsnorm_{s}")?, "fill_u16"],
         Op::Rope(_) => vec![cx.kernel("rope_{s}")?, "fill_u16"],
