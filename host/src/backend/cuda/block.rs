@@ -240,7 +240,7 @@ impl CudaBackend {
             self.storage(ins.down)?,
         ];
         let _g = self.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let cx = ops::Cx { be: self };
+        let cx = ops::Cx::new(self);
         for op in &plan.ops {
             ops::prepare(&cx, op)?;
         }

@@ -901,16 +901,21 @@ impl Backend for CudaBackend {
             .map(|s| self.storage(s))
             .collect::<Result<Vec<_>>>()?;
         let _g = self.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let cx = ops::Cx { be: self };
-        ops::prepare(&cx, op)?;
-        let outs = ops::alloc_outputs(&cx, op, &out_metas)?;
+        let prep = ops::Cx::new(self);
+        ops::prepare(&prep, op)?;
+        let outs = ops::alloc_outputs(&prep, op, &out_metas)?;
         if self.opts.poison {
             for o in &outs {
-                cx.poison(o)?;
+                prep.poison(o)?;
             }
         }
-        let region = self.timeline.begin(&self.dev)?;
+        // timed from the op's first device work (its host preparation is not device time)
+        let cx = ops::Cx::timed(self);
         let kernel = ops::run(&cx, op, &ins, &metas, &outs)?;
+        let region = match cx.into_region() {
+            Some(r) => r,
+            None => self.timeline.begin(&self.dev)?,
+        };
         let info = Arc::new(Mutex::new(LaunchInfo {
             kernel,
             device_time: None,

@@ -204,7 +204,7 @@ pub fn attention(
     let counter = if var == Variant::Ws {
         let c = cx.scratch(4)?;
         // SAFETY: c holds 4 bytes; the memset is ordered on the compute stream before the kernel.
-        unsafe { drv::memset_d8_async(c.ptr(), 0, 4, cx.stream()) }
+        unsafe { drv::memset_d8_async(c.ptr(), 0, 4, cx.work_stream()?) }
             .ctx(&cx.be.dev.label, "cuMemsetD8Async(attention tile counter)")?;
         args.push(Arg::I32(s.b as i32));
         args.push(Arg::Ptr(c.ptr()));

@@ -44,7 +44,7 @@ pub fn linear(
     };
     let (epi, silu) = epilogue(p.act, p.bias);
     cx.be.blas.matmul(
-        cx.stream(),
+        cx.work_stream()?,
         cx.dtype(),
         f32_out,
         m,

@@ -7,8 +7,11 @@ mod linear;
 mod moe;
 pub(crate) mod moe_fp8;
 
+use std::cell::RefCell;
+
 use super::kernels::{Arg, Dims};
 use super::memory::DevBuf;
+use super::timing::Region;
 use super::{CudaBackend, CudaDType, CudaStorage};
 use crate::backend::Support;
 use crate::dtype::DType;
@@ -20,6 +23,10 @@ use crate::tensor::TensorMeta;
 pub struct Cx<'a> {
     /// The backend.
     pub be: &'a CudaBackend,
+    /// A timed op's region, started by its first device work ([`Cx::work_stream`]), so the
+    /// host's preparation before it (plans, allocations, argument packing) is not counted as
+    /// device time while the GPU waits for it.
+    region: Option<RefCell<Option<Region>>>,
 }
 
 /// A view of an input in the storage precision (or f32), converted on the device when stored
@@ -30,7 +37,38 @@ pub struct View {
     _tmp: Option<CudaStorage>,
 }
 
-impl Cx<'_> {
+impl<'a> Cx<'a> {
+    /// A context whose work is not timed on its own (preparation, poison fills, a block timed
+    /// as a whole by its caller).
+    pub fn new(be: &'a CudaBackend) -> Self {
+        Self { be, region: None }
+    }
+
+    /// A context that times its op from the first device work it queues.
+    pub fn timed(be: &'a CudaBackend) -> Self {
+        Self {
+            be,
+            region: Some(RefCell::new(None)),
+        }
+    }
+
+    /// The region the op's device work started, if it queued any.
+    pub fn into_region(self) -> Option<Region> {
+        self.region.and_then(RefCell::into_inner)
+    }
+
+    /// The compute stream, to queue device work on: a timed context starts its region here,
+    /// at the first call.
+    pub fn work_stream(&self) -> Result<cudarc::driver::sys::CUstream> {
+        if let Some(r) = &self.region {
+            let mut r = r.borrow_mut();
+            if r.is_none() {
+                *r = Some(self.be.timeline.begin(&self.be.dev)?);
+            }
+        }
+        Ok(self.be.dev.stream)
+    }
+
     /// The precision float tensors are stored in on this device.
     pub fn dtype(&self) -> CudaDType {
         self.be.opts.dtype
@@ -62,7 +100,9 @@ impl Cx<'_> {
 
     /// Launches a kernel on the compute stream.
     pub fn k(&self, name: &'static str, dims: Dims, args: &[Arg]) -> Result<()> {
-        self.be.kernels.launch(name, dims, self.be.dev.stream, args)
+        self.be
+            .kernels
+            .launch(name, dims, self.work_stream()?, args)
     }
 
     /// Multiprocessors.
@@ -70,7 +110,8 @@ impl Cx<'_> {
         self.be.dev.sms
     }
 
-    /// The compute stream.
+    /// The compute stream, for what queues no work on it (capture status, waits); work goes
+    /// through [`Cx::work_stream`].
     pub fn stream(&self) -> cudarc::driver::sys::CUstream {
         self.be.dev.stream
     }

@@ -185,7 +185,7 @@ fn route_fused(
     if !self_reset {
         // SAFETY: ws holds at least 4 bytes at base; ordered on the compute stream before the
         // kernel that counts on it.
-        unsafe { drv::memset_d8_async(base, 0, 4, cx.stream()) }
+        unsafe { drv::memset_d8_async(base, 0, 4, cx.work_stream()?) }
             .ctx(label, "cuMemsetD8Async(moe_route barrier)")?;
     }
     let o: Vec<u64> = outs.iter().map(|s| s.ptr()).collect();
@@ -193,7 +193,7 @@ fn route_fused(
     cx.be.kernels.launch_cooperative(
         kernel,
         Dims::linear(g, FUSED_THREADS),
-        cx.stream(),
+        cx.work_stream()?,
         &[
             Arg::Ptr(logits.ptr()),
             Arg::I32(t as i32),
@@ -579,7 +579,7 @@ pub(super) fn slot_rows(cx: &Cx<'_>, s: &ExpertsShape, phys: DType) -> Result<Cu
     let rows = cx.alloc(n, phys)?;
     // SAFETY: rows holds n elements of phys; the memset is ordered on the compute stream after
     // the allocation and before the kernels that use rows.
-    unsafe { drv::memset_d8_async(rows.ptr(), 0, n * phys.size(), cx.stream()) }
+    unsafe { drv::memset_d8_async(rows.ptr(), 0, n * phys.size(), cx.work_stream()?) }
         .ctx(&cx.be.dev.label, "cuMemsetD8Async(moe rows)")?;
     Ok(rows)
 }
@@ -956,7 +956,7 @@ fn experts_blaslt(
             continue;
         }
         cx.be.blas.matmul(
-            cx.stream(),
+            cx.work_stream()?,
             cx.dtype(),
             false,
             len,
@@ -988,7 +988,7 @@ fn experts_blaslt(
             continue;
         }
         cx.be.blas.matmul(
-            cx.stream(),
+            cx.work_stream()?,
             cx.dtype(),
             false,
             len,
@@ -1004,7 +1004,7 @@ fn experts_blaslt(
     // Slots missing from the permutation (dropped by a capacity limit) keep inv = -1 and add
     // nothing in the combine.
     // SAFETY: inv holds t*k i32; ordered on the compute stream before its users.
-    unsafe { drv::memset_d8_async(inv.ptr(), 0xFF, t * k * 4, cx.stream()) }
+    unsafe { drv::memset_d8_async(inv.ptr(), 0xFF, t * k * 4, cx.work_stream()?) }
         .ctx(label, "cuMemsetD8Async(moe inverse)")?;
     if pu > 0 {
         cx.k(
