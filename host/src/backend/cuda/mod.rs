@@ -901,6 +901,7 @@ impl Backend for CudaBackend {
             .map(|s| self.storage(s))
             .collect::<Result<Vec<_>>>()?;
         let _g = self.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let locked = std::time::Instant::now();
         let prep = ops::Cx::new(self);
         ops::prepare(&prep, op)?;
         let outs = ops::alloc_outputs(&prep, op, &out_metas)?;
@@ -913,7 +914,15 @@ impl Backend for CudaBackend {
         let cx = ops::Cx::timed(self);
         let kernel = ops::run(&cx, op, &ins, &metas, &outs)?;
         let region = match cx.into_region() {
-            Some(r) => r,
+            Some((r, at)) => {
+                tracing::trace!(
+                    device = %self.dev.label, op = op.name(), %kernel,
+                    "host: {:.1} us before the first device work, {:.1} us queueing inside the timed region",
+                    at.duration_since(locked).as_secs_f64() * 1e6,
+                    at.elapsed().as_secs_f64() * 1e6
+                );
+                r
+            }
             None => self.timeline.begin(&self.dev)?,
         };
         let info = Arc::new(Mutex::new(LaunchInfo {

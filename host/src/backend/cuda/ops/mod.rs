@@ -27,6 +27,8 @@ pub struct Cx<'a> {
     /// host's preparation before it (plans, allocations, argument packing) is not counted as
     /// device time while the GPU waits for it.
     region: Option<RefCell<Option<Region>>>,
+    /// When the op's first device work was queued (host clock), for the trace log.
+    first_work: std::cell::Cell<Option<std::time::Instant>>,
 }
 
 /// A view of an input in the storage precision (or f32), converted on the device when stored
@@ -41,7 +43,11 @@ impl<'a> Cx<'a> {
     /// A context whose work is not timed on its own (preparation, poison fills, a block timed
     /// as a whole by its caller).
     pub fn new(be: &'a CudaBackend) -> Self {
-        Self { be, region: None }
+        Self {
+            be,
+            region: None,
+            first_work: std::cell::Cell::new(None),
+        }
     }
 
     /// A context that times its op from the first device work it queues.
@@ -49,12 +55,14 @@ impl<'a> Cx<'a> {
         Self {
             be,
             region: Some(RefCell::new(None)),
+            first_work: std::cell::Cell::new(None),
         }
     }
 
-    /// The region the op's device work started, if it queued any.
-    pub fn into_region(self) -> Option<Region> {
-        self.region.and_then(RefCell::into_inner)
+    /// The region the op's device work started, if it queued any, and when (host clock).
+    pub fn into_region(self) -> Option<(Region, std::time::Instant)> {
+        let at = self.first_work.get()?;
+        self.region.and_then(RefCell::into_inner).map(|r| (r, at))
     }
 
     /// The compute stream, to queue device work on: a timed context starts its region here,
@@ -64,6 +72,7 @@ impl<'a> Cx<'a> {
             let mut r = r.borrow_mut();
             if r.is_none() {
                 *r = Some(self.be.timeline.begin(&self.be.dev)?);
+                self.first_work.set(Some(std::time::Instant::now()));
             }
         }
         Ok(self.be.dev.stream)
