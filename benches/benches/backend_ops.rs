@@ -65,10 +65,12 @@ fn backend_ops(c: &mut Criterion) {
                 .and_then(|()| h.first_launch())
                 .unwrap_or_else(|e| panic!("{op} on {}: {e}", be.id()));
             g.bench_function(BenchmarkId::new(op.name(), &p.label), |b| {
-                b.iter_custom(|iters| match h.measure(iters as usize, first.timing) {
-                    Ok(s) => s.total(),
-                    Err(e) => panic!("{op} on {}: {e}", be.id()),
-                })
+                b.iter_custom(
+                    |iters| match h.measure(iters as usize, first.timing, false) {
+                        Ok(s) => s.total(),
+                        Err(e) => panic!("{op} on {}: {e}", be.id()),
+                    },
+                )
             });
         }
         g.finish();

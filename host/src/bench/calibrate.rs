@@ -107,6 +107,8 @@ pub fn calibrate(
             warmup: 1,
             sets: Some(1),
             timeout: opts.timeout,
+            // one launch at a time on an idle device, as a run launches a layer's ops
+            serial: true,
         };
         let mut task = crate::progress::Task::announce(
             format!("calibrate:{dev}"),

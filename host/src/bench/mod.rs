@@ -63,6 +63,11 @@ pub struct BenchOptions {
     pub sets: Option<usize>,
     /// Longest wait for one launch.
     pub timeout: Duration,
+    /// Each timed launch waits for the one before, so it starts on an idle device, its time
+    /// including whatever of its own queueing the device waits for, as in a run, where a
+    /// layer's launches do not queue ahead of the device (`tandem calibrate`). Otherwise the
+    /// timed launches are queued back to back: the device's time alone (`tandem bench`).
+    pub serial: bool,
 }
 
 impl BenchOptions {
@@ -73,6 +78,7 @@ impl BenchOptions {
         warmup: 5,
         sets: None,
         timeout: Duration::from_secs(600),
+        serial: false,
     };
 }
 
@@ -177,7 +183,7 @@ pub fn run(backend: &dyn Backend, problem: &Problem, opts: &BenchOptions) -> Res
     let (bytes, bytes_counted) = counted_bytes(op, metas, storage, fp8);
     let mut samples = match (once, first.timing, first.as_samples()) {
         (true, Timing::DeviceEvents, Some(s)) => s,
-        _ => h.measure(opts.iters, first.timing)?,
+        _ => h.measure(opts.iters, first.timing, opts.serial)?,
     };
     let runs = samples.times.len();
     let median_s = median(&mut samples.times);
@@ -296,7 +302,7 @@ mod tests {
         h.warm_up(2)?;
         let first = h.first_launch()?;
         assert!(!first.kernel.is_empty());
-        let s = h.measure(4, first.timing)?;
+        let s = h.measure(4, first.timing, false)?;
         assert_eq!(s.times.len(), 4);
         assert!(s.total() > Duration::ZERO);
         Ok(())

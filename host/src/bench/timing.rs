@@ -179,9 +179,10 @@ impl<'a> Harness<'a> {
     }
 
     /// Times `iters` launches (1..=iters). Device-timed: all queued back to back (outputs
-    /// freed at once; the stream orders their reuse), then read. Wall clock: one at a time,
-    /// the clock around each. Waits for the device to be idle before returning.
-    pub fn measure(&self, iters: usize, timing: Timing) -> Result<Samples> {
+    /// freed at once; the stream orders their reuse), then read; with `serial`, each queued
+    /// on an idle device (the host waits for the one before). Wall clock: one at a time, the
+    /// clock around each. Waits for the device to be idle before returning.
+    pub fn measure(&self, iters: usize, timing: Timing, serial: bool) -> Result<Samples> {
         let mut s = Samples {
             times: Vec::with_capacity(iters),
             ..Samples::default()
@@ -191,6 +192,9 @@ impl<'a> Harness<'a> {
             Timing::DeviceEvents => {
                 let mut pending = Vec::with_capacity(iters);
                 for i in 0..iters {
+                    if serial {
+                        self.backend.synchronize()?;
+                    }
                     let mut l = self.launch(i + 1)?;
                     l.outputs.clear();
                     pending.push(l);
