@@ -8,6 +8,7 @@ mod moe;
 pub(crate) mod moe_fp8;
 
 use std::cell::RefCell;
+use std::time::Instant;
 
 use super::kernels::{Arg, Dims};
 use super::memory::DevBuf;
@@ -23,12 +24,10 @@ use crate::tensor::TensorMeta;
 pub struct Cx<'a> {
     /// The backend.
     pub be: &'a CudaBackend,
-    /// A timed op's region, started by its first device work ([`Cx::work_stream`]), so the
-    /// host's preparation before it (plans, allocations, argument packing) is not counted as
-    /// device time while the GPU waits for it.
-    region: Option<RefCell<Option<Region>>>,
-    /// When the op's first device work was queued (host clock), for the trace log.
-    first_work: std::cell::Cell<Option<std::time::Instant>>,
+    /// A timed op's region and when it started (host clock, for the trace log), started by
+    /// its first device work ([`Cx::work_stream`]), so the host's preparation before it (plans,
+    /// allocations, argument packing) is not counted as device time while the GPU waits for it.
+    region: Option<RefCell<Option<(Region, Instant)>>>,
 }
 
 /// A view of an input in the storage precision (or f32), converted on the device when stored
@@ -43,11 +42,7 @@ impl<'a> Cx<'a> {
     /// A context whose work is not timed on its own (preparation, poison fills, a block timed
     /// as a whole by its caller).
     pub fn new(be: &'a CudaBackend) -> Self {
-        Self {
-            be,
-            region: None,
-            first_work: std::cell::Cell::new(None),
-        }
+        Self { be, region: None }
     }
 
     /// A context that times its op from the first device work it queues.
@@ -55,14 +50,12 @@ impl<'a> Cx<'a> {
         Self {
             be,
             region: Some(RefCell::new(None)),
-            first_work: std::cell::Cell::new(None),
         }
     }
 
     /// The region the op's device work started, if it queued any, and when (host clock).
-    pub fn into_region(self) -> Option<(Region, std::time::Instant)> {
-        let at = self.first_work.get()?;
-        self.region.and_then(RefCell::into_inner).map(|r| (r, at))
+    pub fn into_region(self) -> Option<(Region, Instant)> {
+        self.region.and_then(RefCell::into_inner)
     }
 
     /// The compute stream, to queue device work on: a timed context starts its region here,
@@ -71,8 +64,7 @@ impl<'a> Cx<'a> {
         if let Some(r) = &self.region {
             let mut r = r.borrow_mut();
             if r.is_none() {
-                *r = Some(self.be.timeline.begin(&self.be.dev)?);
-                self.first_work.set(Some(std::time::Instant::now()));
+                *r = Some((self.be.timeline.begin(&self.be.dev)?, Instant::now()));
             }
         }
         Ok(self.be.dev.stream)
