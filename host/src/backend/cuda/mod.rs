@@ -1021,6 +1021,49 @@ mod tests {
         }
     }
 
+    /// A timed region dropped without being closed (its op failed after queueing work) hands
+    /// its start event back to the pool; a closed one returns both events once they complete.
+    #[test]
+    fn timed_regions_return_their_events_to_the_pool() {
+        if let Err(why) = probe::check(&CudaOptions::default()) {
+            skip_gpu(&why);
+            return;
+        }
+        let dev = match device::Device::open(0) {
+            Ok((d, _)) => Arc::new(d),
+            Err(e) => {
+                skip_gpu(&e.to_string());
+                return;
+            }
+        };
+        let tl = timing::Timeline::new(dev.clone());
+        let r = tl.begin(&dev).expect("begin");
+        assert_eq!(tl.pooled_events(), 0);
+        drop(r);
+        assert_eq!(tl.pooled_events(), 1, "an unclosed region kept its event");
+        let r = tl.begin(&dev).expect("begin");
+        assert_eq!(tl.pooled_events(), 0, "the pooled event was not reused");
+        let info = Arc::new(Mutex::new(crate::backend::LaunchInfo {
+            kernel: "empty region".into(),
+            device_time: None,
+            cycles: None,
+        }));
+        let done = tl.end(&dev, r, info.clone()).expect("end");
+        done.wait(std::time::Duration::from_secs(10), "an empty region")
+            .expect("wait");
+        // the watcher signals the fence, then returns the pair
+        let t0 = std::time::Instant::now();
+        while tl.pooled_events() < 2 && t0.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(tl.pooled_events(), 2);
+        let i = info.lock().unwrap_or_else(|e| e.into_inner());
+        assert!(
+            i.device_time.is_some(),
+            "no device time for a completed region"
+        );
+    }
+
     #[test]
     fn cache_keys_depend_on_arch_and_options() {
         use tandem_gpu_kernels::Module;

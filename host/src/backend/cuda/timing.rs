@@ -42,9 +42,22 @@ impl std::fmt::Debug for Timeline {
     }
 }
 
-/// A region being timed: started by [`Timeline::begin`], closed by [`Timeline::end`].
+/// A region being timed: started by [`Timeline::begin`], closed by [`Timeline::end`]. A
+/// region dropped without being closed (its op failed after queueing device work) hands its
+/// start event back to the pool.
 pub struct Region {
-    start: Ev,
+    start: Option<Ev>,
+    free: Arc<Mutex<Vec<Ev>>>,
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        if let Some(e) = self.start.take() {
+            // Re-recording an event still pending on the stream is allowed, so it is reusable
+            // at once.
+            self.free.lock().unwrap_or_else(|e| e.into_inner()).push(e);
+        }
+    }
 }
 
 impl Timeline {
@@ -80,19 +93,46 @@ impl Timeline {
     /// Records the start event on the device's stream.
     pub fn begin(&self, dev: &Device) -> Result<Region> {
         let start = self.event(dev)?;
+        let region = Region {
+            start: Some(start),
+            free: self.free.clone(),
+        };
         // SAFETY: event and stream are live.
         unsafe { drv::event::record(start.0, dev.stream) }.ctx(&dev.label, "cuEventRecord")?;
-        Ok(Region { start })
+        Ok(region)
+    }
+
+    /// Events in the pool, free for the next regions.
+    pub fn pooled_events(&self) -> usize {
+        self.free.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// Records the end event and hands the pair to the watcher; returns the completion.
-    pub fn end(&self, dev: &Device, r: Region, info: Arc<Mutex<LaunchInfo>>) -> Result<Completion> {
+    pub fn end(
+        &self,
+        dev: &Device,
+        mut r: Region,
+        info: Arc<Mutex<LaunchInfo>>,
+    ) -> Result<Completion> {
         let end = self.event(dev)?;
         // SAFETY: event and stream are live.
-        unsafe { drv::event::record(end.0, dev.stream) }.ctx(&dev.label, "cuEventRecord")?;
+        if let Err(e) =
+            unsafe { drv::event::record(end.0, dev.stream) }.ctx(&dev.label, "cuEventRecord")
+        {
+            self.free
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(end);
+            return Err(e);
+        }
+        let Some(start) = r.start.take() else {
+            return Err(crate::error::Error::Internal(
+                "a timed region was closed twice".into(),
+            ));
+        };
         let value = self.next.fetch_add(1, Ordering::SeqCst);
         let p = Pending {
-            start: r.start,
+            start,
             end,
             value,
             info,
