@@ -10,6 +10,8 @@
 //   EMU_EAGER=1 gpu-kernels/emu/run_decode.sh  (cp.async copies land at once; the odd warps
 //                                              slowed, see emu_skew; EMU_SKEW=0: not)
 //   EMU_CASES=2 gpu-kernels/emu/run_decode.sh  (the first two cases only)
+//   EMU_DEFINES="-DDEC_TILE_ELEMS=16384 -DDEC_STAGES=3" gpu-kernels/emu/run_decode.sh
+//                                              (another ring, as DecodeRing::defines builds)
 #include "shim.h"
 #include "kernels.inc"
 
@@ -41,9 +43,10 @@ static const MergeFn MERGE[2][3] = {
 };
 static const int ROW_BLOCKS[4] = {1, 2, 4, 8};
 
-// The host's numbers (gpu-kernels/src/lib.rs): keys per tile and dynamic shared memory.
-static int keys_per_tile(int d) { return 4096 / d; }
-static size_t smem_bytes(int d) { return (size_t)4 * 2 * keys_per_tile(d) * d * 2; }
+// The host's numbers (DecodeRing in gpu-kernels/src/lib.rs): keys per tile and dynamic shared
+// memory, for the ring the kernels were built with (EMU_DEFINES="-DDEC_TILE_ELEMS=.. -DDEC_STAGES=..").
+static int keys_per_tile(int d) { return DEC_TILE_ELEMS / d; }
+static size_t smem_bytes(int d) { return (size_t)DEC_STAGES * 2 * keys_per_tile(d) * d * 2; }
 static const unsigned char SENTINEL = 0xA5;
 
 static void launch(unsigned gx, unsigned gy, unsigned gz, unsigned threads, size_t smem,

@@ -9,6 +9,7 @@ out=${EMU_OUT:-/tmp/tandem-decode-emu}
 mkdir -p "$out"
 awk '/^\/\/ ---- ptx/{skip=1} /^\/\/ ---- end ptx ----/{skip=0; next} !skip && !/extern __shared__/' \
     "$here/../src/cuda/common/attention_decode.cu" > "$out/kernels.inc"
-g++ -std=c++20 -O2 -pthread -fno-strict-aliasing -Wall -Wno-unused-variable -Wno-unknown-pragmas \
+# EMU_DEFINES: -D options of another ring (DecodeRing::defines in gpu-kernels/src/lib.rs)
+g++ -std=c++20 -O2 ${EMU_DEFINES:-} -pthread -fno-strict-aliasing -Wall -Wno-unused-variable -Wno-unknown-pragmas \
     -I"$here" -I"$out" "$here/decode_main.cpp" -o "$out/decode_emu"
 "$out/decode_emu"

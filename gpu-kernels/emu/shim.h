@@ -247,7 +247,7 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
 inline int __syncthreads_or(int pred) { return __syncthreads_count(pred) != 0; }
 // The dynamic shared memory of the partial kernels (the `extern __shared__` line is dropped);
 // the harness checks that nothing past the host's byte count is written.
-alignas(16) unsigned char dec_smem[128 * 1024];
+alignas(16) unsigned char dec_smem[227 * 1024];  // the most a block may take
 inline void dec_cp_async16(void* smem, const void* gmem, bool pred) { moe_cp_async16(smem, gmem, pred); }
 inline void dec_cp_async_commit() { moe_cp_async_commit(); }
 template <int N>

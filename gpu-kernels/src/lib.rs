@@ -550,20 +550,98 @@ pub const DECODE_MERGE_THREADS: u32 = 128;
 pub const DECODE_STAGES: usize = 4;
 /// Elements of K, and as many of V, per stage of that ring (DEC_TILE_ELEMS): 8 KB each.
 pub const DECODE_TILE_ELEMS: usize = 4096;
-/// Largest dynamic shared memory of a decode partial kernel (the merge of its warps reuses
-/// the ring, so this is all it takes).
+/// Dynamic shared memory of the decode partial kernels in their default ring (the merge of
+/// the warps reuses the ring, so this is all they take).
 pub const DECODE_SMEM_BYTES: usize = DECODE_STAGES * 2 * DECODE_TILE_ELEMS * 2;
 
-/// Keys a block of the decode partial kernel takes per tile (one stage of its ring) for head
-/// dim `d` (DecGeom::TK in attention_decode.cu): 64, 32, 16 for d 64, 128, 256.
-pub fn decode_keys_per_tile(d: usize) -> usize {
-    DECODE_TILE_ELEMS / d
+/// The decode partial kernels' ring: elements of K (and as many of V) per stage and the
+/// number of stages. The default is [`DECODE_TILE_ELEMS`] x [`DECODE_STAGES`]; another ring
+/// is built by compiling attention_decode.cu with [`DecodeRing::defines`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DecodeRing {
+    /// Elements of K per stage (as many of V): 4096, 8192 or 16384 (8, 16, 32 KiB of 16-bit
+    /// values; 32, 64, 128 keys at d 128).
+    pub tile_elems: usize,
+    /// Stages of the ring (2 or more): `stages - 1` tiles in flight.
+    pub stages: usize,
 }
 
-/// Dynamic shared memory of a decode partial kernel for head dim `d`: the ring of
+impl Default for DecodeRing {
+    fn default() -> Self {
+        Self {
+            tile_elems: DECODE_TILE_ELEMS,
+            stages: DECODE_STAGES,
+        }
+    }
+}
+
+impl DecodeRing {
+    /// The K tile sizes a ring may take (elements).
+    pub const TILE_ELEMS: [usize; 3] = [4096, 8192, 16384];
+    /// Most dynamic shared memory a block may take on sm_80 and sm_90 (227 KiB).
+    pub const MAX_SMEM: usize = 227 * 1024;
+    /// Least the ring may hold: the merge of the block's warps reuses it (f32 accumulators,
+    /// maxima and sums of 8 rows of d 256 per warp).
+    pub const MERGE_BYTES: usize = DECODE_WARPS as usize * 8 * (256 + 2) * 4;
+
+    /// The ring of `tile_elems` x `stages`, or why it cannot be built.
+    pub fn new(tile_elems: usize, stages: usize) -> Result<Self, String> {
+        if !Self::TILE_ELEMS.contains(&tile_elems) {
+            return Err(format!(
+                "a K tile of {tile_elems} elements is not one of {:?}",
+                Self::TILE_ELEMS
+            ));
+        }
+        if stages < 2 {
+            return Err(format!("{stages} stages are fewer than 2"));
+        }
+        let r = Self { tile_elems, stages };
+        let bytes = r.smem_bytes(128);
+        if !(Self::MERGE_BYTES..=Self::MAX_SMEM).contains(&bytes) {
+            return Err(format!(
+                "{stages} stages of {tile_elems} elements take {} KiB, outside {} to {} KiB of shared memory",
+                bytes / 1024,
+                Self::MERGE_BYTES.div_ceil(1024),
+                Self::MAX_SMEM / 1024
+            ));
+        }
+        Ok(r)
+    }
+
+    /// Keys a block takes per tile (one stage) for head dim `d` (DecGeom::TK).
+    pub fn keys_per_tile(&self, d: usize) -> usize {
+        self.tile_elems / d
+    }
+
+    /// Dynamic shared memory of a partial kernel for head dim `d`: the ring's stages of K and
+    /// V tiles.
+    pub fn smem_bytes(&self, d: usize) -> usize {
+        self.stages * 2 * self.keys_per_tile(d) * d * 2
+    }
+
+    /// NVRTC options that build attention_decode.cu with this ring (none for the default).
+    pub fn defines(&self) -> Vec<String> {
+        if *self == Self::default() {
+            return Vec::new();
+        }
+        vec![
+            format!("-DDEC_TILE_ELEMS={}", self.tile_elems),
+            format!("-DDEC_STAGES={}", self.stages),
+        ]
+    }
+}
+
+/// Keys a block of the decode partial kernel takes per tile (one stage of its ring) for head
+/// dim `d` in the default ring (DecGeom::TK in attention_decode.cu): 64, 32, 16 for d 64, 128,
+/// 256.
+pub fn decode_keys_per_tile(d: usize) -> usize {
+    DecodeRing::default().keys_per_tile(d)
+}
+
+/// Dynamic shared memory of a decode partial kernel for head dim `d` in the default ring of
 /// [`DECODE_STAGES`] stages of K and V tiles (64 KB).
 pub fn decode_smem_bytes(d: usize) -> usize {
-    DECODE_STAGES * 2 * decode_keys_per_tile(d) * d * 2
+    DecodeRing::default().smem_bytes(d)
 }
 
 /// 16-byte vectors per thread of `rmsnorm_bf16` (RMS_VPT in norm.cu).

@@ -11,6 +11,7 @@
 //! | `TANDEM_MOE_TILE` | [`CudaOptions::moe_tile`] | `l`, `m`, `s` (default: by shape) |
 //! | `TANDEM_ROUTE_KERNEL` | [`CudaOptions::route_kernel`] | `fused`, `fused-2`, `fused-1`, `fused-memset`, `three` (default: `fused` where the grid fits) |
 //! | `TANDEM_DECODE_CHUNKS` | [`CudaOptions::decode_chunks`] | 1 to 4096 (default: by shape and device) |
+//! | `TANDEM_DECODE_RING` | [`CudaOptions::decode_ring`] | `<8, 16 or 32>k-s<stages>`, e.g. `16k-s3` (default: `8k-s4`) |
 //! | `TANDEM_KERNEL_DIR` | [`CudaOptions::kernel_dir`] | a folder laid out like `gpu-kernels/src/cuda/` |
 //! | `TANDEM_CACHE_DIR` | [`CudaOptions::cache_dir`] | a folder (`cuda/` in it holds the CUBINs) |
 //! | `CUDA_HOME`, `CUDA_PATH` | [`CudaOptions::toolkit_roots`] | CUDA toolkit folders |
@@ -42,6 +43,8 @@ pub const ROUTE_KERNEL_VAR: &str = "TANDEM_ROUTE_KERNEL";
 pub const DECODE_CHUNKS_VAR: &str = "TANDEM_DECODE_CHUNKS";
 /// The most KV chunks per sequence `TANDEM_DECODE_CHUNKS` accepts.
 pub const MAX_DECODE_CHUNKS: usize = 4096;
+/// `TANDEM_DECODE_RING`: decode attention's K/V ring (tile size and stages).
+pub const DECODE_RING_VAR: &str = "TANDEM_DECODE_RING";
 /// `TANDEM_KERNEL_DIR`: a folder the kernel sources are read from at run time.
 pub const KERNEL_DIR_VAR: &str = "TANDEM_KERNEL_DIR";
 /// `TANDEM_CACHE_DIR`: the folder of compiled kernels (in its `cuda/`).
@@ -87,6 +90,10 @@ pub struct CudaOptions {
     /// KV chunks per sequence for decode attention's split (at most the cache's keys / 64);
     /// `None` picks by shape and device. `TANDEM_DECODE_CHUNKS` (comparisons).
     pub decode_chunks: Option<usize>,
+    /// Decode attention's shared-memory ring of K/V tiles: the K tile (8, 16 or 32 KiB, as
+    /// much of V) and the stages; `None`: 8 KiB x 4 stages. `TANDEM_DECODE_RING`
+    /// (comparisons; another ring compiles attention_decode.cu with its own `-D` options).
+    pub decode_ring: Option<tandem_gpu_kernels::DecodeRing>,
     /// A folder laid out like `gpu-kernels/src/cuda/` whose `.cu` files replace the embedded
     /// ones (kernel work without rebuilding the host; a file missing there is taken from the
     /// embedded sources). `TANDEM_KERNEL_DIR`.
@@ -117,6 +124,7 @@ impl Default for CudaOptions {
             moe_tile: None,
             route_kernel: None,
             decode_chunks: None,
+            decode_ring: None,
             kernel_dir: None,
             cache_dir: default_cache_dir(),
             toolkit_roots: Vec::new(),
@@ -175,6 +183,7 @@ impl CudaOptions {
             moe_tile: named(env, MOE_TILE_VAR, MoeTileSize::parse_from)?,
             route_kernel: named(env, ROUTE_KERNEL_VAR, RouteKernel::parse_from)?,
             decode_chunks: named(env, DECODE_CHUNKS_VAR, parse_chunks)?,
+            decode_ring: named(env, DECODE_RING_VAR, parse_ring)?,
             kernel_dir,
             ..Self::machine(env)
         })
@@ -199,6 +208,29 @@ fn parse_chunks(value: &str, var: &str) -> Result<usize> {
             format!("'{value}' is not a chunk count (accepted: 1 to {MAX_DECODE_CHUNKS})"),
         )),
     }
+}
+
+/// A ring for `TANDEM_DECODE_RING`: `<KiB>k-s<stages>` (`16k-s3`: 16 KiB K tiles, 3 stages).
+fn parse_ring(value: &str, var: &str) -> Result<tandem_gpu_kernels::DecodeRing> {
+    let bad = |why: String| {
+        Error::invalid(
+            var,
+            format!(
+                "'{value}' is not a decode ring: {why} (accepted: <8, 16 or 32>k-s<stages>, e.g. 8k-s4, 16k-s3, 32k-s2)"
+            ),
+        )
+    };
+    let v = value.trim().to_ascii_lowercase();
+    let (kib, stages) = v
+        .split_once("k-s")
+        .ok_or_else(|| bad("no '<KiB>k-s<stages>' form".into()))?;
+    let kib: usize = kib
+        .parse()
+        .map_err(|_| bad(format!("'{kib}' is not a size in KiB")))?;
+    let stages: usize = stages
+        .parse()
+        .map_err(|_| bad(format!("'{stages}' is not a stage count")))?;
+    tandem_gpu_kernels::DecodeRing::new(kib * 512, stages).map_err(bad)
 }
 
 /// An on/off variable: `1`, `on`, `true` or `0`, `off`, `false` (any case), if set.
@@ -522,6 +554,7 @@ mod tests {
             ),
             (None, None, None, None, None, None)
         );
+        assert!(d.decode_ring.is_none());
         assert!(d.kernel_dir.is_none() && d.toolkit_roots.is_empty());
         assert!(d.python_prefix.is_none());
         assert!(d.cache_dir.ends_with("tandem-cache/cuda"));
@@ -657,6 +690,36 @@ mod tests {
             assert_eq!(
                 e.to_string(),
                 format!("{DECODE_CHUNKS_VAR}: '{bad}' is not a chunk count (accepted: 1 to 4096)")
+            );
+        }
+        let o = CudaOptions::from_source(&[(DECODE_RING_VAR, "16K-S3")])?;
+        let ring = o.decode_ring.expect("a ring");
+        assert_eq!((ring.tile_elems, ring.stages), (8192, 3));
+        assert_eq!(ring.keys_per_tile(128), 64);
+        assert_eq!(ring.smem_bytes(128), 96 * 1024);
+        for (bad, why) in [
+            ("16k", "no '<KiB>k-s<stages>' form"),
+            (
+                "12k-s3",
+                "a K tile of 6144 elements is not one of [4096, 8192, 16384]",
+            ),
+            (
+                "32k-s4",
+                "4 stages of 16384 elements take 256 KiB, outside 33 to 227 KiB of shared memory",
+            ),
+            (
+                "8k-s2",
+                "2 stages of 4096 elements take 32 KiB, outside 33 to 227 KiB of shared memory",
+            ),
+            ("8k-s1", "1 stages are fewer than 2"),
+            ("8k-sx", "'x' is not a stage count"),
+        ] {
+            let e = CudaOptions::from_source(&[(DECODE_RING_VAR, bad)]).expect_err(bad);
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "{DECODE_RING_VAR}: '{bad}' is not a decode ring: {why} (accepted: <8, 16 or 32>k-s<stages>, e.g. 8k-s4, 16k-s3, 32k-s2)"
+                )
             );
         }
         let e = "xl".parse::<MoeTileSize>().expect_err("xl");

@@ -39,8 +39,13 @@
 
 #define DEC_WARPS 4
 #define DEC_THREADS (32 * DEC_WARPS)
+// The ring (DecodeRing in gpu-kernels/src/lib.rs): these defaults, or -D options.
+#ifndef DEC_STAGES
 #define DEC_STAGES 4
+#endif
+#ifndef DEC_TILE_ELEMS
 #define DEC_TILE_ELEMS 4096
+#endif
 #define DEC_NAN __int_as_float(0x7fc00000)
 // Blocks per SM the partial kernels are built for (registers <= 65536 / (128 * n)): 3 (<= 168
 // registers, as many as 227 KB of shared memory holds) up to 4 rows, 2 for 8 rows.

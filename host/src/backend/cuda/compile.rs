@@ -41,6 +41,7 @@ pub fn arch_flag(arch: u32) -> String {
 pub struct Compiler {
     kernel_dir: Option<PathBuf>,
     cache_dir: PathBuf,
+    decode_ring: tandem_gpu_kernels::DecodeRing,
     include_dirs: Vec<PathBuf>,
 }
 
@@ -50,6 +51,7 @@ impl Compiler {
         Self {
             kernel_dir: opts.kernel_dir.clone(),
             cache_dir: opts.cache_dir.clone(),
+            decode_ring: opts.decode_ring.unwrap_or_default(),
             include_dirs: super::probe::include_dirs(opts),
         }
     }
@@ -64,8 +66,9 @@ impl Compiler {
         module.source(self.kernel_dir.as_deref())
     }
 
-    /// The options a module is compiled with.
-    pub fn options(&self, arch: u32) -> Vec<String> {
+    /// The options `module` is compiled with for `arch` (the decode module's ring, where
+    /// another is set, as `-D` options).
+    pub fn options(&self, module: Module, arch: u32) -> Vec<String> {
         let mut o = vec![
             format!("--gpu-architecture={}", arch_flag(arch)),
             "--std=c++17".into(),
@@ -76,6 +79,9 @@ impl Compiler {
         ];
         for d in &self.include_dirs {
             o.push(format!("--include-path={}", d.display()));
+        }
+        if module == Module::AttentionDecode {
+            o.extend(self.decode_ring.defines());
         }
         o
     }
@@ -98,7 +104,7 @@ impl Compiler {
     /// The CUBIN of `module` for `arch` (a device named `device`): from the disk cache, or
     /// compiled (and cached).
     pub fn cubin(&self, device: &str, module: Module, arch: u32) -> Result<Vec<u8>> {
-        let opts = self.options(arch);
+        let opts = self.options(module, arch);
         let key = self.cache_key(module, arch, &opts);
         let path = self.cache_dir.join(format!(
             "{}-{}-{}.cubin",

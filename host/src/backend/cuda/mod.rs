@@ -1008,7 +1008,7 @@ mod tests {
                     continue;
                 }
                 let bin = compiler
-                    .compile("nvrtc", m, &compiler.options(arch))
+                    .compile("nvrtc", m, &compiler.options(m, arch))
                     .unwrap_or_else(|e| panic!("NVRTC {a}.{b}, {} for sm_{arch}: {e}", m.path()));
                 assert!(!bin.is_empty());
                 let flag = compile::arch_flag(arch);
@@ -1062,6 +1062,42 @@ mod tests {
             i.device_time.is_some(),
             "no device time for a completed region"
         );
+    }
+
+    /// Each K tile size of a decode ring builds (NVRTC for sm_90a, no GPU needed; a module
+    /// takes about half a minute, so one ring a tile size, at its fewest or most stages), and
+    /// another ring is another cache entry.
+    #[test]
+    fn decode_rings_of_every_tile_size_compile_where_nvrtc_is_present() {
+        use tandem_gpu_kernels::{DecodeRing, Module};
+        let base = CudaOptions::default();
+        if !probe::nvrtc_present(&base) {
+            skip_gpu("NVRTC not found");
+            return;
+        }
+        let default_key = {
+            let c = compile::Compiler::new(&base);
+            c.cache_key(
+                Module::AttentionDecode,
+                90,
+                &c.options(Module::AttentionDecode, 90),
+            )
+        };
+        for (tile, stages) in [(4096, 3), (8192, 2), (16384, 3)] {
+            let ring = DecodeRing::new(tile, stages).expect("an accepted ring");
+            let c = compile::Compiler::new(&CudaOptions {
+                decode_ring: Some(ring),
+                ..base.clone()
+            });
+            let o = c.options(Module::AttentionDecode, 90);
+            assert!(o.contains(&format!("-DDEC_TILE_ELEMS={tile}")), "{o:?}");
+            let bin = c
+                .compile("nvrtc", Module::AttentionDecode, &o)
+                .unwrap_or_else(|e| panic!("{ring:?}: {e}"));
+            assert!(!bin.is_empty());
+            assert_ne!(c.cache_key(Module::AttentionDecode, 90, &o), default_key);
+            println!("decode ring {ring:?}: built for sm_90a");
+        }
     }
 
     #[test]

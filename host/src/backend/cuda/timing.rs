@@ -103,6 +103,7 @@ impl Timeline {
     }
 
     /// Events in the pool, free for the next regions.
+    #[cfg(test)]
     pub fn pooled_events(&self) -> usize {
         self.free.lock().unwrap_or_else(|e| e.into_inner()).len()
     }

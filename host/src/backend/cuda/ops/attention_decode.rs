@@ -38,7 +38,7 @@ pub struct DecodePlan {
 impl DecodePlan {
     /// The split for shape `s` on a device of `sms` multiprocessors; `chunks` forces the KV
     /// chunk count (clamped to 1..= the cache's keys / [`MIN_FORCED_CHUNK`]).
-    pub fn new(s: &DecodeShape, sms: usize, chunks: Option<usize>) -> Self {
+    pub fn new(s: &DecodeShape, sms: usize, chunks: Option<usize>, tile: usize) -> Self {
         let group = s.group_rows();
         let blocks = tandem_gpu_kernels::DECODE_ROW_BLOCKS;
         let rows = blocks
@@ -47,7 +47,6 @@ impl DecodePlan {
             .find(|&r| r >= group)
             .unwrap_or(blocks[blocks.len() - 1]);
         let row_groups = group.div_ceil(rows);
-        let tile = tandem_gpu_kernels::decode_keys_per_tile(s.d);
         let per_chunk = s.b * s.hkv * row_groups;
         let most = s.capacity.div_ceil(MIN_CHUNK).max(1);
         let chunks = match chunks {
@@ -93,7 +92,13 @@ pub fn attention_decode(
 ) -> Result<String> {
     let s = p.shape(metas)?;
     let paged = p.block_size.is_some();
-    let plan = DecodePlan::new(&s, cx.sms() as usize, cx.be.opts.decode_chunks);
+    let ring = cx.be.opts.decode_ring.unwrap_or_default();
+    let plan = DecodePlan::new(
+        &s,
+        cx.sms() as usize,
+        cx.be.opts.decode_chunks,
+        ring.keys_per_tile(s.d),
+    );
     let partial = plan.kernel(s.d, paged, cx.dtype())?;
     let merge = merge_kernel(s.d, cx.dtype())?;
     let q = cx.half(ins[0], metas[0].numel())?;
@@ -123,7 +128,7 @@ pub fn attention_decode(
         Dims {
             grid,
             block: (threads, 1, 1),
-            smem: tandem_gpu_kernels::decode_smem_bytes(s.d) as u32,
+            smem: ring.smem_bytes(s.d) as u32,
         },
         &[
             Arg::Ptr(q.ptr),
@@ -179,21 +184,46 @@ mod tests {
     #[test]
     fn the_split_fits_the_group_and_fills_the_device() {
         // the target shape: 4 rows per kv head, enough chunks for 132 SMs
-        let p = DecodePlan::new(&shape(64, 32, 8, 1, 128, 8192), 132, None);
+        let p = DecodePlan::new(
+            &shape(64, 32, 8, 1, 128, 8192),
+            132,
+            None,
+            tandem_gpu_kernels::decode_keys_per_tile(128),
+        );
         assert_eq!((p.rows, p.row_groups), (4, 1));
         assert!(64 * 8 * p.chunks >= 132 * BLOCKS_PER_SM, "{p:?}");
         assert!(p.chunks * p.chunk_len >= 8192 && (p.chunks - 1) * p.chunk_len < 8192);
         // MQA with 16 new tokens: 512 rows in groups of 8
-        let p = DecodePlan::new(&shape(1, 32, 1, 16, 64, 100), 132, None);
+        let p = DecodePlan::new(
+            &shape(1, 32, 1, 16, 64, 100),
+            132,
+            None,
+            tandem_gpu_kernels::decode_keys_per_tile(64),
+        );
         assert_eq!((p.rows, p.row_groups, p.chunks), (8, 64, 1));
         // MHA, one token: one row per block
-        let p = DecodePlan::new(&shape(2, 4, 4, 1, 256, 5000), 132, None);
+        let p = DecodePlan::new(
+            &shape(2, 4, 4, 1, 256, 5000),
+            132,
+            None,
+            tandem_gpu_kernels::decode_keys_per_tile(256),
+        );
         assert_eq!(p.rows, 1);
         assert!(p.chunk_len >= MIN_CHUNK && p.chunks * p.chunk_len >= 5000);
         // a forced count is kept where the cache has the keys, clamped where it has not
-        let f = DecodePlan::new(&shape(64, 32, 8, 1, 128, 8192), 132, Some(16));
+        let f = DecodePlan::new(
+            &shape(64, 32, 8, 1, 128, 8192),
+            132,
+            Some(16),
+            tandem_gpu_kernels::decode_keys_per_tile(128),
+        );
         assert_eq!((f.chunks, f.chunk_len), (16, 512));
-        let f = DecodePlan::new(&shape(64, 32, 8, 1, 128, 300), 132, Some(100));
+        let f = DecodePlan::new(
+            &shape(64, 32, 8, 1, 128, 300),
+            132,
+            Some(100),
+            tandem_gpu_kernels::decode_keys_per_tile(128),
+        );
         assert_eq!(f.chunks, 300usize.div_ceil(MIN_FORCED_CHUNK));
         assert!(f.chunks * f.chunk_len >= 300);
         for dt in CudaDType::ALL {
