@@ -10,7 +10,7 @@
 //   EMU_EAGER=1 gpu-kernels/emu/run_decode.sh  (cp.async copies land at once; the odd warps
 //                                              slowed, see emu_skew; EMU_SKEW=0: not)
 //   EMU_CASES=2 gpu-kernels/emu/run_decode.sh  (the first two cases only)
-//   EMU_DEFINES="-DDEC_TILE_ELEMS=16384 -DDEC_STAGES=3" gpu-kernels/emu/run_decode.sh
+//   EMU_DEFINES="-DDEC_TILE_ELEMS=16384 -DDEC_STAGES=3 -DDEC_PAGED_STAGES=2" gpu-kernels/emu/run_decode.sh
 //                                              (another ring, as DecodeRing::defines builds)
 #include "shim.h"
 #include "kernels.inc"
@@ -24,7 +24,7 @@
 #include <thread>
 
 typedef void (*PartialFn)(const h16_t*, const h16_t*, const h16_t*, const int*, const int*, float*, float*,
-                          int, int, int, int, int, int, int, int, float);
+                          h16_t*, float*, int, int, int, int, int, int, int, int, float);
 typedef void (*MergeFn)(const float*, const float*, h16_t*, float*, int);
 
 #define DEC_FNS(P, D)                                                                          \
@@ -46,7 +46,9 @@ static const int ROW_BLOCKS[4] = {1, 2, 4, 8};
 // The host's numbers (DecodeRing in gpu-kernels/src/lib.rs): keys per tile and dynamic shared
 // memory, for the ring the kernels were built with (EMU_DEFINES="-DDEC_TILE_ELEMS=.. -DDEC_STAGES=..").
 static int keys_per_tile(int d) { return DEC_TILE_ELEMS / d; }
-static size_t smem_bytes(int d) { return (size_t)DEC_STAGES * 2 * keys_per_tile(d) * d * 2; }
+static size_t smem_bytes(int d, bool paged) {
+    return (size_t)(paged ? DEC_PAGED_STAGES : DEC_STAGES) * 2 * keys_per_tile(d) * d * 2;
+}
 static const unsigned char SENTINEL = 0xA5;
 
 static void launch(unsigned gx, unsigned gy, unsigned gz, unsigned threads, size_t smem,
@@ -214,17 +216,23 @@ static Out run(const Problem& p, int forced_chunks) {
     while ((1 << block_log2) < (p.paged ? p.bs : p.cap)) ++block_log2;
     if (!p.paged) block_log2 = __builtin_ctz((unsigned)p.cap);  // as the host: unused
     const int* table = p.paged ? p.table.data() : nullptr;
-    launch(chunks, p.hkv * row_groups, p.B, 128, smem_bytes(p.d), [&] {
-        partial(p.q.data(), p.k.data(), p.v.data(), p.lens.data(), table, part_o.data(), part_lse.data(), p.hq,
-                p.hkv, p.nq, p.cap, block_log2, p.max_blocks, p.num_blocks, chunk_len, scale_log2);
-    });
     Out out;
     out.o.assign((size_t)rows_total * p.d, nan_bits(p.prec));
     out.lse.assign(rows_total, NAN);
-    launch(rows_total, 1, 1, 128, 0, [&] { merge(part_o.data(), part_lse.data(), out.o.data(), out.lse.data(), chunks); });
+    // one chunk: the partial writes o and lse itself, no merge (as the host launches it)
+    const bool direct = chunks == 1;
+    launch(chunks, p.hkv * row_groups, p.B, 128, smem_bytes(p.d, p.paged), [&] {
+        partial(p.q.data(), p.k.data(), p.v.data(), p.lens.data(), table, direct ? nullptr : part_o.data(),
+                direct ? nullptr : part_lse.data(), direct ? out.o.data() : nullptr,
+                direct ? out.lse.data() : nullptr, p.hq, p.hkv, p.nq, p.cap, block_log2, p.max_blocks,
+                p.num_blocks, chunk_len, scale_log2);
+    });
+    if (!direct)
+        launch(rows_total, 1, 1, 128, 0,
+               [&] { merge(part_o.data(), part_lse.data(), out.o.data(), out.lse.data(), chunks); });
     char buf[160];
-    std::snprintf(buf, sizeof buf, "%s_r%d x%d groups, %d chunks of %d", p.paged ? "paged" : "contiguous", rows,
-                  row_groups, chunks, chunk_len);
+    std::snprintf(buf, sizeof buf, "%s_r%d x%d groups, %d chunk%s of %d%s", p.paged ? "paged" : "contiguous", rows,
+                  row_groups, chunks, direct ? "" : "s", chunk_len, direct ? ", no merge" : "");
     out.kernel = buf;
     return out;
 }
@@ -294,26 +302,29 @@ static int run_case(const Case& c, int prec, std::mt19937& rng) {
 
 // A length past the capacity, a block id past the cache and a -1 inside a sequence: NaN for
 // that sequence, the others right.
+// Bad lengths and block ids, split in 2 chunks (merged) and in 1 (no merge).
 static int run_bad(int prec, std::mt19937& rng) {
-    const Case c{8, 2, 1, 128, {150, 97}, 150, 2, {}, "bad values"};
-    Problem p = contiguous(c, prec, rng);
-    std::vector<double> ro, rl;
-    reference(p, ro, rl);
     int fails = 0;
-    double eo = 0, el = 0;
-    Problem bad = p;
-    bad.lens[1] = 1000000;
-    Out out = run(bad, c.chunks);
-    bool ok = compare(p, out, ro, rl, {0}, eo, el) && all_nan(p, out, 1);
-    fails += report(ok, p, out, "length past capacity", eo, el);
-    for (int id : {1 << 30, -1}) {
-        Problem pp = paged(p, 16, 0, rng);
-        pp.table[(size_t)1 * pp.max_blocks + 3] = id;
-        Out po = run(pp, c.chunks);
-        char what[64];
-        std::snprintf(what, sizeof what, "block id %d", id);
-        ok = compare(pp, po, ro, rl, {0}, eo, el) && all_nan(pp, po, 1);
-        fails += report(ok, pp, po, what, eo, el);
+    for (int chunks : {2, 1}) {
+        const Case c{8, 2, 1, 128, {150, 97}, 150, chunks, {}, "bad values"};
+        Problem p = contiguous(c, prec, rng);
+        std::vector<double> ro, rl;
+        reference(p, ro, rl);
+        double eo = 0, el = 0;
+        Problem bad = p;
+        bad.lens[1] = 1000000;
+        Out out = run(bad, c.chunks);
+        bool ok = compare(p, out, ro, rl, {0}, eo, el) && all_nan(p, out, 1);
+        fails += report(ok, p, out, "length past capacity", eo, el);
+        for (int id : {1 << 30, -1}) {
+            Problem pp = paged(p, 16, 0, rng);
+            pp.table[(size_t)1 * pp.max_blocks + 3] = id;
+            Out po = run(pp, c.chunks);
+            char what[64];
+            std::snprintf(what, sizeof what, "block id %d", id);
+            ok = compare(pp, po, ro, rl, {0}, eo, el) && all_nan(pp, po, 1);
+            fails += report(ok, pp, po, what, eo, el);
+        }
     }
     return fails;
 }

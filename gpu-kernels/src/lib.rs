@@ -545,25 +545,29 @@ pub const DECODE_ROW_BLOCKS: [usize; 4] = [1, 2, 4, 8];
 /// Threads per block of the decode merge kernels.
 pub const DECODE_MERGE_THREADS: u32 = 128;
 
-/// Stages of the decode partial kernels' shared-memory ring of K/V tiles, filled by cp.async
-/// (DEC_STAGES in attention_decode.cu): `DECODE_STAGES - 1` tiles in flight.
+/// Stages of the decode partial kernels' shared-memory ring of K/V tiles on a contiguous
+/// cache, filled by cp.async (DEC_STAGES in attention_decode.cu): `DECODE_STAGES - 1` tiles in
+/// flight, one block a SM.
 pub const DECODE_STAGES: usize = 4;
-/// Elements of K, and as many of V, per stage of that ring (DEC_TILE_ELEMS): 8 KB each.
-pub const DECODE_TILE_ELEMS: usize = 4096;
-/// Dynamic shared memory of the decode partial kernels in their default ring (the merge of
-/// the warps reuses the ring, so this is all they take).
-pub const DECODE_SMEM_BYTES: usize = DECODE_STAGES * 2 * DECODE_TILE_ELEMS * 2;
+/// Stages of that ring on a paged cache (DEC_PAGED_STAGES): two blocks a SM, so one block's
+/// block-table reads overlap the other's copies.
+pub const DECODE_PAGED_STAGES: usize = 3;
+/// Elements of K, and as many of V, per stage of that ring (DEC_TILE_ELEMS): 16 KB each.
+pub const DECODE_TILE_ELEMS: usize = 8192;
 
 /// The decode partial kernels' ring: elements of K (and as many of V) per stage and the
-/// number of stages. The default is [`DECODE_TILE_ELEMS`] x [`DECODE_STAGES`]; another ring
-/// is built by compiling attention_decode.cu with [`DecodeRing::defines`].
+/// number of stages (contiguous and paged). The default is [`DECODE_TILE_ELEMS`] x
+/// [`DECODE_STAGES`] ([`DECODE_PAGED_STAGES`] paged); another ring is built by compiling
+/// attention_decode.cu with [`DecodeRing::defines`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DecodeRing {
     /// Elements of K per stage (as many of V): 4096, 8192 or 16384 (8, 16, 32 KiB of 16-bit
     /// values; 32, 64, 128 keys at d 128).
     pub tile_elems: usize,
-    /// Stages of the ring (2 or more): `stages - 1` tiles in flight.
+    /// Stages of the ring on a contiguous cache (2 or more): `stages - 1` tiles in flight.
     pub stages: usize,
+    /// Stages of the ring on a paged cache.
+    pub paged_stages: usize,
 }
 
 impl Default for DecodeRing {
@@ -571,6 +575,7 @@ impl Default for DecodeRing {
         Self {
             tile_elems: DECODE_TILE_ELEMS,
             stages: DECODE_STAGES,
+            paged_stages: DECODE_PAGED_STAGES,
         }
     }
 }
@@ -584,28 +589,34 @@ impl DecodeRing {
     /// maxima and sums of 8 rows of d 256 per warp).
     pub const MERGE_BYTES: usize = DECODE_WARPS as usize * 8 * (256 + 2) * 4;
 
-    /// The ring of `tile_elems` x `stages`, or why it cannot be built.
-    pub fn new(tile_elems: usize, stages: usize) -> Result<Self, String> {
+    /// The ring of `tile_elems` x `stages` (`paged_stages` on a paged cache), or why it cannot
+    /// be built.
+    pub fn new(tile_elems: usize, stages: usize, paged_stages: usize) -> Result<Self, String> {
         if !Self::TILE_ELEMS.contains(&tile_elems) {
             return Err(format!(
                 "a K tile of {tile_elems} elements is not one of {:?}",
                 Self::TILE_ELEMS
             ));
         }
-        if stages < 2 {
-            return Err(format!("{stages} stages are fewer than 2"));
+        for n in [stages, paged_stages] {
+            if n < 2 {
+                return Err(format!("{n} stages are fewer than 2"));
+            }
+            let bytes = n * 2 * tile_elems * 2;
+            if !(Self::MERGE_BYTES..=Self::MAX_SMEM).contains(&bytes) {
+                return Err(format!(
+                    "{n} stages of {tile_elems} elements take {} KiB, outside {} to {} KiB of shared memory",
+                    bytes / 1024,
+                    Self::MERGE_BYTES.div_ceil(1024),
+                    Self::MAX_SMEM / 1024
+                ));
+            }
         }
-        let r = Self { tile_elems, stages };
-        let bytes = r.smem_bytes(128);
-        if !(Self::MERGE_BYTES..=Self::MAX_SMEM).contains(&bytes) {
-            return Err(format!(
-                "{stages} stages of {tile_elems} elements take {} KiB, outside {} to {} KiB of shared memory",
-                bytes / 1024,
-                Self::MERGE_BYTES.div_ceil(1024),
-                Self::MAX_SMEM / 1024
-            ));
-        }
-        Ok(r)
+        Ok(Self {
+            tile_elems,
+            stages,
+            paged_stages,
+        })
     }
 
     /// Keys a block takes per tile (one stage) for head dim `d` (DecGeom::TK).
@@ -613,10 +624,19 @@ impl DecodeRing {
         self.tile_elems / d
     }
 
-    /// Dynamic shared memory of a partial kernel for head dim `d`: the ring's stages of K and
-    /// V tiles.
-    pub fn smem_bytes(&self, d: usize) -> usize {
-        self.stages * 2 * self.keys_per_tile(d) * d * 2
+    /// Stages of the ring on a paged cache or not.
+    pub fn stages_for(&self, paged: bool) -> usize {
+        if paged {
+            self.paged_stages
+        } else {
+            self.stages
+        }
+    }
+
+    /// Dynamic shared memory of a partial kernel for head dim `d`, paged or not: the ring's
+    /// stages of K and V tiles.
+    pub fn smem_bytes(&self, d: usize, paged: bool) -> usize {
+        self.stages_for(paged) * 2 * self.keys_per_tile(d) * d * 2
     }
 
     /// NVRTC options that build attention_decode.cu with this ring (none for the default).
@@ -627,21 +647,16 @@ impl DecodeRing {
         vec![
             format!("-DDEC_TILE_ELEMS={}", self.tile_elems),
             format!("-DDEC_STAGES={}", self.stages),
+            format!("-DDEC_PAGED_STAGES={}", self.paged_stages),
         ]
     }
 }
 
 /// Keys a block of the decode partial kernel takes per tile (one stage of its ring) for head
-/// dim `d` in the default ring (DecGeom::TK in attention_decode.cu): 64, 32, 16 for d 64, 128,
+/// dim `d` in the default ring (DecGeom::TK in attention_decode.cu): 128, 64, 32 for d 64, 128,
 /// 256.
 pub fn decode_keys_per_tile(d: usize) -> usize {
     DecodeRing::default().keys_per_tile(d)
-}
-
-/// Dynamic shared memory of a decode partial kernel for head dim `d` in the default ring of
-/// [`DECODE_STAGES`] stages of K and V tiles (64 KB).
-pub fn decode_smem_bytes(d: usize) -> usize {
-    DecodeRing::default().smem_bytes(d)
 }
 
 /// 16-byte vectors per thread of `rmsnorm_bf16` (RMS_VPT in norm.cu).
@@ -789,16 +804,24 @@ mod tests {
         assert!(dec.contains("__launch_bounds__(128) name("));
         assert_eq!(DECODE_MERGE_THREADS, 128);
         assert!(dec.contains(&format!("#define DEC_STAGES {DECODE_STAGES}")));
+        assert!(dec.contains(&format!("#define DEC_PAGED_STAGES {DECODE_PAGED_STAGES}")));
         assert!(dec.contains(&format!("#define DEC_TILE_ELEMS {DECODE_TILE_ELEMS}")));
         assert!(dec.contains("TK = DEC_TILE_ELEMS / D;"));
         assert!(dec.contains("STAGE = 2 * TK * D;"));
-        // d128: 32-key tiles, 16 KB a stage, 64 KB a block (3 blocks fit an H100's 227 KB)
-        assert_eq!(decode_keys_per_tile(128), 32);
+        assert!(dec.contains("NS = PAGED ? DEC_PAGED_STAGES : DEC_STAGES;"));
+        // d128: 64-key tiles, 32 KB a stage; 128 KB a block contiguous (one a SM), 96 KB paged
+        // (two fit 227 KB)
+        assert_eq!(decode_keys_per_tile(128), 64);
+        let ring = DecodeRing::default();
+        assert!(ring.defines().is_empty());
         for d in [64, 128, 256] {
             assert_eq!(decode_keys_per_tile(d) * d, DECODE_TILE_ELEMS);
-            assert_eq!(decode_smem_bytes(d), DECODE_SMEM_BYTES);
+            assert_eq!(ring.smem_bytes(d, false), 128 * 1024);
+            assert_eq!(ring.smem_bytes(d, true), 96 * 1024);
         }
-        assert_eq!(DECODE_SMEM_BYTES, 64 * 1024);
+        assert_eq!(DecodeRing::new(8192, 4, 3), Ok(ring));
+        assert!(DecodeRing::new(16384, 4, 3).is_err());
+        assert!(DecodeRing::new(4096, 4, 2).is_err());
         let ws = Module::AttentionSm90aWs.body();
         for (d, nc) in ATTENTION_WS_CONSUMERS {
             assert!(ws.contains(&format!("#define WS_NC_D{d} {nc}")));

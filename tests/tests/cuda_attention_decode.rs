@@ -40,6 +40,8 @@ per_dtype!(
     cuda_decode_paged_matches_contiguous,
     cuda_decode_is_the_last_rows_of_prefill,
     cuda_decode_bad_values_give_nan,
+    cuda_decode_in_one_chunk_has_no_merge,
+    cuda_decode_larger_rings_match_the_reference,
 );
 
 fn f64s(inputs: &[Tensor]) -> Vec<ArrayD<f64>> {
@@ -63,6 +65,7 @@ fn cases() -> Vec<DecodeCase> {
         c(32, 1, 2, 128, &[95, 2, 300], 301),      // MQA 32
         c(4, 2, 5, 256, &[61, 530], 531),          // d 256, 10 rows
         c(2, 1, 1, 256, &[3000], 3001),            // d 256, 2 rows
+        c(8, 2, 1, 128, &[200, 17], 250),          // one chunk: no merge
     ]
 }
 
@@ -73,12 +76,102 @@ fn check_outputs(name: &str, out: &[Tensor], want: &[ArrayD<f64>], dt: CudaDType
     check("lse", &out[1], &want[1], 1e-3);
 }
 
+/// The partial kernel, then the merge unless the cache is one chunk (the partial writes o).
 fn assert_kernel(kernel: &str, dt: CudaDType, paged: bool, d: usize) {
     let p = if paged { "paged_" } else { "" };
+    let merge = format!("+attn_decode_merge_{dt}_d{d}");
     assert!(
         kernel.starts_with(&format!("attn_decode_{p}{dt}_d{d}_r"))
-            && kernel.ends_with(&format!("+attn_decode_merge_{dt}_d{d}")),
+            && (kernel.ends_with(&merge) || !kernel.contains('+')),
         "{kernel}"
+    );
+}
+
+/// The rings of 8 and 32 KiB K tiles (`TANDEM_DECODE_RING=8k-s4`, the default before the
+/// 16 KiB one, and `32k-s2`: 32 and 128 keys a tile at d 128), contiguous and paged, split and
+/// in one chunk, against the reference.
+fn cuda_decode_larger_rings_match_the_reference(_be: &CudaBackend, dt: CudaDType) {
+    for (tile, stages) in [(4096, 4), (16384, 2)] {
+        let ring = tandem::backend::cuda::DecodeRing::new(tile, stages, stages).expect("a ring");
+        for chunks in [None, Some(1)] {
+            let Some(be) = tandem_tests::cuda::backend_with(tandem::backend::cuda::CudaOptions {
+                decode_ring: Some(ring),
+                decode_chunks: chunks,
+                ..tandem_tests::cuda::options(dt)
+            }) else {
+                return;
+            };
+            let mut r = rng("decode rings");
+            for c in cases() {
+                let ins = contiguous(&c, &mut r, |x| round_to(dt, x));
+                let want = c.op().reference(&f64s(&ins)).expect("reference");
+                let (out, kernel) = launch(&be, &c.op(), &ins);
+                assert_kernel(&kernel, dt, false, c.d);
+                check_outputs(
+                    &format!("{c:?} {ring:?} chunks {chunks:?}"),
+                    &out,
+                    &want,
+                    dt,
+                );
+                let pins = paged(&c, &ins, 16, 3, &mut r);
+                let (out, kernel) = launch(&be, &c.paged_op(16), &pins);
+                assert_kernel(&kernel, dt, true, c.d);
+                check_outputs(
+                    &format!("{c:?} {ring:?} chunks {chunks:?} paged"),
+                    &out,
+                    &want,
+                    dt,
+                );
+            }
+        }
+    }
+}
+
+/// Forced to one chunk (`TANDEM_DECODE_CHUNKS=1`), every case runs without the merge, the
+/// partial kernel writing o and the LSE itself, bad values included, and agrees with the
+/// reference and with the merged split of the same data.
+fn cuda_decode_in_one_chunk_has_no_merge(be: &CudaBackend, dt: CudaDType) {
+    let Some(one) = tandem_tests::cuda::backend_with(tandem::backend::cuda::CudaOptions {
+        decode_chunks: Some(1),
+        ..tandem_tests::cuda::options(dt)
+    }) else {
+        return;
+    };
+    let mut r = rng("decode one chunk");
+    for c in cases() {
+        let ins = contiguous(&c, &mut r, |x| round_to(dt, x));
+        let want = c.op().reference(&f64s(&ins)).expect("reference");
+        let (out, kernel) = launch(&one, &c.op(), &ins);
+        assert!(!kernel.contains("merge"), "{kernel}");
+        check_outputs(&format!("{c:?} one chunk"), &out, &want, dt);
+        let (split, _) = launch(be, &c.op(), &ins);
+        check(
+            "o one chunk vs split",
+            &out[0],
+            &split[0].to_f64(),
+            dt.tolerance(),
+        );
+        let pins = paged(&c, &ins, 16, 3, &mut r);
+        let (pout, kernel) = launch(&one, &c.paged_op(16), &pins);
+        assert!(!kernel.contains("merge"), "{kernel}");
+        check_outputs(&format!("{c:?} one chunk paged"), &pout, &want, dt);
+    }
+    // a length past the capacity: NaN for that sequence, the other right
+    let c = &cases()[2];
+    let ins = contiguous(c, &mut r, |x| round_to(dt, x));
+    let want = c.op().reference(&f64s(&ins)).expect("reference");
+    let mut bad = ins.clone();
+    bad[3] = Tensor::from_vec_i32(&[3], vec![5000, 1_000_000, 1]).expect("lens");
+    let (out, _) = launch(&one, &c.op(), &bad);
+    let o = out[0].to_f64();
+    assert!(sequence_rows(&o, 1).iter().all(|x| x.is_nan()), "long");
+    assert!(out[1].to_f64().iter().filter(|x| x.is_nan()).count() == c.hq * c.nq);
+    let first = Tensor::from_f32(sequence_rows(&o, 0).mapv(|x| x as f32));
+    check(
+        "o of a good sequence",
+        &first,
+        &sequence_rows(&want[0], 0),
+        dt.tolerance(),
     );
 }
 

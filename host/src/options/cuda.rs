@@ -11,7 +11,7 @@
 //! | `TANDEM_MOE_TILE` | [`CudaOptions::moe_tile`] | `l`, `m`, `s` (default: by shape) |
 //! | `TANDEM_ROUTE_KERNEL` | [`CudaOptions::route_kernel`] | `fused`, `fused-2`, `fused-1`, `fused-memset`, `three` (default: `fused` where the grid fits) |
 //! | `TANDEM_DECODE_CHUNKS` | [`CudaOptions::decode_chunks`] | 1 to 4096 (default: by shape and device) |
-//! | `TANDEM_DECODE_RING` | [`CudaOptions::decode_ring`] | `<8, 16 or 32>k-s<stages>`, e.g. `16k-s3` (default: `8k-s4`) |
+//! | `TANDEM_DECODE_RING` | [`CudaOptions::decode_ring`] | `<8, 16 or 32>k-s<stages>[-p<paged stages>]`, e.g. `16k-s3` (default: `16k-s4-p3`) |
 //! | `TANDEM_KERNEL_DIR` | [`CudaOptions::kernel_dir`] | a folder laid out like `gpu-kernels/src/cuda/` |
 //! | `TANDEM_CACHE_DIR` | [`CudaOptions::cache_dir`] | a folder (`cuda/` in it holds the CUBINs) |
 //! | `CUDA_HOME`, `CUDA_PATH` | [`CudaOptions::toolkit_roots`] | CUDA toolkit folders |
@@ -91,7 +91,8 @@ pub struct CudaOptions {
     /// `None` picks by shape and device. `TANDEM_DECODE_CHUNKS` (comparisons).
     pub decode_chunks: Option<usize>,
     /// Decode attention's shared-memory ring of K/V tiles: the K tile (8, 16 or 32 KiB, as
-    /// much of V) and the stages; `None`: 8 KiB x 4 stages. `TANDEM_DECODE_RING`
+    /// much of V) and the stages, contiguous and paged; `None`: 16 KiB x 4 stages, 3 paged
+    /// ([`tandem_gpu_kernels::DecodeRing::default`]). `TANDEM_DECODE_RING`
     /// (comparisons; another ring compiles attention_decode.cu with its own `-D` options).
     pub decode_ring: Option<tandem_gpu_kernels::DecodeRing>,
     /// A folder laid out like `gpu-kernels/src/cuda/` whose `.cu` files replace the embedded
@@ -210,13 +211,14 @@ fn parse_chunks(value: &str, var: &str) -> Result<usize> {
     }
 }
 
-/// A ring for `TANDEM_DECODE_RING`: `<KiB>k-s<stages>` (`16k-s3`: 16 KiB K tiles, 3 stages).
+/// A ring for `TANDEM_DECODE_RING`: `<KiB>k-s<stages>[-p<paged stages>]` (`16k-s3`: 16 KiB K
+/// tiles, 3 stages paged or not; `16k-s4-p3`: 4 stages, 3 on a paged cache).
 fn parse_ring(value: &str, var: &str) -> Result<tandem_gpu_kernels::DecodeRing> {
     let bad = |why: String| {
         Error::invalid(
             var,
             format!(
-                "'{value}' is not a decode ring: {why} (accepted: <8, 16 or 32>k-s<stages>, e.g. 8k-s4, 16k-s3, 32k-s2)"
+                "'{value}' is not a decode ring: {why} (accepted: <8, 16 or 32>k-s<stages>[-p<paged stages>], e.g. 8k-s4, 16k-s3, 16k-s4-p3, 32k-s2)"
             ),
         )
     };
@@ -224,13 +226,20 @@ fn parse_ring(value: &str, var: &str) -> Result<tandem_gpu_kernels::DecodeRing> 
     let (kib, stages) = v
         .split_once("k-s")
         .ok_or_else(|| bad("no '<KiB>k-s<stages>' form".into()))?;
+    let (stages, paged) = match stages.split_once("-p") {
+        Some((s, p)) => (s, Some(p)),
+        None => (stages, None),
+    };
     let kib: usize = kib
         .parse()
         .map_err(|_| bad(format!("'{kib}' is not a size in KiB")))?;
-    let stages: usize = stages
-        .parse()
-        .map_err(|_| bad(format!("'{stages}' is not a stage count")))?;
-    tandem_gpu_kernels::DecodeRing::new(kib * 512, stages).map_err(bad)
+    let count = |s: &str| {
+        s.parse::<usize>()
+            .map_err(|_| bad(format!("'{s}' is not a stage count")))
+    };
+    let stages = count(stages)?;
+    let paged = paged.map(count).transpose()?.unwrap_or(stages);
+    tandem_gpu_kernels::DecodeRing::new(kib * 512, stages, paged).map_err(bad)
 }
 
 /// An on/off variable: `1`, `on`, `true` or `0`, `off`, `false` (any case), if set.
@@ -694,9 +703,23 @@ mod tests {
         }
         let o = CudaOptions::from_source(&[(DECODE_RING_VAR, "16K-S3")])?;
         let ring = o.decode_ring.expect("a ring");
-        assert_eq!((ring.tile_elems, ring.stages), (8192, 3));
+        assert_eq!(
+            (ring.tile_elems, ring.stages, ring.paged_stages),
+            (8192, 3, 3)
+        );
         assert_eq!(ring.keys_per_tile(128), 64);
-        assert_eq!(ring.smem_bytes(128), 96 * 1024);
+        assert_eq!(ring.smem_bytes(128, false), 96 * 1024);
+        let o = CudaOptions::from_source(&[(DECODE_RING_VAR, "16k-s4-p3")])?;
+        assert_eq!(
+            o.decode_ring,
+            Some(tandem_gpu_kernels::DecodeRing::default())
+        );
+        let o = CudaOptions::from_source(&[(DECODE_RING_VAR, "8k-s4")])?;
+        let ring = o.decode_ring.expect("a ring");
+        assert_eq!(
+            (ring.tile_elems, ring.stages, ring.paged_stages),
+            (4096, 4, 4)
+        );
         for (bad, why) in [
             ("16k", "no '<KiB>k-s<stages>' form"),
             (
@@ -708,17 +731,22 @@ mod tests {
                 "4 stages of 16384 elements take 256 KiB, outside 33 to 227 KiB of shared memory",
             ),
             (
+                "16k-s3-p8",
+                "8 stages of 8192 elements take 256 KiB, outside 33 to 227 KiB of shared memory",
+            ),
+            (
                 "8k-s2",
                 "2 stages of 4096 elements take 32 KiB, outside 33 to 227 KiB of shared memory",
             ),
             ("8k-s1", "1 stages are fewer than 2"),
             ("8k-sx", "'x' is not a stage count"),
+            ("8k-s4-p", "'' is not a stage count"),
         ] {
             let e = CudaOptions::from_source(&[(DECODE_RING_VAR, bad)]).expect_err(bad);
             assert_eq!(
                 e.to_string(),
                 format!(
-                    "{DECODE_RING_VAR}: '{bad}' is not a decode ring: {why} (accepted: <8, 16 or 32>k-s<stages>, e.g. 8k-s4, 16k-s3, 32k-s2)"
+                    "{DECODE_RING_VAR}: '{bad}' is not a decode ring: {why} (accepted: <8, 16 or 32>k-s<stages>[-p<paged stages>], e.g. 8k-s4, 16k-s3, 16k-s4-p3, 32k-s2)"
                 )
             );
         }

@@ -8,22 +8,23 @@
 // K/V byte of the chunk is read once per row group (once in all when the group has <= RB
 // rows).
 //
-// K and V stream through a ring of DEC_STAGES stages of dynamic shared memory (DecGeom::TK
-// keys of K then the same keys of V per stage, DEC_TILE_ELEMS elements each: 16 KB a stage,
-// 64 KB a block), filled by cp.async.cg 16-byte copies, one commit group per tile, so
-// DEC_STAGES - 1 tiles are in flight while the block computes on the oldest. Every thread
+// K and V stream through a ring of NS stages of dynamic shared memory (DecGeom::TK keys of K
+// then the same keys of V per stage, DEC_TILE_ELEMS elements each: by default 32 KB a stage,
+// 4 stages (128 KB, one block a SM) contiguous and 3 (96 KB, two blocks a SM) paged), filled
+// by cp.async.cg 16-byte copies, one commit group per tile, so NS - 1 tiles are in flight
+// while the block computes on the oldest. Every thread
 // copies CPT 16-byte vectors of K and the same of V per tile (consecutive threads take
 // consecutive vectors: a warp copies 512 contiguous bytes per instruction); in the paged
 // cache it reads the block-table entry of each of its keys once for both K and V, one tile
 // ahead of the copies. Keys past the chunk are zero-filled (never read from global memory).
 //
 // Compute from shared memory. d64 and d128 on the tensor cores: each warp takes TK / 4 keys of
-// a tile (16 or 8), S = Q K^T on mma m16n8k16 with the group's query rows in the 16-row A
+// a tile (32 or 16 by default), S = Q K^T on mma m16n8k16 with the group's query rows in the 16-row A
 // operand (rows past RB zero, K through ldmatrix), then the online softmax of each row over
 // the warp's keys in registers, and O += P V on m16n8k8 (P packed from S's registers, V
 // through ldmatrix.trans); the ring's 16-byte chunks are swizzled (chunk c of key j at
-// c ^ (j % 8)) so ldmatrix's rows fall in distinct banks. d256 (16 keys a tile, 4 a warp,
-// below mma's 8) on CUDA cores: lanes split a key's D elements into 16-byte vectors (VPL per
+// c ^ (j % 8)) so ldmatrix's rows fall in distinct banks. d256 (its accumulators would not
+// fit the mma layout's registers) on CUDA cores: lanes split a key's D elements into 16-byte vectors (VPL per
 // lane, LPK lanes per key, KPW = 32 / LPK keys per warp step, U steps per warp per tile).
 // Either way each warp keeps an online softmax over its keys (scores in the log2 domain, the
 // accumulator rescaled only when the warp's running max grows), then the block's warps are
@@ -31,7 +32,8 @@
 // scratch.
 //
 // Pass 2, decode_merge: one block per query row combines the chunks' partials by their LSE
-// and writes o in the storage precision and the natural-log LSE.
+// and writes o in the storage precision and the natural-log LSE. With one chunk (o_out set)
+// pass 1 writes those itself and there is no pass 2.
 //
 // Bad values never make a read outside the cache: a length outside nq..=capacity or a
 // block id outside 0..num_blocks turns the sequence's partials into NaN, and the merge writes
@@ -39,13 +41,18 @@
 
 #define DEC_WARPS 4
 #define DEC_THREADS (32 * DEC_WARPS)
-// The ring (DecodeRing in gpu-kernels/src/lib.rs): these defaults, or -D options.
+// The ring (DecodeRing in gpu-kernels/src/lib.rs): these defaults, or -D options. The paged
+// kernels take their own stage count (their block-table reads want two blocks a SM).
 #ifndef DEC_STAGES
 #define DEC_STAGES 4
 #endif
-#ifndef DEC_TILE_ELEMS
-#define DEC_TILE_ELEMS 4096
+#ifndef DEC_PAGED_STAGES
+#define DEC_PAGED_STAGES 3
 #endif
+#ifndef DEC_TILE_ELEMS
+#define DEC_TILE_ELEMS 8192
+#endif
+#define DEC_MIN_STAGES (DEC_STAGES < DEC_PAGED_STAGES ? DEC_STAGES : DEC_PAGED_STAGES)
 #define DEC_NAN __int_as_float(0x7fc00000)
 // Blocks per SM the partial kernels are built for (registers <= 65536 / (128 * n)): 3 (<= 168
 // registers, as many as 227 KB of shared memory holds) up to 4 rows, 2 for 8 rows.
@@ -120,10 +127,10 @@ struct DecGeom {
     static constexpr int CPT = TK * VPR / DEC_THREADS;   // K (and V) copies per thread per tile
     static constexpr int KSTEP = DEC_THREADS / VPR;      // keys between a thread's copies
     static constexpr int STAGE = 2 * TK * D;             // elements per stage (K, then V)
-    // Tensor cores (d64, d128): each warp takes KW = TK / DEC_WARPS keys of a tile (16 or 8)
-    // and runs S = Q K^T on mma m16n8k16 and O += P V on m16n8k8, the group's query rows in
-    // the 16-row A operand (rows past RB zero). d256's tiles hold 16 keys, 4 a warp, below
-    // mma's 8: it keeps the CUDA-core path. The ring's 16-byte chunks are swizzled (chunk c
+    // Tensor cores (d64, d128): each warp takes KW = TK / DEC_WARPS keys of a tile (a multiple
+    // of 8) and runs S = Q K^T on mma m16n8k16 and O += P V on m16n8k8, the group's query rows
+    // in the 16-row A operand (rows past RB zero). d256 keeps the CUDA-core path (its 32 x 4
+    // accumulator registers a lane would not fit beside the rest). The ring's 16-byte chunks are swizzled (chunk c
     // of key row j at c ^ (j % 8)) so ldmatrix's eight rows fall in different banks.
     static constexpr bool TC = D == 64 || D == 128;
     static constexpr int KW = TK / DEC_WARPS;
@@ -133,22 +140,23 @@ struct DecGeom {
     static_assert(!(D == 64 || D == 128) || (KSTEP % 8 == 0 && TK % (8 * DEC_WARPS) == 0),
                   "swizzle or warp key split off the 8-key grid");
     // the warps' merge reuses the ring: acc [DEC_WARPS][RB][D], m and l [DEC_WARPS][RB]
-    static_assert(DEC_WARPS * RB * (D + 2) * 4 <= DEC_STAGES * STAGE * 2, "merge does not fit");
+    static_assert(DEC_WARPS * RB * (D + 2) * 4 <= DEC_MIN_STAGES * STAGE * 2, "merge does not fit");
 };
 
 // part_o: [rows_total, chunks, D] f32, part_lse: [rows_total, chunks] (log2 domain), where
 // rows_total = B * Hq * Nq and row id = (b * Hkv + g) * R + r. Dynamic shared memory:
-// DEC_STAGES * STAGE * 2 bytes (64 KB).
+// NS * STAGE * 2 bytes (DecodeRing::smem_bytes).
 template <typename S, int D, int RB, bool PAGED>
 __device__ __forceinline__ void decode_partial(
     const h16_t* __restrict__ q, const h16_t* __restrict__ k, const h16_t* __restrict__ v,
     const int* __restrict__ seq_lens, const int* __restrict__ block_table,
-    float* __restrict__ part_o, float* __restrict__ part_lse,
-    int hq, int hkv, int nq, int capacity, int block_log2, int max_blocks, int num_blocks,
-    int chunk_len, float scale_log2) {
+    float* __restrict__ part_o, float* __restrict__ part_lse, h16_t* __restrict__ o_out,
+    float* __restrict__ lse_out, int hq, int hkv, int nq, int capacity, int block_log2,
+    int max_blocks, int num_blocks, int chunk_len, float scale_log2) {
     typedef DecGeom<D, RB> G;
     constexpr int VPL = G::VPL, LPK = G::LPK, KPW = G::KPW, U = G::U, TK = G::TK;
     constexpr int CPT = G::CPT, KSTEP = G::KSTEP, STAGE = G::STAGE;
+    constexpr int NS = PAGED ? DEC_PAGED_STAGES : DEC_STAGES;  // stages of the ring
     extern __shared__ __align__(16) unsigned char dec_smem[];
     h16_t* const ring = reinterpret_cast<h16_t*>(dec_smem);
 
@@ -164,14 +172,25 @@ __device__ __forceinline__ void decode_partial(
     const int c0 = chunk * chunk_len;
     const int c1 = min(c0 + chunk_len, bad_len ? 0 : len);
 
+    // One chunk (o_out set): the block's result is final, written as the merge would (o in
+    // the storage precision, the LSE in natural log), and there is no merge.
+    const bool direct = o_out != nullptr;
+    // Writes (o, lse in the log2 domain) of element d of row `row` of this chunk.
+    auto put = [&](long long row, int d, float o_val, float lse_val) {
+        if (direct) {
+            o_out[row * D + d] = S::from_f(o_val);
+            if (d == 0) lse_out[row] = lse_val * 0.69314718055994531f;
+        } else {
+            part_o[(row * chunks + chunk) * D + d] = o_val;
+            if (d == 0) part_lse[row * chunks + chunk] = lse_val;
+        }
+    };
     // Rows of this block: r = rg * RB + rr (valid while < R).
     auto write_const = [&](float o_val, float lse_val) {
         for (int idx = threadIdx.x; idx < RB * D; idx += DEC_THREADS) {
             const int rr = idx / D, d = idx % D, r = rg * RB + rr;
             if (r >= R) continue;
-            const long long row = (long long)(b * hkv + g) * R + r;
-            part_o[(row * chunks + chunk) * D + d] = o_val;
-            if (d == 0) part_lse[row * chunks + chunk] = lse_val;
+            put((long long)(b * hkv + g) * R + r, d, o_val, lse_val);
         }
     };
     if (bad_len) {
@@ -205,7 +224,7 @@ __device__ __forceinline__ void decode_partial(
     auto issue = [&](int tile) {
         if (tile < ntiles) {
             // every key this thread copies has the same key % 8 (KSTEP is a multiple of 8)
-            h16_t* const sk = ring + (tile % DEC_STAGES) * STAGE + ck * D + G::chunk(ck, cv) * 8;
+            h16_t* const sk = ring + (tile % NS) * STAGE + ck * D + G::chunk(ck, cv) * 8;
             h16_t* const sv = sk + TK * D;
 #pragma unroll
             for (int i = 0; i < CPT; ++i) {
@@ -231,7 +250,7 @@ __device__ __forceinline__ void decode_partial(
     };
     if (PAGED) load_table(0);
 #pragma unroll
-    for (int s = 0; s < DEC_STAGES - 1; ++s) issue(s);
+    for (int s = 0; s < NS - 1; ++s) issue(s);
 
     // the warps' merge area, reusing the drained ring
     float* const s_acc = reinterpret_cast<float*>(dec_smem);  // [DEC_WARPS][RB][D]
@@ -264,10 +283,10 @@ __device__ __forceinline__ void decode_partial(
         for (int nt = 0; nt < ND; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
         float mr = TANDEM_NEG_INF, lr = 0.f;  // row gq's running max (log2 domain) and this lane's sum
         for (int t = 0; t < ntiles; ++t) {
-            dec_cp_async_wait<DEC_STAGES - 2>();
+            dec_cp_async_wait<NS - 2>();
             __syncthreads();
-            issue(t + DEC_STAGES - 1);
-            const h16_t* const sk = ring + (t % DEC_STAGES) * STAGE;
+            issue(t + NS - 1);
+            const h16_t* const sk = ring + (t % NS) * STAGE;
             const h16_t* const sv = sk + TK * D;
             const int kb = warp * G::KW;  // this warp's first key in the tile
             float sc[NKT][4];
@@ -388,10 +407,10 @@ __device__ __forceinline__ void decode_partial(
         for (int t = 0; t < ntiles; ++t) {
             // Tile t has landed (this thread's copies; the barrier makes everyone's visible), and
             // every warp is done with tile t - 1, whose stage the next issue refills.
-            dec_cp_async_wait<DEC_STAGES - 2>();
+            dec_cp_async_wait<NS - 2>();
             __syncthreads();
-            issue(t + DEC_STAGES - 1);
-            const h16_t* const sk = ring + (t % DEC_STAGES) * STAGE;
+            issue(t + NS - 1);
+            const h16_t* const sk = ring + (t % NS) * STAGE;
             const h16_t* const sv = sk + TK * D;
             const int t0 = c0 + t * TK;
             // scores
@@ -509,10 +528,9 @@ __device__ __forceinline__ void decode_partial(
                 L += f * s_l[w * RB + rr];
             }
         }
-        const long long row = (long long)(b * hkv + g) * R + r;
         const bool empty = L == 0.f;
-        part_o[(row * chunks + chunk) * D + d] = empty ? 0.f : o / L;
-        if (d == 0) part_lse[row * chunks + chunk] = empty ? TANDEM_NEG_INF : M + __log2f(L);
+        put((long long)(b * hkv + g) * R + r, d, empty ? 0.f : o / L,
+            empty ? TANDEM_NEG_INF : M + __log2f(L));
     }
 }
 
@@ -553,12 +571,12 @@ __device__ __forceinline__ void decode_merge(const float* __restrict__ part_o,
 #define DECODE_ENTRY(name, S, D, RB, PAGED)                                                      \
     extern "C" __global__ void __launch_bounds__(DEC_THREADS, DEC_MIN_BLOCKS(RB)) name(      \
         const h16_t* q, const h16_t* k, const h16_t* v, const int* seq_lens,                    \
-        const int* block_table, float* part_o, float* part_lse, int hq, int hkv, int nq,        \
-        int capacity, int block_log2, int max_blocks, int num_blocks, int chunk_len,            \
-        float scale_log2) {                                                                     \
-        decode_partial<S, D, RB, PAGED>(q, k, v, seq_lens, block_table, part_o, part_lse, hq,  \
-                                        hkv, nq, capacity, block_log2, max_blocks, num_blocks,  \
-                                        chunk_len, scale_log2);                                 \
+        const int* block_table, float* part_o, float* part_lse, h16_t* o_out, float* lse_out,   \
+        int hq, int hkv, int nq, int capacity, int block_log2, int max_blocks, int num_blocks,  \
+        int chunk_len, float scale_log2) {                                                      \
+        decode_partial<S, D, RB, PAGED>(q, k, v, seq_lens, block_table, part_o, part_lse,      \
+                                        o_out, lse_out, hq, hkv, nq, capacity, block_log2,      \
+                                        max_blocks, num_blocks, chunk_len, scale_log2);         \
     }
 
 #define DECODE_MERGE_ENTRY(name, S, D)                                                        \

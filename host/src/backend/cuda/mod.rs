@@ -52,6 +52,8 @@ pub use block::{BlockLaunch, BlockMode, GRAPHS_KEPT, GraphUse, MoeBlock, MoeBloc
 pub use graph::NodeCounts;
 pub use memory::bench::TransferFigure;
 pub use memory::pool::{PoolStats, size_class};
+/// The decode kernels' K/V ring ([`CudaOptions::decode_ring`]).
+pub use tandem_gpu_kernels::DecodeRing;
 
 /// Looks for CUDA devices: checks the libraries and the driver first (cudarc panics on a
 /// missing library, so the libraries are looked for where `opts` says and in the usual
@@ -1084,7 +1086,7 @@ mod tests {
             )
         };
         for (tile, stages) in [(4096, 3), (8192, 2), (16384, 3)] {
-            let ring = DecodeRing::new(tile, stages).expect("an accepted ring");
+            let ring = DecodeRing::new(tile, stages, stages).expect("an accepted ring");
             let c = compile::Compiler::new(&CudaOptions {
                 decode_ring: Some(ring),
                 ..base.clone()

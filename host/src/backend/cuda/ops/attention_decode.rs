@@ -1,10 +1,12 @@
 //! Decode attention on a CUDA device (common/attention_decode.cu): flash-decoding split-KV.
 //! A partial kernel per (KV chunk, kv head x row group, sequence) streams its chunk's K/V
-//! tiles through a cp.async ring in 64 KB of dynamic shared memory (raised past the 48 KB
-//! default at the first launch) and writes the chunk's (o, lse) to f32 scratch, then a merge
-//! kernel combines the chunks by LSE. The build is chosen per
-//! shape: the row block (`_r1/_r2/_r4/_r8`) is the smallest that holds a kv head's query
-//! rows (Hq/Hkv * Nq), and the chunk count fills the device with blocks.
+//! tiles through a cp.async ring in dynamic shared memory ([`tandem_gpu_kernels::DecodeRing`]:
+//! by default 128 KB contiguous, one block a SM, and 96 KB paged, two a SM; raised past the
+//! 48 KB default at the first launch) and writes the chunk's (o, lse) to f32 scratch, then a
+//! merge kernel combines the chunks by LSE; a cache left in one chunk (a batch that fills the
+//! device unsplit) has its o and LSE written by the partial kernel, with no merge. The row
+//! block (`_r1/_r2/_r4/_r8`) is the smallest that holds a kv head's query rows
+//! (Hq/Hkv * Nq), and the chunk count is chosen by [`DecodePlan::new`].
 
 use super::{Arg, Cx};
 use crate::backend::cuda::kernels::Dims;
@@ -14,9 +16,6 @@ use crate::ops::AttentionDecodeParams;
 use crate::ops::attention_decode::DecodeShape;
 use crate::tensor::TensorMeta;
 
-/// Blocks of the partial kernel aimed for, per multiprocessor (several waves, so the blocks
-/// of short sequences, which end early, leave no SM idle for long).
-const BLOCKS_PER_SM: usize = 32;
 /// Fewest keys a chunk takes (below this the merge costs more than it spreads).
 const MIN_CHUNK: usize = 256;
 /// Fewest keys a chunk takes when the chunk count is forced (`TANDEM_DECODE_CHUNKS`).
@@ -36,24 +35,32 @@ pub struct DecodePlan {
 }
 
 impl DecodePlan {
-    /// The split for shape `s` on a device of `sms` multiprocessors; `chunks` forces the KV
-    /// chunk count (clamped to 1..= the cache's keys / [`MIN_FORCED_CHUNK`]).
-    pub fn new(s: &DecodeShape, sms: usize, chunks: Option<usize>, tile: usize) -> Self {
-        let group = s.group_rows();
-        let blocks = tandem_gpu_kernels::DECODE_ROW_BLOCKS;
-        let rows = blocks
-            .iter()
-            .copied()
-            .find(|&r| r >= group)
-            .unwrap_or(blocks[blocks.len() - 1]);
-        let row_groups = group.div_ceil(rows);
-        let per_chunk = s.b * s.hkv * row_groups;
+    /// The split for shape `s` on a device of `sms` multiprocessors, each holding
+    /// `blocks_per_sm` blocks at once, over tiles of `tile` keys; `chunks` forces the KV chunk
+    /// count (clamped to 1..= the cache's keys / [`MIN_FORCED_CHUNK`]).
+    ///
+    /// Unforced, a cache whose (sequence, kv head, row group) blocks already fill one and a half
+    /// waves of resident blocks is not split (one chunk: no merge, each block streams its
+    /// whole sequence, as cuDNN's decode does); a smaller one is cut into about two waves'
+    /// worth of blocks.
+    pub fn new(
+        s: &DecodeShape,
+        sms: usize,
+        blocks_per_sm: usize,
+        chunks: Option<usize>,
+        tile: usize,
+    ) -> Self {
+        let rows = Self::rows_for(s);
+        let row_groups = s.group_rows().div_ceil(rows);
+        let per_chunk = (s.b * s.hkv * row_groups).max(1);
+        let resident = sms.max(1) * blocks_per_sm.max(1);
         let most = s.capacity.div_ceil(MIN_CHUNK).max(1);
         let chunks = match chunks {
             Some(n) => n.clamp(1, s.capacity.div_ceil(MIN_FORCED_CHUNK).max(1)),
-            None => (sms.max(1) * BLOCKS_PER_SM)
-                .div_ceil(per_chunk)
-                .clamp(1, most),
+            None if 2 * per_chunk >= 3 * resident => 1,
+            None => ((2 * resident) as f64 / per_chunk as f64)
+                .round()
+                .clamp(1.0, most as f64) as usize,
         };
         let chunk_len = s.capacity.div_ceil(chunks).next_multiple_of(tile);
         Self {
@@ -62,6 +69,25 @@ impl DecodePlan {
             chunks: s.capacity.div_ceil(chunk_len),
             chunk_len,
         }
+    }
+
+    /// Query rows per block (the kernel's `_r` suffix): the smallest build that holds a kv
+    /// head's group (Hq/Hkv * Nq rows), else the largest (and several row groups).
+    pub fn rows_for(s: &DecodeShape) -> usize {
+        let group = s.group_rows();
+        let blocks = tandem_gpu_kernels::DECODE_ROW_BLOCKS;
+        blocks
+            .iter()
+            .copied()
+            .find(|&r| r >= group)
+            .unwrap_or(blocks[blocks.len() - 1])
+    }
+
+    /// Blocks of a partial kernel a multiprocessor holds at once: as many as its shared memory
+    /// (`smem` bytes a block) allows, at most 3 (2 for 8-row blocks: their registers).
+    pub fn blocks_per_sm(rows: usize, smem: usize) -> usize {
+        let regs = if rows <= 4 { 3 } else { 2 };
+        (tandem_gpu_kernels::DecodeRing::MAX_SMEM / smem.max(1)).clamp(1, regs)
     }
 
     /// The partial kernel's entry point for head dim `d`, paged or not, in storage `dtype`.
@@ -93,9 +119,12 @@ pub fn attention_decode(
     let s = p.shape(metas)?;
     let paged = p.block_size.is_some();
     let ring = cx.be.opts.decode_ring.unwrap_or_default();
+    let smem = ring.smem_bytes(s.d, paged);
+    let rows = DecodePlan::rows_for(&s);
     let plan = DecodePlan::new(
         &s,
         cx.sms() as usize,
+        DecodePlan::blocks_per_sm(rows, smem),
         cx.be.opts.decode_chunks,
         ring.keys_per_tile(s.d),
     );
@@ -107,8 +136,17 @@ pub fn attention_decode(
     let lens = ins[3].ptr();
     let table = if paged { ins[4].ptr() } else { 0 };
     let rows_total = s.b * s.hq * s.nq;
-    let part_o = cx.scratch(rows_total * plan.chunks * s.d * 4)?;
-    let part_lse = cx.scratch(rows_total * plan.chunks * 4)?;
+    // One chunk: the partial kernel writes o and lse itself and there is no merge.
+    let direct = plan.chunks == 1;
+    let (part_o, part_lse) = if direct {
+        (None, None)
+    } else {
+        (
+            Some(cx.scratch(rows_total * plan.chunks * s.d * 4)?),
+            Some(cx.scratch(rows_total * plan.chunks * 4)?),
+        )
+    };
+    let ptr = |b: &Option<crate::backend::cuda::memory::DevBuf>| b.as_ref().map_or(0, |b| b.ptr());
     tracing::debug!(
         "attention_decode: {partial} rows {} x {} groups, {} chunks of {} keys",
         plan.rows,
@@ -123,12 +161,17 @@ pub fn attention_decode(
     );
     let threads = 32 * tandem_gpu_kernels::DECODE_WARPS;
     let scale_log2 = p.scale_for(s.d) * std::f32::consts::LOG2_E;
+    let (o_out, lse_out) = if direct {
+        (outs[0].ptr(), outs[1].ptr())
+    } else {
+        (0, 0)
+    };
     cx.k(
         partial,
         Dims {
             grid,
             block: (threads, 1, 1),
-            smem: ring.smem_bytes(s.d) as u32,
+            smem: smem as u32,
         },
         &[
             Arg::Ptr(q.ptr),
@@ -136,8 +179,10 @@ pub fn attention_decode(
             Arg::Ptr(v.ptr),
             Arg::Ptr(lens),
             Arg::Ptr(table),
-            Arg::Ptr(part_o.ptr()),
-            Arg::Ptr(part_lse.ptr()),
+            Arg::Ptr(ptr(&part_o)),
+            Arg::Ptr(ptr(&part_lse)),
+            Arg::Ptr(o_out),
+            Arg::Ptr(lse_out),
             i32_arg("query heads", s.hq)?,
             i32_arg("kv heads", s.hkv)?,
             i32_arg("new tokens", s.nq)?,
@@ -149,12 +194,15 @@ pub fn attention_decode(
             Arg::F32(scale_log2),
         ],
     )?;
+    if direct {
+        return Ok(partial.to_string());
+    }
     cx.k(
         merge,
         Dims::linear(rows_total as u32, tandem_gpu_kernels::DECODE_MERGE_THREADS),
         &[
-            Arg::Ptr(part_o.ptr()),
-            Arg::Ptr(part_lse.ptr()),
+            Arg::Ptr(ptr(&part_o)),
+            Arg::Ptr(ptr(&part_lse)),
             Arg::Ptr(outs[0].ptr()),
             Arg::Ptr(outs[1].ptr()),
             i32_arg("chunks", plan.chunks)?,
@@ -183,47 +231,41 @@ mod tests {
 
     #[test]
     fn the_split_fits_the_group_and_fills_the_device() {
-        // the target shape: 4 rows per kv head, enough chunks for 132 SMs
-        let p = DecodePlan::new(
-            &shape(64, 32, 8, 1, 128, 8192),
-            132,
-            None,
-            tandem_gpu_kernels::decode_keys_per_tile(128),
-        );
-        assert_eq!((p.rows, p.row_groups), (4, 1));
-        assert!(64 * 8 * p.chunks >= 132 * BLOCKS_PER_SM, "{p:?}");
-        assert!(p.chunks * p.chunk_len >= 8192 && (p.chunks - 1) * p.chunk_len < 8192);
-        // MQA with 16 new tokens: 512 rows in groups of 8
-        let p = DecodePlan::new(
-            &shape(1, 32, 1, 16, 64, 100),
-            132,
-            None,
-            tandem_gpu_kernels::decode_keys_per_tile(64),
-        );
+        let ring = tandem_gpu_kernels::DecodeRing::default();
+        let plan = |s: &DecodeShape, paged: bool, chunks: Option<usize>| {
+            let per_sm =
+                DecodePlan::blocks_per_sm(DecodePlan::rows_for(s), ring.smem_bytes(s.d, paged));
+            DecodePlan::new(s, 132, per_sm, chunks, ring.keys_per_tile(s.d))
+        };
+        // the default ring: one block a SM contiguous, two paged; the old 64 KB ring, three
+        assert_eq!(DecodePlan::blocks_per_sm(4, ring.smem_bytes(128, false)), 1);
+        assert_eq!(DecodePlan::blocks_per_sm(4, ring.smem_bytes(128, true)), 2);
+        assert_eq!(DecodePlan::blocks_per_sm(4, 64 * 1024), 3);
+        assert_eq!(DecodePlan::blocks_per_sm(8, 64 * 1024), 2);
+        // the target shape: 4 rows per kv head, 512 blocks fill the device unsplit
+        let target = shape(64, 32, 8, 1, 128, 8192);
+        for paged in [false, true] {
+            let p = plan(&target, paged, None);
+            assert_eq!((p.rows, p.row_groups, p.chunks), (4, 1, 1), "{p:?}");
+            assert!(p.chunk_len >= 8192);
+        }
+        // one long sequence: split into about two waves of blocks (33 chunks asked, 32 of
+        // whole tiles: 8 kv heads x 32 = 256 blocks)
+        let p = plan(&shape(1, 32, 8, 1, 128, 65536), false, None);
+        assert_eq!((p.chunks, p.chunk_len), (32, 2048), "{p:?}");
+        assert!(p.chunks * p.chunk_len >= 65536 && (p.chunks - 1) * p.chunk_len < 65536);
+        // MQA with 16 new tokens: 512 rows in groups of 8, a cache too short to split
+        let p = plan(&shape(1, 32, 1, 16, 64, 100), false, None);
         assert_eq!((p.rows, p.row_groups, p.chunks), (8, 64, 1));
         // MHA, one token: one row per block
-        let p = DecodePlan::new(
-            &shape(2, 4, 4, 1, 256, 5000),
-            132,
-            None,
-            tandem_gpu_kernels::decode_keys_per_tile(256),
-        );
+        let p = plan(&shape(2, 4, 4, 1, 256, 5000), false, None);
         assert_eq!(p.rows, 1);
         assert!(p.chunk_len >= MIN_CHUNK && p.chunks * p.chunk_len >= 5000);
+        assert_eq!(p.chunks, 5000usize.div_ceil(MIN_CHUNK).min(33));
         // a forced count is kept where the cache has the keys, clamped where it has not
-        let f = DecodePlan::new(
-            &shape(64, 32, 8, 1, 128, 8192),
-            132,
-            Some(16),
-            tandem_gpu_kernels::decode_keys_per_tile(128),
-        );
+        let f = plan(&target, false, Some(16));
         assert_eq!((f.chunks, f.chunk_len), (16, 512));
-        let f = DecodePlan::new(
-            &shape(64, 32, 8, 1, 128, 300),
-            132,
-            Some(100),
-            tandem_gpu_kernels::decode_keys_per_tile(128),
-        );
+        let f = plan(&shape(64, 32, 8, 1, 128, 300), false, Some(100));
         assert_eq!(f.chunks, 300usize.div_ceil(MIN_FORCED_CHUNK));
         assert!(f.chunks * f.chunk_len >= 300);
         for dt in CudaDType::ALL {
