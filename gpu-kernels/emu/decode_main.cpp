@@ -45,9 +45,12 @@ static const int ROW_BLOCKS[4] = {1, 2, 4, 8};
 
 // The host's numbers (DecodeRing in gpu-kernels/src/lib.rs): keys per tile and dynamic shared
 // memory, for the ring the kernels were built with (EMU_DEFINES="-DDEC_TILE_ELEMS=.. -DDEC_STAGES=..").
-static int keys_per_tile(int d) { return DEC_TILE_ELEMS / d; }
-static size_t smem_bytes(int d, bool paged) {
-    return (size_t)(paged ? DEC_PAGED_STAGES : DEC_STAGES) * 2 * keys_per_tile(d) * d * 2;
+static int keys_per_tile(int d, int rows) {
+    return (DEC_HEAVY(d, rows) ? DEC_HEAVY_TILE_ELEMS : DEC_TILE_ELEMS) / d;
+}
+static size_t smem_bytes(int d, int rows, bool paged) {
+    const int ns = DEC_HEAVY(d, rows) ? DEC_HEAVY_STAGES : paged ? DEC_PAGED_STAGES : DEC_STAGES;
+    return (size_t)ns * 2 * keys_per_tile(d, rows) * d * 2;
 }
 static const unsigned char SENTINEL = 0xA5;
 
@@ -201,7 +204,7 @@ static Out run(const Problem& p, int forced_chunks) {
         if (ROW_BLOCKS[i] >= group) { ri = i; break; }
     const int rows = ROW_BLOCKS[ri];
     const int row_groups = (group + rows - 1) / rows;
-    const int tile = keys_per_tile(p.d);
+    const int tile = keys_per_tile(p.d, rows);
     const int chunks0 = std::max(1, forced_chunks);
     int chunk_len = (p.cap + chunks0 - 1) / chunks0;
     chunk_len = (chunk_len + tile - 1) / tile * tile;
@@ -221,7 +224,7 @@ static Out run(const Problem& p, int forced_chunks) {
     out.lse.assign(rows_total, NAN);
     // one chunk: the partial writes o and lse itself, no merge (as the host launches it)
     const bool direct = chunks == 1;
-    launch(chunks, p.hkv * row_groups, p.B, 128, smem_bytes(p.d, p.paged), [&] {
+    launch(chunks, p.hkv * row_groups, p.B, 128, smem_bytes(p.d, rows, p.paged), [&] {
         partial(p.q.data(), p.k.data(), p.v.data(), p.lens.data(), table, direct ? nullptr : part_o.data(),
                 direct ? nullptr : part_lse.data(), direct ? out.o.data() : nullptr,
                 direct ? out.lse.data() : nullptr, p.hq, p.hkv, p.nq, p.cap, block_log2, p.max_blocks,

@@ -554,11 +554,17 @@ pub const DECODE_STAGES: usize = 4;
 pub const DECODE_PAGED_STAGES: usize = 3;
 /// Elements of K, and as many of V, per stage of that ring (DEC_TILE_ELEMS): 16 KB each.
 pub const DECODE_TILE_ELEMS: usize = 8192;
+/// Elements of K (and of V) per stage of the heavy builds' ring (DEC_HEAVY_TILE_ELEMS: 8 query
+/// rows, or d 256; see [`DecodeRing::heavy`]), whatever ring is set: 8 KB each.
+pub const DECODE_HEAVY_TILE_ELEMS: usize = 4096;
+/// Stages of the heavy builds' ring (DEC_HEAVY_STAGES): 64 KB a block.
+pub const DECODE_HEAVY_STAGES: usize = 4;
 
 /// The decode partial kernels' ring: elements of K (and as many of V) per stage and the
 /// number of stages (contiguous and paged). The default is [`DECODE_TILE_ELEMS`] x
 /// [`DECODE_STAGES`] ([`DECODE_PAGED_STAGES`] paged); another ring is built by compiling
-/// attention_decode.cu with [`DecodeRing::defines`].
+/// attention_decode.cu with [`DecodeRing::defines`]. The heavy builds ([`DecodeRing::heavy`])
+/// keep their own ring of [`DECODE_HEAVY_TILE_ELEMS`] x [`DECODE_HEAVY_STAGES`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DecodeRing {
     /// Elements of K per stage (as many of V): 4096, 8192 or 16384 (8, 16, 32 KiB of 16-bit
@@ -585,9 +591,16 @@ impl DecodeRing {
     pub const TILE_ELEMS: [usize; 3] = [4096, 8192, 16384];
     /// Most dynamic shared memory a block may take on sm_80 and sm_90 (227 KiB).
     pub const MAX_SMEM: usize = 227 * 1024;
-    /// Least the ring may hold: the merge of the block's warps reuses it (f32 accumulators,
-    /// maxima and sums of 8 rows of d 256 per warp).
-    pub const MERGE_BYTES: usize = DECODE_WARPS as usize * 8 * (256 + 2) * 4;
+    /// Least a block's ring may hold: the merge of its warps reuses it (f32 accumulators,
+    /// maxima and sums of 4 rows of d 128 per warp, the most of a build the ring applies to).
+    pub const MERGE_BYTES: usize = DECODE_WARPS as usize * 4 * (128 + 2) * 4;
+
+    /// Whether the build of head dim `d` and `rows` query rows a block is a heavy one (8 rows,
+    /// or d 256 on the CUDA cores), which keeps the ring of [`DECODE_HEAVY_TILE_ELEMS`] x
+    /// [`DECODE_HEAVY_STAGES`] (its math needs other blocks on the SM to hide it).
+    pub fn heavy(d: usize, rows: usize) -> bool {
+        rows == 8 || d == 256
+    }
 
     /// The ring of `tile_elems` x `stages` (`paged_stages` on a paged cache), or why it cannot
     /// be built.
@@ -619,24 +632,29 @@ impl DecodeRing {
         })
     }
 
-    /// Keys a block takes per tile (one stage) for head dim `d` (DecGeom::TK).
-    pub fn keys_per_tile(&self, d: usize) -> usize {
-        self.tile_elems / d
+    /// Keys a block of head dim `d` and `rows` query rows takes per tile (DecGeom::TK).
+    pub fn keys_per_tile(&self, d: usize, rows: usize) -> usize {
+        if Self::heavy(d, rows) {
+            DECODE_HEAVY_TILE_ELEMS / d
+        } else {
+            self.tile_elems / d
+        }
     }
 
-    /// Stages of the ring on a paged cache or not.
-    pub fn stages_for(&self, paged: bool) -> usize {
-        if paged {
+    /// Stages of that block's ring, on a paged cache or not (NS in attention_decode.cu).
+    pub fn stages_for(&self, d: usize, rows: usize, paged: bool) -> usize {
+        if Self::heavy(d, rows) {
+            DECODE_HEAVY_STAGES
+        } else if paged {
             self.paged_stages
         } else {
             self.stages
         }
     }
 
-    /// Dynamic shared memory of a partial kernel for head dim `d`, paged or not: the ring's
-    /// stages of K and V tiles.
-    pub fn smem_bytes(&self, d: usize, paged: bool) -> usize {
-        self.stages_for(paged) * 2 * self.keys_per_tile(d) * d * 2
+    /// Dynamic shared memory of that block: the ring's stages of K and V tiles.
+    pub fn smem_bytes(&self, d: usize, rows: usize, paged: bool) -> usize {
+        self.stages_for(d, rows, paged) * 2 * self.keys_per_tile(d, rows) * d * 2
     }
 
     /// NVRTC options that build attention_decode.cu with this ring (none for the default).
@@ -650,13 +668,6 @@ impl DecodeRing {
             format!("-DDEC_PAGED_STAGES={}", self.paged_stages),
         ]
     }
-}
-
-/// Keys a block of the decode partial kernel takes per tile (one stage of its ring) for head
-/// dim `d` in the default ring (DecGeom::TK in attention_decode.cu): 128, 64, 32 for d 64, 128,
-/// 256.
-pub fn decode_keys_per_tile(d: usize) -> usize {
-    DecodeRing::default().keys_per_tile(d)
 }
 
 /// 16-byte vectors per thread of `rmsnorm_bf16` (RMS_VPT in norm.cu).
@@ -806,22 +817,43 @@ mod tests {
         assert!(dec.contains(&format!("#define DEC_STAGES {DECODE_STAGES}")));
         assert!(dec.contains(&format!("#define DEC_PAGED_STAGES {DECODE_PAGED_STAGES}")));
         assert!(dec.contains(&format!("#define DEC_TILE_ELEMS {DECODE_TILE_ELEMS}")));
-        assert!(dec.contains("TK = DEC_TILE_ELEMS / D;"));
+        assert!(dec.contains("TK = (HEAVY ? DEC_HEAVY_TILE_ELEMS : DEC_TILE_ELEMS) / D;"));
+        assert!(dec.contains(&format!(
+            "#define DEC_HEAVY_TILE_ELEMS {DECODE_HEAVY_TILE_ELEMS}"
+        )));
+        assert!(dec.contains(&format!("#define DEC_HEAVY_STAGES {DECODE_HEAVY_STAGES}")));
+        assert!(dec.contains("#define DEC_HEAVY(D, RB) ((RB) == 8 || (D) == 256)"));
         assert!(dec.contains("STAGE = 2 * TK * D;"));
-        assert!(dec.contains("NS = PAGED ? DEC_PAGED_STAGES : DEC_STAGES;"));
-        // d128: 64-key tiles, 32 KB a stage; 128 KB a block contiguous (one a SM), 96 KB paged
-        // (two fit 227 KB)
-        assert_eq!(decode_keys_per_tile(128), 64);
+        assert!(
+            dec.contains(
+                "NS = G::HEAVY ? DEC_HEAVY_STAGES : PAGED ? DEC_PAGED_STAGES : DEC_STAGES;"
+            )
+        );
+        // d128, up to 4 rows: 64-key tiles, 32 KB a stage; 128 KB a block contiguous (one a
+        // SM), 96 KB paged (two fit 227 KB); the heavy builds 64 KB (as many as registers allow)
         let ring = DecodeRing::default();
+        assert_eq!(ring.keys_per_tile(128, 4), 64);
         assert!(ring.defines().is_empty());
         for d in [64, 128, 256] {
-            assert_eq!(decode_keys_per_tile(d) * d, DECODE_TILE_ELEMS);
-            assert_eq!(ring.smem_bytes(d, false), 128 * 1024);
-            assert_eq!(ring.smem_bytes(d, true), 96 * 1024);
+            for rows in DECODE_ROW_BLOCKS {
+                let heavy = DecodeRing::heavy(d, rows);
+                for paged in [false, true] {
+                    let smem = ring.smem_bytes(d, rows, paged);
+                    let want = match (heavy, paged) {
+                        (true, _) => 64,
+                        (false, false) => 128,
+                        (false, true) => 96,
+                    };
+                    assert_eq!(smem, want * 1024, "d {d} rows {rows} paged {paged}");
+                }
+            }
         }
+        assert!(
+            DecodeRing::heavy(256, 1) && DecodeRing::heavy(64, 8) && !DecodeRing::heavy(128, 4)
+        );
         assert_eq!(DecodeRing::new(8192, 4, 3), Ok(ring));
         assert!(DecodeRing::new(16384, 4, 3).is_err());
-        assert!(DecodeRing::new(4096, 4, 2).is_err());
+        assert!(DecodeRing::new(4096, 4, 1).is_err());
         let ws = Module::AttentionSm90aWs.body();
         for (d, nc) in ATTENTION_WS_CONSUMERS {
             assert!(ws.contains(&format!("#define WS_NC_D{d} {nc}")));

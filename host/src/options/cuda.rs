@@ -707,8 +707,8 @@ mod tests {
             (ring.tile_elems, ring.stages, ring.paged_stages),
             (8192, 3, 3)
         );
-        assert_eq!(ring.keys_per_tile(128), 64);
-        assert_eq!(ring.smem_bytes(128, false), 96 * 1024);
+        assert_eq!(ring.keys_per_tile(128, 4), 64);
+        assert_eq!(ring.smem_bytes(128, 4, false), 96 * 1024);
         let o = CudaOptions::from_source(&[(DECODE_RING_VAR, "16k-s4-p3")])?;
         assert_eq!(
             o.decode_ring,
@@ -728,15 +728,11 @@ mod tests {
             ),
             (
                 "32k-s4",
-                "4 stages of 16384 elements take 256 KiB, outside 33 to 227 KiB of shared memory",
+                "4 stages of 16384 elements take 256 KiB, outside 9 to 227 KiB of shared memory",
             ),
             (
                 "16k-s3-p8",
-                "8 stages of 8192 elements take 256 KiB, outside 33 to 227 KiB of shared memory",
-            ),
-            (
-                "8k-s2",
-                "2 stages of 4096 elements take 32 KiB, outside 33 to 227 KiB of shared memory",
+                "8 stages of 8192 elements take 256 KiB, outside 9 to 227 KiB of shared memory",
             ),
             ("8k-s1", "1 stages are fewer than 2"),
             ("8k-sx", "'x' is not a stage count"),

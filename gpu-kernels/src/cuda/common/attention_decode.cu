@@ -10,7 +10,8 @@
 //
 // K and V stream through a ring of NS stages of dynamic shared memory (DecGeom::TK keys of K
 // then the same keys of V per stage, DEC_TILE_ELEMS elements each: by default 32 KB a stage,
-// 4 stages (128 KB, one block a SM) contiguous and 3 (96 KB, two blocks a SM) paged), filled
+// 4 stages (128 KB, one block a SM) contiguous and 3 (96 KB, two blocks a SM) paged; 16 KB and
+// 4 stages for the heavy builds, see DEC_HEAVY), filled
 // by cp.async.cg 16-byte copies, one commit group per tile, so NS - 1 tiles are in flight
 // while the block computes on the oldest. Every thread
 // copies CPT 16-byte vectors of K and the same of V per tile (consecutive threads take
@@ -53,6 +54,12 @@
 #define DEC_TILE_ELEMS 8192
 #endif
 #define DEC_MIN_STAGES (DEC_STAGES < DEC_PAGED_STAGES ? DEC_STAGES : DEC_PAGED_STAGES)
+// Builds whose math is heavy for their bytes (8 query rows, or d 256 on the CUDA cores) keep a
+// ring of 8 KB tiles and 4 stages (64 KB, so as many blocks a SM as their registers allow:
+// they need the other blocks' warps to hide their math); the ring above is for the others.
+#define DEC_HEAVY(D, RB) ((RB) == 8 || (D) == 256)
+#define DEC_HEAVY_TILE_ELEMS 4096
+#define DEC_HEAVY_STAGES 4
 #define DEC_NAN __int_as_float(0x7fc00000)
 // Blocks per SM the partial kernels are built for (registers <= 65536 / (128 * n)): 3 (<= 168
 // registers, as many as 227 KB of shared memory holds) up to 4 rows, 2 for 8 rows.
@@ -121,7 +128,8 @@ struct DecGeom {
     static constexpr int VPL = VPL1 < 1 ? 1 : VPL1;
     static constexpr int LPK = D / (8 * VPL);  // lanes per key
     static constexpr int KPW = 32 / LPK;       // keys per warp step
-    static constexpr int TK = DEC_TILE_ELEMS / D;        // keys per tile (stage)
+    static constexpr bool HEAVY = DEC_HEAVY(D, RB);
+    static constexpr int TK = (HEAVY ? DEC_HEAVY_TILE_ELEMS : DEC_TILE_ELEMS) / D;  // keys per tile
     static constexpr int U = TK / (KPW * DEC_WARPS);     // warp steps per tile
     static constexpr int VPR = D / 8;                    // 16-byte vectors per key row
     static constexpr int CPT = TK * VPR / DEC_THREADS;   // K (and V) copies per thread per tile
@@ -140,7 +148,8 @@ struct DecGeom {
     static_assert(!(D == 64 || D == 128) || (KSTEP % 8 == 0 && TK % (8 * DEC_WARPS) == 0),
                   "swizzle or warp key split off the 8-key grid");
     // the warps' merge reuses the ring: acc [DEC_WARPS][RB][D], m and l [DEC_WARPS][RB]
-    static_assert(DEC_WARPS * RB * (D + 2) * 4 <= DEC_MIN_STAGES * STAGE * 2, "merge does not fit");
+    static_assert(DEC_WARPS * RB * (D + 2) * 4 <= (HEAVY ? DEC_HEAVY_STAGES : DEC_MIN_STAGES) * STAGE * 2,
+                  "merge does not fit");
 };
 
 // part_o: [rows_total, chunks, D] f32, part_lse: [rows_total, chunks] (log2 domain), where
@@ -156,7 +165,8 @@ __device__ __forceinline__ void decode_partial(
     typedef DecGeom<D, RB> G;
     constexpr int VPL = G::VPL, LPK = G::LPK, KPW = G::KPW, U = G::U, TK = G::TK;
     constexpr int CPT = G::CPT, KSTEP = G::KSTEP, STAGE = G::STAGE;
-    constexpr int NS = PAGED ? DEC_PAGED_STAGES : DEC_STAGES;  // stages of the ring
+    // stages of the ring
+    constexpr int NS = G::HEAVY ? DEC_HEAVY_STAGES : PAGED ? DEC_PAGED_STAGES : DEC_STAGES;
     extern __shared__ __align__(16) unsigned char dec_smem[];
     h16_t* const ring = reinterpret_cast<h16_t*>(dec_smem);
 

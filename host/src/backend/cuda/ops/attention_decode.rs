@@ -16,6 +16,9 @@ use crate::ops::AttentionDecodeParams;
 use crate::ops::attention_decode::DecodeShape;
 use crate::tensor::TensorMeta;
 
+/// Blocks of a heavy build's partial kernel aimed for, per multiprocessor (several waves, so
+/// the blocks of short sequences, which end early, leave no SM idle for long).
+pub const HEAVY_BLOCKS_PER_SM: usize = 32;
 /// Fewest keys a chunk takes (below this the merge costs more than it spreads).
 const MIN_CHUNK: usize = 256;
 /// Fewest keys a chunk takes when the chunk count is forced (`TANDEM_DECODE_CHUNKS`).
@@ -39,10 +42,13 @@ impl DecodePlan {
     /// `blocks_per_sm` blocks at once, over tiles of `tile` keys; `chunks` forces the KV chunk
     /// count (clamped to 1..= the cache's keys / [`MIN_FORCED_CHUNK`]).
     ///
-    /// Unforced, a cache whose (sequence, kv head, row group) blocks already fill one and a half
-    /// waves of resident blocks is not split (one chunk: no merge, each block streams its
-    /// whole sequence, as cuDNN's decode does); a smaller one is cut into about two waves'
-    /// worth of blocks.
+    /// Unforced, for the light builds (d 64 and 128 on the tensor cores, up to 4 rows), the
+    /// cache is cut into as many chunks as one wave of resident blocks holds (at least one):
+    /// a batch whose (sequence, kv head, row group) blocks fill the device is not split (no
+    /// merge, each block streams its whole sequence, as cuDNN's decode does), and a split
+    /// never leaves a short second wave. The heavy builds ([`tandem_gpu_kernels::DecodeRing::heavy`]), whose math needs
+    /// many short blocks to hide it, are cut into [`HEAVY_BLOCKS_PER_SM`] blocks a SM (at
+    /// least [`MIN_CHUNK`] keys a chunk), as measured best for them.
     pub fn new(
         s: &DecodeShape,
         sms: usize,
@@ -55,12 +61,13 @@ impl DecodePlan {
         let per_chunk = (s.b * s.hkv * row_groups).max(1);
         let resident = sms.max(1) * blocks_per_sm.max(1);
         let most = s.capacity.div_ceil(MIN_CHUNK).max(1);
+        let heavy = tandem_gpu_kernels::DecodeRing::heavy(s.d, rows);
         let chunks = match chunks {
             Some(n) => n.clamp(1, s.capacity.div_ceil(MIN_FORCED_CHUNK).max(1)),
-            None if 2 * per_chunk >= 3 * resident => 1,
-            None => ((2 * resident) as f64 / per_chunk as f64)
-                .round()
-                .clamp(1.0, most as f64) as usize,
+            None if heavy => (sms.max(1) * HEAVY_BLOCKS_PER_SM)
+                .div_ceil(per_chunk)
+                .clamp(1, most),
+            None => (resident / per_chunk).clamp(1, most),
         };
         let chunk_len = s.capacity.div_ceil(chunks).next_multiple_of(tile);
         Self {
@@ -119,14 +126,14 @@ pub fn attention_decode(
     let s = p.shape(metas)?;
     let paged = p.block_size.is_some();
     let ring = cx.be.opts.decode_ring.unwrap_or_default();
-    let smem = ring.smem_bytes(s.d, paged);
     let rows = DecodePlan::rows_for(&s);
+    let smem = ring.smem_bytes(s.d, rows, paged);
     let plan = DecodePlan::new(
         &s,
         cx.sms() as usize,
         DecodePlan::blocks_per_sm(rows, smem),
         cx.be.opts.decode_chunks,
-        ring.keys_per_tile(s.d),
+        ring.keys_per_tile(s.d, rows),
     );
     let partial = plan.kernel(s.d, paged, cx.dtype())?;
     let merge = merge_kernel(s.d, cx.dtype())?;
@@ -233,13 +240,19 @@ mod tests {
     fn the_split_fits_the_group_and_fills_the_device() {
         let ring = tandem_gpu_kernels::DecodeRing::default();
         let plan = |s: &DecodeShape, paged: bool, chunks: Option<usize>| {
-            let per_sm =
-                DecodePlan::blocks_per_sm(DecodePlan::rows_for(s), ring.smem_bytes(s.d, paged));
-            DecodePlan::new(s, 132, per_sm, chunks, ring.keys_per_tile(s.d))
+            let rows = DecodePlan::rows_for(s);
+            let per_sm = DecodePlan::blocks_per_sm(rows, ring.smem_bytes(s.d, rows, paged));
+            DecodePlan::new(s, 132, per_sm, chunks, ring.keys_per_tile(s.d, rows))
         };
         // the default ring: one block a SM contiguous, two paged; the old 64 KB ring, three
-        assert_eq!(DecodePlan::blocks_per_sm(4, ring.smem_bytes(128, false)), 1);
-        assert_eq!(DecodePlan::blocks_per_sm(4, ring.smem_bytes(128, true)), 2);
+        assert_eq!(
+            DecodePlan::blocks_per_sm(4, ring.smem_bytes(128, 4, false)),
+            1
+        );
+        assert_eq!(
+            DecodePlan::blocks_per_sm(4, ring.smem_bytes(128, 4, true)),
+            2
+        );
         assert_eq!(DecodePlan::blocks_per_sm(4, 64 * 1024), 3);
         assert_eq!(DecodePlan::blocks_per_sm(8, 64 * 1024), 2);
         // the target shape: 4 rows per kv head, 512 blocks fill the device unsplit
@@ -249,19 +262,28 @@ mod tests {
             assert_eq!((p.rows, p.row_groups, p.chunks), (4, 1, 1), "{p:?}");
             assert!(p.chunk_len >= 8192);
         }
-        // one long sequence: split into about two waves of blocks (33 chunks asked, 32 of
-        // whole tiles: 8 kv heads x 32 = 256 blocks)
+        // one long sequence: split into one wave of blocks (8 kv heads x 16 chunks)
         let p = plan(&shape(1, 32, 8, 1, 128, 65536), false, None);
-        assert_eq!((p.chunks, p.chunk_len), (32, 2048), "{p:?}");
+        assert_eq!((p.chunks, p.chunk_len), (16, 4096), "{p:?}");
+        assert!(8 * p.chunks <= 132);
         assert!(p.chunks * p.chunk_len >= 65536 && (p.chunks - 1) * p.chunk_len < 65536);
+        // paged, two blocks a SM: 8 sequences of 8 kv heads, 4 chunks (256 of 264 blocks)
+        let p = plan(&shape(8, 32, 8, 1, 128, 16384), true, None);
+        assert_eq!(p.chunks, 4, "{p:?}");
         // MQA with 16 new tokens: 512 rows in groups of 8, a cache too short to split
         let p = plan(&shape(1, 32, 1, 16, 64, 100), false, None);
         assert_eq!((p.rows, p.row_groups, p.chunks), (8, 64, 1));
-        // MHA, one token: one row per block
+        // MHA, one token, d 256 (a heavy build): one row per block, chunks of at least
+        // MIN_CHUNK keys
         let p = plan(&shape(2, 4, 4, 1, 256, 5000), false, None);
         assert_eq!(p.rows, 1);
         assert!(p.chunk_len >= MIN_CHUNK && p.chunks * p.chunk_len >= 5000);
-        assert_eq!(p.chunks, 5000usize.div_ceil(MIN_CHUNK).min(33));
+        assert_eq!(p.chunks, 5000usize.div_ceil(MIN_CHUNK));
+        // heavy builds split as before: Nq 4 (8 rows) into 5 chunks, d 256 B16 into 32
+        let p = plan(&shape(64, 32, 8, 4, 128, 8192), false, None);
+        assert_eq!((p.rows, p.row_groups, p.chunks), (8, 2, 5), "{p:?}");
+        let p = plan(&shape(16, 16, 2, 1, 256, 8192), false, None);
+        assert_eq!((p.rows, p.chunks), (8, 32), "{p:?}");
         // a forced count is kept where the cache has the keys, clamped where it has not
         let f = plan(&target, false, Some(16));
         assert_eq!((f.chunks, f.chunk_len), (16, 512));
