@@ -93,6 +93,17 @@ impl Command {
             | Command::Completions { .. } => None,
         }
     }
+
+    /// Whether the command compares op times with the planner's (`run --explain`,
+    /// `calibrate`): then each CUDA op is timed alone, the stream held while it queues
+    /// ([`tandem::options::CudaOptions::hold_stream`]), unless `TANDEM_CUDA_HOLD_STREAM` is set.
+    fn times_ops_alone(&self) -> bool {
+        match self {
+            Command::Run(a) => a.explain,
+            Command::Calibrate(_) => true,
+            _ => false,
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -151,6 +162,12 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    // ...unless TANDEM_CUDA_HOLD_STREAM says otherwise (comparisons).
+    let hold_var = tandem::options::cuda::HOLD_STREAM_VAR;
+    let hold_set = !matches!(tandem::options::Env::text(&ProcessEnv, hold_var), Ok(None));
+    if cli.command.times_ops_alone() && !hold_set {
+        options.cuda.hold_stream = true;
+    }
     // Boards are listed by this binary's `__xrt-probe` in a child process.
     options.fpga.xrt_probe = std::env::current_exe().ok();
     let mut reg = DeviceRegistry::discover_with(Probe {

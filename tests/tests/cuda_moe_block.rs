@@ -134,7 +134,15 @@ fn same(what: &str, a: &[u32], b: &[u32]) {
 }
 
 fn replay_case(tag: &str, dt: CudaDType, s: Sizes, path: MoeExpertsPath) {
-    let Some(be) = gpu_with(on_path(dt, path)) else {
+    replay_case_with(tag, dt, s, on_path(dt, path));
+}
+
+/// [`replay_case`] on a backend opened with `opts` (its experts path forced).
+fn replay_case_with(tag: &str, dt: CudaDType, s: Sizes, opts: CudaOptions) {
+    let Some(path) = opts.moe_experts else {
+        panic!("replay_case_with needs the experts path forced");
+    };
+    let Some(be) = gpu_with(opts) else {
         return;
     };
     println!(
@@ -249,6 +257,34 @@ fn cuda_moe_block_graph_is_bit_exact_with_eager_at_t64() {
             MoeExpertsPath::Grouped,
         );
     }
+}
+
+/// With the stream held while each block queues (`CudaOptions::hold_stream`, what `run
+/// --explain` sets), eager, captured and replayed blocks still agree bit for bit, and no hold
+/// times out (nothing in the block waits for the held stream).
+#[test]
+fn cuda_moe_block_on_a_held_stream_agrees_and_never_times_out() {
+    let dt = CudaDType::Bf16;
+    let opts = CudaOptions {
+        hold_stream: true,
+        ..on_path(dt, MoeExpertsPath::Wgmma)
+    };
+    let Some(be) = gpu_with(opts.clone()) else {
+        return;
+    };
+    let before = be.holds_timed_out();
+    let s = Sizes {
+        t: 200,
+        h: 256,
+        f: 512,
+        e: 8,
+    };
+    replay_case_with("moe_block held", dt, s, opts);
+    assert_eq!(
+        be.holds_timed_out(),
+        before,
+        "a hold timed out in the block"
+    );
 }
 
 /// On the grouped path and on the Hopper wgmma path (other GPUs: its fallback).

@@ -235,6 +235,38 @@ fn cuda_moe_experts_many_tiles() {
     );
 }
 
+/// With the stream held while each op queues (`CudaOptions::hold_stream`, what `run --explain`
+/// and `calibrate` set), every path still gives the reference's output, and none of the holds
+/// times out: the cuBLASLt path, which waits on the host for the segment offsets inside its op,
+/// lets the stream go before it waits.
+#[test]
+fn cuda_moe_experts_on_a_held_stream() {
+    let dt = CudaDType::Bf16;
+    let Some(be) = gpu(dt) else { return };
+    let mut r = rng("moe_experts held");
+    let op = Op::MoeExperts(MoeExpertsParams {});
+    let c = case(300, 200, 8, 2, 136, 16, Routing::Random);
+    let ins = inputs(&be, dt, &mut r, &c);
+    let f64s: Vec<ArrayD<f64>> = ins.iter().map(|t| t.to_f64()).collect();
+    let want = op.reference(&f64s).expect("reference");
+    for (path, tile, ws_tile) in PATHS {
+        let opts = CudaOptions {
+            hold_stream: true,
+            ..on_path(dt, path, tile, ws_tile)
+        };
+        let Some(pb) = gpu_with(opts) else { return };
+        println!("  held, path {path} tile {tile:?} {ws_tile:?}");
+        let before = pb.holds_timed_out();
+        let (out, kernel) = run_gpu(&pb, &op, &ins);
+        check("y", &out[0], &want[0], dt.tolerance());
+        assert_eq!(
+            pb.holds_timed_out(),
+            before,
+            "a hold timed out on {kernel}: something in the op waited for the held stream"
+        );
+    }
+}
+
 /// Tolerance of the FP8 experts against the host model of what they compute: the storage
 /// precision's rounding of h and y (2e-3 in bf16, 3e-4 in f16 on most cases, H100
 /// 2026-11-27), and now and then an element of h whose device value (f32, fast exp) and model

@@ -28,7 +28,9 @@ pub struct RunArgs {
     #[command(flatten)]
     pub format: FormatArgs,
     /// Print where each op goes and why (per device its op-time estimate) before running,
-    /// and after the run the predicted against the measured time of every op (stderr).
+    /// and after the run the predicted against the measured time of every op (stderr). Each
+    /// CUDA op is then timed alone: the stream is held while the op queues its work, so its
+    /// time is device time, as calibration's is (a few microseconds more wall time an op).
     #[arg(long)]
     pub explain: bool,
     #[command(flatten)]

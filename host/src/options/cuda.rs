@@ -4,6 +4,7 @@
 //! | --- | --- | --- |
 //! | `TANDEM_CUDA_DTYPE` | [`CudaOptions::dtype`] | `bf16` (default), `f16` |
 //! | `TANDEM_CUDA_POISON` | [`CudaOptions::poison`] | `1`, `0` (default), `on`, `off`, `true`, `false` |
+//! | `TANDEM_CUDA_HOLD_STREAM` | [`CudaOptions::hold_stream`] | `1`, `0` (default; `run --explain` and `calibrate` set it), `on`, `off`, `true`, `false` |
 //! | `TANDEM_ATTN_VARIANT` | [`CudaOptions::attention_variant`] | `w4`, `w8`, `m2`, `m2n32`, `ws` (default: by arch) |
 //! | `TANDEM_MOE_EXPERTS` | [`CudaOptions::moe_experts`] | `blaslt`, `grouped`, `wgmma` (default: by shape and device) |
 //! | `TANDEM_MOE_FP8` | [`CudaOptions::moe_fp8`] | `1`, `0` (default), `on`, `off`, `true`, `false` |
@@ -27,6 +28,8 @@ use crate::error::{Error, Result};
 
 /// `TANDEM_CUDA_POISON`: fill every output with NaN before each launch.
 pub const POISON_VAR: &str = "TANDEM_CUDA_POISON";
+/// `TANDEM_CUDA_HOLD_STREAM`: hold the compute stream while each op queues its work.
+pub const HOLD_STREAM_VAR: &str = "TANDEM_CUDA_HOLD_STREAM";
 /// `TANDEM_ATTN_VARIANT`: the attention build to run.
 pub const ATTENTION_VARIANT_VAR: &str = "TANDEM_ATTN_VARIANT";
 /// `TANDEM_MOE_EXPERTS`: the MoE experts path.
@@ -65,6 +68,15 @@ pub struct CudaOptions {
     /// Fill every output with NaN (bf16/f16/f32) or 0x7FC07FC0 (i32) before each launch, so
     /// elements a kernel fails to write show up (tests). `TANDEM_CUDA_POISON=1`.
     pub poison: bool,
+    /// Hold the compute stream while an op queues its work, and let it go once all of it is
+    /// queued, so the op's event-timed device time is its work alone, not the host's queueing
+    /// the device would otherwise wait for on an idle stream (NVBench's blocking-kernel
+    /// method, with a host function on the stream). Each op's start waits for the release
+    /// (a few microseconds more of wall time an op); a hold not let go within
+    /// [`crate::backend::cuda::HOLD_TIMEOUT`] lets the stream go by itself and says so in the
+    /// log. `tandem run --explain` and `tandem calibrate` set it, so what they compare is
+    /// device time on both sides. `TANDEM_CUDA_HOLD_STREAM=1`.
+    pub hold_stream: bool,
     /// The attention build every launch runs; `None` picks by arch (the fastest measured).
     /// `TANDEM_ATTN_VARIANT`.
     pub attention_variant: Option<AttentionVariant>,
@@ -118,6 +130,7 @@ impl Default for CudaOptions {
         Self {
             dtype: CudaDType::default(),
             poison: false,
+            hold_stream: false,
             attention_variant: None,
             moe_experts: None,
             moe_fp8: false,
@@ -177,6 +190,7 @@ impl CudaOptions {
         Ok(Self {
             dtype: named(env, CudaDType::ENV, CudaDType::parse_from)?.unwrap_or_default(),
             poison: flag(env, POISON_VAR)?.unwrap_or(false),
+            hold_stream: flag(env, HOLD_STREAM_VAR)?.unwrap_or(false),
             attention_variant: named(env, ATTENTION_VARIANT_VAR, AttentionVariant::parse_from)?,
             moe_experts: named(env, MOE_EXPERTS_VAR, MoeExpertsPath::parse_from)?,
             moe_fp8: flag(env, MOE_FP8_VAR)?.unwrap_or(false),

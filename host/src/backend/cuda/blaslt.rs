@@ -14,6 +14,7 @@ use cudarc::driver::sys;
 use super::CudaDType;
 use super::error::BlasResultExt;
 use super::memory::{DevBuf, Pool};
+use super::timing::Holder;
 use crate::error::Result;
 
 /// Workspace given to cuBLASLt, bytes.
@@ -82,6 +83,8 @@ pub struct BlasLt {
     handle: ltsys::cublasLtHandle_t,
     workspace: DevBuf,
     plans: Mutex<HashMap<PlanKey, Plan>>,
+    /// The device's stream hold, let go before a new plan is made.
+    holder: std::sync::Arc<Holder>,
     /// `cublasLtMatmul` calls so far (each launches one kernel or more).
     calls: std::sync::atomic::AtomicU64,
 }
@@ -99,14 +102,20 @@ impl std::fmt::Debug for BlasLt {
 }
 
 impl BlasLt {
-    /// A handle and workspace for the current context's device.
-    pub fn new(label: &str, pool: &std::sync::Arc<Pool>) -> Result<Self> {
+    /// A handle and workspace for the current context's device; `holder` is let go before a
+    /// new plan is made.
+    pub fn new(
+        label: &str,
+        pool: &std::sync::Arc<Pool>,
+        holder: std::sync::Arc<Holder>,
+    ) -> Result<Self> {
         let handle = lt::create_handle().ctx(label, "cublasLtCreate")?;
         Ok(Self {
             label: label.into(),
             handle,
             workspace: pool.alloc(WORKSPACE)?,
             plans: Mutex::new(HashMap::new()),
+            holder,
             calls: std::sync::atomic::AtomicU64::new(0),
         })
     }
@@ -245,7 +254,12 @@ impl BlasLt {
         let key = (dt, f32_out, m, n, k, epi);
         let p = match plans.entry(key) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => v.insert(self.plan(key)?),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                // The heuristic, and the kernel's load at its first use, are host work the
+                // device must not be held for.
+                self.holder.release();
+                v.insert(self.plan(key)?)
+            }
         };
         if epi.has_bias() {
             self.set_bias(p.desc, bias)?;

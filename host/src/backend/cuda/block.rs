@@ -267,6 +267,9 @@ impl CudaBackend {
             .find_map(|(op, m)| ops::capture_safe(&cx, op, m).err());
         let out_meta = plan.outs[2][0].clone();
         let loss_metas = [plan.outs[1][5].clone(), plan.outs[1][6].clone()];
+        // Held (with `hold_stream`) until the block's work is queued, on every way out.
+        let _release = super::Release(self);
+        self.hold_stream()?;
         let region = self.timeline.begin(&self.dev)?;
         // An eager run: its output, kernels, why no graph, and the launches it queued.
         type Ran = (BlockOut, String, GraphUse, Option<u64>);
@@ -320,6 +323,7 @@ impl CudaBackend {
             cycles: None,
         }));
         let done = self.timeline.end(&self.dev, region, info.clone())?;
+        self.release_stream();
         let [aux, z] = out.losses;
         let [aux_meta, z_meta] = loss_metas;
         Ok(BlockLaunch {

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{CString, c_void};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::result as drv;
 use cudarc::driver::sys;
@@ -10,6 +10,7 @@ use tandem_gpu_kernels::Module;
 
 use super::compile::Compiler;
 use super::error::{self, DrvResultExt};
+use super::timing::Holder;
 use crate::error::{Error, Result};
 
 /// A kernel argument, passed by value.
@@ -50,6 +51,8 @@ pub struct Kernels {
     arch: u32,
     compiler: Compiler,
     loaded: Mutex<Loaded>,
+    /// The device's stream hold, let go before a module is compiled or loaded.
+    holder: Arc<Holder>,
     /// Kernels launched so far (queued or captured), for launch counts.
     launched: std::sync::atomic::AtomicU64,
 }
@@ -96,13 +99,15 @@ impl Dims {
 }
 
 impl Kernels {
-    /// No modules loaded yet; `compiler` builds them at first use.
-    pub fn new(label: &str, arch: u32, compiler: Compiler) -> Self {
+    /// No modules loaded yet; `compiler` builds them at first use, after `holder` lets the
+    /// stream go.
+    pub fn new(label: &str, arch: u32, compiler: Compiler, holder: Arc<Holder>) -> Self {
         Self {
             label: label.to_string(),
             arch,
             compiler,
             loaded: Mutex::new(Loaded::default()),
+            holder,
             launched: std::sync::atomic::AtomicU64::new(0),
         }
     }
@@ -130,6 +135,8 @@ impl Kernels {
         let md = match l.modules.get(&module) {
             Some(&m) => m as sys::CUmodule,
             None => {
+                // Compiling or loading is host work the device must not be held for.
+                self.holder.release();
                 let bin = self.compiler.cubin(&self.label, module, self.arch)?;
                 // SAFETY: `bin` is a complete CUBIN image, alive for the call.
                 let m = unsafe { drv::module::load_data(bin.as_ptr() as *const c_void) }

@@ -54,6 +54,7 @@ pub use memory::bench::TransferFigure;
 pub use memory::pool::{PoolStats, size_class};
 /// The decode kernels' K/V ring ([`CudaOptions::decode_ring`]).
 pub use tandem_gpu_kernels::DecodeRing;
+pub use timing::HOLD_TIMEOUT;
 
 /// Looks for CUDA devices: checks the libraries and the driver first (cudarc panics on a
 /// missing library, so the libraries are looked for where `opts` says and in the usual
@@ -130,6 +131,9 @@ pub struct CudaBackend {
     kernels: kernels::Kernels,
     blas: blaslt::BlasLt,
     timeline: timing::Timeline,
+    /// The hold on the compute stream of the op being queued ([`CudaOptions::hold_stream`]),
+    /// shared with the kernels and cuBLASLt, which let it go before loading code.
+    holder: Arc<timing::Holder>,
     launch_lock: Mutex<()>,
     /// Taken shared by every host call that touches the compute stream outside a launch (the
     /// events that order copies against it, waits for it) and exclusively by a graph capture
@@ -166,7 +170,8 @@ impl CudaBackend {
             compiler.cache_dir().display().to_string(),
         ));
         let pool = memory::Pool::new(&dev.label);
-        let blas = blaslt::BlasLt::new(&dev.label, &pool)?;
+        let holder = Arc::new(timing::Holder::default());
+        let blas = blaslt::BlasLt::new(&dev.label, &pool, holder.clone())?;
         Ok(Self {
             info,
             registered: memory::Registered::new(&dev.label, memory::registered::MAX_BYTES),
@@ -174,16 +179,40 @@ impl CudaBackend {
             blocks: block::block_graphs(),
             up: memory::Staging::new(&dev.label),
             down: memory::Staging::new(&dev.label),
-            kernels: kernels::Kernels::new(&dev.label, dev.arch, compiler),
+            kernels: kernels::Kernels::new(&dev.label, dev.arch, compiler, holder.clone()),
             timeline: timing::Timeline::new(dev.clone()),
             blas,
             pool,
             dev,
+            holder,
             launch_lock: Mutex::new(()),
             capturing: std::sync::RwLock::new(()),
             accounts: std::sync::OnceLock::new(),
             opts,
         })
+    }
+
+    /// With [`CudaOptions::hold_stream`], holds the compute stream here until
+    /// [`CudaBackend::release_stream`] (an op about to queue its work, under `launch_lock`);
+    /// without it, nothing.
+    fn hold_stream(&self) -> Result<()> {
+        if !self.opts.hold_stream {
+            return Ok(());
+        }
+        self.holder.hold(&self.dev)
+    }
+
+    /// Lets the held compute stream go: once an op's work is queued, and before any host
+    /// wait for the stream inside an op.
+    fn release_stream(&self) {
+        self.holder.release();
+    }
+
+    /// How many of this device's stream holds ([`CudaOptions::hold_stream`]) went on by
+    /// themselves at [`HOLD_TIMEOUT`] before their op was queued (each logged; such an op's
+    /// device time includes host time). Zero when nothing inside an op waits for the stream.
+    pub fn holds_timed_out(&self) -> u64 {
+        self.holder.timed_out()
     }
 
     /// Pool statistics.
@@ -903,6 +932,8 @@ impl Backend for CudaBackend {
             .map(|s| self.storage(s))
             .collect::<Result<Vec<_>>>()?;
         let _g = self.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
+        // Whatever way this returns, a hold its op took is let go.
+        let _release = Release(self);
         let locked = std::time::Instant::now();
         let prep = ops::Cx::new(self);
         ops::prepare(&prep, op)?;
@@ -933,6 +964,7 @@ impl Backend for CudaBackend {
             cycles: None,
         }));
         let done = self.timeline.end(&self.dev, region, info.clone())?;
+        self.release_stream();
         let outputs = out_metas
             .into_iter()
             .zip(outs)
@@ -952,6 +984,15 @@ impl Backend for CudaBackend {
     fn synchronize(&self) -> Result<()> {
         let _c = self.capturing.read().unwrap_or_else(|e| e.into_inner());
         self.dev.synchronize()
+    }
+}
+
+/// Lets a held compute stream go when dropped (an op's launch, on every way out).
+struct Release<'a>(&'a CudaBackend);
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        self.0.release_stream();
     }
 }
 
@@ -1064,6 +1105,54 @@ mod tests {
             i.device_time.is_some(),
             "no device time for a completed region"
         );
+    }
+
+    /// Work queued after a hold waits for its release; a hold nobody lets go lets the stream
+    /// go by itself at [`HOLD_TIMEOUT`], so a host wait for a held stream returns.
+    #[test]
+    fn a_held_stream_waits_for_its_release_or_its_timeout() {
+        use cudarc::driver::sys::{CUevent_flags, cudaError_enum};
+        if let Err(why) = probe::check(&CudaOptions::default()) {
+            skip_gpu(&why);
+            return;
+        }
+        let dev = match device::Device::open(0) {
+            Ok((d, _)) => d,
+            Err(e) => {
+                skip_gpu(&e.to_string());
+                return;
+            }
+        };
+        let ev = drv::event::create(CUevent_flags::CU_EVENT_DEFAULT).expect("event");
+        let hold = timing::Hold::queue(&dev).expect("hold");
+        // SAFETY: event and stream are live.
+        unsafe { drv::event::record(ev, dev.stream) }.expect("record");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        // SAFETY: the event is live.
+        let ran = unsafe { drv::event::query(ev) };
+        assert!(
+            matches!(ran, Err(e) if e.0 == cudaError_enum::CUDA_ERROR_NOT_READY),
+            "work after the hold ran before its release: {ran:?}"
+        );
+        hold.release();
+        // SAFETY: as above.
+        unsafe { drv::event::synchronize(ev) }.expect("released");
+        assert!(!hold.timed_out(), "let go in time, yet timed out");
+        drop(hold);
+        // Never let go: waiting for the stream still returns, once the hold times out.
+        let hold = timing::Hold::queue(&dev).expect("hold");
+        let t0 = std::time::Instant::now();
+        dev.synchronize().expect("a wait behind a hold");
+        assert!(
+            hold.timed_out(),
+            "the stream went on without a release or a timeout"
+        );
+        assert!(
+            t0.elapsed() >= HOLD_TIMEOUT,
+            "the stream went on before the timeout"
+        );
+        // SAFETY: the event completed and is not used again.
+        unsafe { drv::event::destroy(ev) }.expect("destroy");
     }
 
     /// Each K tile size of a decode ring builds (NVRTC for sm_90a, no GPU needed; a module

@@ -1,9 +1,14 @@
 //! Completions: each launch is bracketed by two events on the device's stream; one watcher
 //! thread per device waits for the end events in order, fills in the event-timed device time
 //! and advances the device's fence. A failed wait fails the fence (sticky: every waiter sees it).
+//!
+//! Holds ([`Hold`], with [`CudaOptions::hold_stream`](crate::options::CudaOptions::hold_stream)):
+//! a host function queued on the stream before an op's start event, which waits until the
+//! host has queued all of the op's work, so the region times that work alone.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
@@ -172,5 +177,132 @@ fn watch(dev: Arc<Device>, rx: Receiver<Pending>, fence: Fence, free: Arc<Mutex<
         let mut f = free.lock().unwrap_or_else(|e| e.into_inner());
         f.push(p.start);
         f.push(p.end);
+    }
+}
+
+/// The longest a [`Hold`] keeps the stream: past it, the stream goes on by itself (a host wait
+/// on the stream inside a held op, or a driver call that waits for the device such as a
+/// kernel's first, lazy load, would otherwise never return).
+pub const HOLD_TIMEOUT: Duration = Duration::from_millis(20);
+
+/// What the host function and the host share.
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+    timed_out: AtomicBool,
+}
+
+impl Gate {
+    fn open(&self) {
+        *self.open.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.opened.notify_all();
+    }
+}
+
+/// The stream held at a point: work queued after it waits until [`Hold::release`] (or the
+/// drop), or [`HOLD_TIMEOUT`].
+pub struct Hold {
+    gate: Arc<Gate>,
+    label: String,
+}
+
+impl std::fmt::Debug for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Hold({})", self.label)
+    }
+}
+
+/// The host function a [`Hold`] queues: waits for the gate to open, at most [`HOLD_TIMEOUT`].
+extern "C" fn hold_here(user: *mut std::ffi::c_void) {
+    // SAFETY: `user` is the `Arc::into_raw` of `Hold::queue`, handed to this call alone.
+    let gate = unsafe { Arc::from_raw(user as *const Gate) };
+    let open = gate.open.lock().unwrap_or_else(|e| e.into_inner());
+    let waited = gate
+        .opened
+        .wait_timeout_while(open, HOLD_TIMEOUT, |open| !*open);
+    let (_open, r) = waited.unwrap_or_else(|e| e.into_inner());
+    if r.timed_out() {
+        gate.timed_out.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Hold {
+    /// Queues a hold on the device's compute stream.
+    pub fn queue(dev: &Device) -> Result<Self> {
+        let gate = Arc::new(Gate::default());
+        let raw = Arc::into_raw(gate.clone()) as *mut std::ffi::c_void;
+        // SAFETY: the stream is live; the host function makes no CUDA call and owns `raw`.
+        let queued = unsafe { drv::stream::launch_host_function(dev.stream, hold_here, raw) };
+        if let Err(e) = queued {
+            // Never to run: take back the reference it was given.
+            // SAFETY: `raw` came from `Arc::into_raw` above and was not handed on.
+            drop(unsafe { Arc::from_raw(raw as *const Gate) });
+            return Err(e).ctx(&dev.label, "cuLaunchHostFunc");
+        }
+        Ok(Self {
+            gate,
+            label: dev.label.clone(),
+        })
+    }
+
+    /// Lets the stream go (again: no effect).
+    pub fn release(&self) {
+        self.gate.open();
+    }
+
+    /// Whether the stream went on by itself, at [`HOLD_TIMEOUT`], before the release (known
+    /// once the stream has passed the hold).
+    pub fn timed_out(&self) -> bool {
+        self.gate.timed_out.load(Ordering::SeqCst)
+    }
+}
+
+/// The hold on one device's compute stream, if any ([`Hold`]): taken by an op about to queue
+/// its work and let go once it is queued, or earlier by what inside the op would wait for it:
+/// a host wait for the stream, a module's first load, a new cuBLASLt plan (whose kernel the
+/// library loads at first use). At most one at a time (ops queue under the launch lock).
+#[derive(Debug, Default)]
+pub struct Holder {
+    held: Mutex<Option<Hold>>,
+    timed_out: AtomicU64,
+}
+
+impl Holder {
+    /// Holds the compute stream of `dev` here, unless it is held already.
+    pub fn hold(&self, dev: &Device) -> Result<()> {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if held.is_none() {
+            *held = Some(Hold::queue(dev)?);
+        }
+        Ok(())
+    }
+
+    /// Lets the stream go, if held.
+    pub fn release(&self) {
+        let hold = self.held.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(h) = hold {
+            h.release();
+            if h.timed_out() {
+                self.timed_out.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Holds that went on by themselves, at [`HOLD_TIMEOUT`], before they were let go.
+    pub fn timed_out(&self) -> u64 {
+        self.timed_out.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.gate.open();
+        if self.timed_out() {
+            tracing::warn!(
+                device = %self.label,
+                "the compute stream was held {HOLD_TIMEOUT:?} and went on before the op was queued: the op's device time includes host time"
+            );
+        }
     }
 }

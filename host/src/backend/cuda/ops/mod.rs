@@ -64,6 +64,9 @@ impl<'a> Cx<'a> {
         if let Some(r) = &self.region {
             let mut r = r.borrow_mut();
             if r.is_none() {
+                // Held (with `hold_stream`) before the region starts, let go once the op's
+                // work is queued.
+                self.be.hold_stream()?;
                 *r = Some((self.be.timeline.begin(&self.be.dev)?, Instant::now()));
             }
         }
@@ -104,6 +107,11 @@ impl<'a> Cx<'a> {
         self.be
             .kernels
             .launch(name, dims, self.work_stream()?, args)
+    }
+
+    /// Lets a held compute stream go: before a host wait for the stream inside an op.
+    pub fn release_stream(&self) {
+        self.be.release_stream();
     }
 
     /// Multiprocessors.

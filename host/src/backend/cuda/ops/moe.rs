@@ -913,6 +913,8 @@ fn experts_blaslt(
     // The segment bounds decide the GEMM shapes: read them (this waits for queued work).
     let mut off = vec![0i32; e + 1];
     let label = &cx.be.dev.label;
+    // A held stream would not reach what this waits for.
+    cx.release_stream();
     // SAFETY: the stream is live; off has e+1 ints, the size of expert_offsets.
     unsafe {
         drv::stream::synchronize(cx.stream()).ctx(label, "cuStreamSynchronize")?;
