@@ -46,9 +46,10 @@ impl DecodePlan {
     /// cache is cut into as many chunks as one wave of resident blocks holds (at least one):
     /// a batch whose (sequence, kv head, row group) blocks fill the device is not split (no
     /// merge, each block streams its whole sequence, as cuDNN's decode does), and a split
-    /// never leaves a short second wave. The heavy builds ([`tandem_gpu_kernels::DecodeRing::heavy`]), whose math needs
-    /// many short blocks to hide it, are cut into [`HEAVY_BLOCKS_PER_SM`] blocks a SM (at
-    /// least [`MIN_CHUNK`] keys a chunk), as measured best for them.
+    /// never leaves a short second wave. The heavy builds
+    /// ([`tandem_gpu_kernels::DecodeRing::heavy`]), whose math needs many short blocks to
+    /// hide it, are cut into [`HEAVY_BLOCKS_PER_SM`] blocks a SM (at least [`MIN_CHUNK`] keys
+    /// a chunk), as measured best for them.
     pub fn new(
         s: &DecodeShape,
         sms: usize,
