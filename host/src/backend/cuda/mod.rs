@@ -1016,6 +1016,21 @@ mod tests {
         println!("skipped: {why}");
     }
 
+    /// Device 0, or `None` once [`skip_gpu`] has said why there is none.
+    fn device_or_skip() -> Option<device::Device> {
+        if let Err(why) = probe::check(&CudaOptions::default()) {
+            skip_gpu(&why);
+            return None;
+        }
+        match device::Device::open(0) {
+            Ok((d, _)) => Some(d),
+            Err(e) => {
+                skip_gpu(&e.to_string());
+                None
+            }
+        }
+    }
+
     #[test]
     fn discovery_finds_devices_or_says_why_not() {
         let (found, missing) = discover_with(&CudaOptions::default());
@@ -1068,16 +1083,8 @@ mod tests {
     /// its start event back to the pool; a closed one returns both events once they complete.
     #[test]
     fn timed_regions_return_their_events_to_the_pool() {
-        if let Err(why) = probe::check(&CudaOptions::default()) {
-            skip_gpu(&why);
+        let Some(dev) = device_or_skip().map(Arc::new) else {
             return;
-        }
-        let dev = match device::Device::open(0) {
-            Ok((d, _)) => Arc::new(d),
-            Err(e) => {
-                skip_gpu(&e.to_string());
-                return;
-            }
         };
         let tl = timing::Timeline::new(dev.clone());
         let r = tl.begin(&dev).expect("begin");
@@ -1112,16 +1119,8 @@ mod tests {
     #[test]
     fn a_held_stream_waits_for_its_release_or_its_timeout() {
         use cudarc::driver::sys::{CUevent_flags, cudaError_enum};
-        if let Err(why) = probe::check(&CudaOptions::default()) {
-            skip_gpu(&why);
+        let Some(dev) = device_or_skip() else {
             return;
-        }
-        let dev = match device::Device::open(0) {
-            Ok((d, _)) => d,
-            Err(e) => {
-                skip_gpu(&e.to_string());
-                return;
-            }
         };
         let ev = drv::event::create(CUevent_flags::CU_EVENT_DEFAULT).expect("event");
         let hold = timing::Hold::queue(&dev).expect("hold");
