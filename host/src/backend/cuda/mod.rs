@@ -1123,7 +1123,8 @@ mod tests {
             return;
         };
         let ev = drv::event::create(CUevent_flags::CU_EVENT_DEFAULT).expect("event");
-        let hold = timing::Hold::queue(&dev).expect("hold");
+        // A long hold first, so a busy host (other tests compiling) cannot outlast it.
+        let hold = timing::Hold::queue_for(&dev, std::time::Duration::from_secs(30)).expect("hold");
         // SAFETY: event and stream are live.
         unsafe { drv::event::record(ev, dev.stream) }.expect("record");
         std::thread::sleep(std::time::Duration::from_millis(5));
@@ -1139,8 +1140,8 @@ mod tests {
         assert!(!hold.timed_out(), "let go in time, yet timed out");
         drop(hold);
         // Never let go: waiting for the stream still returns, once the hold times out.
-        let hold = timing::Hold::queue(&dev).expect("hold");
         let t0 = std::time::Instant::now();
+        let hold = timing::Hold::queue(&dev).expect("hold");
         dev.synchronize().expect("a wait behind a hold");
         assert!(
             hold.timed_out(),

@@ -186,11 +186,12 @@ fn watch(dev: Arc<Device>, rx: Receiver<Pending>, fence: Fence, free: Arc<Mutex<
 pub const HOLD_TIMEOUT: Duration = Duration::from_millis(20);
 
 /// What the host function and the host share.
-#[derive(Default)]
 struct Gate {
     open: Mutex<bool>,
     opened: Condvar,
     timed_out: AtomicBool,
+    /// The longest the host function waits.
+    timeout: Duration,
 }
 
 impl Gate {
@@ -220,7 +221,7 @@ extern "C" fn hold_here(user: *mut std::ffi::c_void) {
     let open = gate.open.lock().unwrap_or_else(|e| e.into_inner());
     let waited = gate
         .opened
-        .wait_timeout_while(open, HOLD_TIMEOUT, |open| !*open);
+        .wait_timeout_while(open, gate.timeout, |open| !*open);
     let (_open, r) = waited.unwrap_or_else(|e| e.into_inner());
     if r.timed_out() {
         gate.timed_out.store(true, Ordering::SeqCst);
@@ -228,9 +229,19 @@ extern "C" fn hold_here(user: *mut std::ffi::c_void) {
 }
 
 impl Hold {
-    /// Queues a hold on the device's compute stream.
+    /// Queues a hold of at most [`HOLD_TIMEOUT`] on the device's compute stream.
     pub fn queue(dev: &Device) -> Result<Self> {
-        let gate = Arc::new(Gate::default());
+        Self::queue_for(dev, HOLD_TIMEOUT)
+    }
+
+    /// Queues a hold of at most `timeout` on the device's compute stream.
+    pub fn queue_for(dev: &Device, timeout: Duration) -> Result<Self> {
+        let gate = Arc::new(Gate {
+            open: Mutex::new(false),
+            opened: Condvar::new(),
+            timed_out: AtomicBool::new(false),
+            timeout,
+        });
         let raw = Arc::into_raw(gate.clone()) as *mut std::ffi::c_void;
         // SAFETY: the stream is live; the host function makes no CUDA call and owns `raw`.
         let queued = unsafe { drv::stream::launch_host_function(dev.stream, hold_here, raw) };
@@ -301,7 +312,8 @@ impl Drop for Hold {
         if self.timed_out() {
             tracing::warn!(
                 device = %self.label,
-                "the compute stream was held {HOLD_TIMEOUT:?} and went on before the op was queued: the op's device time includes host time"
+                "the compute stream was held {:?} and went on before the op was queued: the op's device time includes host time",
+                self.gate.timeout
             );
         }
     }
