@@ -1118,6 +1118,8 @@ mod tests {
     /// go by itself at [`HOLD_TIMEOUT`], so a host wait for a held stream returns.
     #[test]
     fn a_held_stream_waits_for_its_release_or_its_timeout() {
+        // Test code: each `expect` below is a driver call on a device the test opened; its
+        // failure is the test failing, and no user, file or device path reaches it.
         use cudarc::driver::sys::{CUevent_flags, cudaError_enum};
         let Some(dev) = device_or_skip() else {
             return;
