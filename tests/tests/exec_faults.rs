@@ -211,6 +211,7 @@ fn opts(timeout: Duration) -> RunOptions {
             timeout,
             fallback: true,
             fuse: false,
+            ..ExecOptions::default()
         },
         check: true,
         workload: "faults".into(),

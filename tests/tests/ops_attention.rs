@@ -229,6 +229,7 @@ fn a_checked_run_keeps_the_neg_inf_lse_of_rows_that_see_no_key() -> TestResult {
             timeout: std::time::Duration::from_secs(30),
             fallback: false,
             fuse: false,
+            ..ExecOptions::default()
         },
         check: true,
         workload: "attention, rows that see no key".into(),

@@ -394,6 +394,16 @@ pub trait Backend: Send + Sync + fmt::Debug {
         self.launch(op, inputs)
     }
 
+    /// Whether the work of this device's launches runs in launch order: a launch's outputs
+    /// may be read by a later launch on this device before the first one completed, and every
+    /// copy off the device (download, peer copy) waits for the launches queued before it.
+    /// The executor then queues a node's dependents on the same device behind it without
+    /// waiting for it (`crate::exec::ExecOptions::queue_ahead`). By default a device does
+    /// not promise this.
+    fn orders_launches(&self) -> bool {
+        false
+    }
+
     /// Whether this device runs `unit` as one piece of work ([`Backend::launch_fused`]);
     /// asked before the unit's inputs are moved here. By default no device fuses.
     fn fuses(&self, _unit: &FusedUnit) -> bool {

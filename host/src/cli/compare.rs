@@ -63,6 +63,7 @@ pub fn run(args: &CompareArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
                 fallback: true,
                 // fused units leave intermediates unwritten: only where no op is checked
                 fuse: args.exec.no_check,
+                queue_ahead: args.exec.queue_ahead,
             },
             check: !args.exec.no_check,
             workload: label.clone(),

@@ -156,6 +156,7 @@ pub fn run(args: &OpArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
             timeout: Duration::from_secs(args.timeout),
             fallback: !policy.strict,
             fuse: false,
+            ..ExecOptions::default()
         },
         check: true,
         history: Some(super::history(reg.options())),

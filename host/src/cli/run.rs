@@ -107,6 +107,12 @@ pub struct ExecArgs {
     /// Longest wait for one op, in seconds.
     #[arg(long, default_value_t = 300)]
     pub timeout: u64,
+    /// Launches a GPU may have queued before the host waits for the oldest: a node's
+    /// dependents on the same GPU are launched behind it without a round trip through the
+    /// host. 0 waits for each node before launching its dependents (and keeps every node
+    /// movable to the CPU should it fail while it runs).
+    #[arg(long, value_name = "N", default_value_t = tandem::exec::QUEUE_AHEAD)]
+    pub queue_ahead: usize,
     /// Run even when inputs or weights hold NaN or infinities (rejected by default); the run
     /// still fails (exit 1) if any output is not finite.
     #[arg(long)]
@@ -351,6 +357,7 @@ pub fn run(args: &RunArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
             fallback: !policy.strict,
             // fused units leave intermediates unwritten: only where no op is checked
             fuse: args.exec.no_check,
+            queue_ahead: args.exec.queue_ahead,
         },
         check: !args.exec.no_check,
         workload: label.clone(),

@@ -57,6 +57,7 @@ pub fn run(args: &ServeBenchArgs, reg: &DeviceRegistry) -> anyhow::Result<()> {
             fallback: true,
             // no op is checked: the MoE block may run as one unit
             fuse: true,
+            ..ExecOptions::default()
         },
     };
     let tokens = config.batch * config.seq_len;

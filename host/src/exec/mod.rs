@@ -55,7 +55,24 @@ pub struct ExecOptions {
     /// inside it. Those intermediates are then never written: leave it off to read or check
     /// every node's outputs.
     pub fuse: bool,
+    /// How many launches a worker may keep queued on a device that runs its launches in order
+    /// ([`crate::backend::Backend::orders_launches`]: a GPU's one compute stream) before it
+    /// waits for the oldest. A node's dependents on the same device are launched behind it
+    /// without waiting for it, so the device goes from op to op without a round trip through
+    /// the host; dependents elsewhere are handed on once it completed. 0 waits for every
+    /// node before its dependents launch.
+    ///
+    /// The price: a node that fails only once it runs (a kernel fault, a timeout: the
+    /// device's work is lost) after dependents were queued behind it fails the execution
+    /// instead of moving to the CPU, since those dependents read what it did not write.
+    /// Failures a launch reports (no kernel, out of memory, an unsupported op) still move
+    /// just that node.
+    pub queue_ahead: usize,
 }
+
+/// The default of [`ExecOptions::queue_ahead`]: enough to cover the host's queueing of the
+/// next op (tens of microseconds) while the device runs this one.
+pub const QUEUE_AHEAD: usize = 4;
 
 impl Default for ExecOptions {
     fn default() -> Self {
@@ -63,6 +80,7 @@ impl Default for ExecOptions {
             timeout: Duration::from_secs(300),
             fallback: true,
             fuse: false,
+            queue_ahead: QUEUE_AHEAD,
         }
     }
 }
@@ -87,7 +105,9 @@ pub struct NodeRun {
     pub launch: LaunchInfo,
     /// When its input transfers began, from the start of the run.
     pub start: Duration,
-    /// Wall time of the launch and its wait (excludes input transfers).
+    /// Wall time of the launch and its wait (excludes input transfers). For a node queued
+    /// ahead ([`ExecOptions::queue_ahead`]), until its worker saw it complete: the worker may
+    /// have launched the nodes after it meanwhile.
     pub wall: Duration,
     /// Wall time of moving its inputs to the device, resident parameters (weights) excluded.
     pub transfer: Duration,

@@ -2,7 +2,7 @@
 //! failed; how a worker runs one node of it (`step`) and how the caller collects it
 //! ([`Ticket`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -21,7 +21,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::memory::Access;
 use crate::ops::Op;
 use crate::resident::ResidentCache;
-use crate::sync::Deadline;
+use crate::sync::{Completion, Deadline};
 
 /// What went wrong so far in an execution (touched only once something failed).
 #[derive(Default)]
@@ -34,6 +34,39 @@ struct Trouble {
     notes: BTreeMap<u32, String>,
     /// The error that ends the execution.
     error: Option<Error>,
+}
+
+/// A node launched on a device that runs its launches in order
+/// ([`Backend::orders_launches`]), its dependents on that device queued behind it: what is
+/// left to do once it completes.
+pub(crate) struct Queued {
+    node: u32,
+    /// Its record, the launch's timing and its wall still to come.
+    run: NodeRun,
+    done: Completion,
+    info: Arc<Mutex<LaunchInfo>>,
+    /// How errors name it.
+    what: String,
+    deadline: Deadline,
+    t0: Instant,
+    /// Its inputs, held until its work ran: no replica of them is evicted and no block of
+    /// theirs reused meanwhile.
+    inputs: Vec<DeviceStorage>,
+    /// Its dependents on other devices: handed on once it completed.
+    later: Vec<u32>,
+}
+
+/// The launches a worker has queued and not yet seen complete, oldest first; they complete
+/// in this order (one stream per device).
+pub(crate) type Pending = VecDeque<Queued>;
+
+/// How a node's launch went.
+enum Ran {
+    /// Finished (or run on the host): its dependents may go.
+    Done(NodeRun),
+    /// Queued on an in-order device, outputs written: dependents on that device may launch
+    /// behind it; it finishes in [`RunState::resolve`].
+    Queued(Queued),
 }
 
 /// One execution in progress.
@@ -181,6 +214,12 @@ impl RunState {
         planned
     }
 
+    /// How many launches a worker may keep queued for this execution
+    /// ([`super::ExecOptions::queue_ahead`]).
+    pub fn queue_ahead(&self) -> usize {
+        self.opts.queue_ahead
+    }
+
     /// The worker ran through the nodes of one batch of this execution: `done` of the nodes
     /// it held in flight (those it was sent and those it kept, see [`RunState::step`]) are
     /// finished. One count change per batch, not per node.
@@ -197,6 +236,10 @@ impl RunState {
     /// hands it to [`RunState::batch_finished`] once its ready list is empty. Deferring the
     /// decrement is safe: the nodes this worker holds stay counted in `in_flight` until then,
     /// so the count cannot reach zero while any of them (or a dependent it kept) is left.
+    ///
+    /// A node queued on an in-order device (see [`Ran::Queued`]) goes on `pending` instead,
+    /// its dependents on this device on `ready` at once; [`RunState::resolve`] finishes it.
+    #[allow(clippy::too_many_arguments)]
     pub fn step(
         self: &Arc<Self>,
         i: u32,
@@ -204,6 +247,7 @@ impl RunState {
         backend: &dyn Backend,
         router: &Router,
         ready: &mut Vec<u32>,
+        pending: &mut Pending,
         done: &mut usize,
     ) {
         if self.aborted.load(Ordering::Acquire) {
@@ -224,7 +268,30 @@ impl RunState {
                 )))
             });
         match result {
-            Ok(mut run) => {
+            Ok(Ran::Queued(mut q)) => {
+                q.run.start = start;
+                if self.troubled.load(Ordering::Acquire) {
+                    q.run.fallback = lock(&self.trouble).notes.remove(&i);
+                }
+                // Dependents here launch behind it now, each counted in flight; the others
+                // wait for its completion.
+                let mut kept = 0usize;
+                for &j in self.prep.dependents(i) {
+                    if self.device_for(j) == device {
+                        if self.waiting[j as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
+                            ready.push(j);
+                            kept += 1;
+                        }
+                    } else {
+                        q.later.push(j);
+                    }
+                }
+                if kept > 0 {
+                    self.in_flight.fetch_add(kept, Ordering::AcqRel);
+                }
+                pending.push_back(q);
+            }
+            Ok(Ran::Done(mut run)) => {
                 run.start = start;
                 if self.troubled.load(Ordering::Acquire) {
                     run.fallback = lock(&self.trouble).notes.remove(&i);
@@ -266,6 +333,81 @@ impl RunState {
         }
     }
 
+    /// Finishes the oldest launches of `pending` that completed, without waiting.
+    pub fn resolve_completed(
+        self: &Arc<Self>,
+        pending: &mut Pending,
+        device: DeviceId,
+        router: &Router,
+        ready: &mut Vec<u32>,
+        done: &mut usize,
+    ) {
+        while pending.front().is_some_and(|q| q.done.is_done()) {
+            if let Some(q) = pending.pop_front() {
+                self.resolve(q, device, router, ready, done);
+            }
+        }
+    }
+
+    /// Waits for queued launch `q` (until its deadline) and finishes its node: its record,
+    /// and its dependents on other devices handed on. A failure now fails the execution:
+    /// nodes queued behind it read its outputs, so it cannot move to the CPU alone.
+    pub fn resolve(
+        self: &Arc<Self>,
+        q: Queued,
+        device: DeviceId,
+        router: &Router,
+        ready: &mut Vec<u32>,
+        done: &mut usize,
+    ) {
+        let Queued {
+            node: i,
+            mut run,
+            done: completion,
+            info,
+            what,
+            deadline,
+            t0,
+            inputs,
+            later,
+        } = q;
+        let waited = completion.wait(deadline.remaining(), &what);
+        drop(inputs);
+        *done += 1;
+        match waited {
+            Ok(()) => {
+                run.launch = lock(&info).clone();
+                run.wall = t0.elapsed();
+                if let Err(e) = self.runs.put(i as usize, run) {
+                    self.fail(e);
+                }
+                for j in later {
+                    if self.waiting[j as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
+                        self.in_flight.fetch_add(1, Ordering::AcqRel);
+                        let d = self.device_for(j);
+                        if d == device {
+                            ready.push(j);
+                        } else if let Err(e) = router.send(d, self.clone(), vec![j]) {
+                            self.fail(e);
+                            self.node_finished();
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                if device_lost(e.kind()) && device != DeviceId::CPU {
+                    let n = self.resident.forget_device(device);
+                    tracing::debug!(%device, replicas = n, "dropped resident weights");
+                }
+                tracing::warn!(
+                    node = %self.prep.node_name(i), %device, error = %e,
+                    "failed after nodes were queued behind it: the execution fails"
+                );
+                self.fail(e);
+            }
+        }
+    }
+
     /// Node `i` failed on `device`: moved to the CPU where the CPU can avoid the failure
     /// (with fallback on), else the execution fails.
     fn failed(self: &Arc<Self>, i: u32, device: DeviceId, e: Error, router: &Router) {
@@ -304,15 +446,17 @@ impl RunState {
         }
     }
 
-    fn run_node(&self, i: u32, device: DeviceId, backend: &dyn Backend) -> Result<NodeRun> {
+    fn run_node(&self, i: u32, device: DeviceId, backend: &dyn Backend) -> Result<Ran> {
         let node = &self.prep.nodes[i as usize];
+        // Queue dependents behind this launch instead of waiting for it.
+        let queue = self.opts.queue_ahead > 0 && backend.orders_launches();
         let quiet = |launch: LaunchInfo, fused: Option<String>| {
             let name = NodeName::of(&self.prep.node_names, i);
             NodeRun::quiet(name, node.op.name(), device, launch, fused)
         };
         if matches!(node.op, Op::Nop) {
             // Nothing to move, launch or write: the scheduling is the whole cost.
-            return Ok(quiet(LaunchInfo::default(), None));
+            return Ok(Ran::Done(quiet(LaunchInfo::default(), None)));
         }
         match self.prep.roles.get(i as usize).and_then(Option::as_ref) {
             Some(Role::Head {
@@ -334,34 +478,43 @@ impl RunState {
                     .collect();
                 let what = format!("{} ({}) on {device}", names.join(" + "), unit.name());
                 let launch = backend.launch_fused(unit, &refs)?;
+                let fused = Some(format!(
+                    "{}: {} {}",
+                    unit.name(),
+                    names.join(" + "),
+                    super::RUNS_THE_UNIT
+                ));
+                if queue {
+                    self.write_outputs(launch.outputs, outputs, &what)?;
+                    self.fused[i as usize].store(true, Ordering::Release);
+                    return Ok(Ran::Queued(Queued {
+                        node: i,
+                        run: ins.record(quiet(LaunchInfo::default(), fused)),
+                        done: launch.done,
+                        info: launch.info,
+                        what,
+                        deadline,
+                        t0,
+                        inputs: ins.storages,
+                        later: Vec::new(),
+                    }));
+                }
                 let info = self.wait_and_write(launch, outputs, &what, &deadline)?;
                 self.fused[i as usize].store(true, Ordering::Release);
-                return Ok(NodeRun {
+                return Ok(Ran::Done(NodeRun {
                     wall: t0.elapsed(),
-                    transfer: ins.transfer,
-                    resident_transfer: ins.resident_transfer,
-                    transfer_bytes: ins.transfer_bytes,
-                    resident_bytes: ins.resident_bytes,
-                    ..quiet(
-                        info,
-                        Some(format!(
-                            "{}: {} {}",
-                            unit.name(),
-                            names.join(" + "),
-                            super::RUNS_THE_UNIT
-                        )),
-                    )
-                });
+                    ..ins.record(quiet(info, fused))
+                }));
             }
             Some(Role::Member { head }) if self.fused[*head as usize].load(Ordering::Acquire) => {
                 let head = self.prep.node_name(*head);
-                return Ok(quiet(
+                return Ok(Ran::Done(quiet(
                     LaunchInfo {
                         kernel: format!("(inside the fused unit of {head})"),
                         ..LaunchInfo::default()
                     },
                     Some(format!("{}{head}", super::INSIDE_THE_UNIT_OF)),
-                ));
+                )));
             }
             _ => {}
         }
@@ -385,15 +538,25 @@ impl RunState {
                 e => e,
             })?;
         let outputs: Vec<u32> = self.prep.outputs(i).collect();
+        if queue {
+            self.write_outputs(launch.outputs, &outputs, &what)?;
+            return Ok(Ran::Queued(Queued {
+                node: i,
+                run: ins.record(quiet(LaunchInfo::default(), None)),
+                done: launch.done,
+                info: launch.info,
+                what,
+                deadline,
+                t0,
+                inputs: ins.storages,
+                later: Vec::new(),
+            }));
+        }
         let info = self.wait_and_write(launch, &outputs, &what, &deadline)?;
-        Ok(NodeRun {
+        Ok(Ran::Done(NodeRun {
             wall: t0.elapsed(),
-            transfer: ins.transfer,
-            resident_transfer: ins.resident_transfer,
-            transfer_bytes: ins.transfer_bytes,
-            resident_bytes: ins.resident_bytes,
-            ..quiet(info, None)
-        })
+            ..ins.record(quiet(info, None))
+        }))
     }
 
     /// The data of `slots` on `device`, migrated there where needed, with what moving it took.
@@ -433,17 +596,28 @@ impl RunState {
         deadline: &Deadline,
     ) -> Result<LaunchInfo> {
         launch.done.wait(deadline.remaining(), what)?;
-        if launch.outputs.len() != outputs.len() {
+        self.write_outputs(launch.outputs, outputs, what)?;
+        Ok(lock(&launch.info).clone())
+    }
+
+    /// Makes a launch's `storages` the data of `outputs` (slots); `what` names the launch.
+    fn write_outputs(
+        &self,
+        storages: Vec<DeviceStorage>,
+        outputs: &[u32],
+        what: &str,
+    ) -> Result<()> {
+        if storages.len() != outputs.len() {
             return Err(Error::Internal(format!(
                 "{what} returned {} outputs, expected {}",
-                launch.outputs.len(),
+                storages.len(),
                 outputs.len()
             )));
         }
-        for (&s, st) in outputs.iter().zip(launch.outputs) {
+        for (&s, st) in outputs.iter().zip(storages) {
             self.buffers[s as usize].set_written_in(&self.reg, st)?;
         }
-        Ok(lock(&launch.info).clone())
+        Ok(())
     }
 }
 
@@ -455,6 +629,19 @@ struct Acquired {
     resident_transfer: Duration,
     transfer_bytes: u64,
     resident_bytes: u64,
+}
+
+impl Acquired {
+    /// `run` with what moving the inputs took.
+    fn record(&self, run: NodeRun) -> NodeRun {
+        NodeRun {
+            transfer: self.transfer,
+            resident_transfer: self.resident_transfer,
+            transfer_bytes: self.transfer_bytes,
+            resident_bytes: self.resident_bytes,
+            ..run
+        }
+    }
 }
 
 impl Ticket {

@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
 
-use super::request::RunState;
+use super::request::{Pending, RunState};
 use crate::backend::{Backend, DeviceId, DeviceRegistry};
 use crate::error::{Error, Result};
 
@@ -94,19 +94,44 @@ impl Drop for Workers {
 fn work(backend: Arc<dyn Backend>, jobs: Receiver<Msg>, router: Arc<Router>) {
     let device = backend.id();
     let mut ready: Vec<u32> = Vec::new();
+    // Launches queued on an in-order device and not yet seen complete (only this batch's:
+    // the batch ends when they have all completed).
+    let mut pending = Pending::new();
     while let Ok(msg) = jobs.recv() {
         let (run, nodes) = match msg {
             Msg::Stop => return,
             Msg::Nodes(run, nodes) => (run, nodes),
         };
+        let depth = run.queue_ahead();
         // Last in, first out: a node's dependents run right after it.
         ready.clear();
         ready.extend(nodes.into_iter().rev());
         // The nodes of this batch finished, counted off the execution's in-flight count
         // once the batch is through (an atomic per batch, not per node).
         let mut done = 0usize;
-        while let Some(i) = ready.pop() {
-            run.step(i, device, &*backend, &router, &mut ready, &mut done);
+        loop {
+            // Completed launches first: their dependents elsewhere go without delay.
+            run.resolve_completed(&mut pending, device, &router, &mut ready, &mut done);
+            if let Some(i) = ready.pop() {
+                while pending.len() >= depth.max(1) {
+                    if let Some(q) = pending.pop_front() {
+                        run.resolve(q, device, &router, &mut ready, &mut done);
+                    }
+                }
+                run.step(
+                    i,
+                    device,
+                    &*backend,
+                    &router,
+                    &mut ready,
+                    &mut pending,
+                    &mut done,
+                );
+            } else if let Some(q) = pending.pop_front() {
+                run.resolve(q, device, &router, &mut ready, &mut done);
+            } else {
+                break;
+            }
         }
         run.batch_finished(done);
     }

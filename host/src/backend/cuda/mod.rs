@@ -289,6 +289,7 @@ impl CudaBackend {
         let bytes = v.len() * 4;
         let buf = self.pool.alloc(bytes)?;
         if bytes > 0 {
+            self.order_copies_after_compute()?;
             let src: &[u8] = bytemuck::cast_slice(&v);
             self.up
                 .upload(buf.ptr(), bytes, 4, self.dev.copy_stream, |off, stage| {
@@ -347,6 +348,7 @@ impl CudaBackend {
             None => None,
         };
         let landing = raw.as_ref().map_or(out.ptr(), |r| r.ptr());
+        self.order_copies_after_compute()?;
         // SAFETY: the landing buffer holds range.len bytes.
         unsafe { drv::memcpy_htod_async(landing, src, copy) }.ctx(l, "cuMemcpyHtoDAsync")?;
         self.registered.copied(range, copy)?;
@@ -441,6 +443,7 @@ impl CudaBackend {
             let bytes = src.meta.numel() * st.phys.size();
             let buf = self.pool.alloc(bytes)?;
             if bytes > 0 {
+                self.order_copies_after_compute()?;
                 let copy = self.dev.copy_stream;
                 // SAFETY: both allocations hold `bytes`; the source completed its writes
                 // (synchronized above) and is held by the caller until this returns.
@@ -546,6 +549,15 @@ impl CudaBackend {
     /// the copy stream so far.
     fn order_after_copies(&self) -> Result<()> {
         self.order(self.dev.copy_stream, self.dev.stream)
+    }
+
+    /// Makes the copy stream wait for everything queued on the compute stream so far, before
+    /// a copy writes a block from the pool: the block may have been returned by an op whose
+    /// kernels are still queued (the executor queues launches ahead of their completion,
+    /// [`Backend::orders_launches`], and an op frees its scratch as soon as it is queued).
+    /// Reuse on the compute stream is ordered by the stream itself; the copy stream needs this.
+    fn order_copies_after_compute(&self) -> Result<()> {
+        self.order(self.dev.stream, self.dev.copy_stream)
     }
 
     /// Makes `waiter` wait for the work queued on `first` so far, with an event.
@@ -764,6 +776,7 @@ impl Backend for CudaBackend {
         };
         let buf = self.pool.alloc(bytes)?;
         if bytes > 0 {
+            self.order_copies_after_compute()?;
             let src = match host.data() {
                 HostData::F32(a) => Source::F32(contiguous(a)),
                 HostData::BF16(a) => Source::Bf16(contiguous(a)),
@@ -873,6 +886,13 @@ impl Backend for CudaBackend {
             }
             (p, _) => return Err(Error::Internal(format!("unexpected device precision {p}"))),
         })
+    }
+
+    fn orders_launches(&self) -> bool {
+        // Every op's kernels (and a fused unit's graph) run on the one compute stream;
+        // downloads and peer copies wait for it (`fetch`, `download_landed`, `peer_copy`),
+        // and uploads into pool blocks wait for it too (`order_copies_after_compute`).
+        true
     }
 
     fn fuses(&self, unit: &super::FusedUnit) -> bool {
