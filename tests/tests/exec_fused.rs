@@ -6,7 +6,7 @@
 //! node, and on a device without the unit.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use tandem::backend::cpu::CpuBackend;
 use tandem::backend::{
@@ -27,13 +27,15 @@ const DEV: DeviceId = DeviceId {
 };
 
 /// A fast device whose data are host tensors and whose ops the CPU computes; it runs the MoE
-/// block as one launch where `fuses`.
+/// block as one launch where `fuses`. Its launches finish before they return, so it may say
+/// they run in order (`in_order`), and the executor then takes its queue-ahead path.
 #[derive(Debug)]
 struct BlockDevice {
     info: DeviceInfo,
     cpu: CpuBackend,
     fuses: bool,
     units: AtomicUsize,
+    in_order: AtomicBool,
 }
 
 impl BlockDevice {
@@ -51,6 +53,7 @@ impl BlockDevice {
             cpu: CpuBackend::new(),
             fuses,
             units: AtomicUsize::new(0),
+            in_order: AtomicBool::new(false),
         })
     }
 
@@ -74,6 +77,9 @@ impl Backend for BlockDevice {
     }
     fn supports(&self, op: &Op, inputs: &[TensorMeta]) -> Support {
         self.cpu.supports(op, inputs)
+    }
+    fn orders_launches(&self) -> bool {
+        self.in_order.load(Ordering::Relaxed)
     }
     fn upload(&self, host: &Tensor) -> Result<DeviceStorage> {
         Ok(self.store(host.clone()))
@@ -208,6 +214,16 @@ fn the_moe_block_runs_as_one_unit_with_the_same_outputs() -> Result<()> {
         kernel.contains("inside the fused unit of router_logits"),
         "{kernel}"
     );
+    // Queued ahead (the path a GPU takes): the unit runs once more, its members still see it,
+    // and the outputs are the same.
+    dev.in_order.store(true, Ordering::Relaxed);
+    let queued = exec(&g, &reg, true)?;
+    assert_eq!(dev.units.load(Ordering::Relaxed), 2);
+    assert_eq!(fused_nodes(&queued), ["router_logits", "router", "experts"]);
+    assert_eq!(bits(&fetch(&queued, &reg, &g.outputs)?), want);
+    let apart = exec(&g, &reg, false)?;
+    assert!(fused_nodes(&apart).is_empty());
+    assert_eq!(bits(&fetch(&apart, &reg, &g.outputs)?), want);
     Ok(())
 }
 

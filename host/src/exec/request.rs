@@ -484,27 +484,16 @@ impl RunState {
                     names.join(" + "),
                     super::RUNS_THE_UNIT
                 ));
-                if queue {
-                    self.write_outputs(launch.outputs, outputs, &what)?;
-                    self.fused[i as usize].store(true, Ordering::Release);
-                    return Ok(Ran::Queued(Queued {
-                        node: i,
-                        run: ins.record(quiet(LaunchInfo::default(), fused)),
-                        done: launch.done,
-                        info: launch.info,
-                        what,
-                        deadline,
-                        t0,
-                        inputs: ins.storages,
-                        later: Vec::new(),
-                    }));
-                }
-                let info = self.wait_and_write(launch, outputs, &what, &deadline)?;
-                self.fused[i as usize].store(true, Ordering::Release);
-                return Ok(Ran::Done(NodeRun {
-                    wall: t0.elapsed(),
-                    ..ins.record(quiet(info, fused))
-                }));
+                let started = Started {
+                    node: i,
+                    device,
+                    launch,
+                    what,
+                    deadline,
+                    t0,
+                    ins,
+                };
+                return self.finish_launch(started, outputs, fused, queue);
             }
             Some(Role::Member { head }) if self.fused[*head as usize].load(Ordering::Acquire) => {
                 let head = self.prep.node_name(*head);
@@ -538,11 +527,52 @@ impl RunState {
                 e => e,
             })?;
         let outputs: Vec<u32> = self.prep.outputs(i).collect();
+        let started = Started {
+            node: i,
+            device,
+            launch,
+            what,
+            deadline,
+            t0,
+            ins,
+        };
+        self.finish_launch(started, &outputs, None, queue)
+    }
+
+    /// Finishes a launch: queued (its outputs written now, its wait left to
+    /// [`RunState::resolve`]) where `queue`, else waited for. `fused` is the unit a fused
+    /// head ran; the head is marked fused once its outputs are written, before any member
+    /// looks.
+    fn finish_launch(
+        &self,
+        s: Started,
+        outputs: &[u32],
+        fused: Option<String>,
+        queue: bool,
+    ) -> Result<Ran> {
+        let Started {
+            node,
+            device,
+            launch,
+            what,
+            deadline,
+            t0,
+            ins,
+        } = s;
+        let head = fused.is_some();
+        let quiet = |info: LaunchInfo, fused: Option<String>| {
+            let name = NodeName::of(&self.prep.node_names, node);
+            let op = self.prep.nodes[node as usize].op.name();
+            ins.record(NodeRun::quiet(name, op, device, info, fused))
+        };
         if queue {
-            self.write_outputs(launch.outputs, &outputs, &what)?;
+            self.write_outputs(launch.outputs, outputs, &what)?;
+            if head {
+                self.fused[node as usize].store(true, Ordering::Release);
+            }
             return Ok(Ran::Queued(Queued {
-                node: i,
-                run: ins.record(quiet(LaunchInfo::default(), None)),
+                node,
+                run: quiet(LaunchInfo::default(), fused),
                 done: launch.done,
                 info: launch.info,
                 what,
@@ -552,10 +582,13 @@ impl RunState {
                 later: Vec::new(),
             }));
         }
-        let info = self.wait_and_write(launch, &outputs, &what, &deadline)?;
+        let info = self.wait_and_write(launch, outputs, &what, &deadline)?;
+        if head {
+            self.fused[node as usize].store(true, Ordering::Release);
+        }
         Ok(Ran::Done(NodeRun {
             wall: t0.elapsed(),
-            ..ins.record(quiet(info, None))
+            ..quiet(info, fused)
         }))
     }
 
@@ -619,6 +652,19 @@ impl RunState {
         }
         Ok(())
     }
+}
+
+/// A node's launch as it returned, with what finishing it needs.
+struct Started {
+    node: u32,
+    device: DeviceId,
+    launch: Launch,
+    /// How errors name it.
+    what: String,
+    deadline: Deadline,
+    /// When the launch call began.
+    t0: Instant,
+    ins: Acquired,
 }
 
 /// A node's inputs on its device and what moving them took.
