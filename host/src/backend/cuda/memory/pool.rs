@@ -2,7 +2,10 @@
 //!
 //! Every kernel of a device runs on one stream, so a buffer returned to the pool may be handed
 //! out again at once: any later use is queued behind the work that used it before (stream-ordered
-//! reuse). Classes are powers of two and their midpoints (at most 33% waste) from 512 bytes; on
+//! reuse). A copy on the copy stream that writes a block first makes that stream wait for the
+//! compute stream (`CudaBackend::order_copies_after_compute`): ops return their scratch as soon
+//! as they are queued, and the executor queues launches ahead of their completion. Classes are
+//! powers of two and their midpoints (at most 33% waste) from 512 bytes; on
 //! an allocation failure the pool frees its cached blocks and tries once more.
 //!
 //! While a CUDA graph is being captured on a thread ([`Pool::hold`]), blocks that thread
