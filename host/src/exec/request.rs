@@ -448,8 +448,6 @@ impl RunState {
 
     fn run_node(&self, i: u32, device: DeviceId, backend: &dyn Backend) -> Result<Ran> {
         let node = &self.prep.nodes[i as usize];
-        // Queue dependents behind this launch instead of waiting for it.
-        let queue = self.opts.queue_ahead > 0 && backend.orders_launches();
         let quiet = |launch: LaunchInfo, fused: Option<String>| {
             let name = NodeName::of(&self.prep.node_names, i);
             NodeRun::quiet(name, node.op.name(), device, launch, fused)
@@ -458,7 +456,8 @@ impl RunState {
             // Nothing to move, launch or write: the scheduling is the whole cost.
             return Ok(Ran::Done(quiet(LaunchInfo::default(), None)));
         }
-        match self.prep.roles.get(i as usize).and_then(Option::as_ref) {
+        // A fused unit this node heads and its device runs, or this node alone.
+        let unit = match self.prep.roles.get(i as usize).and_then(Option::as_ref) {
             Some(Role::Head {
                 unit,
                 inputs,
@@ -468,32 +467,7 @@ impl RunState {
                 && !self.troubled.load(Ordering::Acquire)
                 && backend.fuses(unit) =>
             {
-                let ins = self.acquire(inputs, device)?;
-                let refs: Vec<&DeviceStorage> = ins.storages.iter().collect();
-                let t0 = Instant::now();
-                let deadline = Deadline::after(self.opts.timeout);
-                let names: Vec<&str> = std::iter::once(i)
-                    .chain(members.iter().copied())
-                    .map(|n| self.prep.node_name(n))
-                    .collect();
-                let what = format!("{} ({}) on {device}", names.join(" + "), unit.name());
-                let launch = backend.launch_fused(unit, &refs)?;
-                let fused = Some(format!(
-                    "{}: {} {}",
-                    unit.name(),
-                    names.join(" + "),
-                    super::RUNS_THE_UNIT
-                ));
-                let started = Started {
-                    node: i,
-                    device,
-                    launch,
-                    what,
-                    deadline,
-                    t0,
-                    ins,
-                };
-                return self.finish_launch(started, outputs, fused, queue);
+                Some((unit, inputs, outputs, members))
             }
             Some(Role::Member { head }) if self.fused[*head as usize].load(Ordering::Acquire) => {
                 let head = self.prep.node_name(*head);
@@ -505,74 +479,56 @@ impl RunState {
                     Some(format!("{}{head}", super::INSIDE_THE_UNIT_OF)),
                 )));
             }
-            _ => {}
-        }
-        let ins = self.acquire(self.prep.inputs(i), device)?;
-        let refs: Vec<_> = ins.storages.iter().collect();
+            _ => None,
+        };
+        let ins = self.acquire(unit.map_or(self.prep.inputs(i), |u| u.1), device)?;
+        let refs: Vec<&DeviceStorage> = ins.storages.iter().collect();
         let t0 = Instant::now();
-        let what = format!(
-            "{} ({}) on {device}",
-            self.prep.node_name(i),
-            node.op.name()
-        );
         let deadline = Deadline::after(self.opts.timeout);
-        let launch = backend
-            .launch_within(&node.op, &refs, &deadline)
-            .map_err(|e| match e {
-                // Name the node, as the wait below does.
-                Error::Timeout { timeout, .. } => Error::Timeout {
-                    what: what.clone(),
-                    timeout,
-                },
-                e => e,
-            })?;
-        let outputs: Vec<u32> = self.prep.outputs(i).collect();
-        let started = Started {
-            node: i,
-            device,
-            launch,
-            what,
-            deadline,
-            t0,
-            ins,
+        let (what, launch, outputs, fused) = match unit {
+            Some((unit, _, outputs, members)) => {
+                let names: Vec<&str> = std::iter::once(i)
+                    .chain(members.iter().copied())
+                    .map(|n| self.prep.node_name(n))
+                    .collect();
+                let names = names.join(" + ");
+                let what = format!("{names} ({}) on {device}", unit.name());
+                let launch = backend.launch_fused(unit, &refs)?;
+                let fused = format!("{}: {names} {}", unit.name(), super::RUNS_THE_UNIT);
+                (what, launch, outputs.clone(), Some(fused))
+            }
+            None => {
+                let what = format!(
+                    "{} ({}) on {device}",
+                    self.prep.node_name(i),
+                    node.op.name()
+                );
+                let launch =
+                    backend
+                        .launch_within(&node.op, &refs, &deadline)
+                        .map_err(|e| match e {
+                            // Name the node, as the wait below does.
+                            Error::Timeout { timeout, .. } => Error::Timeout {
+                                what: what.clone(),
+                                timeout,
+                            },
+                            e => e,
+                        })?;
+                (what, launch, self.prep.outputs(i).collect(), None)
+            }
         };
-        self.finish_launch(started, &outputs, None, queue)
-    }
-
-    /// Finishes a launch: queued (its outputs written now, its wait left to
-    /// [`RunState::resolve`]) where `queue`, else waited for. `fused` is the unit a fused
-    /// head ran; the head is marked fused once its outputs are written, before any member
-    /// looks.
-    fn finish_launch(
-        &self,
-        s: Started,
-        outputs: &[u32],
-        fused: Option<String>,
-        queue: bool,
-    ) -> Result<Ran> {
-        let Started {
-            node,
-            device,
-            launch,
-            what,
-            deadline,
-            t0,
-            ins,
-        } = s;
+        drop(refs);
+        // A fused head is marked once its outputs are written, before any member looks.
         let head = fused.is_some();
-        let quiet = |info: LaunchInfo, fused: Option<String>| {
-            let name = NodeName::of(&self.prep.node_names, node);
-            let op = self.prep.nodes[node as usize].op.name();
-            ins.record(NodeRun::quiet(name, op, device, info, fused))
-        };
-        if queue {
-            self.write_outputs(launch.outputs, outputs, &what)?;
+        // Queue dependents behind this launch instead of waiting for it.
+        if self.opts.queue_ahead > 0 && backend.orders_launches() {
+            self.write_outputs(launch.outputs, &outputs, &what)?;
             if head {
-                self.fused[node as usize].store(true, Ordering::Release);
+                self.fused[i as usize].store(true, Ordering::Release);
             }
             return Ok(Ran::Queued(Queued {
-                node,
-                run: quiet(LaunchInfo::default(), fused),
+                node: i,
+                run: ins.record(quiet(LaunchInfo::default(), fused)),
                 done: launch.done,
                 info: launch.info,
                 what,
@@ -582,13 +538,13 @@ impl RunState {
                 later: Vec::new(),
             }));
         }
-        let info = self.wait_and_write(launch, outputs, &what, &deadline)?;
+        let info = self.wait_and_write(launch, &outputs, &what, &deadline)?;
         if head {
-            self.fused[node as usize].store(true, Ordering::Release);
+            self.fused[i as usize].store(true, Ordering::Release);
         }
         Ok(Ran::Done(NodeRun {
             wall: t0.elapsed(),
-            ..quiet(info, fused)
+            ..ins.record(quiet(info, fused))
         }))
     }
 
@@ -652,19 +608,6 @@ impl RunState {
         }
         Ok(())
     }
-}
-
-/// A node's launch as it returned, with what finishing it needs.
-struct Started {
-    node: u32,
-    device: DeviceId,
-    launch: Launch,
-    /// How errors name it.
-    what: String,
-    deadline: Deadline,
-    /// When the launch call began.
-    t0: Instant,
-    ins: Acquired,
 }
 
 /// A node's inputs on its device and what moving them took.
