@@ -279,6 +279,14 @@ impl Module {
                 "moe_ws3_s4_down_bf16",
                 "moe_ws3_s4_swiglu_f16",
                 "moe_ws3_s4_down_f16",
+                "moe_ws_s4_c2_swiglu_bf16",
+                "moe_ws_s4_c2_down_bf16",
+                "moe_ws_s4_c2_swiglu_f16",
+                "moe_ws_s4_c2_down_f16",
+                "moe_ws3_s4_c2_swiglu_bf16",
+                "moe_ws3_s4_c2_down_bf16",
+                "moe_ws3_s4_c2_swiglu_f16",
+                "moe_ws3_s4_c2_down_f16",
                 "moe_ws_swiglu_e4m3_bf16",
                 "moe_ws_down_e4m3_bf16",
                 "moe_ws_swiglu_e4m3_f16",
@@ -472,31 +480,57 @@ pub enum MoeWsBlock {
     Three,
     /// Three consumers with a 4-stage ring (`moe_ws3_s4_*`, bf16/f16 only).
     ThreeDeep,
+    /// `TwoDeep` in clusters of two blocks (`moe_ws_s4_c2_*`): the pair takes two 128-row
+    /// tiles of one expert and n-tile, each block loads one of a stage's two weight tiles and
+    /// multicasts it into both, so each reads half the weight bytes from L2.
+    TwoDeepPair,
+    /// `ThreeDeep` in clusters of two blocks (`moe_ws3_s4_c2_*`).
+    ThreeDeepPair,
 }
 
 impl MoeWsBlock {
     /// Every build.
-    pub const ALL: [MoeWsBlock; 4] = [Self::Two, Self::TwoDeep, Self::Three, Self::ThreeDeep];
+    pub const ALL: [MoeWsBlock; 6] = [
+        Self::Two,
+        Self::TwoDeep,
+        Self::Three,
+        Self::ThreeDeep,
+        Self::TwoDeepPair,
+        Self::ThreeDeepPair,
+    ];
 
     /// Consumer warpgroups.
     pub const fn consumers(self) -> usize {
         match self {
-            Self::Two | Self::TwoDeep => 2,
-            Self::Three | Self::ThreeDeep => 3,
+            Self::Two | Self::TwoDeep | Self::TwoDeepPair => 2,
+            Self::Three | Self::ThreeDeep | Self::ThreeDeepPair => 3,
         }
     }
 
     /// Stages of the TMA ring.
     pub const fn stages(self) -> usize {
         match self {
-            Self::TwoDeep | Self::ThreeDeep => 4,
+            Self::TwoDeep | Self::ThreeDeep | Self::TwoDeepPair | Self::ThreeDeepPair => 4,
             Self::Two | Self::Three => MOE_WS_STAGES,
         }
     }
 
-    /// Rows of a tile: the tile map's block for this build.
+    /// Blocks a cluster (`__cluster_dims__`): 2 for the pair builds, else 1.
+    pub const fn cluster(self) -> usize {
+        match self {
+            Self::TwoDeepPair | Self::ThreeDeepPair => 2,
+            _ => 1,
+        }
+    }
+
+    /// Rows of a tile (one block's share).
     pub const fn block_m(self) -> usize {
         MOE_WS_WG_ROWS * self.consumers()
+    }
+
+    /// Rows of the tile map's unit: a tile, or in the pair builds the two tiles of a cluster.
+    pub const fn unit_m(self) -> usize {
+        self.block_m() * self.cluster()
     }
 
     /// Threads per block: the producer warpgroup and the consumers.
@@ -513,14 +547,16 @@ impl MoeWsBlock {
             + 1024
     }
 
-    /// The entry points' prefix: `moe_ws`, `moe_ws_s4`, `moe_ws3` or `moe_ws3_s4` (then
-    /// `_swiglu_{s}` / `_down_{s}`).
+    /// The entry points' prefix: `moe_ws`, `moe_ws_s4`, `moe_ws3`, `moe_ws3_s4`,
+    /// `moe_ws_s4_c2` or `moe_ws3_s4_c2` (then `_swiglu_{s}` / `_down_{s}`).
     pub const fn prefix(self) -> &'static str {
         match self {
             Self::Two => "moe_ws",
             Self::TwoDeep => "moe_ws_s4",
             Self::Three => "moe_ws3",
             Self::ThreeDeep => "moe_ws3_s4",
+            Self::TwoDeepPair => "moe_ws_s4_c2",
+            Self::ThreeDeepPair => "moe_ws3_s4_c2",
         }
     }
 }
@@ -883,6 +919,7 @@ mod tests {
         assert!(src.contains("STAGE = TILE_A + 2 * TILE_W;"));
         assert!(src.contains("BYTES = BARS + 2 * 8 * S + 1024;"));
         assert!(src.contains("__launch_bounds__(128 * (CONS + 1), 1)"));
+        assert!(src.contains("__cluster_dims__(2, 1, 1)"));
         // every block in both 16-bit precisions; the FP8 builds: the two-consumer blocks'
         let fp8 = [MoeWsBlock::Two, MoeWsBlock::TwoDeep];
         for (macro_name, elem, blocks) in [
@@ -893,6 +930,11 @@ mod tests {
                 assert!(b.smem() <= 227 * 1024, "{b:?}: {} bytes", b.smem());
                 for (gemm, swiglu) in [("swiglu", true), ("down", false)] {
                     for (prec, f16) in [("bf16", false), ("f16", true)] {
+                        let macro_name = if b.cluster() == 2 {
+                            "MWS_PAIR_ENTRY"
+                        } else {
+                            macro_name
+                        };
                         let line = format!(
                             "{macro_name}({}_{gemm}_{elem}{prec}, {swiglu}, {f16}, {}, {})",
                             b.prefix(),

@@ -69,7 +69,7 @@ const fn case(
 /// The experts path and tile of each path the cases run on.
 /// Every path (the grouped kernels with each tile, cuBLASLt, the Hopper kernels with each
 /// block).
-const PATHS: [(MoeExpertsPath, Option<MoeTileSize>, Option<MoeWsTile>); 8] = [
+const PATHS: [(MoeExpertsPath, Option<MoeTileSize>, Option<MoeWsTile>); 10] = [
     (MoeExpertsPath::Grouped, Some(MoeTileSize::S), None),
     (MoeExpertsPath::Grouped, Some(MoeTileSize::M), None),
     (MoeExpertsPath::Grouped, Some(MoeTileSize::L), None),
@@ -78,6 +78,8 @@ const PATHS: [(MoeExpertsPath, Option<MoeTileSize>, Option<MoeWsTile>); 8] = [
     (MoeExpertsPath::Wgmma, None, Some(MoeWsTile::R128S4)),
     (MoeExpertsPath::Wgmma, None, Some(MoeWsTile::R192)),
     (MoeExpertsPath::Wgmma, None, Some(MoeWsTile::R192S4)),
+    (MoeExpertsPath::Wgmma, None, Some(MoeWsTile::R128S4C2)),
+    (MoeExpertsPath::Wgmma, None, Some(MoeWsTile::R192S4C2)),
 ];
 
 /// The options of the CUDA tests in `dt` with the path, tile and Hopper block forced.

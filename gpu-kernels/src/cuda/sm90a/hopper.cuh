@@ -24,6 +24,50 @@ __device__ __forceinline__ void tma_load_3d(unsigned dst, const tma_map_t* map, 
         "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n"
         ::"r"(dst), "l"((u64_t)map), "r"(bar), "r"(c0), "r"(c1), "r"(c2) : "memory");
 }
+// Thread-block clusters (a build launched with __cluster_dims__): this block's rank in its
+// cluster, the cluster's index and the clusters of the grid (1-D clusters along x).
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ unsigned cluster_id_x() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ unsigned cluster_count_x() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
+    return r;
+}
+// Every thread of every block of the cluster arrives, then waits for all (release/acquire at
+// cluster scope: shared-memory writes and mbarrier inits before it are seen by the peers).
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// Arrives on the mbarrier at shared offset `bar` of block `cta` of this cluster (release at
+// cluster scope: this block's reads of what the barrier guards are done).
+__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned cta) {
+    asm volatile(
+        "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar), "r"(cta) : "memory");
+}
+// As mbar_wait, acquiring at cluster scope: for a barrier that blocks of the cluster arrive on.
+__device__ __forceinline__ void mbar_wait_cluster(unsigned bar, unsigned parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nWS_WAIT_CL:\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra WS_WAIT_CL;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+// As tma_load_3d, written to the same shared offset of every block of the cluster in `mask`
+// (bit i: rank i), each block's mbarrier at offset `bar` receiving the bytes it got.
+__device__ __forceinline__ void tma_load_3d_multicast(unsigned dst, const tma_map_t* map, unsigned bar, int c0, int c1,
+                                                      int c2, unsigned short mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, %4, %5}], [%2], %6;\n"
+        ::"r"(dst), "l"((u64_t)map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "h"(mask) : "memory");
+}
 __device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void named_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 

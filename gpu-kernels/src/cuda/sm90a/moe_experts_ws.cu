@@ -29,7 +29,9 @@
 // next stage is awaited. A consumer whose rows all lie past the expert's segment (its last
 // tile) keeps its ring arrivals and issues no product. The producer runs ahead into the next
 // tile while the consumers store this one. Builds: moe_ws_* (128 rows, 3 stages; also the
-// e4m3 ones), moe_ws_s4_* (128, 4), moe_ws3_* (192, 3), moe_ws3_s4_* (192, 4); the host picks
+// e4m3 ones), moe_ws_s4_* (128, 4), moe_ws3_* (192, 3), moe_ws3_s4_* (192, 4), and the last
+// two in clusters of two blocks sharing the weight tiles, moe_ws_s4_c2_* and moe_ws3_s4_c2_*
+// (the pair builds, template argument CL); the host picks
 // by the rows an expert (ops/moe.rs, ws_block). On an H100 at its 700 W cap, fewer operand
 // bytes per product pay more than a busier tensor pipe (docs/PERF.md, sixteenth session).
 // Requirements (checked by the host): K and the output width multiples of 8 (16-byte rows for
@@ -107,12 +109,22 @@ __device__ __forceinline__ void mws_ss_n128_e4m3(float (&d)[16][4], u64_t da, u6
         : "l"(da), "l"(db), "r"(accumulate));
 }
 
-// The tile `t` of this GEMM: its expert, first row, row bound and n-tile (the tiles of one
-// n-tile consecutive).
+// A consumer warp's release of a stage: to this block's empty barrier, and in a pair build to
+// the peer's too (it multicasts into this block's stage).
+template <int CL>
+__device__ __forceinline__ void mws_release(unsigned bar, unsigned rank) {
+    mbar_arrive(bar);
+    if constexpr (CL > 1) mbar_arrive_cluster(bar, rank ^ 1);
+}
+
 struct MwsTile {
     int e, row0, row_end, nt;
 };
-__device__ __forceinline__ MwsTile mws_tile(int t, int NT, int E, const int* soff, const int* tstart, int bm) {
+// The tile (unit) `t` of this GEMM: its expert, first row, row bound and n-tile (expert-major,
+// then the n-tile, then the m-tile: the units of one n-tile consecutive); a unit is `bm` rows,
+// and a pair build's block of rank 1 takes the unit's second half (rows from row0 + bm / 2).
+__device__ __forceinline__ MwsTile mws_tile(int t, int NT, int E, const int* soff, const int* tstart, int bm,
+                                            unsigned rank) {
     int lo = 0, hi = E;  // tstart[lo] * NT <= t < tstart[hi] * NT
     while (hi - lo > 1) {
         const int mid = (lo + hi) >> 1;
@@ -124,7 +136,7 @@ __device__ __forceinline__ MwsTile mws_tile(int t, int NT, int E, const int* sof
     MwsTile r;
     r.e = lo;
     r.nt = local / mcount;
-    r.row0 = soff[lo] + (local - r.nt * mcount) * bm;
+    r.row0 = soff[lo] + (local - r.nt * mcount) * bm + (int)rank * (bm >> 1);
     r.row_end = soff[lo + 1];
     return r;
 }
@@ -134,8 +146,11 @@ __device__ __forceinline__ MwsTile mws_tile(int t, int NT, int E, const int* sof
 // (128 elements, 128 bytes, a row of a stage) with f32 scales, sa[p] per row of A and sw[row]
 // per weight row (output channel): the products are scaled by sa[p] * sw[row] in the epilogue.
 // CONS: consumer warpgroups, 64 rows of a tile each (the tile map's block is 64 * CONS);
-// STAGES: the ring's depth.
-template <bool SWIGLU, bool F16, bool FP8, int CONS, int STAGES>
+// STAGES: the ring's depth. CL: blocks a cluster (1, or 2 for the pair builds: the two blocks
+// take the two BM-row halves of one 2 * BM-row unit of the tile map, and each loads one of the
+// stage's two weight tiles and multicasts it into both blocks' stages, so a block reads half
+// the weight bytes from L2; a stage is refilled once both blocks' consumers released it).
+template <bool SWIGLU, bool F16, bool FP8, int CONS, int STAGES, int CL>
 __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t* mw, unsigned short* __restrict__ out,
                                             const int* __restrict__ sorted, const int* __restrict__ soff_g,
                                             const int* __restrict__ tstart_g, int E, int N, int K, int slots,
@@ -154,16 +169,21 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(full + 8 * s, 1);
-            mbar_init(empty + 8 * s, 4 * CONS);  // the consumer warps
+            mbar_init(empty + 8 * s, 4 * CONS * CL);  // the consumer warps (of both blocks)
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    __syncthreads();
+    // a pair's blocks arrive on each other's barriers: both initialised before either runs
+    if constexpr (CL > 1) cluster_sync();
+    else __syncthreads();
+    const unsigned rank = CL > 1 ? cluster_rank() : 0;
+    const int first = CL > 1 ? (int)cluster_id_x() : (int)blockIdx.x;
+    const int stride = CL > 1 ? (int)cluster_count_x() : (int)gridDim.x;
 
     const int w_rows = SWIGLU ? 2 * N : N;
     const int tile_n = SWIGLU ? MWS_BN : 2 * MWS_BN;  // output columns a tile
     const int NT = (N + tile_n - 1) / tile_n;
-    const int total = tstart[E] * NT;
+    const int total = tstart[E] * NT;  // units of CL * BM rows (tiles when CL is 1)
     const int KC = (K + BK - 1) / BK;
 
     if (wg == 0) {
@@ -173,8 +193,8 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
         else asm volatile("setmaxnreg.dec.sync.aligned.u32 32;\n" ::: "memory");
         if (threadIdx.x == 0) {
             int it = 0;
-            for (int t = blockIdx.x; t < total; t += gridDim.x) {
-                const MwsTile tl = mws_tile(t, NT, E, soff, tstart, L::BM);
+            for (int t = first; t < total; t += stride) {
+                const MwsTile tl = mws_tile(t, NT, E, soff, tstart, CL * L::BM, rank);
                 const int n0 = tl.nt * tile_n;
                 const int w0 = tl.e * w_rows + n0;
                 const int w1 = SWIGLU ? w0 + N : w0 + MWS_BN;  // up rows / the next 128 rows
@@ -182,11 +202,20 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
                     const int s = it % STAGES;
                     const unsigned ph = ((it / STAGES) & 1) ^ 1;  // a stage's first use does not wait
                     const unsigned st = base + s * L::STAGE;
-                    mbar_wait(empty + 8 * s, ph);
-                    mbar_expect_tx(full + 8 * s, L::STAGE);
-                    tma_load_3d(st, ma, full + 8 * s, c * BK, tl.row0, 0);
-                    tma_load_3d(st + L::TILE_A, mw, full + 8 * s, c * BK, w0, 0);
-                    tma_load_3d(st + L::TILE_A + L::TILE_W, mw, full + 8 * s, c * BK, w1, 0);
+                    if constexpr (CL > 1) mbar_wait_cluster(empty + 8 * s, ph);
+                    else mbar_wait(empty + 8 * s, ph);
+                    // a pair's second block past its expert's rows (an odd last tile) loads no A
+                    const bool a_rows = tl.row0 < tl.row_end;
+                    mbar_expect_tx(full + 8 * s, a_rows ? L::STAGE : L::STAGE - L::TILE_A);
+                    if (a_rows) tma_load_3d(st, ma, full + 8 * s, c * BK, tl.row0, 0);
+                    if constexpr (CL > 1) {
+                        // this block's weight tile, into both blocks' stages
+                        tma_load_3d_multicast(st + L::TILE_A + rank * L::TILE_W, mw, full + 8 * s, c * BK,
+                                              rank ? w1 : w0, 0, (unsigned short)3);
+                    } else {
+                        tma_load_3d(st + L::TILE_A, mw, full + 8 * s, c * BK, w0, 0);
+                        tma_load_3d(st + L::TILE_A + L::TILE_W, mw, full + 8 * s, c * BK, w1, 0);
+                    }
                 }
             }
         }
@@ -197,8 +226,8 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
         const int g = lane >> 2, tq = lane & 3;
         const int rw = cw * MWS_WG_ROWS + (warp & 3) * 16 + g;  // this thread's rows: rw, rw + 8
         int it = 0;
-        for (int t = blockIdx.x; t < total; t += gridDim.x) {
-            const MwsTile tl = mws_tile(t, NT, E, soff, tstart, L::BM);
+        for (int t = first; t < total; t += stride) {
+            const MwsTile tl = mws_tile(t, NT, E, soff, tstart, CL * L::BM, rank);
             // columns 0..127: gate (W0) / the first 128 outputs; 128..255: up (W1) / the next 128
             float acc[32][4];
 #pragma unroll
@@ -212,7 +241,7 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
                 for (int c = 0; c < KC; ++c, ++it) {
                     const int s = it % STAGES;
                     mbar_wait(full + 8 * s, (it / STAGES) & 1);
-                    if (lane == 0) mbar_arrive(empty + 8 * s);
+                    if (lane == 0) mws_release<CL>(empty + 8 * s, rank);
                 }
                 continue;
             }
@@ -243,11 +272,11 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
                 ws_commit();
                 // the previous k-step's products are done: its stage can be refilled
                 ws_wait<1>();
-                if (c > 0 && lane == 0) mbar_arrive(empty + 8 * ((it - 1) % STAGES));
+                if (c > 0 && lane == 0) mws_release<CL>(empty + 8 * ((it - 1) % STAGES), rank);
             }
             ws_wait<0>();
             pin(acc);
-            if (KC > 0 && lane == 0) mbar_arrive(empty + 8 * ((it - 1) % STAGES));
+            if (KC > 0 && lane == 0) mws_release<CL>(empty + 8 * ((it - 1) % STAGES), rank);
 
             const int n0 = tl.nt * tile_n;
             if constexpr (FP8) {
@@ -304,6 +333,8 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
             }
         }
     }
+    // the peer may still arrive on this block's barriers or write into its ring
+    if constexpr (CL > 1) cluster_sync();
 }
 
 #define MWS_ENTRY(NAME, SWIGLU, F16, CONS, STAGES)                                                       \
@@ -311,7 +342,15 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
         NAME(const __grid_constant__ tma_map_t ma, const __grid_constant__ tma_map_t mw,                 \
              unsigned short* __restrict__ out, const int* __restrict__ sorted, const int* __restrict__ soff, \
              const int* __restrict__ tstart, int E, int N, int K, int slots) {                           \
-        moe_ws_gemm<SWIGLU, F16, false, CONS, STAGES>(&ma, &mw, out, sorted, soff, tstart, E, N, K, slots, nullptr, nullptr); \
+        moe_ws_gemm<SWIGLU, F16, false, CONS, STAGES, 1>(&ma, &mw, out, sorted, soff, tstart, E, N, K, slots, nullptr, nullptr); \
+    }
+// The pair builds: clusters of two blocks sharing each stage's weight tiles.
+#define MWS_PAIR_ENTRY(NAME, SWIGLU, F16, CONS, STAGES)                                                  \
+    extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128 * (CONS + 1), 1)          \
+        NAME(const __grid_constant__ tma_map_t ma, const __grid_constant__ tma_map_t mw,                 \
+             unsigned short* __restrict__ out, const int* __restrict__ sorted, const int* __restrict__ soff, \
+             const int* __restrict__ tstart, int E, int N, int K, int slots) {                           \
+        moe_ws_gemm<SWIGLU, F16, false, CONS, STAGES, 2>(&ma, &mw, out, sorted, soff, tstart, E, N, K, slots, nullptr, nullptr); \
     }
 // 128-row tiles, two consumers (384 threads)
 MWS_ENTRY(moe_ws_swiglu_bf16, true, false, 2, 3)
@@ -333,6 +372,15 @@ MWS_ENTRY(moe_ws3_s4_swiglu_bf16, true, false, 3, 4)
 MWS_ENTRY(moe_ws3_s4_down_bf16, false, false, 3, 4)
 MWS_ENTRY(moe_ws3_s4_swiglu_f16, true, true, 3, 4)
 MWS_ENTRY(moe_ws3_s4_down_f16, false, true, 3, 4)
+// clusters of two (the pair builds) on the 4-stage rings
+MWS_PAIR_ENTRY(moe_ws_s4_c2_swiglu_bf16, true, false, 2, 4)
+MWS_PAIR_ENTRY(moe_ws_s4_c2_down_bf16, false, false, 2, 4)
+MWS_PAIR_ENTRY(moe_ws_s4_c2_swiglu_f16, true, true, 2, 4)
+MWS_PAIR_ENTRY(moe_ws_s4_c2_down_f16, false, true, 2, 4)
+MWS_PAIR_ENTRY(moe_ws3_s4_c2_swiglu_bf16, true, false, 3, 4)
+MWS_PAIR_ENTRY(moe_ws3_s4_c2_down_bf16, false, false, 3, 4)
+MWS_PAIR_ENTRY(moe_ws3_s4_c2_swiglu_f16, true, true, 3, 4)
+MWS_PAIR_ENTRY(moe_ws3_s4_c2_down_f16, false, true, 3, 4)
 
 // The e4m3 builds (outputs in the storage precision named last): A and W are e4m3 with f32
 // scales sa [P] and sw [E * W_ROWS] (moe_quant_e4m3_{s}); K a multiple of 16.
@@ -342,7 +390,7 @@ MWS_ENTRY(moe_ws3_s4_down_f16, false, true, 3, 4)
              unsigned short* __restrict__ out, const int* __restrict__ sorted, const int* __restrict__ soff, \
              const int* __restrict__ tstart, int E, int N, int K, int slots, const float* __restrict__ sa, \
              const float* __restrict__ sw) {                                                             \
-        moe_ws_gemm<SWIGLU, F16, true, CONS, STAGES>(&ma, &mw, out, sorted, soff, tstart, E, N, K, slots, sa, sw); \
+        moe_ws_gemm<SWIGLU, F16, true, CONS, STAGES, 1>(&ma, &mw, out, sorted, soff, tstart, E, N, K, slots, sa, sw); \
     }
 MWS_FP8_ENTRY(moe_ws_swiglu_e4m3_bf16, true, false, 2, 3)
 MWS_FP8_ENTRY(moe_ws_down_e4m3_bf16, false, false, 2, 3)

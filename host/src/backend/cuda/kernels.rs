@@ -43,6 +43,8 @@ struct Loaded {
     smem: HashMap<&'static str, u32>,
     /// Blocks per multiprocessor, per (kernel, threads, dynamic shared memory).
     per_sm: HashMap<(&'static str, u32, usize), u32>,
+    /// Clusters resident at once, per (kernel, threads, dynamic shared memory, cluster size).
+    clusters: HashMap<(&'static str, u32, usize, u32), u32>,
 }
 
 /// The kernels of one device, loaded lazily (compiled by NVRTC or read from the disk cache).
@@ -212,6 +214,48 @@ impl Kernels {
         let n = n.max(0) as u32;
         let mut l = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
         l.per_sm.insert(key, n);
+        Ok(n)
+    }
+
+    /// How many clusters of `cluster` blocks (`threads` threads, `smem` bytes of dynamic
+    /// shared memory each) of kernel `name`, which declares that cluster size, the device runs
+    /// at once (`cuOccupancyMaxActiveClusters`).
+    pub fn max_active_clusters(
+        &self,
+        name: &'static str,
+        threads: u32,
+        smem: usize,
+        cluster: u32,
+    ) -> Result<u32> {
+        let key = (name, threads, smem, cluster);
+        {
+            let l = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(&n) = l.clusters.get(&key) {
+                return Ok(n);
+            }
+        }
+        let f = self.function(name)?;
+        self.raise_smem(name, f, smem as u32)?;
+        let config = sys::CUlaunchConfig {
+            gridDimX: cluster,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: threads,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem as u32,
+            hStream: std::ptr::null_mut(),
+            attrs: std::ptr::null_mut(),
+            numAttrs: 0,
+        };
+        let mut n: std::ffi::c_int = 0;
+        // SAFETY: f is a valid function; config and n outlive the call.
+        unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, f, &config) }
+            .result()
+            .ctx(&self.label, &format!("cluster occupancy of {name}"))?;
+        let n = n.max(0) as u32;
+        let mut l = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+        l.clusters.insert(key, n);
         Ok(n)
     }
 

@@ -731,7 +731,7 @@ fn experts_wgmma(
         gate_up,
         down,
     } = GroupedInputs::of(cx, s, ins, phys)?;
-    let map = tile_map(cx, s, offsets, block.block_m())?;
+    let map = tile_map(cx, s, offsets, block.unit_m())?;
     let slots = (t * k) as i32;
     // Every row of the permutation (the host does not know where the segments end); padding
     // rows are zeros.
@@ -844,10 +844,11 @@ pub(super) struct WsGemm {
     pub scales: Option<(u64, u64)>,
 }
 
-/// Queues `g` over the tile map `map`: one block a multiprocessor, at most the tiles the
-/// segments can need (one partial tile per expert) times the n-tiles; A and W through 128-byte
-/// swizzled tensor maps (A in boxes of the block's tile height, W in 128-row boxes), 128 bytes
-/// of K a stage (64 bf16/f16 elements, 128 e4m3).
+/// Queues `g` over the tile map `map` (built with the block's unit rows): one block a
+/// multiprocessor (in the pair builds, as many clusters of two as the device runs at once), at
+/// most the units the segments can need (one partial unit per expert) times the n-tiles; A and
+/// W through 128-byte swizzled tensor maps (A in boxes of the block's tile height, W in
+/// 128-row boxes), 128 bytes of K a stage (64 bf16/f16 elements, 128 e4m3).
 pub(super) fn ws_gemm(
     cx: &Cx<'_>,
     s: &ExpertsShape,
@@ -856,10 +857,30 @@ pub(super) fn ws_gemm(
     g: &WsGemm,
 ) -> Result<()> {
     let bm = g.block.block_m();
-    let m_tiles = s.p.div_ceil(bm) + s.e;
-    let grid = (m_tiles * g.n.div_ceil(g.n_tile))
-        .min(cx.sms() as usize)
-        .max(1) as u32;
+    let units = (s.p.div_ceil(g.block.unit_m()) + s.e) * g.n.div_ceil(g.n_tile);
+    let cluster = g.block.cluster();
+    let grid = if cluster > 1 {
+        // every cluster resident at once: the persistent blocks walk the units themselves
+        let resident = cx.be.kernels.max_active_clusters(
+            g.name,
+            g.block.threads(),
+            g.block.smem(),
+            cluster as u32,
+        )? as usize;
+        if resident == 0 {
+            return Err(Error::Unsupported {
+                op: g.name.into(),
+                device: cx.be.dev.label.clone(),
+                why: format!(
+                    "no cluster of {cluster} blocks of {} bytes of shared memory fits",
+                    g.block.smem()
+                ),
+            });
+        }
+        (units.min(resident) * cluster) as u32
+    } else {
+        units.min(cx.sms() as usize).max(1) as u32
+    };
     let box_k = (128 / g.elem.size()) as u32;
     let label = &cx.be.dev.label;
     let (soff, tstart) = map.tables();
