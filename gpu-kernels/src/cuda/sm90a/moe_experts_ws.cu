@@ -4,7 +4,8 @@
 // Inputs (T tokens, H hidden, F ffn, E experts, k per token; slot = t*k + j):
 //   A [P, K]: the activations in permuted order (xg, gathered by moe_gather_{s}, for the gate/up
 //     GEMM; h, the SwiGLU output, for the down GEMM), read through the tensor map `ma`
-//     (dims {K, P, 1}, boxes {64, BM, 1}, 128-byte swizzle; rows past P read as zero);
+//     (dims {K, P, 1}, boxes {64, 64, 1}: a consumer's rows, 128-byte swizzle; rows past P read
+//     as zero);
 //   W [E * W_ROWS, K]: the expert weights, K-major (gate_up [E, 2F, H]: W_ROWS = 2F; down
 //     [E, H, F]: W_ROWS = H), through `mw` (dims {K, E * W_ROWS, 1}, boxes {64, 128, 1});
 //   soff [E+1], tstart [E+1]: moe_tile_map's monotone segment bounds and the prefix count of
@@ -198,16 +199,18 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
                 const int n0 = tl.nt * tile_n;
                 const int w0 = tl.e * w_rows + n0;
                 const int w1 = SWIGLU ? w0 + N : w0 + MWS_BN;  // up rows / the next 128 rows
+                const int live = min(CONS, max(0, (tl.row_end - tl.row0 + MWS_WG_ROWS - 1) / MWS_WG_ROWS));
                 for (int c = 0; c < KC; ++c, ++it) {
                     const int s = it % STAGES;
                     const unsigned ph = ((it / STAGES) & 1) ^ 1;  // a stage's first use does not wait
                     const unsigned st = base + s * L::STAGE;
-                    if constexpr (CL > 1) mbar_wait_cluster(empty + 8 * s, ph);
-                    else mbar_wait(empty + 8 * s, ph);
-                    // a pair's second block past its expert's rows (an odd last tile) loads no A
-                    const bool a_rows = tl.row0 < tl.row_end;
-                    mbar_expect_tx(full + 8 * s, a_rows ? L::STAGE : L::STAGE - L::TILE_A);
-                    if (a_rows) tma_load_3d(st, ma, full + 8 * s, c * BK, tl.row0, 0);
+                    mbar_wait(empty + 8 * s, ph);
+                    // A in 64-row boxes, one a consumer: none for a consumer whose rows all lie
+                    // past the expert's segment (it issues no product), so an expert's last
+                    // tile reads only the rows it uses (and a pair's idle half none)
+                    mbar_expect_tx(full + 8 * s, live * MWS_WG_ROWS * 128 + 2 * L::TILE_W);
+                    for (int i = 0; i < live; ++i)
+                        tma_load_3d(st + i * MWS_WG_ROWS * 128, ma, full + 8 * s, c * BK, tl.row0 + i * MWS_WG_ROWS, 0);
                     if constexpr (CL > 1) {
                         // this block's weight tile, into both blocks' stages
                         tma_load_3d_multicast(st + L::TILE_A + rank * L::TILE_W, mw, full + 8 * s, c * BK,

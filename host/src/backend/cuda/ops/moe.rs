@@ -847,8 +847,9 @@ pub(super) struct WsGemm {
 /// Queues `g` over the tile map `map` (built with the block's unit rows): one block a
 /// multiprocessor (in the pair builds, as many clusters of two as the device runs at once), at
 /// most the units the segments can need (one partial unit per expert) times the n-tiles; A and
-/// W through 128-byte swizzled tensor maps (A in boxes of the block's tile height, W in
-/// 128-row boxes), 128 bytes of K a stage (64 bf16/f16 elements, 128 e4m3).
+/// W through 128-byte swizzled tensor maps (A in 64-row boxes, one a consumer warpgroup, so a
+/// tile loads only the rows its expert has; W in 128-row boxes), 128 bytes of K a stage (64
+/// bf16/f16 elements, 128 e4m3).
 pub(super) fn ws_gemm(
     cx: &Cx<'_>,
     s: &ExpertsShape,
@@ -856,7 +857,6 @@ pub(super) fn ws_gemm(
     sorted: &CudaStorage,
     g: &WsGemm,
 ) -> Result<()> {
-    let bm = g.block.block_m();
     let units = (s.p.div_ceil(g.block.unit_m()) + s.e) * g.n.div_ceil(g.n_tile);
     let cluster = g.block.cluster();
     let grid = if cluster > 1 {
@@ -890,7 +890,7 @@ pub(super) fn ws_gemm(
             g.a,
             g.elem,
             [1, s.p, g.k_len],
-            bm as u32,
+            tandem_gpu_kernels::MOE_WS_WG_ROWS as u32,
             box_k,
         )?),
         Arg::TensorMap(tma::tiled_3d_sw128(
