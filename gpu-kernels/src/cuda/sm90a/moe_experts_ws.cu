@@ -126,10 +126,11 @@ struct MwsTile {
 };
 // The tile (unit) `t` of this GEMM: its expert, first row, row bound and n-tile (expert-major,
 // then the n-tile, then the m-tile: the units of one n-tile consecutive); a unit is `bm` rows.
-// In a pair build (CL 2) the expert's rows, in 64-row chunks (a consumer's), are spread evenly
-// over the 2 * units halves, half 2u + rank for this block: a pair's time is its fuller half's,
-// so an expert's last unit splits its rows rather than leaving its second half idle (an expert
-// of 896 rows, 14 chunks: 3 3 | 2 2 | 2 2, not 3 3 | 3 3 | 2 0).
+// In a pair build (CL 2) the block of rank r takes rows row0 + r * bm / 2 .. of the unit (an
+// expert's last unit may leave the second half idle). Spreading an expert's 64-row chunks
+// evenly over the halves instead (896 rows: 3 3 | 2 2 | 2 2, not 3 3 | 3 3 | 2 0) was measured
+// on an H200 (2026-11-29, H4096 F14336 E8 k2): faster at T2048 and T3072, slower at T4096
+// (4.91 against 4.72 ms) and T8192, so it is not kept.
 template <int CL>
 __device__ __forceinline__ MwsTile mws_tile(int t, int NT, int E, const int* soff, const int* tstart, int bm,
                                             unsigned rank) {
@@ -146,16 +147,7 @@ __device__ __forceinline__ MwsTile mws_tile(int t, int NT, int E, const int* sof
     r.nt = local / mcount;
     const int u = local - r.nt * mcount;
     r.row_end = soff[lo + 1];
-    if constexpr (CL == 1) {
-        r.row0 = soff[lo] + u * bm;
-    } else {
-        // base or base + 1 chunks a half, at most CONS (mcount = ceil(chunks / (bm / 64)))
-        const int chunks = (r.row_end - soff[lo] + MWS_WG_ROWS - 1) / MWS_WG_ROWS;
-        const int halves = 2 * mcount, h = 2 * u + (int)rank;
-        const int base = chunks / halves, extra = chunks % halves;
-        r.row0 = soff[lo] + (h * base + min(h, extra)) * MWS_WG_ROWS;
-        r.row_end = min(r.row_end, r.row0 + (base + (h < extra ? 1 : 0)) * MWS_WG_ROWS);
-    }
+    r.row0 = soff[lo] + u * bm + (int)rank * (bm / CL);
     return r;
 }
 
@@ -165,7 +157,7 @@ __device__ __forceinline__ MwsTile mws_tile(int t, int NT, int E, const int* sof
 // per weight row (output channel): the products are scaled by sa[p] * sw[row] in the epilogue.
 // CONS: consumer warpgroups, 64 rows of a tile each (the tile map's block is 64 * CONS);
 // STAGES: the ring's depth. CL: blocks a cluster (1, or 2 for the pair builds: the two blocks
-// share one 2 * BM-row unit of the tile map, its rows split between them as mws_tile says, and
+// take the two BM-row halves of one 2 * BM-row unit of the tile map (mws_tile), and
 // each loads one of the stage's two weight tiles and multicasts it into both blocks' stages, so
 // a block reads half the weight bytes from L2; a stage is refilled once both blocks' consumers
 // released it).
