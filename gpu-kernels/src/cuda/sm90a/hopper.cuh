@@ -1,7 +1,8 @@
 // Hopper (sm_90a) building blocks shared by the sm90a modules (placed after common.cuh in
 // each of their NVRTC programs): tensor maps and TMA tile loads, mbarriers, named barriers,
-// wgmma fences, commit groups, waits and shared-memory matrix descriptors (128-byte swizzle),
-// and the m64n128k16 shared x shared products both the attention and the MoE experts use.
+// thread-block clusters (rank, barrier, remote arrivals, multicast TMA loads), wgmma fences,
+// commit groups, waits and shared-memory matrix descriptors (128-byte swizzle), and the
+// m64n128k16 shared x shared products both the attention and the MoE experts use.
 struct __align__(128) tma_map_t { u64_t v[16]; };
 
 __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
@@ -48,7 +49,7 @@ __device__ __forceinline__ void cluster_sync() {
 }
 // Arrives on the mbarrier at shared offset `bar` of block `cta` of this cluster, with the
 // default semantics (release, CTA scope) as CUTLASS's ClusterBarrier does. `.release.cluster`
-// cost the 128-row pair build of the MoE experts 39% (7.22 against 5.22 ms at T4096 on an
+// cost the 128-row pair build of the MoE experts 39% (7.22 against 5.20 ms at T4096 on an
 // H200, 2026-11-29): the consumer warp stalls at each arrival.
 __device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned cta) {
     asm volatile(

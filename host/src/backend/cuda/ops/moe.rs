@@ -804,9 +804,9 @@ fn experts_wgmma(
 /// its 700 W cap: fewer operand bytes a product is what pays); T64 0.969 ms for 128 rows and 4
 /// stages against 0.996. The pair builds (clusters of two sharing the weight tiles) are never
 /// picked here: on an H200 (2026-11-29) they were 5% faster at T4096, where every expert has
-/// an even count of 192-row tiles, and 6-16% slower at T2048, T3072, T3584 and T8192, where an odd
-/// count leaves half of an expert's last pair idle (`TANDEM_MOE_WS_TILE=192-s4-c2` asks for
-/// one; docs/PERF.md, twenty-second session).
+/// an even count of 192-row tiles, and 6-16% slower at T2048, T3072, T3584 and T8192, where
+/// an odd count leaves half of an expert's last pair idle (`TANDEM_MOE_WS_TILE=192-s4-c2`
+/// asks for one; docs/PERF.md, twenty-second session).
 pub(super) fn ws_block(s: &ExpertsShape, max_smem: usize, fp8: bool) -> MoeWsBlock {
     let rows = (s.t * s.k).div_ceil(s.e.max(1));
     let want = if !fp8 && rows >= MoeWsBlock::ThreeDeep.block_m() {
