@@ -121,19 +121,19 @@ __device__ __forceinline__ void mws_release(unsigned bar, unsigned rank) {
     if constexpr (CL > 1) mbar_arrive_cluster(bar, rank ^ 1);
 }
 
+// live: the consumers with rows of the expert (the others load no A and issue no product).
 struct MwsTile {
-    int e, row0, row_end, nt;
+    int e, row0, row_end, nt, live;
 };
-// The tile (unit) `t` of this GEMM: its expert, first row, row bound and n-tile (expert-major,
-// then the n-tile, then the m-tile: the units of one n-tile consecutive); a unit is `bm` rows.
-// In a pair build (CL 2) the block of rank r takes rows row0 + r * bm / 2 .. of the unit (an
-// expert's last unit may leave the second half idle). Spreading an expert's 64-row chunks
+// The tile (unit) `t` of this GEMM for a block of `cons` consumers: its expert, first row, row
+// bound, n-tile and live consumers (expert-major, then the n-tile, then the m-tile: the units
+// of one n-tile consecutive); a unit is `unit` rows, and this block's rows start `offset` into
+// it (a pair build's block of rank r: r * BM; an expert's last unit may leave it no rows). Spreading an expert's 64-row chunks
 // evenly over the halves instead (896 rows: 3 3 | 2 2 | 2 2, not 3 3 | 3 3 | 2 0) was measured
 // on an H200 (2026-11-29, H4096 F14336 E8 k2): faster at T2048 and T3072, slower at T4096
 // (4.91 against 4.72 ms) and T8192, so it is not kept.
-template <int CL>
-__device__ __forceinline__ MwsTile mws_tile(int t, int NT, int E, const int* soff, const int* tstart, int bm,
-                                            unsigned rank) {
+__device__ __forceinline__ MwsTile mws_tile(int t, int NT, int E, const int* soff, const int* tstart, int unit,
+                                            int offset, int cons) {
     int lo = 0, hi = E;  // tstart[lo] * NT <= t < tstart[hi] * NT
     while (hi - lo > 1) {
         const int mid = (lo + hi) >> 1;
@@ -147,7 +147,8 @@ __device__ __forceinline__ MwsTile mws_tile(int t, int NT, int E, const int* sof
     r.nt = local / mcount;
     const int u = local - r.nt * mcount;
     r.row_end = soff[lo + 1];
-    r.row0 = soff[lo] + u * bm + (int)rank * (bm / CL);
+    r.row0 = soff[lo] + u * unit + offset;
+    r.live = min(cons, max(0, (r.row_end - r.row0 + MWS_WG_ROWS - 1) / MWS_WG_ROWS));
     return r;
 }
 
@@ -205,11 +206,10 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
         if (threadIdx.x == 0) {
             int it = 0;
             for (int t = first; t < total; t += stride) {
-                const MwsTile tl = mws_tile<CL>(t, NT, E, soff, tstart, CL * L::BM, rank);
+                const MwsTile tl = mws_tile(t, NT, E, soff, tstart, CL * L::BM, (int)rank * L::BM, CONS);
                 const int n0 = tl.nt * tile_n;
                 const int w0 = tl.e * w_rows + n0;
                 const int w1 = SWIGLU ? w0 + N : w0 + MWS_BN;  // up rows / the next 128 rows
-                const int live = min(CONS, max(0, (tl.row_end - tl.row0 + MWS_WG_ROWS - 1) / MWS_WG_ROWS));
                 for (int c = 0; c < KC; ++c, ++it) {
                     const int s = it % STAGES;
                     const unsigned ph = ((it / STAGES) & 1) ^ 1;  // a stage's first use does not wait
@@ -218,8 +218,8 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
                     // A in 64-row boxes, one a consumer: none for a consumer whose rows all lie
                     // past the expert's segment (it issues no product), so an expert's last
                     // tile reads only the rows it uses (and a pair's idle half none)
-                    mbar_expect_tx(full + 8 * s, live * MWS_WG_ROWS * 128 + 2 * L::TILE_W);
-                    for (int i = 0; i < live; ++i)
+                    mbar_expect_tx(full + 8 * s, tl.live * MWS_WG_ROWS * 128 + 2 * L::TILE_W);
+                    for (int i = 0; i < tl.live; ++i)
                         tma_load_3d(st + i * MWS_WG_ROWS * 128, ma, full + 8 * s, c * BK, tl.row0 + i * MWS_WG_ROWS, 0);
                     if constexpr (CL > 1) {
                         // this block's weight tile, into both blocks' stages
@@ -240,7 +240,7 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
         const int rw = cw * MWS_WG_ROWS + (warp & 3) * 16 + g;  // this thread's rows: rw, rw + 8
         int it = 0;
         for (int t = first; t < total; t += stride) {
-            const MwsTile tl = mws_tile<CL>(t, NT, E, soff, tstart, CL * L::BM, rank);
+            const MwsTile tl = mws_tile(t, NT, E, soff, tstart, CL * L::BM, (int)rank * L::BM, CONS);
             // columns 0..127: gate (W0) / the first 128 outputs; 128..255: up (W1) / the next 128
             float acc[32][4];
 #pragma unroll
@@ -250,7 +250,7 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
             // idle: all 64 of this consumer's rows lie past the expert's segment (its last
             // tile): it keeps its ring arrivals and issues no product (the loop is whole on
             // each side of the branch, so no wgmma sits in a divergent path)
-            if (tl.row0 + cw * MWS_WG_ROWS >= tl.row_end) {
+            if (cw >= tl.live) {
                 for (int c = 0; c < KC; ++c, ++it) {
                     const int s = it % STAGES;
                     mbar_wait(full + 8 * s, (it / STAGES) & 1);

@@ -199,21 +199,38 @@ impl Kernels {
     /// How many blocks of `threads` threads and `smem` bytes of dynamic shared memory of
     /// kernel `name` fit on one multiprocessor at once.
     pub fn blocks_per_sm(&self, name: &'static str, threads: u32, smem: usize) -> Result<u32> {
-        let key = (name, threads, smem);
+        self.memo(
+            |l| &mut l.per_sm,
+            (name, threads, smem),
+            || {
+                let f = self.function(name)?;
+                // SAFETY: f is a valid function.
+                let n = unsafe {
+                    drv::occupancy::max_active_block_per_multiprocessor(f, threads as i32, smem)
+                }
+                .ctx(&self.label, &format!("occupancy of {name}"))?;
+                Ok(n.max(0) as u32)
+            },
+        )
+    }
+
+    /// The value `map` (one of the occupancy caches) holds for `key`, computed by `compute`
+    /// (outside the lock: it may load a module) and kept the first time.
+    fn memo<K: std::hash::Hash + Eq>(
+        &self,
+        map: fn(&mut Loaded) -> &mut HashMap<K, u32>,
+        key: K,
+        compute: impl FnOnce() -> Result<u32>,
+    ) -> Result<u32> {
         {
-            let l = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(&n) = l.per_sm.get(&key) {
+            let mut l = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(&n) = map(&mut l).get(&key) {
                 return Ok(n);
             }
         }
-        let f = self.function(name)?;
-        // SAFETY: f is a valid function.
-        let n =
-            unsafe { drv::occupancy::max_active_block_per_multiprocessor(f, threads as i32, smem) }
-                .ctx(&self.label, &format!("occupancy of {name}"))?;
-        let n = n.max(0) as u32;
+        let n = compute()?;
         let mut l = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
-        l.per_sm.insert(key, n);
+        map(&mut l).insert(key, n);
         Ok(n)
     }
 
@@ -227,13 +244,21 @@ impl Kernels {
         smem: usize,
         cluster: u32,
     ) -> Result<u32> {
-        let key = (name, threads, smem, cluster);
-        {
-            let l = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(&n) = l.clusters.get(&key) {
-                return Ok(n);
-            }
-        }
+        self.memo(
+            |l| &mut l.clusters,
+            (name, threads, smem, cluster),
+            || self.cluster_occupancy(name, threads, smem, cluster),
+        )
+    }
+
+    /// `cuOccupancyMaxActiveClusters` for [`Kernels::max_active_clusters`].
+    fn cluster_occupancy(
+        &self,
+        name: &'static str,
+        threads: u32,
+        smem: usize,
+        cluster: u32,
+    ) -> Result<u32> {
         let f = self.function(name)?;
         self.raise_smem(name, f, smem as u32)?;
         let config = sys::CUlaunchConfig {
@@ -253,10 +278,7 @@ impl Kernels {
         unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, f, &config) }
             .result()
             .ctx(&self.label, &format!("cluster occupancy of {name}"))?;
-        let n = n.max(0) as u32;
-        let mut l = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
-        l.clusters.insert(key, n);
-        Ok(n)
+        Ok(n.max(0) as u32)
     }
 
     /// Raises `f`'s dynamic shared memory limit to `bytes` where it is above the default 48 KiB
