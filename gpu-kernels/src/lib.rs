@@ -482,7 +482,8 @@ pub enum MoeWsBlock {
     ThreeDeep,
     /// `TwoDeep` in clusters of two blocks (`moe_ws_s4_c2_*`): the pair takes two 128-row
     /// tiles of one expert and n-tile, each block loads one of a stage's two weight tiles and
-    /// multicasts it into both, so each reads half the weight bytes from L2.
+    /// multicasts it into both, so each reads half the weight bytes from L2; an expert's odd
+    /// last tile is taken with two n-tiles at a time instead, each block loading its own.
     TwoDeepPair,
     /// `ThreeDeep` in clusters of two blocks (`moe_ws3_s4_c2_*`).
     ThreeDeepPair,
@@ -523,14 +524,18 @@ impl MoeWsBlock {
         }
     }
 
+    /// The same tile and ring in one block (a pair build's own block; the others themselves).
+    pub const fn single(self) -> Self {
+        match self {
+            Self::TwoDeepPair => Self::TwoDeep,
+            Self::ThreeDeepPair => Self::ThreeDeep,
+            other => other,
+        }
+    }
+
     /// Rows of a tile (one block's share).
     pub const fn block_m(self) -> usize {
         MOE_WS_WG_ROWS * self.consumers()
-    }
-
-    /// Rows of the tile map's unit: a tile, or in the pair builds the two tiles of a cluster.
-    pub const fn unit_m(self) -> usize {
-        self.block_m() * self.cluster()
     }
 
     /// Threads per block: the producer warpgroup and the consumers.
@@ -539,11 +544,18 @@ impl MoeWsBlock {
     }
 
     /// Dynamic shared memory (MwsLayout::BYTES): the ring (each stage a `block_m` x 128-byte
-    /// activation tile and two 128 x 128-byte weight tiles), the mbarriers, and slack for
+    /// activation tile and two 128 x 128-byte weight tiles), the mbarriers, in the pair builds
+    /// their table of units per expert (`MOE_WS_MAX_EXPERTS + 1` ints), and slack for
     /// 1024-byte alignment.
     pub const fn smem(self) -> usize {
+        let table = if self.cluster() > 1 {
+            4 * (MOE_WS_MAX_EXPERTS + 1)
+        } else {
+            0
+        };
         self.stages() * (self.block_m() * 128 + 2 * MOE_WS_BLOCK_N * 128)
             + 2 * 8 * self.stages()
+            + table
             + 1024
     }
 
@@ -917,7 +929,8 @@ mod tests {
         assert!(src.contains("#define MWS_BK 64"));
         assert!(src.contains("TILE_A = BM * 128;"));
         assert!(src.contains("STAGE = TILE_A + 2 * TILE_W;"));
-        assert!(src.contains("BYTES = BARS + 2 * 8 * S + 1024;"));
+        assert!(src.contains("BYTES = BARS + 2 * 8 * S + TABLE + 1024;"));
+        assert!(src.contains("TABLE = CL > 1 ? 4 * (MWS_MAX_E + 1) : 0;"));
         assert!(src.contains("__launch_bounds__(128 * (CONS + 1), 1)"));
         assert!(src.contains("__cluster_dims__(2, 1, 1)"));
         // every block in both 16-bit precisions; the FP8 builds: the two-consumer blocks'
@@ -942,6 +955,13 @@ mod tests {
                             b.stages()
                         );
                         assert!(src.contains(&line), "missing: {line}");
+                        let name = format!("{}_{gemm}_{elem}{prec}", b.prefix());
+                        assert!(
+                            Module::MoeExpertsSm90a
+                                .entry_points()
+                                .contains(&name.as_str()),
+                            "not among the entry points: {name}"
+                        );
                     }
                 }
             }

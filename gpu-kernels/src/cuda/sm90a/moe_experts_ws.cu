@@ -59,16 +59,18 @@
 #define MWS_N256 0
 #define MWS_MAX_E 256
 
-// The block of a build with CONS consumer warpgroups (2: 128-row tiles, 3: 192-row tiles) and
-// an S-stage ring.
-template <int CONS, int S>
+// The block of a build with CONS consumer warpgroups (2: 128-row tiles, 3: 192-row tiles), an
+// S-stage ring, and CL blocks a cluster (the pair builds keep their unit table after the
+// barriers: MWS_MAX_E + 1 ints).
+template <int CONS, int S, int CL>
 struct MwsLayout {
     static constexpr int BM = MWS_WG_ROWS * CONS;          // rows a tile
     static constexpr unsigned TILE_A = BM * 128;           // BM rows of 128 bytes of K
     static constexpr unsigned TILE_W = MWS_BN * 128;       // 16 KiB: one 128-row weight tile
     static constexpr unsigned STAGE = TILE_A + 2 * TILE_W; // A, W0, W1
     static constexpr unsigned BARS = S * STAGE;            // full[S], then empty[S]
-    static constexpr unsigned BYTES = BARS + 2 * 8 * S + 1024;  // + alignment slack
+    static constexpr unsigned TABLE = CL > 1 ? 4 * (MWS_MAX_E + 1) : 0;
+    static constexpr unsigned BYTES = BARS + 2 * 8 * S + TABLE + 1024;  // + alignment slack
 };
 
 // silu(g) = g / (1 + e^-g), the division approximate (__fdividef: about 2 ulp, and 0 where
@@ -121,19 +123,17 @@ __device__ __forceinline__ void mws_release(unsigned bar, unsigned rank) {
     if constexpr (CL > 1) mbar_arrive_cluster(bar, rank ^ 1);
 }
 
-// live: the consumers with rows of the expert (the others load no A and issue no product).
+// live: the consumers with rows of the expert (the others load no A and issue no product);
+// split: a pair build's unit of one m-tile whose two blocks take two n-tiles (each loads its
+// own weight tiles), not two m-tiles sharing one n-tile's.
 struct MwsTile {
-    int e, row0, row_end, nt, live;
+    int e, row0, row_end, nt, live, split;
 };
-// The tile (unit) `t` of this GEMM for a block of `cons` consumers: its expert, first row, row
-// bound, n-tile and live consumers (expert-major, then the n-tile, then the m-tile: the units
-// of one n-tile consecutive); a unit is `unit` rows, and this block's rows start `offset` into
-// it (a pair build's block of rank r: r * BM; an expert's last unit may leave it no rows). Spreading an expert's 64-row chunks
-// evenly over the halves instead (896 rows: 3 3 | 2 2 | 2 2, not 3 3 | 3 3 | 2 0) was measured
-// on an H200 (2026-11-29, H4096 F14336 E8 k2): faster at T2048 and T3072, slower at T4096
-// (4.91 against 4.72 ms) and T8192, so it is not kept.
-__device__ __forceinline__ MwsTile mws_tile(int t, int NT, int E, const int* soff, const int* tstart, int unit,
-                                            int offset, int cons) {
+// The tile `t` of this GEMM for a block of `cons` consumers and BM rows: its expert, first
+// row, row bound, n-tile and live consumers (expert-major, then the n-tile, then the m-tile:
+// the tiles of one n-tile consecutive, so the blocks running at once share its weight tile).
+__device__ __forceinline__ MwsTile mws_tile(int t, int NT, int E, const int* soff, const int* tstart, int BM,
+                                            int cons) {
     int lo = 0, hi = E;  // tstart[lo] * NT <= t < tstart[hi] * NT
     while (hi - lo > 1) {
         const int mid = (lo + hi) >> 1;
@@ -147,9 +147,68 @@ __device__ __forceinline__ MwsTile mws_tile(int t, int NT, int E, const int* sof
     r.nt = local / mcount;
     const int u = local - r.nt * mcount;
     r.row_end = soff[lo + 1];
-    r.row0 = soff[lo] + u * unit + offset;
+    r.row0 = soff[lo] + u * BM;
+    r.live = min(cons, max(0, (r.row_end - r.row0 + MWS_WG_ROWS - 1) / MWS_WG_ROWS));
+    r.split = 0;
+    return r;
+}
+
+// A pair build's units (clusters of two, `rank` 0 or 1): an expert of m BM-row tiles has
+// floor(m / 2) pairs of tiles, each taken with every n-tile (NT units: the two blocks take
+// tiles 2u and 2u + 1 of one n-tile and share its weight tiles), then, where m is odd, its
+// last tile with the n-tiles two at a time (NU = ceil(NT / 2) split units: the blocks take
+// n-tiles 2v and 2v + 1, the second perhaps past N), so no block idles for want of rows.
+// tab[e]: the units before expert e (mws_pair_table). Measured on an H200 (2026-11-29): the
+// pair builds without the split units, where the odd tile's partner block idled, were 6-16%
+// slower than one block at T2048, T3072, T3584 and T8192.
+__device__ __forceinline__ MwsTile mws_pair_tile(int t, int NT, int E, const int* soff, const int* tstart,
+                                                 const int* tab, int BM, int rank, int cons) {
+    int lo = 0, hi = E;  // tab[lo] <= t < tab[hi]
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (tab[mid] <= t) lo = mid;
+        else hi = mid;
+    }
+    const int m = tstart[lo + 1] - tstart[lo], pairs = m >> 1;
+    int local = t - tab[lo];
+    MwsTile r;
+    r.e = lo;
+    r.row_end = soff[lo + 1];
+    if (local < pairs * NT) {
+        r.split = 0;
+        r.nt = local / pairs;
+        r.row0 = soff[lo] + (2 * (local - r.nt * pairs) + rank) * BM;
+    } else {
+        local -= pairs * NT;
+        r.split = 1;
+        r.nt = 2 * local + rank;
+        r.row0 = soff[lo] + (m - 1) * BM;
+    }
     r.live = min(cons, max(0, (r.row_end - r.row0 + MWS_WG_ROWS - 1) / MWS_WG_ROWS));
     return r;
+}
+
+// tab[e] for e in 0..=E: the pair units of the experts before e (mws_pair_tile), by one warp
+// (a scan over 32 experts a step).
+__device__ __forceinline__ void mws_pair_table(int* tab, const int* tstart, int E, int NT, int lane) {
+    const int NU = (NT + 1) >> 1;
+    int run = 0;
+    for (int e0 = 0; e0 < E; e0 += 32) {
+        const int e = e0 + lane;
+        int v = 0;
+        if (e < E) {
+            const int m = tstart[e + 1] - tstart[e];
+            v = (m >> 1) * NT + (m & 1) * NU;
+        }
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, v, o);
+            if (lane >= o) v += y;
+        }
+        if (e < E) tab[e + 1] = run + v;
+        run += __shfl_sync(0xffffffffu, v, 31);
+    }
+    if (lane == 0) tab[0] = 0;
 }
 
 // SWIGLU: out = h [P, N] (N = F, W_ROWS = 2F); else out = rows [slots, N] (N = H, W_ROWS = H).
@@ -158,24 +217,31 @@ __device__ __forceinline__ MwsTile mws_tile(int t, int NT, int E, const int* sof
 // per weight row (output channel): the products are scaled by sa[p] * sw[row] in the epilogue.
 // CONS: consumer warpgroups, 64 rows of a tile each (the tile map's block is 64 * CONS);
 // STAGES: the ring's depth. CL: blocks a cluster (1, or 2 for the pair builds: the two blocks
-// take the two BM-row halves of one 2 * BM-row unit of the tile map (mws_tile), and
-// each loads one of the stage's two weight tiles and multicasts it into both blocks' stages, so
-// a block reads half the weight bytes from L2; a stage is refilled once both blocks' consumers
-// released it).
+// take two BM-row tiles of one expert and n-tile, and each loads one of the stage's two weight
+// tiles and multicasts it into both blocks' stages, so a block reads half the weight bytes
+// from L2; an expert's odd last tile is split by n-tiles instead (mws_pair_tile); a stage is
+// refilled once both blocks' consumers released it).
 template <bool SWIGLU, bool F16, bool FP8, int CONS, int STAGES, int CL>
 __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t* mw, unsigned short* __restrict__ out,
                                             const int* __restrict__ sorted, const int* __restrict__ soff_g,
                                             const int* __restrict__ tstart_g, int E, int N, int K, int slots,
                                             const float* __restrict__ sa, const float* __restrict__ sw) {
     constexpr int BK = FP8 ? 2 * MWS_BK : MWS_BK;  // elements of K a stage (128 bytes a row)
-    using L = MwsLayout<CONS, STAGES>;
+    using L = MwsLayout<CONS, STAGES, CL>;
     extern __shared__ __align__(1024) unsigned char mws_smem[];
     const unsigned base = (smem_addr(mws_smem) + 1023u) & ~1023u;
     const unsigned full = base + L::BARS, empty = full + 8 * STAGES;
+    // the pair builds' unit table (after the barriers)
+    int* tab = reinterpret_cast<int*>(mws_smem + (base - smem_addr(mws_smem)) + L::BARS + 16 * STAGES);
     // the tile tables are read where moe_tile_map wrote them (a few L1-resident ints a tile)
     const int* soff = soff_g;
     const int* tstart = tstart_g;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wg = warp >> 2;
+    const int w_rows = SWIGLU ? 2 * N : N;
+    const int tile_n = SWIGLU ? MWS_BN : 2 * MWS_BN;  // output columns a tile
+    const int NT = (N + tile_n - 1) / tile_n;
+    if constexpr (CL > 1)
+        if (warp == 1) mws_pair_table(tab, tstart, E, NT, lane);
 
     if (threadIdx.x == 0) {
 #pragma unroll
@@ -192,10 +258,7 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
     const int first = CL > 1 ? (int)cluster_id_x() : (int)blockIdx.x;
     const int stride = CL > 1 ? (int)cluster_count_x() : (int)gridDim.x;
 
-    const int w_rows = SWIGLU ? 2 * N : N;
-    const int tile_n = SWIGLU ? MWS_BN : 2 * MWS_BN;  // output columns a tile
-    const int NT = (N + tile_n - 1) / tile_n;
-    const int total = tstart[E] * NT;  // units of CL * BM rows (tiles when CL is 1)
+    const int total = CL > 1 ? tab[E] : tstart[E] * NT;  // units (tiles when CL is 1)
     const int KC = (K + BK - 1) / BK;
 
     if (wg == 0) {
@@ -206,7 +269,9 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
         if (threadIdx.x == 0) {
             int it = 0;
             for (int t = first; t < total; t += stride) {
-                const MwsTile tl = mws_tile(t, NT, E, soff, tstart, CL * L::BM, (int)rank * L::BM, CONS);
+                const MwsTile tl = CL > 1 ? mws_pair_tile(t, NT, E, soff, tstart, tab, L::BM, (int)rank, CONS)
+                                          : mws_tile(t, NT, E, soff, tstart, L::BM, CONS);
+                const bool has_n = tl.nt < NT;  // a split unit's second n-tile may lie past N
                 const int n0 = tl.nt * tile_n;
                 const int w0 = tl.e * w_rows + n0;
                 const int w1 = SWIGLU ? w0 + N : w0 + MWS_BN;  // up rows / the next 128 rows
@@ -217,15 +282,15 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
                     mbar_wait(empty + 8 * s, ph);
                     // A in 64-row boxes, one a consumer: none for a consumer whose rows all lie
                     // past the expert's segment (it issues no product), so an expert's last
-                    // tile reads only the rows it uses (and a pair's idle half none)
-                    mbar_expect_tx(full + 8 * s, tl.live * MWS_WG_ROWS * 128 + 2 * L::TILE_W);
+                    // tile reads only the rows it uses
+                    mbar_expect_tx(full + 8 * s, tl.live * MWS_WG_ROWS * 128 + (has_n ? 2 * L::TILE_W : 0));
                     for (int i = 0; i < tl.live; ++i)
                         tma_load_3d(st + i * MWS_WG_ROWS * 128, ma, full + 8 * s, c * BK, tl.row0 + i * MWS_WG_ROWS, 0);
-                    if constexpr (CL > 1) {
+                    if (CL > 1 && !tl.split) {
                         // this block's weight tile, into both blocks' stages
                         tma_load_3d_multicast(st + L::TILE_A + rank * L::TILE_W, mw, full + 8 * s, c * BK,
                                               rank ? w1 : w0, 0, (unsigned short)3);
-                    } else {
+                    } else if (has_n) {
                         tma_load_3d(st + L::TILE_A, mw, full + 8 * s, c * BK, w0, 0);
                         tma_load_3d(st + L::TILE_A + L::TILE_W, mw, full + 8 * s, c * BK, w1, 0);
                     }
@@ -240,7 +305,8 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
         const int rw = cw * MWS_WG_ROWS + (warp & 3) * 16 + g;  // this thread's rows: rw, rw + 8
         int it = 0;
         for (int t = first; t < total; t += stride) {
-            const MwsTile tl = mws_tile(t, NT, E, soff, tstart, CL * L::BM, (int)rank * L::BM, CONS);
+            const MwsTile tl = CL > 1 ? mws_pair_tile(t, NT, E, soff, tstart, tab, L::BM, (int)rank, CONS)
+                                      : mws_tile(t, NT, E, soff, tstart, L::BM, CONS);
             // columns 0..127: gate (W0) / the first 128 outputs; 128..255: up (W1) / the next 128
             float acc[32][4];
 #pragma unroll
@@ -248,9 +314,10 @@ __device__ __forceinline__ void moe_ws_gemm(const tma_map_t* ma, const tma_map_t
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
             // idle: all 64 of this consumer's rows lie past the expert's segment (its last
-            // tile): it keeps its ring arrivals and issues no product (the loop is whole on
-            // each side of the branch, so no wgmma sits in a divergent path)
-            if (cw >= tl.live) {
+            // tile), or a split unit's n-tile lies past N: it keeps its ring arrivals and issues
+            // no product (the loop is whole on each side of the branch, so no wgmma sits in a
+            // divergent path)
+            if (cw >= tl.live || tl.nt >= NT) {
                 for (int c = 0; c < KC; ++c, ++it) {
                     const int s = it % STAGES;
                     mbar_wait(full + 8 * s, (it / STAGES) & 1);

@@ -247,38 +247,29 @@ impl Kernels {
         self.memo(
             |l| &mut l.clusters,
             (name, threads, smem, cluster),
-            || self.cluster_occupancy(name, threads, smem, cluster),
+            || {
+                let f = self.function(name)?;
+                self.raise_smem(name, f, smem as u32)?;
+                let config = sys::CUlaunchConfig {
+                    gridDimX: cluster,
+                    gridDimY: 1,
+                    gridDimZ: 1,
+                    blockDimX: threads,
+                    blockDimY: 1,
+                    blockDimZ: 1,
+                    sharedMemBytes: smem as u32,
+                    hStream: std::ptr::null_mut(),
+                    attrs: std::ptr::null_mut(),
+                    numAttrs: 0,
+                };
+                let mut n: std::ffi::c_int = 0;
+                // SAFETY: f is a valid function; config and n outlive the call.
+                unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, f, &config) }
+                    .result()
+                    .ctx(&self.label, &format!("cluster occupancy of {name}"))?;
+                Ok(n.max(0) as u32)
+            },
         )
-    }
-
-    /// `cuOccupancyMaxActiveClusters` for [`Kernels::max_active_clusters`].
-    fn cluster_occupancy(
-        &self,
-        name: &'static str,
-        threads: u32,
-        smem: usize,
-        cluster: u32,
-    ) -> Result<u32> {
-        let f = self.function(name)?;
-        self.raise_smem(name, f, smem as u32)?;
-        let config = sys::CUlaunchConfig {
-            gridDimX: cluster,
-            gridDimY: 1,
-            gridDimZ: 1,
-            blockDimX: threads,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: smem as u32,
-            hStream: std::ptr::null_mut(),
-            attrs: std::ptr::null_mut(),
-            numAttrs: 0,
-        };
-        let mut n: std::ffi::c_int = 0;
-        // SAFETY: f is a valid function; config and n outlive the call.
-        unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, f, &config) }
-            .result()
-            .ctx(&self.label, &format!("cluster occupancy of {name}"))?;
-        Ok(n.max(0) as u32)
     }
 
     /// Raises `f`'s dynamic shared memory limit to `bytes` where it is above the default 48 KiB

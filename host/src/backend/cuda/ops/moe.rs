@@ -24,7 +24,7 @@
 use cudarc::driver::result as drv;
 use tandem_gpu_kernels::{MOE_TILE_MAP_THREADS, MOE_TILES, MoeTile};
 
-use crate::options::cuda::{MoeExpertsPath, MoeTileSize, MoeWsTile, RouteKernel};
+use crate::options::cuda::{MoeExpertsPath, MoeTileSize, RouteKernel};
 use tandem_gpu_kernels::MoeWsBlock;
 
 use super::{Arg, Cx, Dims};
@@ -712,10 +712,17 @@ fn experts_wgmma(
     let (t, h, k, f) = (s.t, s.h, s.k, s.f);
     let phys = outs[0].phys;
     let prec = precision(phys)?;
-    let block = cx.be.opts.moe_ws_tile.map_or_else(
-        || ws_block(s, cx.be.dev.max_smem_optin, false),
-        MoeWsTile::block,
-    );
+    let block = match cx.be.opts.moe_ws_tile {
+        Some(tile) => tile.block(),
+        None => {
+            let b = ws_block(s, cx.be.dev.max_smem_optin, false);
+            if b.cluster() > 1 && !clusters_fit(cx, b, prec)? {
+                b.single()
+            } else {
+                b
+            }
+        }
+    };
     let (up, down_k) = ws_kernels(block, prec, false)?;
     let gather = cx.kernel("moe_gather_{s}")?;
     let combine = combine_kernel(phys);
@@ -731,7 +738,7 @@ fn experts_wgmma(
         gate_up,
         down,
     } = GroupedInputs::of(cx, s, ins, phys)?;
-    let map = tile_map(cx, s, offsets, block.unit_m())?;
+    let map = tile_map(cx, s, offsets, block.block_m())?;
     let slots = (t * k) as i32;
     // Every row of the permutation (the host does not know where the segments end); padding
     // rows are zeros.
@@ -795,30 +802,56 @@ fn experts_wgmma(
 }
 
 /// The Hopper experts block for `s` on a device allowing `max_smem` bytes of shared memory a
-/// block: in 16 bits, 192-row tiles (three consumers) where the experts average at least 192
-/// rows, else 128-row tiles (the third consumer would only add padding), both with a 4-stage
-/// ring; in e4m3 (`fp8`), 128-row tiles with a 4-stage ring (the 192-row e4m3 down GEMM
-/// spills, so it is not built); the 3-stage 128-row block where the ring does not fit.
+/// block: in 16 bits, the pair builds (clusters of two blocks sharing the weight tiles) of
+/// 192-row tiles (three consumers) where the experts average at least 192 rows, else of
+/// 128-row tiles (the third consumer would only add padding), both with a 4-stage ring; in
+/// e4m3 (`fp8`), one block of 128-row tiles with a 4-stage ring (the 192-row e4m3 down GEMM
+/// spills, so it is not built); one block where a pair's shared memory does not fit, the
+/// 3-stage 128-row block where no 4-stage ring does.
 /// Measured on an H100 (2026-11-28, one call, bf16, H4096 F14336 E8 k2): T4096 4.79 / 4.74 ms
 /// for 192 rows and 4 stages against 5.25 / 5.09 for 128 rows and 3 stages (the GPU held at
 /// its 700 W cap: fewer operand bytes a product is what pays); T64 0.969 ms for 128 rows and 4
-/// stages against 0.996. The pair builds (clusters of two sharing the weight tiles) are never
-/// picked here: on an H200 (2026-11-29) they were 5% faster at T4096, where every expert has
-/// an even count of 192-row tiles, and 6-16% slower at T2048, T3072, T3584 and T8192, where
-/// an odd count leaves half of an expert's last pair idle (`TANDEM_MOE_WS_TILE=192-s4-c2`
-/// asks for one; docs/PERF.md, twenty-second session).
+/// stages against 0.996. On an H200 (2026-11-29, twenty-third session), the 192-row pair
+/// against one block, two rounds: T4096 4.747 / 4.715 against 4.923 / 4.957 ms, T3072 3.585 /
+/// 3.629 against 3.771 / 3.728, T3584 4.127 / 4.100 against 4.218 / 4.125, T2048 and T8192 and
+/// T64 within 2% either way (the pairs split an expert's odd last tile by n-tiles; before they
+/// did, they were 6-16% slower where an expert had an odd count of tiles).
 pub(super) fn ws_block(s: &ExpertsShape, max_smem: usize, fp8: bool) -> MoeWsBlock {
     let rows = (s.t * s.k).div_ceil(s.e.max(1));
-    let want = if !fp8 && rows >= MoeWsBlock::ThreeDeep.block_m() {
-        MoeWsBlock::ThreeDeep
-    } else {
+    let want = if fp8 {
         MoeWsBlock::TwoDeep
+    } else if rows >= MoeWsBlock::ThreeDeep.block_m() {
+        MoeWsBlock::ThreeDeepPair
+    } else {
+        MoeWsBlock::TwoDeepPair
     };
     if want.smem() <= max_smem {
         want
+    } else if want.single().smem() <= max_smem {
+        want.single()
     } else {
         MoeWsBlock::Two
     }
+}
+
+/// Whether the device runs at least one cluster of `block`'s gate/up build at once (not where
+/// clusters cannot be placed, as under some partitionings): else the caller takes one block.
+fn clusters_fit(cx: &Cx<'_>, block: MoeWsBlock, prec: &str) -> Result<bool> {
+    let (up, _) = ws_kernels(block, prec, false)?;
+    let n = cx.be.kernels.max_active_clusters(
+        up,
+        block.threads(),
+        block.smem(),
+        block.cluster() as u32,
+    )?;
+    if n == 0 {
+        tracing::warn!(
+            "no cluster of {} blocks of {up} fits on {}: the experts run one block a tile",
+            block.cluster(),
+            cx.be.dev.label
+        );
+    }
+    Ok(n > 0)
 }
 
 /// One launch of a Hopper experts GEMM (`moe_ws_*`, sm90a/moe_experts_ws.cu).
@@ -848,7 +881,7 @@ pub(super) struct WsGemm {
     pub scales: Option<(u64, u64)>,
 }
 
-/// Queues `g` over the tile map `map` (built with the block's unit rows): one block a
+/// Queues `g` over the tile map `map` (built with the block's tile rows): one block a
 /// multiprocessor (in the pair builds, as many clusters of two as the device runs at once), at
 /// most the units the segments can need (one partial unit per expert) times the n-tiles; A and
 /// W through 128-byte swizzled tensor maps (A in 64-row boxes, one a consumer warpgroup, so a
@@ -861,7 +894,8 @@ pub(super) fn ws_gemm(
     sorted: &CudaStorage,
     g: &WsGemm,
 ) -> Result<()> {
-    let units = (s.p.div_ceil(g.block.unit_m()) + s.e) * g.n.div_ceil(g.n_tile);
+    // tiles (a pair build has fewer units: two tiles, or one tile and two n-tiles)
+    let units = (s.p.div_ceil(g.block.block_m()) + s.e) * g.n.div_ceil(g.n_tile);
     let cluster = g.block.cluster();
     let grid = if cluster > 1 {
         // every cluster resident at once: the persistent blocks walk the units themselves
@@ -1109,14 +1143,22 @@ mod tests {
     fn the_hopper_block_follows_the_rows_an_expert_and_the_shared_memory() {
         let h100 = 227 * 1024;
         // (T, H, F, shared memory, block): 1024 rows an expert: 192-row tiles; 16: 128-row
-        // tiles; both with 4 stages; 192 rows on average is the bound; a part with less shared
-        // memory than the 4-stage rings need takes the 3-stage 128-row block
+        // tiles; both in pairs with 4 stages; 192 rows on average is the bound; a part with less
+        // shared memory than the 4-stage rings need takes the 3-stage 128-row block
         for (t, h, f, smem, want) in [
-            (4096, 4096, 14336, h100, MoeWsBlock::ThreeDeep),
-            (64, 4096, 14336, h100, MoeWsBlock::TwoDeep),
-            (768, 64, 64, h100, MoeWsBlock::ThreeDeep),
-            (760, 64, 64, h100, MoeWsBlock::TwoDeep),
-            (0, 64, 64, h100, MoeWsBlock::TwoDeep),
+            (4096, 4096, 14336, h100, MoeWsBlock::ThreeDeepPair),
+            (64, 4096, 14336, h100, MoeWsBlock::TwoDeepPair),
+            (768, 64, 64, h100, MoeWsBlock::ThreeDeepPair),
+            (760, 64, 64, h100, MoeWsBlock::TwoDeepPair),
+            (0, 64, 64, h100, MoeWsBlock::TwoDeepPair),
+            // room for the ring but not for a pair's unit table: one block
+            (
+                4096,
+                4096,
+                14336,
+                MoeWsBlock::ThreeDeep.smem(),
+                MoeWsBlock::ThreeDeep,
+            ),
             (4096, 4096, 14336, 160 * 1024, MoeWsBlock::Two),
         ] {
             assert_eq!(
@@ -1125,7 +1167,8 @@ mod tests {
                 "T{t} smem {smem}"
             );
         }
-        assert!(MoeWsBlock::ThreeDeep.smem() <= h100);
+        assert!(MoeWsBlock::ThreeDeepPair.smem() <= h100);
+        assert!(MoeWsBlock::ThreeDeepPair.smem() > MoeWsBlock::ThreeDeep.smem());
         // e4m3: the 128-row block at every size
         let big = shape(4096, 4096, 14336, 8, 2);
         assert_eq!(ws_block(&big, h100, true), MoeWsBlock::TwoDeep);

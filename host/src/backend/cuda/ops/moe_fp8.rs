@@ -204,7 +204,7 @@ pub fn experts(
     let x = cx.cast(ins[0], t * h, phys)?;
     let w = cx.f32(ins[2], t * k)?;
     let (sorted, offsets) = (ins[3], ins[4]);
-    let map = tile_map(cx, s, offsets, block.unit_m())?;
+    let map = tile_map(cx, s, offsets, block.block_m())?;
     let slots = t * k;
     let xq = quantize(cx, x.ptr, phys, s.p, h, Rows::Gather(sorted, k, slots))?;
     let hbuf = cx.alloc(s.p * f, phys)?;
