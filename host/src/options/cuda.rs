@@ -8,7 +8,7 @@
 //! | `TANDEM_ATTN_VARIANT` | [`CudaOptions::attention_variant`] | `w4`, `w8`, `m2`, `m2n32`, `ws` (default: by arch) |
 //! | `TANDEM_MOE_EXPERTS` | [`CudaOptions::moe_experts`] | `blaslt`, `grouped`, `wgmma` (default: by shape and device) |
 //! | `TANDEM_MOE_FP8` | [`CudaOptions::moe_fp8`] | `1`, `0` (default), `on`, `off`, `true`, `false` |
-//! | `TANDEM_MOE_WS_TILE` | [`CudaOptions::moe_ws_tile`] | `128`, `128-s4`, `192`, `192-s4`, `128-s4-c2`, `192-s4-c2` (default: by the rows an expert) |
+//! | `TANDEM_MOE_WS_TILE` | [`CudaOptions::moe_ws_tile`] | `128`, `128-s4`, `192`, `192-s4`, `128-s4-c2`, `192-s4-c2` (default: a pair build by the rows an expert) |
 //! | `TANDEM_MOE_TILE` | [`CudaOptions::moe_tile`] | `l`, `m`, `s` (default: by shape) |
 //! | `TANDEM_ROUTE_KERNEL` | [`CudaOptions::route_kernel`] | `fused`, `fused-2`, `fused-1`, `fused-memset`, `three` (default: `fused` where the grid fits) |
 //! | `TANDEM_DECODE_CHUNKS` | [`CudaOptions::decode_chunks`] | 1 to 4096 (default: by shape and device) |
@@ -90,8 +90,9 @@ pub struct CudaOptions {
     /// F not a multiple of 16, another path forced) the experts run as without it and the
     /// reason is logged. `TANDEM_MOE_FP8=1`.
     pub moe_fp8: bool,
-    /// The block of the Hopper (wgmma) MoE experts GEMMs in bf16/f16; `None`: picked by the
-    /// rows an expert averages. `TANDEM_MOE_WS_TILE` (comparisons).
+    /// The block of the Hopper (wgmma) MoE experts GEMMs in bf16/f16; `None`: a pair build
+    /// (`192-s4-c2` or `128-s4-c2`) picked by the rows an expert averages, one block where no
+    /// cluster fits. `TANDEM_MOE_WS_TILE` (comparisons).
     pub moe_ws_tile: Option<MoeWsTile>,
     /// The grouped MoE GEMMs' tile (setting it asks for the grouped path); `None` picks by
     /// shape. `TANDEM_MOE_TILE`.
@@ -426,9 +427,11 @@ pub enum MoeWsTile {
     R192,
     /// 192 rows, three consumers, 4 stages (`moe_ws3_s4_*`).
     R192S4,
-    /// 128 rows, 4 stages, clusters of two blocks sharing the weight tiles (`moe_ws_s4_c2_*`).
+    /// 128 rows, 4 stages, clusters of two blocks sharing the weight tiles (`moe_ws_s4_c2_*`;
+    /// an expert's odd last tile split by n-tiles): the default below 192 rows an expert.
     R128S4C2,
-    /// 192 rows, 4 stages, clusters of two blocks sharing the weight tiles (`moe_ws3_s4_c2_*`).
+    /// 192 rows, 4 stages, clusters of two blocks sharing the weight tiles (`moe_ws3_s4_c2_*`):
+    /// the default from 192 rows an expert.
     R192S4C2,
 }
 
