@@ -233,6 +233,10 @@ fn cuda_moe_experts_many_tiles() {
         &[
             case(577, 520, 4, 2, 1000, 16, Random),
             case(512, 256, 8, 2, 512, 16, AllToExpert0),
+            // more experts than one warp's step of the pair builds' unit table (32): 40
+            // experts of ~300 rows (pairs and split tiles), 256 of ~6 (split tiles, idle experts)
+            case(3000, 64, 40, 4, 40, 16, Random),
+            case(200, 64, 256, 8, 48, 16, Random),
         ],
     );
 }
