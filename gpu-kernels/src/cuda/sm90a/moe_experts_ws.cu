@@ -129,26 +129,37 @@ __device__ __forceinline__ void mws_release(unsigned bar, unsigned rank) {
 struct MwsTile {
     int e, row0, row_end, nt, live, split;
 };
+// The expert e of unit t: starts[e] * scale <= t < starts[e + 1] * scale (the last such e
+// where experts without units share a bound; starts[E] * scale > t).
+__device__ __forceinline__ int mws_expert(int t, const int* starts, int scale, int E) {
+    int lo = 0, hi = E;
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (starts[mid] * scale <= t) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+// The consumers of `cons` with rows of the expert in a tile from row0 (bound row_end).
+__device__ __forceinline__ int mws_live(int row0, int row_end, int cons) {
+    return min(cons, max(0, (row_end - row0 + MWS_WG_ROWS - 1) / MWS_WG_ROWS));
+}
+
 // The tile `t` of this GEMM for a block of `cons` consumers and BM rows: its expert, first
 // row, row bound, n-tile and live consumers (expert-major, then the n-tile, then the m-tile:
 // the tiles of one n-tile consecutive, so the blocks running at once share its weight tile).
 __device__ __forceinline__ MwsTile mws_tile(int t, int NT, int E, const int* soff, const int* tstart, int BM,
                                             int cons) {
-    int lo = 0, hi = E;  // tstart[lo] * NT <= t < tstart[hi] * NT
-    while (hi - lo > 1) {
-        const int mid = (lo + hi) >> 1;
-        if (tstart[mid] * NT <= t) lo = mid;
-        else hi = mid;
-    }
-    const int mcount = tstart[lo + 1] - tstart[lo];
-    const int local = t - tstart[lo] * NT;
+    const int e = mws_expert(t, tstart, NT, E);
+    const int mcount = tstart[e + 1] - tstart[e];
+    const int local = t - tstart[e] * NT;
     MwsTile r;
-    r.e = lo;
+    r.e = e;
     r.nt = local / mcount;
-    const int u = local - r.nt * mcount;
-    r.row_end = soff[lo + 1];
-    r.row0 = soff[lo] + u * BM;
-    r.live = min(cons, max(0, (r.row_end - r.row0 + MWS_WG_ROWS - 1) / MWS_WG_ROWS));
+    r.row_end = soff[e + 1];
+    r.row0 = soff[e] + (local - r.nt * mcount) * BM;
+    r.live = mws_live(r.row0, r.row_end, cons);
     r.split = 0;
     return r;
 }
@@ -163,28 +174,23 @@ __device__ __forceinline__ MwsTile mws_tile(int t, int NT, int E, const int* sof
 // slower than one block at T2048, T3072, T3584 and T8192.
 __device__ __forceinline__ MwsTile mws_pair_tile(int t, int NT, int E, const int* soff, const int* tstart,
                                                  const int* tab, int BM, int rank, int cons) {
-    int lo = 0, hi = E;  // tab[lo] <= t < tab[hi]
-    while (hi - lo > 1) {
-        const int mid = (lo + hi) >> 1;
-        if (tab[mid] <= t) lo = mid;
-        else hi = mid;
-    }
-    const int m = tstart[lo + 1] - tstart[lo], pairs = m >> 1;
-    int local = t - tab[lo];
+    const int e = mws_expert(t, tab, 1, E);
+    const int m = tstart[e + 1] - tstart[e], pairs = m >> 1;
+    int local = t - tab[e];
     MwsTile r;
-    r.e = lo;
-    r.row_end = soff[lo + 1];
+    r.e = e;
+    r.row_end = soff[e + 1];
     if (local < pairs * NT) {
         r.split = 0;
         r.nt = local / pairs;
-        r.row0 = soff[lo] + (2 * (local - r.nt * pairs) + rank) * BM;
+        r.row0 = soff[e] + (2 * (local - r.nt * pairs) + rank) * BM;
     } else {
         local -= pairs * NT;
         r.split = 1;
         r.nt = 2 * local + rank;
-        r.row0 = soff[lo] + (m - 1) * BM;
+        r.row0 = soff[e] + (m - 1) * BM;
     }
-    r.live = min(cons, max(0, (r.row_end - r.row0 + MWS_WG_ROWS - 1) / MWS_WG_ROWS));
+    r.live = mws_live(r.row0, r.row_end, cons);
     return r;
 }
 
