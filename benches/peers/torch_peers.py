@@ -31,6 +31,7 @@ import json
 import math
 import statistics
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +61,8 @@ def parse():
     p.add_argument("--cols", type=int, default=8192)
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--warmup-ms", type=float, default=0.0,
+                   help="then untimed runs for this long (a GPU at its power cap settles after ~100 ms: 2000 times its steady state)")
     p.add_argument("--sets", type=int)
     p.add_argument("--dtype", choices=["bf16", "f16"], default="bf16",
                    help="precision of the inputs and outputs (tandem's --cuda-dtype)")
@@ -335,10 +338,18 @@ def moe_block_peer(a, dev, bf, rnd, g):
     return fn, graph_fn, why, sets, what
 
 
+WARMUP_S = 0.0  # --warmup-ms: untimed runs after the counted ones until this much time passed
+
+
 def bench(fn, sets, iters, warmup):
     for i in range(warmup):
         fn(*sets[i % len(sets)])
     torch.cuda.synchronize()
+    t0, i = time.perf_counter(), 0
+    while time.perf_counter() - t0 < WARMUP_S:
+        fn(*sets[i % len(sets)])
+        torch.cuda.synchronize()
+        i += 1
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
     for i, (a, b) in enumerate(ev):
         a.record()
@@ -355,7 +366,9 @@ def n_sets(args, in_bytes):
 
 
 def main():
+    global WARMUP_S
     a = parse()
+    WARMUP_S = a.warmup_ms / 1e3
     dev = "cuda"
     dt = {"bf16": torch.bfloat16, "f16": torch.float16}[a.dtype]
     g = torch.Generator(device=dev).manual_seed(1)

@@ -105,6 +105,7 @@ pub fn calibrate(
         let bench = BenchOptions {
             iters: opts.iters.max(1),
             warmup: 1,
+            warmup_time: std::time::Duration::ZERO,
             sets: Some(1),
             timeout: opts.timeout,
             // one launch at a time on an idle device, as a run launches a layer's ops

@@ -59,6 +59,10 @@ pub struct BenchOptions {
     pub iters: usize,
     /// Untimed launches first.
     pub warmup: usize,
+    /// After those, untimed launches until this much time has passed: a GPU at its power cap
+    /// runs its first ~100 ms at boost clock and then settles lower, so figures of its steady
+    /// state need a second or two of warm-up (`--warmup-ms 2000`).
+    pub warmup_time: Duration,
     /// Input sets rotated between launches (`None`: [`default_sets`]; at least 1).
     pub sets: Option<usize>,
     /// Longest wait for one launch.
@@ -71,11 +75,12 @@ pub struct BenchOptions {
 }
 
 impl BenchOptions {
-    /// `tandem bench`'s defaults: 50 timed launches after 5 warm-up ones, default sets, a
-    /// 600 s timeout.
+    /// `tandem bench`'s defaults: 50 timed launches after 5 warm-up ones (no warm-up time),
+    /// default sets, a 600 s timeout.
     pub const DEFAULT: BenchOptions = BenchOptions {
         iters: 50,
         warmup: 5,
+        warmup_time: Duration::ZERO,
         sets: None,
         timeout: Duration::from_secs(600),
         serial: false,
@@ -176,6 +181,7 @@ pub fn run(backend: &dyn Backend, problem: &Problem, opts: &BenchOptions) -> Res
         "runs",
     ));
     h.warm_up(opts.warmup)?;
+    h.warm_up_for(opts.warmup_time, opts.warmup)?;
     let first = h.first_launch()?;
     // The weights count at one byte where the e4m3 kernels ran (FP8 asked for, and the shape
     // and device took that path), else at the storage precision.
@@ -247,6 +253,27 @@ mod tests {
         assert_eq!(r.bytes, ((8 * 64 * 2 + 64) * 4) as f64);
         assert_eq!(r.bytes_counted, "inputs and outputs");
         assert!(r.to_string().contains("rmsnorm 8x64 on cpu"));
+        Ok(())
+    }
+
+    #[test]
+    fn a_warm_up_time_runs_untimed_launches_first_and_times_as_many() -> Result<()> {
+        let reg = DeviceRegistry::cpu_only();
+        let be = pick_backend(&reg, Some(DeviceKind::Cpu))?;
+        let p = BenchShape {
+            rows: 8,
+            cols: 64,
+            ..BenchShape::DEFAULT
+        }
+        .problem(OpKind::RmsNorm)?;
+        let h = Harness::new(be.as_ref(), &p, 2, SEED, Duration::from_secs(60))?;
+        assert_eq!(h.warm_up_for(Duration::ZERO, 0)?, 0);
+        assert!(h.warm_up_for(Duration::from_millis(20), 3)? >= 1);
+        let opts = BenchOptions {
+            warmup_time: Duration::from_millis(20),
+            ..quick()
+        };
+        assert_eq!(run(be.as_ref(), &p, &opts)?.runs, 3);
         Ok(())
     }
 

@@ -295,7 +295,8 @@ impl std::fmt::Display for MoeBlockReport {
     }
 }
 
-/// Times the block on `be`: `warmup` untimed and `iters` timed eager runs, then (where the
+/// Times the block on `be`: `warmup.0` untimed runs and then more for `warmup.1` (see
+/// [`super::BenchOptions::warmup_time`]), and `iters` timed eager runs, then (where the
 /// block can be captured) the same of replays, then one eager and one replayed run on the
 /// same x compared bit for bit.
 #[cfg(feature = "cuda")]
@@ -303,7 +304,7 @@ pub fn run(
     be: &crate::backend::cuda::CudaBackend,
     shape: MoeBlockShape,
     iters: usize,
-    warmup: usize,
+    warmup: (usize, std::time::Duration),
     timeout: std::time::Duration,
 ) -> Result<MoeBlockReport> {
     use crate::backend::Backend;
@@ -357,11 +358,14 @@ pub fn run(
     };
     // Each mode: warm-up runs, then timed runs queued back to back and waited for at the end.
     let timed = |mode: BlockMode, first: usize| -> Result<(Vec<f64>, BlockLaunch)> {
-        for i in 0..warmup {
+        let t0 = std::time::Instant::now();
+        let mut i = 0;
+        while i < warmup.0 || t0.elapsed() < warmup.1 {
             wait(&launch(first + i, mode)?)?;
+            i += 1;
         }
         let runs: Vec<BlockLaunch> = (0..iters)
-            .map(|i| launch(first + warmup + i, mode))
+            .map(|j| launch(first + i + j, mode))
             .collect::<Result<_>>()?;
         let times = runs.iter().map(wait).collect::<Result<Vec<f64>>>()?;
         let last = runs

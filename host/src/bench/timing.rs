@@ -155,6 +155,18 @@ impl<'a> Harness<'a> {
         Ok(())
     }
 
+    /// Launches one at a time, from launch index `from`, until `time` has passed (none for
+    /// zero); returns how many ran.
+    pub fn warm_up_for(&self, time: Duration, from: usize) -> Result<usize> {
+        let t0 = Instant::now();
+        let mut n = 0;
+        while t0.elapsed() < time {
+            self.launch(from + n)?.done.wait(self.timeout, &self.what)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
     /// Runs launch 0 once more and reports whether the device timed it, and its kernel.
     pub fn first_launch(&self) -> Result<FirstLaunch> {
         let t0 = Instant::now();

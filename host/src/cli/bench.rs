@@ -153,6 +153,10 @@ pub struct BenchArgs {
     /// Untimed runs first (default 5; 0 on fpga-sim).
     #[arg(long)]
     pub warmup: Option<usize>,
+    /// Then untimed runs for at least this many milliseconds (default 0): a GPU at its power
+    /// cap runs its first ~100 ms at boost clock, so 2000 times its steady state.
+    #[arg(long, value_name = "MS")]
+    pub warmup_ms: Option<u64>,
     /// Input sets rotated between runs (default: enough to exceed 256 MiB, at most 8).
     #[arg(long)]
     pub sets: Option<usize>,
@@ -228,6 +232,7 @@ impl BenchArgs {
         BenchOptions {
             iters: self.iters.unwrap_or(if simulated { 1 } else { d.iters }),
             warmup: self.warmup.unwrap_or(if simulated { 0 } else { d.warmup }),
+            warmup_time: std::time::Duration::from_millis(self.warmup_ms.unwrap_or(0)),
             sets: self.sets,
             ..BenchOptions::DEFAULT
         }
@@ -333,7 +338,11 @@ fn measure_moe_block(
     let be = tandem::backend::cuda::CudaBackend::open(d.id().index, reg.options().cuda.clone())?;
     let o = args.options(DeviceKind::Cuda);
     Ok(tandem::bench::moe_block::run(
-        &be, shape, o.iters, o.warmup, o.timeout,
+        &be,
+        shape,
+        o.iters,
+        (o.warmup, o.warmup_time),
+        o.timeout,
     )?)
 }
 
@@ -451,6 +460,10 @@ mod tests {
         let t = T::try_parse_from(["x", "rope", "--iters", "7"])?;
         assert_eq!(t.b.options(DeviceKind::FpgaSim).iters, 7);
         assert_eq!(t.b.backend, None);
+        let t = T::try_parse_from(["x", "rope", "--warmup-ms", "2000"])?;
+        let o = t.b.options(DeviceKind::Cuda);
+        assert_eq!(o.warmup_time, std::time::Duration::from_secs(2));
+        assert_eq!(o.warmup, BenchOptions::DEFAULT.warmup);
         Ok(())
     }
 

@@ -236,7 +236,8 @@ impl Kernels {
 
     /// How many clusters of `cluster` blocks (`threads` threads, `smem` bytes of dynamic
     /// shared memory each) of kernel `name`, which declares that cluster size, the device runs
-    /// at once (`cuOccupancyMaxActiveClusters`).
+    /// at once (`cuOccupancyMaxActiveClusters`; asked once per shape, and where none fits, a
+    /// warning is logged that once).
     pub fn max_active_clusters(
         &self,
         name: &'static str,
@@ -267,6 +268,13 @@ impl Kernels {
                 unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, f, &config) }
                     .result()
                     .ctx(&self.label, &format!("cluster occupancy of {name}"))?;
+                if n <= 0 {
+                    tracing::warn!(
+                        "no cluster of {cluster} blocks of {name} ({smem} bytes of shared memory \
+                         each) fits on {}",
+                        self.label
+                    );
+                }
                 Ok(n.max(0) as u32)
             },
         )

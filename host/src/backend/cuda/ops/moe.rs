@@ -835,7 +835,8 @@ pub(super) fn ws_block(s: &ExpertsShape, max_smem: usize, fp8: bool) -> MoeWsBlo
 }
 
 /// Whether the device runs at least one cluster of `block`'s gate/up build at once (not where
-/// clusters cannot be placed, as under some partitionings): else the caller takes one block.
+/// clusters cannot be placed, as under some partitionings): else the caller takes one block
+/// (the occupancy query is memoised and warns once where no cluster fits).
 fn clusters_fit(cx: &Cx<'_>, block: MoeWsBlock, prec: &str) -> Result<bool> {
     let (up, _) = ws_kernels(block, prec, false)?;
     let n = cx.be.kernels.max_active_clusters(
@@ -844,13 +845,6 @@ fn clusters_fit(cx: &Cx<'_>, block: MoeWsBlock, prec: &str) -> Result<bool> {
         block.smem(),
         block.cluster() as u32,
     )?;
-    if n == 0 {
-        tracing::warn!(
-            "no cluster of {} blocks of {up} fits on {}: the experts run one block a tile",
-            block.cluster(),
-            cx.be.dev.label
-        );
-    }
     Ok(n > 0)
 }
 
