@@ -71,6 +71,24 @@ fn open(opts: &CudaOptions) -> Result<Arc<CudaBackend>, String> {
         .map_err(|e| format!("CUDA present but device 0 failed to open ({opts:?}): {e}"))
 }
 
+/// The held-stream tests run alone ([`alone`]), the other tests of their binary beside one
+/// another ([`beside_others`]): a hold lets its stream go after 20 ms, and another test's
+/// driver calls on the same context (a module load, a free that waits for the device) can keep
+/// the held test's thread from letting go in time. Measured: the MoE block suite in parallel on
+/// a warm kernel cache lapsed one hold, alone none; the experts suite lapsed one on a cold
+/// kernel cache in two of nine runs (2026-11-29), each time with a freshly compiled kernel.
+static ALONE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// Held by a test that must not share the device with the other tests of its binary.
+pub fn alone() -> std::sync::RwLockWriteGuard<'static, ()> {
+    ALONE.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Held by every other test of a binary that has an [`alone`] test.
+pub fn beside_others() -> std::sync::RwLockReadGuard<'static, ()> {
+    ALONE.read().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A generator seeded from the clock (fresh inputs every run), or from `TANDEM_SEED` when set;
 /// the seed is printed so a failure can be replayed (`TANDEM_SEED=<seed>`).
 pub fn clock_rng(tag: &str) -> ChaCha8Rng {

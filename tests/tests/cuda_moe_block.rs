@@ -16,7 +16,9 @@ use tandem::backend::cuda::{
 use tandem::backend::{Backend, DeviceStorage};
 use tandem::ops::{Activation, LinearParams, MoeExpertsParams, MoeRouteParams};
 use tandem::{Op, Tensor};
-use tandem_tests::cuda::{backend_with as gpu_with, clock_rng as rng, options, rand_rounded};
+use tandem_tests::cuda::{
+    alone, backend_with as gpu_with, beside_others, clock_rng as rng, options, rand_rounded,
+};
 
 const ROUTE: MoeRouteParams = MoeRouteParams {
     top_k: 2,
@@ -242,16 +244,6 @@ fn replay_case_with(tag: &str, dt: CudaDType, s: Sizes, opts: CudaOptions) {
     // per option set and run at once (the other test's keys would vanish under it).
 }
 
-/// The held-stream test runs alone (write), the others beside one another (read): a hold lets
-/// its stream go after 20 ms, and another test's driver calls on the same context (a module
-/// load, a free that waits for the device) can keep this test's thread from letting go in
-/// time. Measured: the suite in parallel on a warm kernel cache lapsed one hold; alone, none.
-static ALONE: std::sync::RwLock<()> = std::sync::RwLock::new(());
-
-fn beside_others() -> std::sync::RwLockReadGuard<'static, ()> {
-    ALONE.read().unwrap_or_else(|e| e.into_inner())
-}
-
 #[test]
 fn cuda_moe_block_graph_is_bit_exact_with_eager_at_t64() {
     let _beside = beside_others();
@@ -275,7 +267,7 @@ fn cuda_moe_block_graph_is_bit_exact_with_eager_at_t64() {
 /// times out (nothing in the block waits for the held stream).
 #[test]
 fn cuda_moe_block_on_a_held_stream_agrees_and_never_times_out() {
-    let _alone = ALONE.write().unwrap_or_else(|e| e.into_inner());
+    let _alone = alone();
     let dt = CudaDType::Bf16;
     let opts = CudaOptions {
         hold_stream: true,

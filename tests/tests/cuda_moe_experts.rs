@@ -18,8 +18,8 @@ use tandem::backend::cuda::{CudaBackend, CudaOptions, MoeExpertsPath, MoeTileSiz
 use tandem::ops::{MoeExpertsParams, MoeRouteParams};
 use tandem::{Op, Tensor};
 use tandem_tests::cuda::{
-    backend as gpu, backend_with as gpu_with, check, clock_rng as rng, launch as run_gpu, options,
-    rand_rounded as rand_t, round_to as round,
+    alone, backend as gpu, backend_with as gpu_with, beside_others, check, clock_rng as rng,
+    launch as run_gpu, options, rand_rounded as rand_t, round_to as round,
 };
 
 /// How the case routes its tokens.
@@ -203,6 +203,7 @@ fn run_cases_in(tag: &str, dt: CudaDType, cases: &[Case]) {
 
 #[test]
 fn cuda_moe_experts_edge_cases() {
+    let _beside = beside_others();
     use Routing::*;
     run_cases(
         "moe_experts edges",
@@ -225,6 +226,7 @@ fn cuda_moe_experts_edge_cases() {
 
 #[test]
 fn cuda_moe_experts_many_tiles() {
+    let _beside = beside_others();
     use Routing::*;
     // several m-tiles per expert for every tile (up to ~290 rows an expert), several n-tiles
     // (F 1000 -> 16 of the SwiGLU GEMM's 64 columns; H 520 -> 5 of 128) and k-tiles (K up to 1000).
@@ -247,6 +249,7 @@ fn cuda_moe_experts_many_tiles() {
 /// lets the stream go before it waits.
 #[test]
 fn cuda_moe_experts_on_a_held_stream() {
+    let _alone = alone();
     let dt = CudaDType::Bf16;
     let Some(be) = gpu(dt) else { return };
     let mut r = rng("moe_experts held");
@@ -290,6 +293,7 @@ const FP8_MODEL_TOL: f64 = 3e-2;
 /// H or F not a multiple of 16 falls back to the 16-bit wgmma kernels.
 #[test]
 fn cuda_moe_experts_fp8() {
+    let _beside = beside_others();
     use Routing::*;
     let cases = [
         case(64, 128, 8, 2, 96, 16, Random),
@@ -387,6 +391,7 @@ fn cuda_moe_experts_fp8() {
 fn cuda_moe_fp8_weight_copies_are_charged() {
     use std::sync::Arc;
     use tandem::backend::{Backend, DeviceRegistry, DeviceStorage};
+    let _beside = beside_others();
     let dt = CudaDType::Bf16;
     let opts = CudaOptions {
         moe_fp8: true,
