@@ -4,15 +4,19 @@
 # DTYPE (bf16 or f16, default bf16) is the storage precision of both: tandem gets
 # `--cuda-dtype $DTYPE`, torch_peers.py `--dtype $DTYPE`.
 # Writes the tandem JSON to /tmp/tandem-bench/$DTYPE and prints a table of RESULT lines last.
-# ONLY=linear runs the dense 8192^3 linear pair alone. ONLY=moe runs the MoE experts pairs alone; MOE_PATHS (default "grouped blaslt") picks the
+# ONLY=linear runs the dense linear pairs alone (8192^3 with and without bias + GELU, and the
+# experts' two GEMM shapes as dense ones). ONLY=moe runs the MoE experts pairs alone; MOE_PATHS (default "grouped blaslt") picks the
 # experts paths timed (TANDEM_MOE_EXPERTS; `default` = the op's own choice; `fp8` = TANDEM_MOE_FP8=1 beside
 # torch_peers.py --fp8, PyTorch's FP8 grouped GEMMs), MOE_TILES (default "default") the grouped tiles
 # (TANDEM_MOE_TILE: l, m, s, or default for the op's own choice). ONLY=route runs the four
 # routing shapes of issue 15 alone (T16384 E8 k2, T16384 E64 k8, T65536 E128 k8, T8192 E256 k8);
 # ROUTE_KERNELS (default "default": the op's own choice) lists TANDEM_ROUTE_KERNEL values to time
 # one after the other (fused, fused-2, fused-1, fused-memset, three), e.g. ROUTE_KERNELS="default fused-2 fused-memset".
+# WARMUP_MS (default 2000) is passed to both sides as --warmup-ms: a GPU at its power cap runs
+# its first ~100 ms at boost clock, so without it a long op's median mixes the two clocks.
 set -o pipefail
 T=${TANDEM:-.gpu/bin/tandem}
+WARM="--warmup-ms ${WARMUP_MS:-2000}"
 DTYPE=${DTYPE:-bf16}
 case "$DTYPE" in bf16|f16) ;; *) echo "DTYPE must be bf16 or f16, not '$DTYPE'" >&2; exit 2;; esac
 W=/tmp/tandem-bench/$DTYPE
@@ -21,8 +25,8 @@ mkdir -p "$W"
 pair() { # label, then the bench arguments shared by both
   local label=$1
   shift
-  if "$T" bench "$@" --cuda-dtype "$DTYPE" --json > "$W/$label.json" 2> "$W/$label.err"; then
-    python3 benches/peers/torch_peers.py "$@" ${PEER_ARGS:-} --dtype "$DTYPE" --tandem-json "$W/$label.json" | tee "$W/$label.txt"
+  if "$T" bench "$@" $WARM --cuda-dtype "$DTYPE" --json > "$W/$label.json" 2> "$W/$label.err"; then
+    python3 benches/peers/torch_peers.py "$@" $WARM ${PEER_ARGS:-} --dtype "$DTYPE" --tandem-json "$W/$label.json" | tee "$W/$label.txt"
     grep '^RESULT' "$W/$label.txt" | sed "s/^RESULT /$label /" >> "$W/results"
   else
     echo "tandem bench $label failed:"; tail -5 "$W/$label.err"
@@ -60,6 +64,10 @@ elif [ "${ONLY:-}" = moe ]; then
   moe_pairs
 elif [ "${ONLY:-}" = linear ]; then
   pair linear linear --m 8192 --n 8192 --k 8192 --act gelu
+  pair linear-plain linear --m 8192 --n 8192 --k 8192 --act none --no-bias
+  # the experts' two GEMMs as dense ones (all 8192 routed rows): the most a grouped op can reach
+  pair linear-gateup linear --m 8192 --n 28672 --k 4096 --act none --no-bias
+  pair linear-down linear --m 8192 --n 4096 --k 14336 --act none --no-bias
 else
 A="attention --batch 4 --heads 32 --head-dim 128"
 for v in ${ATTN_VARIANTS:-m2}; do

@@ -72,9 +72,9 @@ for part in "$@"; do
           vars=(); [ $path != default ] && vars+=("TANDEM_MOE_EXPERTS=$path")
           j="$out/moe_block_T${tk}_${path}"
           echo "-- T$tk experts path: $path"
-          env "${vars[@]}" $T bench moe-block --tokens "$tk" --cuda-dtype bf16 --json > "$j.json" 2> "$j.err"
+          env "${vars[@]}" $T bench moe-block --tokens "$tk" --cuda-dtype bf16 --warmup-ms 2000 --json > "$j.json" 2> "$j.err"
           echo "tandem rc=$?"; tail -3 "$j.err"
-          python3 benches/peers/torch_peers.py moe-block --tokens "$tk" --dtype bf16 --tandem-json "$j.json" 2>&1 \
+          python3 benches/peers/torch_peers.py moe-block --tokens "$tk" --dtype bf16 --warmup-ms 2000 --tandem-json "$j.json" 2>&1 \
             | tee "${j}_peer.txt"
         done
       done ;;
