@@ -235,8 +235,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn rmsnorm_bench_runs_on_the_cpu() -> Result<()> {
+    /// The CPU backend and an 8 x 64 RMSNorm problem.
+    fn cpu_rmsnorm() -> Result<(Arc<dyn Backend>, Problem)> {
         let reg = DeviceRegistry::cpu_only();
         let be = pick_backend(&reg, Some(DeviceKind::Cpu))?;
         let p = BenchShape {
@@ -245,6 +245,12 @@ mod tests {
             ..BenchShape::DEFAULT
         }
         .problem(OpKind::RmsNorm)?;
+        Ok((be, p))
+    }
+
+    #[test]
+    fn rmsnorm_bench_runs_on_the_cpu() -> Result<()> {
+        let (be, p) = cpu_rmsnorm()?;
         let r = run(be.as_ref(), &p, &quick())?;
         assert_eq!((r.op, r.shape.as_str()), ("rmsnorm", "8x64"));
         assert_eq!(r.backend, crate::DeviceId::CPU);
@@ -258,14 +264,7 @@ mod tests {
 
     #[test]
     fn a_warm_up_time_runs_untimed_launches_first_and_times_as_many() -> Result<()> {
-        let reg = DeviceRegistry::cpu_only();
-        let be = pick_backend(&reg, Some(DeviceKind::Cpu))?;
-        let p = BenchShape {
-            rows: 8,
-            cols: 64,
-            ..BenchShape::DEFAULT
-        }
-        .problem(OpKind::RmsNorm)?;
+        let (be, p) = cpu_rmsnorm()?;
         let h = Harness::new(be.as_ref(), &p, 2, SEED, Duration::from_secs(60))?;
         assert_eq!(h.warm_up_for(Duration::ZERO, 0)?, 0);
         assert!(h.warm_up_for(Duration::from_millis(20), 3)? >= 1);
