@@ -180,8 +180,7 @@ pub fn run(backend: &dyn Backend, problem: &Problem, opts: &BenchOptions) -> Res
         Some(launches as u64),
         "runs",
     ));
-    h.warm_up(opts.warmup)?;
-    h.warm_up_for(opts.warmup_time, opts.warmup)?;
+    h.warm_up(opts.warmup, opts.warmup_time)?;
     let first = h.first_launch()?;
     // The weights count at one byte where the e4m3 kernels ran (FP8 asked for, and the shape
     // and device took that path), else at the storage precision.
@@ -265,9 +264,16 @@ mod tests {
     #[test]
     fn a_warm_up_time_runs_untimed_launches_first_and_times_as_many() -> Result<()> {
         let (be, p) = cpu_rmsnorm()?;
+        let mut seen = Vec::new();
+        let n = timing::warm_up_runs(2, Duration::from_millis(20), |i| {
+            seen.push(i);
+            Ok(())
+        })?;
+        // the counted runs, then at least one more for the time, numbered on
+        assert!(n >= 3);
+        assert_eq!(seen, (0..n).collect::<Vec<_>>());
         let h = Harness::new(be.as_ref(), &p, 2, SEED, Duration::from_secs(60))?;
-        assert_eq!(h.warm_up_for(Duration::ZERO, 0)?, 0);
-        assert!(h.warm_up_for(Duration::from_millis(20), 3)? >= 1);
+        assert!(h.warm_up(1, Duration::from_millis(20))? >= 2);
         let opts = BenchOptions {
             warmup_time: Duration::from_millis(20),
             ..quick()
@@ -325,7 +331,7 @@ mod tests {
         check(cpu.as_ref(), &p)?;
         let h = Harness::new(cpu.as_ref(), &p, 3, SEED, Duration::from_secs(60))?;
         assert_eq!(h.sets(), 3);
-        h.warm_up(2)?;
+        assert_eq!(h.warm_up(2, Duration::ZERO)?, 2);
         let first = h.first_launch()?;
         assert!(!first.kernel.is_empty());
         let s = h.measure(4, first.timing, false)?;

@@ -358,12 +358,9 @@ pub fn run(
     };
     // Each mode: warm-up runs, then timed runs queued back to back and waited for at the end.
     let timed = |mode: BlockMode, first: usize| -> Result<(Vec<f64>, BlockLaunch)> {
-        let t0 = std::time::Instant::now();
-        let mut i = 0;
-        while i < warmup.0 || t0.elapsed() < warmup.1 {
-            wait(&launch(first + i, mode)?)?;
-            i += 1;
-        }
+        let i = super::timing::warm_up_runs(warmup.0, warmup.1, |i| {
+            wait(&launch(first + i, mode)?).map(|_| ())
+        })?;
         let runs: Vec<BlockLaunch> = (0..iters)
             .map(|j| launch(first + i + j, mode))
             .collect::<Result<_>>()?;

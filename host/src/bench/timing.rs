@@ -97,6 +97,27 @@ impl std::fmt::Debug for Harness<'_> {
     }
 }
 
+/// Warm-up runs `run(0)`, `run(1)`, ...: `count` of them, then more until `time` has passed
+/// after those (none for zero); returns how many ran. `run(i)` makes run `i` and waits for it.
+/// A GPU at its power cap runs its first ~100 ms at boost clock and then settles lower, so its
+/// steady state needs a second or two ([`super::BenchOptions::warmup_time`]).
+pub fn warm_up_runs(
+    count: usize,
+    time: Duration,
+    mut run: impl FnMut(usize) -> Result<()>,
+) -> Result<usize> {
+    for i in 0..count {
+        run(i)?;
+    }
+    let t0 = Instant::now();
+    let mut n = count;
+    while t0.elapsed() < time {
+        run(n)?;
+        n += 1;
+    }
+    Ok(n)
+}
+
 impl<'a> Harness<'a> {
     /// Makes `sets` input sets of `problem` (set `s` seeded with `seed + s`) and uploads them
     /// to `backend`; every wait on a launch gives up after `timeout`. The problem must be
@@ -147,24 +168,13 @@ impl<'a> Harness<'a> {
         self.backend.launch(&self.op, &set)
     }
 
-    /// Runs launches `0..n` one after the other, untimed (compilation, plans, caches).
-    pub fn warm_up(&self, n: usize) -> Result<()> {
-        for i in 0..n {
+    /// Runs launches one after the other, untimed (compilation, plans, caches): `n`, then more
+    /// for `time` ([`warm_up_runs`]); returns how many ran.
+    pub fn warm_up(&self, n: usize, time: Duration) -> Result<usize> {
+        warm_up_runs(n, time, |i| {
             self.launch(i)?.done.wait(self.timeout, &self.what)?;
-        }
-        Ok(())
-    }
-
-    /// Launches one at a time, from launch index `from`, until `time` has passed (none for
-    /// zero); returns how many ran.
-    pub fn warm_up_for(&self, time: Duration, from: usize) -> Result<usize> {
-        let t0 = Instant::now();
-        let mut n = 0;
-        while t0.elapsed() < time {
-            self.launch(from + n)?.done.wait(self.timeout, &self.what)?;
-            n += 1;
-        }
-        Ok(n)
+            Ok(())
+        })
     }
 
     /// Runs launch 0 once more and reports whether the device timed it, and its kernel.
