@@ -61,8 +61,8 @@ fn backend_ops(c: &mut Criterion) {
             let h = Harness::new(be.as_ref(), &p, SETS, bench::SEED, Duration::from_secs(60))
                 .unwrap_or_else(|e| panic!("{op} on {}: {e}", be.id()));
             let first = h
-                .warm_up(2)
-                .and_then(|()| h.first_launch())
+                .warm_up(2, Duration::ZERO)
+                .and_then(|_| h.first_launch())
                 .unwrap_or_else(|e| panic!("{op} on {}: {e}", be.id()));
             g.bench_function(BenchmarkId::new(op.name(), &p.label), |b| {
                 b.iter_custom(
