@@ -227,7 +227,7 @@ def moe_experts_fp8_peer(a, dev, bf, rnd, g):
                 def gemms_only():
                     torch._scaled_grouped_mm(xq, gq.transpose(-2, -1), xs, gs, offs=offs, out_dtype=bf)
                     torch._scaled_grouped_mm(aq, dq.transpose(-2, -1), as_, ds, offs=offs, out_dtype=bf)
-                gm = bench(gemms_only, [()], 20, 3)
+                gm = bench(gemms_only, [()], 20, 3, a.warmup_ms / 1e3)
                 print(f"  torch FP8 grouped GEMMs alone (inputs quantized already): {gm*1e3:.3f} ms")
         except Exception as ex:  # report, then use the loop
             print(f"  _scaled_grouped_mm unavailable here ({type(ex).__name__}: {ex}); using the loop")
@@ -338,15 +338,14 @@ def moe_block_peer(a, dev, bf, rnd, g):
     return fn, graph_fn, why, sets, what
 
 
-WARMUP_S = 0.0  # --warmup-ms: untimed runs after the counted ones until this much time passed
-
-
-def bench(fn, sets, iters, warmup):
+def bench(fn, sets, iters, warmup, warmup_s=0.0):
+    """Median seconds of `iters` timed runs, after `warmup` untimed ones and then more for
+    `warmup_s` seconds (--warmup-ms)."""
     for i in range(warmup):
         fn(*sets[i % len(sets)])
     torch.cuda.synchronize()
     t0, i = time.perf_counter(), 0
-    while time.perf_counter() - t0 < WARMUP_S:
+    while time.perf_counter() - t0 < warmup_s:
         fn(*sets[i % len(sets)])
         torch.cuda.synchronize()
         i += 1
@@ -366,9 +365,7 @@ def n_sets(args, in_bytes):
 
 
 def main():
-    global WARMUP_S
     a = parse()
-    WARMUP_S = a.warmup_ms / 1e3
     dev = "cuda"
     dt = {"bf16": torch.bfloat16, "f16": torch.float16}[a.dtype]
     g = torch.Generator(device=dev).manual_seed(1)
@@ -463,7 +460,7 @@ def main():
         nbytes = 2 * in_bytes
         shape = f"B{b} H{h} T{t} D{d}"
         what = "x*cos + rotate_half(x)*sin"
-    med = bench(fn, sets, a.iters, a.warmup)
+    med = bench(fn, sets, a.iters, a.warmup, a.warmup_ms / 1e3)
     name = torch.cuda.get_device_name()
     print(f"torch {torch.__version__} {a.op} {shape} {a.dtype} on {name} ({what})")
     print(f"  torch : median {med*1e3:.3f} ms, {flops/med/1e12:.1f} TFLOP/s, {nbytes/med/1e9:.1f} GB/s")
@@ -498,14 +495,14 @@ def moe_block_main(a, dev, dt, rnd, g):
     flops = 2.0 * t * h * e + 2.0 * t * k * 3.0 * h * f
     shape = f"T{t} H{h} F{f} E{e} k{k}"
     name = torch.cuda.get_device_name()
-    eager = bench(fn, sets, a.iters, a.warmup)
+    eager = bench(fn, sets, a.iters, a.warmup, a.warmup_ms / 1e3)
     kern, cpy, mset = cuda_launches(fn, sets[0])
     print(f"torch {torch.__version__} moe-block {shape} {a.dtype} on {name} ({what})")
     print(f"  torch eager: median {eager*1e6:.1f} us, {flops/eager/1e12:.1f} TFLOP/s, "
           f"{kern} kernels + {cpy} memcpys + {mset} memsets per block (torch.profiler)")
     graph = None
     if graph_fn is not None:
-        graph = bench(graph_fn, sets, a.iters, a.warmup)
+        graph = bench(graph_fn, sets, a.iters, a.warmup, a.warmup_ms / 1e3)
         print(f"  torch graph: median {graph*1e6:.1f} us (x copied in; one cudaGraphLaunch)")
     else:
         print(f"  torch graph: not captured ({why})")
